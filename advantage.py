@@ -1,0 +1,152 @@
+"""Group advantage estimators (Section 3.1, Eq. 1) and their exact prompt weights (Sections 3.2-3.3).
+
+Every estimator maps rewards of shape (G, M) -- G prompts, M rollouts each -- to advantages of the
+same shape. SoftmaxGRPO is the one-line change to GRPO this codebase exists for:
+
+    w_i = exp(R_i / tau) / sum_j exp(R_j / tau),    A_i = M * w_i - 1            (Eq. 1)
+
+The rest are the baselines the paper compares against (Table 1), so that `train.py --advantage NAME`
+swaps only the advantage computation and nothing else.
+
+`population_weight` computes the exact finite-M prompt weight omega_M(p) for binary rewards by
+calling the estimators themselves on every possible group, so the theory of Sections 3.2-3.3 is a
+test of the code that trains (see tests/test_advantage.py).
+
+    python advantage.py        # prints Table 1 with numbers (M = 8)
+"""
+
+import math
+
+import torch
+
+
+def _as_groups(rewards: torch.Tensor, name: str) -> torch.Tensor:
+    """Validate rewards (..., M) and return them in at least float32."""
+    rewards = torch.as_tensor(rewards)
+    if rewards.dim() < 1 or rewards.shape[-1] < 1:
+        raise ValueError(f"{name}: rewards must have shape (G, M) with M >= 1, got {tuple(rewards.shape)}")
+    if not rewards.is_floating_point() or rewards.dtype in (torch.float16, torch.bfloat16):
+        rewards = rewards.float()
+    bad = ~torch.isfinite(rewards)
+    if bad.any():
+        group = int(bad.reshape(-1, rewards.shape[-1]).any(-1).nonzero()[0])
+        raise ValueError(f"{name}: non-finite reward in group {group}")
+    return rewards
+
+
+def softmax_advantages(rewards: torch.Tensor, tau: float) -> torch.Tensor:
+    """SoftmaxGRPO, Eq. (1): A_i = M * softmax(R / tau)_i - 1. Sums to zero in every group."""
+    if not isinstance(tau, (int, float)) or not math.isfinite(tau) or tau <= 0:
+        raise ValueError(f"softmax_advantages: tau must be a finite number > 0, got {tau!r}")
+    rewards = _as_groups(rewards, "softmax_advantages")
+    M = rewards.shape[-1]
+    # Subtracting the group max leaves the softmax unchanged and keeps exp() <= 1, so r / tau up
+    # to 1e6 (tau -> 0) stays finite.
+    logits = (rewards - rewards.amax(-1, keepdim=True)) / tau  # (G, M)
+    w = torch.softmax(logits, dim=-1)  # Eq. (1): w_i
+    return M * w - 1  # Eq. (1): A_i
+
+
+def grpo_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO: z-score within the group, (R - mean) / (std + eps); a constant group gives zeros.
+
+    Uses the population std (divide by M, not M - 1). For a fixed M the two differ by the constant
+    factor sqrt(M / (M - 1)), which only rescales the step size; the population std makes the
+    large-M prompt weight exactly 1 / sqrt(p (1 - p)) (Table 1) and keeps M = 1 defined.
+    """
+    rewards = _as_groups(rewards, "grpo_advantages")
+    mean = rewards.mean(-1, keepdim=True)
+    std = rewards.std(-1, keepdim=True, correction=0)
+    return (rewards - mean) / (std + eps)
+
+
+def drgrpo_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """Dr. GRPO: reward minus the group mean, no std division."""
+    rewards = _as_groups(rewards, "drgrpo_advantages")
+    return rewards - rewards.mean(-1, keepdim=True)
+
+
+def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """RLOO: reward minus the mean of the other M - 1 rewards (zero when M = 1)."""
+    rewards = _as_groups(rewards, "rloo_advantages")
+    M = rewards.shape[-1]
+    if M == 1:
+        return torch.zeros_like(rewards)
+    others_mean = (rewards.sum(-1, keepdim=True) - rewards) / (M - 1)
+    return rewards - others_mean
+
+
+def maxrl_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """MaxRL: (R - mean) / mean, zero in groups whose mean is (numerically) zero."""
+    rewards = _as_groups(rewards, "maxrl_advantages")
+    mean = rewards.mean(-1, keepdim=True)
+    safe = torch.where(mean.abs() > eps, mean, torch.ones_like(mean))
+    return torch.where(mean.abs() > eps, (rewards - mean) / safe, torch.zeros_like(rewards))
+
+
+def reinforce_advantages(rewards: torch.Tensor, baseline: float | None = None) -> torch.Tensor:
+    """REINFORCE: reward minus a baseline that does not depend on the group.
+
+    The baseline is the batch mean (over all prompts and rollouts) unless a constant is given.
+    """
+    rewards = _as_groups(rewards, "reinforce_advantages")
+    return rewards - (rewards.mean() if baseline is None else baseline)
+
+
+ESTIMATORS = {
+    "softmax": softmax_advantages,
+    "grpo": grpo_advantages,
+    "drgrpo": drgrpo_advantages,
+    "rloo": rloo_advantages,
+    "maxrl": maxrl_advantages,
+    "reinforce": reinforce_advantages,
+}
+
+
+def compute_advantages(name: str, rewards: torch.Tensor, tau: float = 0.1) -> torch.Tensor:
+    """Advantages by estimator name; `tau` is used by SoftmaxGRPO only."""
+    if name not in ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {name!r}; choose one of {sorted(ESTIMATORS)}")
+    return softmax_advantages(rewards, tau) if name == "softmax" else ESTIMATORS[name](rewards)
+
+
+def population_weight(name: str, M: int, p, **kwargs) -> torch.Tensor:
+    """Exact finite-M prompt weight omega_M(p) for binary rewards (Sections 3.2-3.3).
+
+    omega_M(p) = E_s[A(own reward 1 | s others succeed) - A(own reward 0 | s others succeed)],
+    s ~ Binomial(M - 1, p), so that E[sum_i A_i grad log pi(z_i)] = M * omega_M(p) * grad p.
+    The advantages come from calling the estimator on all 2M possible groups. kwargs go to the
+    estimator (`tau` for softmax). REINFORCE gets a constant baseline, as its batch baseline does
+    not depend on the group.
+    """
+    if name not in ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {name!r}; choose one of {sorted(ESTIMATORS)}")
+    p = torch.as_tensor(p, dtype=torch.float64)
+    s = torch.arange(M, dtype=torch.float64)  # successes among the M - 1 others
+    others = (torch.arange(M - 1, dtype=torch.float64) < s[:, None]).double()  # (M, M-1)
+    groups = torch.cat([torch.cat([torch.ones(M, 1, dtype=torch.float64), others], 1),
+                        torch.cat([torch.zeros(M, 1, dtype=torch.float64), others], 1)])  # (2M, M)
+    if name == "reinforce":
+        kwargs = {"baseline": 0.0, **kwargs}
+    adv = ESTIMATORS[name](groups, **kwargs)[:, 0].double()  # own advantage, (2M,)
+    gap = adv[:M] - adv[M:]  # A(1 | s) - A(0 | s), (M,)
+    log_binom = (torch.lgamma(torch.tensor(M, dtype=torch.float64)) - torch.lgamma(s + 1)
+                 - torch.lgamma(M - s))  # log C(M-1, s)
+    # Binomial(M - 1, p) pmf in log space; xlogy(0, 0) = 0 keeps p = 0 and p = 1 exact.
+    pmf = torch.exp(log_binom + torch.xlogy(s, p[..., None]) + torch.xlogy(M - 1 - s, 1 - p[..., None]))
+    return (pmf * gap).sum(-1)  # (*p.shape,)
+
+
+def _table(M: int = 8, ps=(0.05, 0.25, 0.5, 0.75, 0.95)) -> str:
+    rows = [("softmax tau=0.1", "softmax", {"tau": 0.1}), ("softmax tau=0.3", "softmax", {"tau": 0.3})]
+    rows += [(name, name, {}) for name in ESTIMATORS if name != "softmax"]
+    p = torch.tensor(ps, dtype=torch.float64)
+    lines = [f"omega_M(p), exact finite-M prompt weight for binary rewards, M = {M}",
+             f"{'estimator':<18}" + "".join(f"p={x:<8}" for x in ps)]
+    for label, name, kw in rows:
+        lines.append(f"{label:<18}" + "".join(f"{w:<10.4f}" for w in population_weight(name, M, p, **kw).tolist()))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(_table())

@@ -1,0 +1,157 @@
+"""The PPO-clip + reference-KL loss SoftmaxGRPO trains with (Section 4), and the log-prob plumbing.
+
+    rho_t = pi_theta(z_t | x, z_<t) / pi_old(z_t | x, z_<t)                          (Section 4)
+    L_pg  = agg_t[ max(-A * rho_t, -A * clip(rho_t, 1 - clip_low, 1 + clip_high)) ]
+    L     = L_pg + beta * agg_t[ k3(pi_theta, pi_ref) ]
+
+with the asymmetric clip range [0.20, 0.28], no dual clip, the reference KL as a separate loss term
+(k3 estimator), and token-mean aggregation, as in the paper's runs (Appendix B.1). A is one number
+per sequence (the group advantage from advantage.py) broadcast over the sequence's tokens.
+
+Log-probs are computed without ever holding float32 full-vocabulary log-softmax: `token_logprobs`
+works in row chunks with a hand-written backward (bench/logprob_memory.py measures it).
+
+    python -m pytest tests/test_loss.py
+"""
+
+import torch
+
+LOG_RATIO_LIMIT = 20.0  # exp(20) ~ 5e8: keeps ratio and k3 finite when policies drift far apart
+CHUNK_ELEMENTS = 1 << 25  # float32 elements per chunk (128 MB): bounds token_logprobs' extra memory
+
+
+def _chunks(n_rows: int, vocab: int):
+    step = max(1, CHUNK_ELEMENTS // vocab)
+    return [(i, min(i + step, n_rows)) for i in range(0, n_rows, step)]
+
+
+class _TokenLogprobs(torch.autograd.Function):
+    """log softmax(logits / T)[target], chunked over rows; saves only the logsumexp for backward."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, temperature):
+        flat = logits.reshape(-1, logits.shape[-1])  # (N, V)
+        flat_targets = targets.reshape(-1)  # (N,)
+        lse = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)  # (N,)
+        out = torch.empty_like(lse)
+        for a, b in _chunks(flat.shape[0], flat.shape[1]):
+            chunk = flat[a:b].to(torch.float32, copy=True).div_(temperature)  # (n, V) float32, one chunk at a time
+            lse[a:b] = torch.logsumexp(chunk, dim=-1)
+            out[a:b] = chunk.gather(-1, flat_targets[a:b, None]).squeeze(-1) - lse[a:b]
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.temperature = temperature
+        return out.view(targets.shape)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        logits, targets, lse = ctx.saved_tensors
+        T = ctx.temperature
+        flat = logits.reshape(-1, logits.shape[-1])
+        flat_targets = targets.reshape(-1)
+        g = grad_out.reshape(-1).float()
+        grad = torch.empty_like(flat)
+        for a, b in _chunks(flat.shape[0], flat.shape[1]):
+            # d logp[y] / d logits = (onehot(y) - softmax(logits / T)) / T
+            probs = flat[a:b].to(torch.float32, copy=True).div_(T).sub_(lse[a:b, None]).exp_()  # (n, V)
+            probs.mul_(-g[a:b, None] / T)
+            probs.scatter_add_(-1, flat_targets[a:b, None], (g[a:b] / T)[:, None])
+            grad[a:b] = probs.to(grad.dtype)
+        return grad.view_as(logits), None, None
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """(B, T, V) logits, (B, T) targets -> (B, T) float32 log-probs under softmax(logits / temperature)."""
+    return _TokenLogprobs.apply(logits, targets, float(temperature))
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(pi || pi_ref): exp(d) - d - 1 with d = ref_logp - logp; >= 0."""
+    d = (ref_logp - logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    return torch.exp(d) - d - 1
+
+
+def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean",
+              num_tokens: float | None = None, norm_len: int | None = None) -> torch.Tensor:
+    """Reduce per-token values (B, T) over the masked tokens.
+
+    - "token-mean" (the paper's): sum over all tokens / number of tokens N. `num_tokens` overrides N,
+      so microbatches and ranks can share one denominator (the whole minibatch's token count).
+    - "seq-mean-token-mean": mean over sequences of each sequence's token mean.
+    - "seq-mean-token-sum-norm" (Dr. GRPO): sum over all tokens / (B * norm_len), a constant
+      denominator; norm_len defaults to the padded length T (pass the max response length).
+    """
+    mask = mask.to(values.dtype)
+    if agg == "token-mean":
+        denom = mask.sum().clamp(min=1) if num_tokens is None else num_tokens
+        return (values * mask).sum() / denom
+    if agg == "seq-mean-token-mean":
+        per_seq = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # (B,)
+        return per_seq.mean()
+    if agg == "seq-mean-token-sum-norm":
+        return (values * mask).sum() / (values.shape[0] * (norm_len or values.shape[-1]))
+    raise ValueError(f"unknown loss aggregation {agg!r}; choose token-mean, seq-mean-token-mean "
+                     "or seq-mean-token-sum-norm")
+
+
+def policy_loss(logp, old_logp, adv, mask, *, clip_low=0.2, clip_high=0.28, ref_logp=None,
+                beta=1e-3, agg="token-mean", num_tokens=None, norm_len=None):
+    """PPO clipped surrogate + beta * k3 reference KL (Section 4). Returns (loss, metrics).
+
+    logp, old_logp, ref_logp, mask: (B, T); adv: (B,) per-sequence advantages.
+    """
+    mask = mask.to(logp.dtype)
+    adv = adv.to(logp.dtype)[:, None]  # (B, 1): broadcast over the sequence's tokens
+    log_ratio = (logp - old_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    ratio = torch.exp(log_ratio)  # rho_t (Section 4), (B, T)
+    pg_unclipped = -adv * ratio
+    pg_clipped = -adv * ratio.clamp(1 - clip_low, 1 + clip_high)  # asymmetric [0.20, 0.28], no dual clip
+    pg = torch.maximum(pg_unclipped, pg_clipped)  # (B, T)
+    pg_loss = aggregate(pg, mask, agg, num_tokens, norm_len)
+    loss, kl = pg_loss, torch.zeros((), dtype=logp.dtype, device=logp.device)
+    if ref_logp is not None and beta != 0:
+        kl = aggregate(kl_k3(logp, ref_logp), mask, agg, num_tokens, norm_len)
+        loss = pg_loss + beta * kl  # the KL is its own term, not folded into the reward
+    with torch.no_grad():
+        n = mask.sum().clamp(min=1)
+        # A token is "clipped" when the clip is the active branch, i.e. its gradient is zero.
+        low = ((ratio < 1 - clip_low) & (adv < 0)).to(mask.dtype)
+        high = ((ratio > 1 + clip_high) & (adv > 0)).to(mask.dtype)
+        metrics = {
+            "pg_loss": pg_loss.item(),
+            "kl": kl.item(),
+            "clip_frac_low": ((low * mask).sum() / n).item(),
+            "clip_frac_high": ((high * mask).sum() / n).item(),
+            "ratio_mean": ((ratio * mask).sum() / n).item(),
+        }
+    return loss, metrics
+
+
+def pad_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
+    """Lay out (prompt, completion) pairs as [left-padded prompt | right-padded completion].
+
+    Every completion then starts at the same column P, so the model's last K + 1 positions hold
+    exactly the logits that predict the completion tokens. Returns input_ids (B, P + K),
+    attention_mask (B, P + K) and completion_mask (B, K).
+    """
+    B, P = len(prompts), max(len(p) for p in prompts)
+    K = max(1, max(len(c) for c in completions))
+    input_ids = torch.full((B, P + K), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((B, P + K), dtype=torch.long)
+    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+        input_ids[i, P - len(prompt):P] = torch.tensor(prompt, dtype=torch.long)
+        input_ids[i, P:P + len(completion)] = torch.tensor(completion, dtype=torch.long)
+        attention_mask[i, P - len(prompt):P + len(completion)] = 1
+    return input_ids, attention_mask, attention_mask[:, P:].float()
+
+
+def sequence_logprobs(model, input_ids, attention_mask, n_completion: int, temperature: float = 1.0):
+    """Log-probs (B, K) of the last K = n_completion tokens of input_ids under `model`.
+
+    Calls the model's own forward (so FSDP2's hooks run) with `logits_to_keep`, so logits exist
+    only for the K + 1 positions that predict completion tokens, never for the prompt.
+    """
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: count real tokens
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                logits_to_keep=n_completion + 1, use_cache=False)
+    logits = out.logits[:, :-1]  # (B, K, V): position t predicts token t + 1
+    return token_logprobs(logits, input_ids[:, -n_completion:], temperature)  # (B, K)

@@ -1,0 +1,160 @@
+"""advantage.py: Eq. (1) properties, limits, and the exact prompt weight omega_M(p) against theory."""
+
+import math
+
+import pytest
+import torch
+
+from advantage import (
+    ESTIMATORS,
+    compute_advantages,
+    drgrpo_advantages,
+    grpo_advantages,
+    maxrl_advantages,
+    population_weight,
+    reinforce_advantages,
+    rloo_advantages,
+    softmax_advantages,
+)
+
+
+def test_softmax_sums_to_zero_and_matches_eq1():
+    torch.manual_seed(0)
+    rewards = torch.rand(5, 8)
+    adv = softmax_advantages(rewards, tau=0.3)
+    assert torch.allclose(adv.sum(-1), torch.zeros(5), atol=1e-5)
+    w = torch.exp(rewards / 0.3) / torch.exp(rewards / 0.3).sum(-1, keepdim=True)
+    assert torch.allclose(adv, 8 * w - 1, atol=1e-5)
+
+
+def test_softmax_shift_and_permutation_invariant():
+    torch.manual_seed(1)
+    rewards = torch.rand(3, 6, dtype=torch.float64)
+    adv = softmax_advantages(rewards, tau=0.2)
+    shifted = softmax_advantages(rewards + torch.tensor([[5.0], [-3.0], [100.0]], dtype=torch.float64), tau=0.2)
+    assert torch.allclose(adv, shifted, atol=1e-10)
+    perm = torch.randperm(6)
+    assert torch.allclose(softmax_advantages(rewards[:, perm], tau=0.2), adv[:, perm], atol=1e-6)
+
+
+def test_softmax_constant_group_and_single_rollout():
+    assert torch.equal(softmax_advantages(torch.full((2, 4), 0.7), tau=0.1), torch.zeros(2, 4))
+    assert torch.equal(softmax_advantages(torch.tensor([[1.0], [0.0]]), tau=0.1), torch.zeros(2, 1))
+
+
+def test_softmax_numerically_stable_and_at_least_float32():
+    rewards = torch.tensor([[1e5, 0.0, -1e5, 1e5]], dtype=torch.bfloat16)
+    adv = softmax_advantages(rewards, tau=0.1)  # r / tau up to 1e6
+    assert adv.dtype == torch.float32
+    assert torch.isfinite(adv).all()
+    assert torch.allclose(adv, torch.tensor([[1.0, -1.0, -1.0, 1.0]]))
+
+
+@pytest.mark.parametrize("tau", [0.0, -1.0, float("nan"), float("inf")])
+def test_softmax_rejects_bad_tau(tau):
+    with pytest.raises(ValueError, match="tau"):
+        softmax_advantages(torch.zeros(1, 4), tau=tau)
+
+
+def test_non_finite_reward_names_the_group():
+    rewards = torch.zeros(3, 4)
+    rewards[2, 1] = float("nan")
+    for fn in ESTIMATORS.values():
+        with pytest.raises(ValueError, match="group 2"):
+            fn(rewards) if fn is not softmax_advantages else fn(rewards, tau=0.1)
+
+
+@pytest.mark.parametrize("K", [1, 2, 5])
+def test_low_temperature_limit_is_maxrl(K):
+    M = 8
+    rewards = torch.tensor([[1.0] * K + [0.0] * (M - K)])
+    adv = softmax_advantages(rewards, tau=1e-3)
+    expected = torch.tensor([[M / K - 1] * K + [-1.0] * (M - K)])
+    assert torch.allclose(adv, expected, atol=1e-5)
+    assert torch.allclose(adv, maxrl_advantages(rewards), atol=1e-5)
+
+
+def test_high_temperature_limit_is_centered_reward_over_tau():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0, 0.3]])
+    tau = 1e3
+    adv = softmax_advantages(rewards.double(), tau=tau)
+    expected = (rewards - rewards.mean()) / tau
+    assert torch.allclose(adv.float() * tau, expected * tau, atol=1e-3)
+
+
+def test_other_estimators_hand_values():
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0]])
+    assert torch.allclose(drgrpo_advantages(r), torch.tensor([[0.5, -0.5, -0.5, 0.5]]))
+    # population std of {1, 0, 0, 1} is 0.5
+    assert torch.allclose(grpo_advantages(r, eps=0.0), torch.tensor([[1.0, -1.0, -1.0, 1.0]]))
+    assert torch.equal(grpo_advantages(torch.ones(1, 4)), torch.zeros(1, 4))
+    # others' mean for a success: 1/3; for a failure: 2/3
+    assert torch.allclose(rloo_advantages(r), torch.tensor([[2 / 3, -2 / 3, -2 / 3, 2 / 3]]))
+    assert torch.allclose(maxrl_advantages(r), torch.tensor([[1.0, -1.0, -1.0, 1.0]]))
+    assert torch.equal(maxrl_advantages(torch.zeros(1, 4)), torch.zeros(1, 4))
+    batch = torch.tensor([[1.0, 1.0], [0.0, 0.0]])  # batch mean 0.5, group means 1 and 0
+    assert torch.allclose(reinforce_advantages(batch), torch.tensor([[0.5, 0.5], [-0.5, -0.5]]))
+
+
+def test_compute_advantages_dispatch():
+    r = torch.tensor([[1.0, 0.0]])
+    assert torch.allclose(compute_advantages("softmax", r, tau=0.5), softmax_advantages(r, 0.5))
+    assert torch.allclose(compute_advantages("grpo", r), grpo_advantages(r))
+    with pytest.raises(ValueError, match="unknown advantage"):
+        compute_advantages("ppo", r)
+
+
+P = torch.linspace(0.02, 0.98, 25, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("M", [4, 8, 16])
+def test_population_weight_low_temperature_is_eq5(M):
+    omega = population_weight("softmax", M, P, tau=1e-3)
+    eq5 = (1 - (1 - P) ** (M - 1)) / P  # Eq. (5)
+    assert omega.dtype == torch.float64 and omega.shape == P.shape
+    assert torch.allclose(omega, eq5, rtol=1e-6)
+
+
+@pytest.mark.parametrize("tau", [0.3, 1.0])
+def test_population_weight_large_M_matches_table1(tau):
+    c = math.exp(1 / tau)
+    large_M = (c - 1) / (1 - P + P * c)  # Table 1, large-M form
+    err = {M: ((population_weight("softmax", M, P, tau=tau) - large_M) / large_M).abs().max() for M in (500, 2000)}
+    assert err[2000] < 1e-2 and err[2000] < err[500] / 3  # converges like 1/M
+    grpo_err = ((population_weight("grpo", 2000, P) * torch.sqrt(P * (1 - P))) - 1).abs().max()
+    assert grpo_err < 5e-3  # GRPO with the population std: 1 / sqrt(p (1 - p))
+
+
+def test_population_weight_finite_M_softmax_matches_paper_w():
+    # Section 3.3: w1_s = c / (M + (s+1)(c-1)), w0_s = 1 / (M + s(c-1)); A = M w - 1.
+    M, tau, c = 8, 0.3, math.exp(1 / 0.3)
+    s = torch.arange(M, dtype=torch.float64)
+    gap = M * c / (M + (s + 1) * (c - 1)) - M / (M + s * (c - 1))
+    p = torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)
+    pmf = torch.tensor([[math.comb(M - 1, k) * q**k * (1 - q) ** (M - 1 - k) for k in range(M)]
+                        for q in p.tolist()], dtype=torch.float64)
+    assert torch.allclose(population_weight("softmax", M, p, tau=tau), (pmf * gap).sum(-1), rtol=1e-9)
+
+
+def test_softmax_bounded_near_p1_while_grpo_blows_up():
+    p = torch.tensor([0.9, 0.99, 0.999, 0.9999], dtype=torch.float64)
+    soft = population_weight("softmax", 64, p, tau=0.1)
+    grpo = population_weight("grpo", 4000, p)  # large M: the finite-M weight saturates near sqrt(M)
+    assert (soft < 1.12).all() and (soft[1:] < soft[:-1]).all()  # tends to (c-1)/c ~ 1 as p -> 1
+    assert (grpo[1:] > grpo[:-1]).all() and grpo[2] > 9 * grpo[0]  # ~ 1 / sqrt(1 - p)
+    assert torch.allclose(population_weight("reinforce", 8, p), torch.ones_like(p))
+
+
+def test_population_weight_monte_carlo_gradient():
+    """E[sum_i A_i d/dtheta log pi(z_i)] = M * omega_M(p) * dp/dtheta for a Bernoulli(sigmoid(theta))."""
+    g = torch.Generator().manual_seed(0)
+    M, n_groups, theta = 8, 200_000, torch.tensor(-0.5, dtype=torch.float64)
+    p = torch.sigmoid(theta)
+    z = (torch.rand(n_groups, M, generator=g, dtype=torch.float64) < p).double()  # rewards = z
+    score = z - p  # d/dtheta log pi(z) for the logit parameter
+    for name, kw in [("softmax", {"tau": 0.3}), ("grpo", {}), ("rloo", {})]:
+        adv = ESTIMATORS[name](z, **kw).double()
+        per_group = (adv * score).sum(-1)  # (n_groups,)
+        mc, se = per_group.mean(), per_group.std() / math.sqrt(n_groups)
+        theory = M * population_weight(name, M, p, **kw) * p * (1 - p)  # dp/dtheta = p (1 - p)
+        assert abs(mc - theory) < 4 * se, (name, float(mc), float(theory), float(se))

@@ -1,0 +1,157 @@
+"""loss.py: log-probs against the naive formula, PPO-clip gradients, k3 KL, masking, batch layout."""
+
+import pytest
+import torch
+
+from loss import aggregate, kl_k3, pad_batch, policy_loss, sequence_logprobs, token_logprobs
+
+
+def naive_logprobs(logits, targets, temperature=1.0):
+    return torch.log_softmax(logits.float() / temperature, -1).gather(-1, targets[..., None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_token_logprobs_matches_naive_float32(temperature, monkeypatch):
+    monkeypatch.setattr("loss.CHUNK_ELEMENTS", 50 * 7)  # force several chunks
+    torch.manual_seed(0)
+    logits = torch.randn(3, 7, 50) * 3
+    targets = torch.randint(0, 50, (3, 7))
+    got = token_logprobs(logits, targets, temperature)
+    assert got.shape == (3, 7) and got.dtype == torch.float32
+    assert torch.allclose(got, naive_logprobs(logits, targets, temperature), atol=1e-5)
+    assert torch.equal(logits, logits.clone())  # input untouched (chunks are copies)
+
+
+def test_token_logprobs_gradient_matches_autograd(monkeypatch):
+    monkeypatch.setattr("loss.CHUNK_ELEMENTS", 40)
+    torch.manual_seed(1)
+    logits = (torch.randn(2, 5, 40, dtype=torch.float64) * 2).requires_grad_()
+    targets = torch.randint(0, 40, (2, 5))
+    weights = torch.randn(2, 5, dtype=torch.float64)
+    (token_logprobs(logits, targets, 0.8) * weights).sum().backward()
+    ours = logits.grad.clone()
+    logits.grad = None
+    (naive_logprobs(logits.double(), targets, 0.8) * weights).sum().backward()
+    assert torch.allclose(ours, logits.grad, atol=1e-5)
+
+
+def test_token_logprobs_bfloat16_logits():
+    torch.manual_seed(2)
+    logits = (torch.randn(2, 6, 64) * 4).bfloat16().requires_grad_()
+    targets = torch.randint(0, 64, (2, 6))
+    got = token_logprobs(logits, targets)
+    assert got.dtype == torch.float32
+    assert torch.allclose(got, naive_logprobs(logits.detach(), targets), atol=1e-4)
+    got.sum().backward()
+    assert logits.grad.dtype == torch.bfloat16 and torch.isfinite(logits.grad.float()).all()
+
+
+def test_kl_k3_nonnegative_zero_when_equal_and_finite():
+    torch.manual_seed(3)
+    logp, ref = torch.randn(4, 9), torch.randn(4, 9)
+    assert (kl_k3(logp, ref) >= 0).all()
+    assert torch.equal(kl_k3(logp, logp), torch.zeros(4, 9))
+    assert torch.isfinite(kl_k3(torch.tensor([-1e4]), torch.tensor([0.0]))).all()
+
+
+def test_policy_loss_on_policy_gradient_is_token_mean_pg():
+    torch.manual_seed(4)
+    B, T = 3, 5
+    logp = torch.randn(B, T, requires_grad=True)
+    adv = torch.tensor([1.5, -0.5, 0.25])
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.float32)
+    loss, metrics = policy_loss(logp, logp.detach(), adv, mask, beta=0.0)
+    loss.backward()
+    N = mask.sum()
+    expected = -(adv[:, None] * mask) / N  # d/dlogp of -(1/N) sum_i A_i sum_t logp_it
+    assert torch.allclose(logp.grad, expected, atol=1e-6)
+    assert metrics["ratio_mean"] == pytest.approx(1.0)
+    assert metrics["clip_frac_low"] == 0 and metrics["clip_frac_high"] == 0
+
+
+def test_policy_loss_clipping_zeroes_gradient_on_the_pushed_side():
+    old = torch.zeros(1, 4)
+    # token ratios: 1.5 (above 1.28), 0.5 (below 0.8), 1.1 and 0.9 (inside)
+    logp = torch.log(torch.tensor([[1.5, 0.5, 1.1, 0.9]])).requires_grad_()
+    mask = torch.ones(1, 4)
+    loss, m = policy_loss(logp, old, torch.tensor([1.0]), mask, beta=0.0)
+    loss.backward()
+    g = logp.grad[0]
+    assert g[0] == 0  # A > 0 and ratio above 1 + clip_high: clipped
+    assert g[1] != 0 and g[2] != 0 and g[3] != 0  # A > 0 still pushes a low ratio up (no dual clip)
+    assert m["clip_frac_high"] == pytest.approx(0.25) and m["clip_frac_low"] == 0
+
+    logp.grad = None
+    loss, m = policy_loss(logp, old, torch.tensor([-1.0]), mask, beta=0.0)
+    loss.backward()
+    g = logp.grad[0]
+    assert g[1] == 0  # A < 0 and ratio below 1 - clip_low: clipped
+    assert g[0] != 0 and g[2] != 0 and g[3] != 0
+    assert m["clip_frac_low"] == pytest.approx(0.25) and m["clip_frac_high"] == 0
+
+
+def test_policy_loss_asymmetric_range():
+    old = torch.zeros(1, 2)
+    logp = torch.log(torch.tensor([[1.25, 1.30]])).requires_grad_()  # inside 1.28 vs outside
+    loss, _ = policy_loss(logp, old, torch.tensor([1.0]), torch.ones(1, 2), beta=0.0)
+    loss.backward()
+    assert logp.grad[0, 0] != 0 and logp.grad[0, 1] == 0
+
+
+def test_masked_tokens_never_contribute():
+    torch.manual_seed(5)
+    logp = torch.randn(2, 6, requires_grad=True)
+    old, ref = torch.randn(2, 6), torch.randn(2, 6)
+    mask = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0]], dtype=torch.float32)
+    for agg in ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]:
+        loss, _ = policy_loss(logp, old, torch.tensor([1.0, -2.0]), mask, ref_logp=ref, beta=0.1, agg=agg)
+        logp.grad = None
+        loss.backward()
+        assert (logp.grad[mask == 0] == 0).all()
+        garbage = logp.detach().clone()
+        garbage[mask == 0] = 1e3  # padded positions hold junk
+        loss2, _ = policy_loss(garbage, old, torch.tensor([1.0, -2.0]), mask, ref_logp=ref, beta=0.1, agg=agg)
+        assert torch.allclose(loss.detach(), loss2)
+
+
+def test_aggregation_denominators():
+    values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    assert aggregate(values, mask, "token-mean") == pytest.approx(10 / 4)
+    assert aggregate(values, mask, "token-mean", num_tokens=8) == pytest.approx(10 / 8)
+    assert aggregate(values, mask, "seq-mean-token-mean") == pytest.approx((2 + 4) / 2)
+    assert aggregate(values, mask, "seq-mean-token-sum-norm", norm_len=5) == pytest.approx(10 / (2 * 5))
+    with pytest.raises(ValueError, match="aggregation"):
+        aggregate(values, mask, "sum")
+
+
+def test_kl_term_added_with_beta():
+    torch.manual_seed(6)
+    logp, ref = torch.randn(2, 3), torch.randn(2, 3)
+    mask = torch.ones(2, 3)
+    without, m0 = policy_loss(logp, logp, torch.zeros(2), mask, ref_logp=None)
+    with_kl, m1 = policy_loss(logp, logp, torch.zeros(2), mask, ref_logp=ref, beta=0.5)
+    assert m0["kl"] == 0 and m1["kl"] == pytest.approx(kl_k3(logp, ref).mean().item(), rel=1e-5)
+    assert (with_kl - without).item() == pytest.approx(0.5 * m1["kl"], rel=1e-5)
+
+
+def test_pad_batch_layout():
+    ids, attn, cmask = pad_batch([[5, 6, 7], [8]], [[1, 2], [3, 4, 9]], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7, 1, 2, 0], [0, 0, 8, 3, 4, 9]]
+    assert attn.tolist() == [[1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1]]
+    assert cmask.tolist() == [[1, 1, 0], [1, 1, 1]]
+
+
+def test_sequence_logprobs_matches_unpadded_forward(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    prompts, completions = [[10, 11, 12, 13], [20, 21]], [[30, 31, 32], [40]]
+    ids, attn, cmask = pad_batch(prompts, completions, pad_id=0)
+    with torch.no_grad():
+        got = sequence_logprobs(model, ids, attn, n_completion=cmask.shape[1], temperature=0.9)
+        for i, (p, c) in enumerate(zip(prompts, completions)):
+            full = torch.tensor([p + c])
+            logits = model(full).logits[0, len(p) - 1:-1]  # positions predicting the completion
+            ref = torch.log_softmax(logits / 0.9, -1).gather(-1, torch.tensor(c)[:, None]).squeeze(-1)
+            assert torch.allclose(got[i, :len(c)], ref, atol=1e-5)
