@@ -1,0 +1,361 @@
+"""Tasks: data, prompts, demonstrations and rewards (SoftmaxGRPO Section 5.1, Appendix B.3).
+
+    name         data: hub id (or --data-file with the same columns)             --reward exact    sim
+    gsm8k        openai/gsm8k "main": question, answer ("... #### 72")           math-verify       yes
+    countdown    Jiayi-Pan/Countdown-Tasks-3to4: nums, target                    expression check  *
+    deepmath     zwhe99/DeepMath-103K: question, final_answer, r1_solution_1..3  math-verify       yes
+    poetry       --data-file: instruction, poem (jnb666/poems has poems only)    refused           yes
+    meetingbank  microsoft/MeetingBank-LLMCompressed: prompt, compressed_prompt  refused           yes
+    arith        procedural "What is 7 + 5?" (the CPU demo)                      last integer      yes
+    countdown24  procedural 24-game puzzles: four integers 1-13, solvable        expression check  yes
+
+    from tasks import get_task
+    task = get_task("gsm8k")
+    examples = task.load("train", data_file=None, limit=1000, seed=0)   # DataError when offline
+    task.reward(completion_text, examples[0], kind="exact")
+
+Tests: python -m pytest tests/test_tasks.py -q
+
+Choices the paper leaves open, and departures:
+1. Think-then-answer format: every prompt but arith has a system message asking for reasoning in
+   <think> </think> and the answer after it (Appendix B.6 templates are not in the text).
+   GSM8K and DeepMath append the boxed instruction; Countdown states the puzzle only; Poetry's
+   system message starts with the paper's "You are a helpful assistant that writes poetry."
+2. arith keeps the bare "What is a + b?" user message (a, b in 0-15) with no format rule: the
+   embedded 135M demo model answers single-digit sums right ~17% of the time at temperature 1
+   (NOTES.md); its 256 problems split by hash into 192 train and 64 test (the demo's held-out set).
+3. Demonstrations (the `reference` for --reward sim): GSM8K uses its own worked answer (calculator
+   notes removed, "#### N" written as \\boxed{N}); the paper's HAD653/gsm8k-cot-120b is not joined
+   (its columns could not be checked offline). DeepMath uses the shortest of the three R1
+   solutions with its thinking removed (the reward compares final answers). MeetingBank has no
+   summaries, so GPT-4's compressed transcript (`compressed_prompt`) is the reference. countdown24
+   uses a brute-force solution. * Countdown-Tasks-3to4 has none; the paper took them from
+   HuggingFaceTB/Countdown-Task-GOLD (verified_Qwen2.5-7B-Instruct), so --reward sim stops with a
+   DataError there. A `reference` column in any --data-file replaces the task's own demonstration.
+4. Splits: gsm8k uses the hub's test split. Hub datasets without one, and any single --data-file,
+   get a deterministic held-out 10% by a hash of the prompt. A --data-file containing "{split}"
+   (data/gsm8k-{split}.jsonl) is read whole, one file per split.
+5. Procedural tasks: train streams cycle over their problems in seeded order (default 5000
+   examples); test returns each held-out problem once, at most 500 (arith: 64 problems;
+   countdown24: the 136 solvable puzzles among the 10% of multisets held out by hash).
+"""
+
+import hashlib
+import itertools
+import os
+import random
+import re
+import socket
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+
+from rewards import (
+    countdown_expression,
+    countdown_reward,
+    final_answer,
+    integer_reward,
+    last_boxed,
+    math_reward,
+    similarity_reward,
+)
+
+FORMAT_RULE = ("First think through the task inside <think> </think> tags, "
+               "then give your answer after </think>.")
+SYSTEM = "You are a helpful assistant. " + FORMAT_RULE
+POETRY_SYSTEM = "You are a helpful assistant that writes poetry. " + FORMAT_RULE
+BOXED = "Please reason step by step, and put your final answer within \\boxed{}."
+TEST_PERCENT = 10  # held-out share when a dataset has no test split
+
+
+class DataError(ValueError):
+    """A one-line, user-facing data problem: dataset unreachable, file missing, columns missing."""
+
+
+@dataclass
+class Example:
+    prompt: list[dict]  # chat messages [{"role": ..., "content": ...}]
+    gold: str | None  # verifier answer (None when the task has no verifier)
+    reference: str  # demonstration for the similarity reward ("" when none)
+    meta: dict = field(default_factory=dict)  # task extras, JSON-serialisable
+    uid: str = ""  # stable id: task name + hash of the prompt (+ "#pass" for repeated problems)
+
+
+def _digest(*parts) -> str:
+    return hashlib.sha1("\x1f".join(str(part) for part in parts).encode()).hexdigest()
+
+
+def _in_test(digest: str) -> bool:
+    return int(digest[:8], 16) % 100 < TEST_PERCENT
+
+
+def _chat(user: str, system: str | None = SYSTEM) -> list[dict]:
+    return ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": user}]
+
+
+def _boxed_or_answer(completion: str) -> str:
+    answer = final_answer(completion)
+    boxed = last_boxed(answer)
+    return answer if boxed is None else boxed
+
+
+# ---------------------------------------------------------------- hub-backed tasks: one row -> Example
+def _gsm8k(row: dict) -> Example:
+    reasoning, _, answer = str(row["answer"]).rpartition("####")
+    gold = answer.strip().replace(",", "")
+    reasoning = re.sub(r"<<[^>]*>>", "", reasoning).strip()  # drop calculator notes "<<48/2=24>>"
+    return Example(_chat(f"{row['question']}\n{BOXED}"), gold,
+                   f"{reasoning}\nThe answer is \\boxed{{{gold}}}.")
+
+
+def _countdown(row: dict) -> Example:
+    numbers, target = [int(n) for n in row["nums"]], int(row["target"])
+    user = (f"Using the numbers {numbers}, write an arithmetic expression that equals {target}. "
+            "Use each number exactly once, with only +, -, *, / and parentheses.")
+    return Example(_chat(user), str(target), "", {"numbers": numbers, "target": target})
+
+
+def _deepmath(row: dict) -> Example:
+    solutions = [str(row[f"r1_solution_{i}"]) for i in (1, 2, 3) if row.get(f"r1_solution_{i}")]
+    shortest = min(solutions, key=len) if solutions else ""  # Appendix B.3: shortest of three
+    return Example(_chat(f"{row['question']}\n{BOXED}"), str(row["final_answer"]).strip(),
+                   final_answer(shortest))
+
+
+def _poetry(row: dict) -> Example:
+    return Example(_chat(str(row["instruction"]), POETRY_SYSTEM), None, str(row["poem"]))
+
+
+def _meetingbank(row: dict) -> Example:
+    user = ("Summarize this city council meeting transcript concisely and informatively.\n\n"
+            f"{row['prompt']}")
+    return Example(_chat(user), None, str(row["compressed_prompt"]))
+
+
+# ---------------------------------------------------------------- procedural tasks
+def _passes(items: list, seed: int, repeat: bool):
+    """Yield (item, pass) in seeded shuffles of `items`: once, or forever when `repeat`."""
+    rng = random.Random(seed)
+    for pass_index in itertools.count():
+        order = list(items)
+        rng.shuffle(order)
+        yield from ((item, pass_index) for item in order)
+        if not repeat or not items:
+            return
+
+
+ARITH_MAX, ARITH_TEST = 16, 64  # operands 0..15; 64 of the 256 problems held out
+
+
+def _arith(split: str, limit: int, seed: int) -> list[Example]:
+    problems = sorted(((a, b) for a in range(ARITH_MAX) for b in range(ARITH_MAX)),
+                      key=lambda ab: _digest("arith", *ab))
+    problems = problems[:ARITH_TEST] if split == "test" else problems[ARITH_TEST:]  # disjoint by problem
+    return [Example(_chat(f"What is {a} + {b}?", system=None), str(a + b), f"{a} + {b} = {a + b}",
+                    {"a": a, "b": b}, f"arith-{a}+{b}#{p}")
+            for (a, b), p in itertools.islice(_passes(problems, seed, split == "train"), limit)]
+
+
+def _search(items: list[tuple[float, str]], numbers: list[int], target: int) -> str | None:
+    """Depth-first search over pairs; floats to prune, the exact `countdown_reward` to accept."""
+    if len(items) == 1:
+        value, expr = items[0]
+        expr = expr[1:-1] if expr.startswith("(") else expr  # outer parentheses
+        ok = abs(value - target) < 1e-6 and countdown_reward(expr, numbers, target) == 1.0
+        return expr if ok else None
+    for i, j in itertools.combinations(range(len(items)), 2):
+        (a, left), (b, right) = items[i], items[j]
+        rest = [item for k, item in enumerate(items) if k not in (i, j)]
+        options = [(a + b, f"({left} + {right})"), (a * b, f"({left} * {right})"),
+                   (a - b, f"({left} - {right})"), (b - a, f"({right} - {left})")]
+        options += [(a / b, f"({left} / {right})")] if b else []
+        options += [(b / a, f"({right} / {left})")] if a else []
+        for option in options:
+            found = _search(rest + [option], numbers, target)
+            if found:
+                return found
+    return None
+
+
+@cache
+def solve_countdown(numbers: tuple[int, ...], target: int = 24) -> str | None:
+    """An expression using each number once that equals `target` exactly, or None (brute force)."""
+    return _search([(float(n), str(n)) for n in numbers], list(numbers), target)
+
+
+def _countdown24(split: str, limit: int, seed: int) -> list[Example]:
+    quads = [q for q in itertools.combinations_with_replacement(range(1, 14), 4)
+             if _in_test(_digest("countdown24", *q)) == (split == "test")]  # disjoint by multiset
+    rng, out = random.Random(seed + 1), []
+    for quad, p in _passes(quads, seed, repeat=split == "train"):
+        if len(out) >= limit:
+            break
+        solution = solve_countdown(quad)
+        if solution is None:  # about a quarter of the multisets cannot make 24
+            continue
+        numbers = rng.sample(quad, 4)  # shown in a random order
+        example = _countdown(dict(nums=numbers, target=24))
+        example.reference, example.uid = solution, f"countdown24-{'-'.join(map(str, quad))}#{p}"
+        out.append(example)
+    return out
+
+
+# ---------------------------------------------------------------- loading
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Fail in seconds, not after datasets' ~25 s of retries, when there is no network."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return True  # offline mode: let datasets read its cache (it fails fast when it can't)
+    url = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"[:300]
+
+
+@dataclass
+class Task:
+    name: str
+    has_verifier: bool
+    hub_id: str | None  # dataset id for datasets.load_dataset (None for procedural tasks)
+    columns: tuple[str, ...] = ()  # required in hub rows and --data-file rows
+    key: tuple[str, ...] = ()  # columns that identify a prompt (uid and held-out split)
+    make_example: Callable[[dict], Example] | None = None
+    verifier: Callable[[str, Example], float] | None = None
+    answer: Callable[[str], str] = final_answer  # what `extract` reports
+    hub_config: str | None = None
+    hub_test_split: str | None = None  # the hub's own test split; None -> held-out by prompt
+    generate: Callable[[str, int, int], list[Example]] | None = None  # procedural tasks
+    hint: str = ""  # appended to the missing-columns error
+
+    def load(self, split: str = "train", *, data_file: str | None = None,
+             limit: int | None = None, seed: int = 0) -> list[Example]:
+        """Examples of `split` ("train" or "test"), shuffled by `seed`, at most `limit`."""
+        if split not in ("train", "test"):
+            raise DataError(f"{self.name}: split must be 'train' or 'test', not {split!r}")
+        if self.generate is not None:
+            if data_file:
+                raise DataError(f"{self.name} is generated procedurally and takes no --data-file")
+            default = 5000 if split == "train" else 500
+            return self.generate(split, default if limit is None else limit, seed)
+        rows, whole = self._rows(split, data_file)
+        missing = [column for column in self.columns if column not in rows.column_names]
+        if missing:
+            source = data_file or self.hub_id
+            raise DataError(f"{source} lacks column(s) {', '.join(missing)} needed by {self.name} "
+                            f"(it has: {', '.join(rows.column_names)}){self.hint}")
+        digests = [_digest(*values) for values in zip(*(rows[column] for column in self.key))]
+        seen, uids = {}, []
+        for digest in digests:  # a repeated prompt keeps its split and gets "#1", "#2", ...
+            seen[digest] = seen.get(digest, -1) + 1
+            uids.append(f"{self.name}-{digest[:12]}" + (f"#{seen[digest]}" if seen[digest] else ""))
+        keep = [i for i, d in enumerate(digests) if whole or _in_test(d) == (split == "test")]
+        random.Random(seed).shuffle(keep)
+        keep = keep[:limit] if limit is not None else keep
+        examples = []
+        for i, row in zip(keep, rows.select(keep)):
+            try:
+                example = self.make_example(row)
+            except Exception as err:
+                raise DataError(f"{data_file or self.hub_id}: row {i} is not a valid {self.name} "
+                                f"example ({_one_line(err)})") from None
+            example.reference = str(row.get("reference") or example.reference)
+            example.uid = uids[i]
+            examples.append(example)
+        return examples
+
+    def _rows(self, split: str, data_file: str | None):
+        """(datasets.Dataset, whether it already is exactly `split`) from a file or the hub."""
+        import datasets  # slow import, only needed for hub-backed tasks
+
+        if data_file:
+            path = data_file.replace("{split}", split)
+            kind = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}.get(
+                os.path.splitext(path)[1].lower())
+            if kind is None:
+                raise DataError(f"--data-file {path}: expected a .jsonl, .json or .parquet file")
+            if not os.path.isfile(path):
+                raise DataError(f"--data-file {path}: no such file")
+            try:
+                return datasets.load_dataset(kind, data_files=path, split="train"), path != data_file
+            except Exception as err:
+                raise DataError(f"--data-file {path}: cannot read it ({_one_line(err)})") from None
+        advice = (f"pass --data-file FILE (.jsonl or .parquet with columns "
+                  f"{', '.join(self.columns)})")
+        if not _hub_reachable():
+            raise DataError(f"cannot reach the Hugging Face Hub to load {self.hub_id}: {advice}, "
+                            "or set HF_HUB_OFFLINE=1 to use a cached copy")
+        hub_split = self.hub_test_split if split == "test" and self.hub_test_split else "train"
+        try:
+            rows = datasets.load_dataset(self.hub_id, self.hub_config, split=hub_split)
+        except Exception as err:
+            raise DataError(f"cannot load {self.hub_id} ({_one_line(err)}): {advice}") from None
+        return rows, self.hub_test_split is not None
+
+    def reward(self, completion: str, example: Example, kind: str = "exact") -> float:
+        """kind "exact": the task's 0/1 verifier; kind "sim": similarity to the demonstration."""
+        if kind == "exact":
+            if not self.has_verifier:
+                raise ValueError(f"{self.name} has no verifier: use --reward sim")
+            return self.verifier(completion, example)
+        if kind == "sim":
+            if not example.reference:
+                raise DataError(f"{self.name} example {example.uid} has no demonstration for "
+                                "--reward sim: pass --data-file with a 'reference' column")
+            return similarity_reward(completion, example.reference)
+        raise ValueError(f"unknown reward kind {kind!r}: use 'exact' or 'sim'")
+
+    def extract(self, completion: str) -> str:
+        """The answer the verifier looks at (for eval output), at most 500 characters."""
+        return self.answer(completion)[:500]
+
+
+def _math(completion: str, example: Example) -> float:
+    return math_reward(completion, example.gold)
+
+
+def _expression(completion: str, example: Example) -> float:
+    return countdown_reward(completion, example.meta["numbers"], example.meta["target"])
+
+
+def _integer(completion: str, example: Example) -> float:
+    return integer_reward(completion, example.gold)
+
+
+def _last_integer(completion: str) -> str:
+    found = re.findall(r"-?[0-9]+", _boxed_or_answer(completion).replace(",", "")[-1000:])
+    return found[-1] if found else ""
+
+
+TASKS: dict[str, Task] = {task.name: task for task in [
+    Task("gsm8k", True, "openai/gsm8k", ("question", "answer"), ("question",), _gsm8k, _math,
+         _boxed_or_answer, hub_config="main", hub_test_split="test"),
+    Task("countdown", True, "Jiayi-Pan/Countdown-Tasks-3to4", ("nums", "target"),
+         ("nums", "target"), _countdown, _expression, countdown_expression),
+    Task("deepmath", True, "zwhe99/DeepMath-103K",
+         ("question", "final_answer", "r1_solution_1", "r1_solution_2", "r1_solution_3"),
+         ("question",), _deepmath, _math, _boxed_or_answer),
+    Task("poetry", False, "jnb666/poems", ("instruction", "poem"), ("instruction",), _poetry,
+         hint=". jnb666/poems holds poems only; the paper wrote an instruction for each poem "
+              "with an LLM: pass them with --data-file (columns instruction, poem)"),
+    Task("meetingbank", False, "microsoft/MeetingBank-LLMCompressed",
+         ("prompt", "compressed_prompt"), ("prompt",), _meetingbank),
+    Task("arith", True, None, verifier=_integer,
+         answer=_last_integer, generate=_arith),
+    Task("countdown24", True, None, verifier=_expression, answer=countdown_expression,
+         generate=_countdown24),
+]}
+
+
+def get_task(name: str) -> Task:
+    """The task called `name`; ValueError listing the valid names otherwise."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}: choose one of {', '.join(TASKS)}")
+    return TASKS[name]

@@ -1,0 +1,233 @@
+"""Rewards: known answers, hand-computed similarity, and an adversarial corpus that must score 0."""
+
+import multiprocessing
+import random
+import threading
+
+import pytest
+from rouge_score import rouge_scorer
+
+from rewards import (
+    countdown_reward,
+    final_answer,
+    format_reward,
+    integer_reward,
+    lcs_length,
+    math_reward,
+    similarity_reward,
+    squad_words,
+)
+
+
+def test_final_answer():
+    assert final_answer("<think>so 5</think> 7") == "7"
+    assert final_answer("<think>a</think> x <think>b</think>  y ") == "y"  # after the last </think>
+    assert final_answer("<think>a</think> so <answer> 12 </answer> done") == "12"
+    assert final_answer("<answer>1</answer><answer>2</answer>") == "2"
+    assert final_answer("<answer>cut off") == "cut off"  # truncated answer tag
+    assert final_answer("plain") == "plain"
+    assert final_answer("") == "" and final_answer(None) == ""
+
+
+# ---------------------------------------------------------------- math
+@pytest.mark.parametrize("completion, gold", [
+    ("<think>half</think> 0.5", r"\frac12"),
+    ("1000", "1,000"),
+    (r"<think>x</think> The answer is \boxed{72}.", "72"),
+    (r"<answer>$\frac{\sqrt3}{2}$</answer>", r"\dfrac{\sqrt{3}}{2}"),
+    (r"\boxed{1+x^2}", "x^2+1"),
+    (r"\boxed{3}", r"\boxed{3}"),  # an already boxed gold is not boxed twice
+])
+def test_math_reward_positive(completion, gold):
+    assert math_reward(completion, gold) == 1.0
+
+
+@pytest.mark.parametrize("completion, gold", [
+    ("<think>x</think> 73", "72"),
+    (r"<think>\boxed{72}</think> I am not sure", "72"),  # the answer inside the thinking does not count
+    ("", "72"),
+    ("72", ""),
+    ("1,2", "12"),
+])
+def test_math_reward_negative(completion, gold):
+    assert math_reward(completion, gold) == 0.0
+
+
+def test_math_reward_works_from_a_thread():
+    # math-verify's own SIGALRM timeout raises outside the main thread
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(math_reward("0.5", r"\frac12")))
+               for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [1.0, 1.0, 1.0]
+
+
+def test_math_reward_works_in_forked_daemonic_workers():
+    math_reward("1", "1")  # the parent's worker exists before the fork
+    with multiprocessing.get_context("fork").Pool(2) as pool:  # pool workers are daemonic
+        assert pool.starmap(math_reward, [("0.5", r"\frac12"), ("7", "8")]) == [1.0, 0.0]
+    assert math_reward("2", "2") == 1.0  # and the parent's worker still answers
+
+
+def test_math_reward_recovers_after_a_hanging_expression():
+    assert math_reward("9**9**9**9", "2") == 0.0  # sympy would run for minutes: the worker is killed
+    assert math_reward(r"\boxed{2}", "2") == 1.0  # a fresh worker takes over
+
+
+# ---------------------------------------------------------------- countdown
+@pytest.mark.parametrize("completion, numbers, target", [
+    ("8/(3-8/3)", [3, 3, 8, 8], 24),  # exact rationals: a float check could miss this
+    ("<think>try</think> 8 / (3 - 8 / 3) = 24", [8, 8, 3, 3], 24),
+    (r"<think>t</think> so \boxed{8 ÷ (3 − 8 ÷ 3)}", [3, 3, 8, 8], 24),  # unicode operators
+    (r"$(1 + 2 + 3) \times 4$", [1, 2, 3, 4], 24),
+    ("<answer> 1 * 2 * 3 * 4 </answer>", [4, 3, 2, 1], 24),
+    ("Working...\n(44 + 19) + 35", [44, 19, 35], 98),  # last line of the answer
+    ("95 - 11 - 56.", [95, 11, 56], 28),
+    ("-(3 - 8) * 4 + 4", [3, 8, 4, 4], 24),  # unary minus
+])
+def test_countdown_reward_positive(completion, numbers, target):
+    assert countdown_reward(completion, numbers, target) == 1.0
+
+
+@pytest.mark.parametrize("completion, numbers, target", [
+    ("8/(3-8/3) = 25", [3, 3, 8, 8], 24),  # wrong right-hand side
+    ("8*3", [3, 3, 8, 8], 24),  # numbers missing
+    ("8*3 + 3 - 3 + 8 - 8", [3, 3, 8, 8], 24),  # numbers used twice
+    ("4*6", [1, 2, 3, 4], 24),  # correct value, wrong number set
+    ("(1+2+3)*4", [1, 2, 3, 5], 24),  # correct value, a supplied number replaced
+    ("1 + 2 + 3 + 4", [1, 2, 3, 4], 24),  # wrong value
+    ("8 / (3 - 3) + 8 + 8", [3, 3, 8, 8, 8], 24),  # division by zero
+    ("2**3 * 3", [2, 3, 3], 24),  # exponentiation
+    ("(8 // 3) * 8 + 8", [8, 3, 8, 8], 24),  # floor division
+    ("24.0", [24], 24),  # floats
+    ("x * 24", [24], 24),  # names
+    ("", [1], 1),
+])
+def test_countdown_reward_negative(completion, numbers, target):
+    assert countdown_reward(completion, numbers, target) == 0.0
+
+
+# ---------------------------------------------------------------- arith, format
+def test_integer_reward():
+    assert integer_reward("7 + 5 = 12.", "12") == 1.0
+    assert integer_reward("<think>7+5</think> It is 12, I think", "12") == 1.0
+    assert integer_reward(r"\boxed{12} and then 13", "12") == 1.0  # the boxed answer wins
+    assert integer_reward("The sum is 1,200", "1200") == 1.0
+    assert integer_reward("12 or maybe 13", "12") == 0.0
+    assert integer_reward("twelve", "12") == 0.0
+    assert integer_reward("-3", "3") == 0.0
+
+
+def test_format_reward():
+    assert format_reward("<think>add them</think> 12") == 1.0
+    assert format_reward("  <think>add</think>\n<answer>12</answer>") == 1.0
+    assert format_reward("<think> </think> 12") == 0.0  # empty thinking
+    assert format_reward("<think>add</think>  ") == 0.0  # empty answer
+    assert format_reward("12") == 0.0
+    assert format_reward("<think>a</think><think>b</think> 12") == 0.0  # two think blocks
+    assert format_reward("hi <think>a</think> 12") == 0.0  # text before the thinking
+    assert format_reward("</think> 12 <think>a") == 0.0
+
+
+# ---------------------------------------------------------------- similarity (Appendix B.5)
+def test_similarity_identical_and_disjoint():
+    text = "The council approved the lease for five years."
+    assert similarity_reward(f"<think>hmm</think>{text}", text) == 1.0
+    assert similarity_reward("apples and pears", "council lease years") == 0.0
+    assert similarity_reward("", text) == 0.0
+    assert similarity_reward(text, "") == 0.0  # no reference, no reward (not even for empty output)
+
+
+def test_similarity_hand_computed():
+    # words after SQuAD normalisation (lowercase, no punctuation, no a/an/the):
+    #   completion "On the mat sat the cat."  -> [on, mat, sat, cat]
+    #   reference  "The cat sat on the mat!"  -> [cat, sat, on, mat]
+    # F1_SQuAD: 4 shared words, P = R = 4/4 -> F1 = 1.0
+    # ROUGE-L: LCS = [on, mat] = 2, P = R = 2/4 -> F = 0.5
+    # r_sim = 0.6 * 1.0 + 0.4 * 0.5 = 0.8
+    assert similarity_reward("<think>x</think> On the mat sat the cat.", "The cat sat on the mat!") == (
+        pytest.approx(0.8))
+    # completion [cat, sat] vs reference [cat, sat, on, mat]: P = 1, R = 1/2 for both halves
+    # -> F1 = ROUGE-L F = 2 * 1 * 0.5 / 1.5 = 2/3, so r_sim = 2/3
+    assert similarity_reward("A CAT, sat.", "The cat sat on the mat") == pytest.approx(2 / 3)
+
+
+def test_squad_words():
+    assert squad_words("The Cat's  hat, an apple & A pear!") == ["cats", "hat", "apple", "pear"]
+
+
+def test_lcs_matches_dynamic_programming():
+    def lcs_table(a, b):
+        previous = [0] * (len(b) + 1)
+        for x in a:
+            current = [0]
+            for j, y in enumerate(b):
+                current.append(previous[j] + 1 if x == y else max(previous[j + 1], current[j]))
+            previous = current
+        return previous[-1]
+
+    rng = random.Random(0)
+    for _ in range(300):
+        a = [rng.choice("abcd") for _ in range(rng.randint(0, 15))]
+        b = [rng.choice("abcd") for _ in range(rng.randint(0, 15))]
+        assert lcs_length(a, b) == lcs_table(a, b)
+
+
+def test_rouge_half_agrees_with_rouge_score_on_normalised_text():
+    # on already normalised text rouge-score's tokenizer sees the same words as ours, so the ROUGE-L
+    # half recovered as (r_sim - 0.6 * F1) / 0.4 must equal rouge-score's ROUGE-L F-measure
+    pred, ref = "cat sat on mat near door", "door cat was on mat"
+    scorer = rouge_scorer.RougeScorer(["rougeL"])
+    rouge = scorer.score(ref, pred)["rougeL"].fmeasure
+    overlap = 4  # cat, on, mat, door
+    f1 = 2 * (overlap / 6) * (overlap / 5) / (overlap / 6 + overlap / 5)
+    assert (similarity_reward(pred, ref) - 0.6 * f1) / 0.4 == pytest.approx(rouge)
+
+
+# ---------------------------------------------------------------- adversarial corpus
+def adversarial_corpus(sentinel):
+    """Hostile completions; none may score, raise, hang or touch `sentinel`."""
+    return [
+        f"__import__('os').system('touch {sentinel}')",
+        rf"\boxed{{__import__('os').system('touch {sentinel}')}}",
+        f"open('{sentinel}', 'w').write('x')",
+        "exec(\"open('x','w')\")",
+        "9**9**9**9",
+        r"\boxed{9^{9^{9^{9}}}}",
+        "(" * 10_000 + "1" + ")" * 10_000,
+        "{" * 10_000 + "}" * 5,
+        r"\boxed{" * 5_000,
+        "x" * 1_000_000,
+        "<think>" * 1_000 + "</think>" * 1_000,
+        bytes(range(256)).decode("utf-8", errors="replace") * 100,
+        b"\xff\xfe\x80abc\xc3(".decode("utf-8", errors="replace"),
+        "\udcff\udcfe lone surrogates",
+        "\x00" * 1000,
+        "lambda: 0",
+        "().__class__.__bases__[0].__subclasses__()",
+        "1/0",
+    ]
+
+
+def test_adversarial_corpus_scores_zero_without_side_effects(tmp_path):
+    sentinel = tmp_path / "pwned"
+    for text in adversarial_corpus(sentinel):
+        assert math_reward(text, "24") == 0.0, text[:60]
+        assert countdown_reward(text, [9, 9, 9, 9], 24) == 0.0, text[:60]
+        assert countdown_reward(text, [1, 2, 3, 4], 24) == 0.0, text[:60]
+        assert integer_reward(text, "24") == 0.0, text[:60]
+        assert similarity_reward(text, "The council approved the lease.") == 0.0, text[:60]
+        assert format_reward(text) == 0.0, text[:60]
+    assert not sentinel.exists()
+
+
+def test_rewards_accept_any_input_type():
+    for junk in [None, 42, b"\xff\xfe", ["a"], 3.5]:
+        for score in [math_reward(junk, "1"), countdown_reward(junk, [1], 1), integer_reward(junk, "1"),
+                      similarity_reward(junk, "a b"), format_reward(junk)]:
+            assert score == 0.0
+    assert countdown_reward("1", ["x"], 1) == 0.0  # a broken numbers list scores 0 too
+    assert similarity_reward(b"cat sat", "cat sat") == 1.0  # bytes are decoded
