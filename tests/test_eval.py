@@ -1,0 +1,139 @@
+"""eval.py: the pass@k estimator by hand, and evaluate()/the CLI end to end on the tiny model."""
+
+import itertools
+import json
+import math
+from dataclasses import dataclass, field
+
+import pytest
+
+from eval import encode_prompts, evaluate, main, pass_at_k
+
+
+def test_pass_at_k_hand_values():
+    # n=4, c=1: P(the single pass is among k draws) = k / 4.
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)
+    # n=5, c=2, k=2: 1 - C(3,2)/C(5,2) = 1 - 3/10.
+    assert pass_at_k(5, 2, 2) == pytest.approx(0.7)
+    # n=10, c=3, k=4: 1 - C(7,4)/C(10,4) = 1 - 35/210.
+    assert pass_at_k(10, 3, 4) == pytest.approx(1 - 35 / 210)
+    assert pass_at_k(8, 0, 8) == 0.0
+    assert pass_at_k(8, 5, 4) == 1.0  # only 3 failures: every 4-subset holds a pass
+    assert pass_at_k(8, 8, 1) == 1.0
+
+
+def test_pass_at_k_matches_enumeration_and_is_stable():
+    # Brute force over all k-subsets of n samples with c passes.
+    for n, c, k in [(6, 2, 3), (7, 1, 2), (7, 4, 5), (5, 0, 1)]:
+        subsets = list(itertools.combinations(range(n), k))
+        brute = sum(any(i < c for i in s) for s in subsets) / len(subsets)
+        assert pass_at_k(n, c, k) == pytest.approx(brute)
+    # Large n where the binomials are ~1e29: still a plain float in [0, 1].
+    value = pass_at_k(1000, 1, 10)
+    assert math.isfinite(value) and value == pytest.approx(0.01)
+    with pytest.raises(ValueError):
+        pass_at_k(4, 5, 1)
+    with pytest.raises(ValueError):
+        pass_at_k(4, 1, 5)
+
+
+@dataclass
+class Example:  # the fields evaluate() reads; same shape as tasks.Example
+    prompt: list
+    gold: str | None
+    reference: str = ""
+    meta: dict = field(default_factory=dict)
+    uid: str = ""
+
+
+class FixtureTask:
+    """A verifier that passes any completion containing the gold character; `sim` scores its length."""
+
+    def __init__(self, has_verifier=True):
+        self.name, self.has_verifier = "fixture", has_verifier
+
+    def extract(self, completion):
+        return completion[-1:]
+
+    def reward(self, completion, example, kind="exact"):
+        if kind == "exact":
+            assert self.has_verifier, "evaluate must not ask a task without a verifier for exact rewards"
+            return float(example.gold in completion)
+        return min(1.0, len(completion) / 100)
+
+
+def _examples(n):
+    return [Example([{"role": "user", "content": f"Say {i}"}], gold=str(i % 10), uid=f"ex{i}") for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def sampler(tiny_model_dir):
+    from rollout import make_sampler
+    s = make_sampler("hf", tiny_model_dir, dtype="float32", seed=0)
+    yield s
+    s.close()
+
+
+def test_encode_prompts_uses_chat_template(sampler):
+    ids = encode_prompts(sampler.tokenizer, _examples(2))
+    text = sampler.tokenizer.decode(ids[0])
+    assert text == "<|im_start|>user\nSay 0<|im_end|>\n<|im_start|>assistant\n"
+    assert len(ids) == 2 and all(isinstance(t, int) for t in ids[1])
+
+
+def test_evaluate_summary_and_records(sampler):
+    examples = _examples(5) + [Example([], gold="0", uid="empty")]  # the empty prompt is skipped
+    result = evaluate(sampler, FixtureTask(), examples, samples=4, max_tokens=6, batch_size=2, progress=False)
+    summary, records = result["summary"], result["examples"]
+    assert summary["n"] == 5 and summary["skipped"] == 1 and len(records) == 5
+    assert [r["uid"] for r in records] == [f"ex{i}" for i in range(5)]
+    for r in records:
+        assert set(r) >= {"uid", "prompt", "completion", "answer", "reward", "sampled_rewards"}
+        assert r["reward"] == float(r["gold"] in r["completion"]) and len(r["sampled_rewards"]) == 4
+        assert r["answer"] == r["completion"][-1:]
+    assert summary["pass@1"] == pytest.approx(sum(r["reward"] for r in records) / 5)
+    assert list(summary["pass@k"]) == ["1", "2", "4"]
+    # pass@1 from samples is the mean sampled reward for 0/1 rewards; pass@k grows with k
+    assert summary["pass@k"]["1"] == pytest.approx(summary["sampled_reward_mean"])
+    assert summary["pass@k"]["1"] <= summary["pass@k"]["2"] <= summary["pass@k"]["4"]
+    assert summary["trunc_frac"] == pytest.approx(sum(r["finish_reason"] == "length" for r in records) / 5)
+    # greedy is deterministic: a second run gives the same completions
+    again = evaluate(sampler, FixtureTask(), examples[:2], max_tokens=6, progress=False)
+    assert [r["completion"] for r in again["examples"]] == [r["completion"] for r in records[:2]]
+
+
+def test_evaluate_without_verifier_reports_similarity(sampler, capsys):
+    result = evaluate(sampler, FixtureTask(has_verifier=False), _examples(2), max_tokens=4, progress=False)
+    assert "no verifier" in capsys.readouterr().out
+    summary = result["summary"]
+    assert summary["reward_kind"] == "sim" and "pass@1" not in summary
+    assert summary["sim_reward"] == pytest.approx(sum(r["reward"] for r in result["examples"]) / 2)
+
+
+def test_cli_writes_json(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    result = main(["--model", tiny_model_dir, "--task", "arith", "--limit", "3", "--samples", "2",
+                   "--max-tokens", "4", "--sampler", "hf", "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert data["summary"]["n"] == 3 and data["summary"]["task"] == "arith"
+    assert data["summary"]["model"] == tiny_model_dir and set(data["summary"]["pass@k"]) == {"1", "2"}
+    assert len(data["examples"]) == 3 and data == json.loads(json.dumps(result))
+    for record in data["examples"]:
+        assert isinstance(record["completion"], str) and record["reward"] in (0.0, 1.0)
+        assert isinstance(record["prompt"], list) and record["prompt"][-1]["content"]
+    assert "pass@1 (greedy)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--task", "arith"], "--model"),
+    (["--model", "x", "--task", "arith", "--samples", "-1"], "--samples"),
+    (["--model", "x", "--task", "arith", "--limit", "0"], "--limit"),
+    (["--model", "x", "--task", "no-such-task"], "no-such-task"),
+])
+def test_cli_bad_flags_one_line_exit_2(flags, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(flags)
+    stderr = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert message in stderr and len(stderr.strip().splitlines()) == 1
