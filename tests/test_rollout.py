@@ -1,0 +1,135 @@
+"""rollout.py's HF sampler on the tiny random-weight model, and the embedded SmolLM2 (slow).
+
+    python -m pytest tests/test_rollout.py
+"""
+
+import math
+import os
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from loss import pad_batch, sequence_logprobs
+from rollout import make_sampler, resolve_model, sync_check
+
+
+@pytest.fixture(scope="module")
+def sampler(tiny_model_dir):
+    sampler = make_sampler("hf", tiny_model_dir, dtype="float32", seed=0)
+    yield sampler
+    sampler.close()
+
+
+@pytest.fixture(scope="module")
+def trainer(tiny_model_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def prompts(sampler):
+    encode = sampler.tokenizer.encode
+    return [encode("abc"), encode("a longer prompt, so the batch needs padding"), encode("x")]
+
+
+def trainer_logprobs(model, prompts, groups, temperature):
+    """The trainer's recomputation (loss.sequence_logprobs) of every sampled completion's log-probs."""
+    rows = [(p, c) for p, group in zip(prompts, groups) for c in group]
+    input_ids, attention_mask, completion_mask = pad_batch([p for p, _ in rows], [c.token_ids for _, c in rows], 0)
+    with torch.no_grad():
+        logp = sequence_logprobs(model, input_ids, attention_mask, completion_mask.shape[1], temperature)
+    return [logp[i, :len(c.token_ids)] for i, (_, c) in enumerate(rows)]
+
+
+def test_shapes_and_seeding(sampler, prompts):
+    out = sampler.generate(prompts, n=4, max_tokens=12, seed=7)
+    assert [len(group) for group in out] == [4, 4, 4]
+    for group in out:
+        for c in group:
+            assert 1 <= len(c.token_ids) == len(c.logprobs) <= 12
+            assert all(lp <= 0 for lp in c.logprobs)
+            assert c.text == sampler.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+    assert sampler.generate(prompts, n=4, max_tokens=12, seed=7) == out  # same seed, same samples
+    other = sampler.generate(prompts, n=4, max_tokens=12, seed=8)
+    assert [c.token_ids for g in other for c in g] != [c.token_ids for g in out for c in g]
+    # Without a seed, consecutive calls draw new samples (a rollout loop must not repeat itself).
+    first, second = (sampler.generate(prompts, n=4, max_tokens=12) for _ in range(2))
+    assert first != second
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_match_trainer(sampler, prompts, trainer, temperature):
+    groups = sampler.generate(prompts, n=3, max_tokens=16, temperature=temperature, seed=0)
+    recomputed = trainer_logprobs(trainer, prompts, groups, temperature)
+    completions = [c for group in groups for c in group]
+    for c, logp in zip(completions, recomputed):
+        assert torch.allclose(torch.tensor(c.logprobs), logp, atol=1e-4, rtol=0)
+
+
+def test_top_p_logprobs_are_renormalised(sampler, prompts, trainer):
+    # Over a nucleus of mass m >= top_p, log-probs rise by -log m, a gap in (0, -log top_p].
+    groups = sampler.generate(prompts, n=3, max_tokens=16, top_p=0.5, seed=0)
+    full = trainer_logprobs(trainer, prompts, groups, 1.0)
+    for c, logp in zip([c for group in groups for c in group], full):
+        gap = torch.tensor(c.logprobs) - logp
+        assert (gap > 0).all() and (gap <= -math.log(0.5) + 1e-4).all()
+
+
+def test_greedy_matches_hf_generate(sampler, prompts, trainer):
+    ours = sampler.generate(prompts, n=1, max_tokens=10, temperature=0)
+    for prompt, group in zip(prompts, ours):
+        ref = trainer.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             do_sample=False, max_new_tokens=10)[0, len(prompt):].tolist()
+        assert group[0].token_ids == ref
+    # A vanishing nucleus keeps only the most likely token: sampling becomes greedy.
+    nucleus = sampler.generate(prompts, n=2, max_tokens=10, top_p=1e-6, seed=3)
+    assert [[c.token_ids for c in g] for g in nucleus] == [[g[0].token_ids] * 2 for g in ours]
+
+
+def test_eos_and_length(sampler, prompts):
+    eos = sampler.tokenizer.eos_token_id
+    completions = [c for g in sampler.generate(prompts, n=16, max_tokens=40, seed=0) for c in g]
+    reasons = {c.finish_reason for c in completions}
+    assert reasons == {"stop", "length"}  # this seed gives both kinds, so both branches are checked
+    for c in completions:
+        if c.finish_reason == "stop":
+            assert c.token_ids[-1] == eos and eos not in c.token_ids[:-1]
+        else:
+            assert len(c.token_ids) == 40 and eos not in c.token_ids
+
+
+def test_update_weights_and_sync_check(tiny_model_dir, prompts):
+    sampler = make_sampler("hf", tiny_model_dir, dtype="float32", seed=0)
+    trainer = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    assert sync_check(sampler, trainer, prompts) < 1e-4
+    before = sampler.generate(prompts, n=2, max_tokens=16, seed=0)
+    torch.manual_seed(1)
+    with torch.no_grad():  # a training step stand-in: every weight moves, the tied embedding too
+        for p in trainer.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    assert sync_check(sampler, trainer, prompts) > 0.1  # stale sampler is caught
+    # named_parameters lists the tied embedding once, as model.embed_tokens.weight.
+    sampler.update_weights(trainer.named_parameters())
+    assert torch.equal(sampler.model.lm_head.weight, trainer.model.embed_tokens.weight)
+    assert sync_check(sampler, trainer, prompts) < 1e-4
+    assert sampler.generate(prompts, n=2, max_tokens=16, seed=0) != before
+    sampler.close()
+
+
+@pytest.mark.slow
+def test_embedded_model_offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("SOFTMAX_GRPO_CACHE", str(tmp_path))
+    path = resolve_model("smollm2-135m")
+    stamp = os.path.getmtime(os.path.join(path, "config.json"))
+    time.sleep(0.01)
+    assert resolve_model("smollm2-135m") == path  # second call reuses the converted folder
+    assert os.path.getmtime(os.path.join(path, "config.json")) == stamp
+    assert os.listdir(tmp_path) == ["smollm2-135m"]  # no temporary folder left behind
+    sampler = make_sampler("hf", "smollm2-135m", dtype="bfloat16")
+    prompt = sampler.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                                   add_generation_prompt=True, return_dict=False)
+    answer = sampler.generate([prompt], n=1, max_tokens=32, temperature=0)[0][0]
+    assert "Paris" in answer.text
+    sampler.close()

