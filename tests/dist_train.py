@@ -1,0 +1,85 @@
+"""Helpers for tests/test_train.py: a toy task the tiny model learns in seconds, and the two jobs the
+tests run both in one process and under `torchrun --nproc_per_node 2` (FSDP2 over gloo on CPU):
+
+    python tests/dist_train.py parity OUT.pt MODEL_DIR REF_DIR      # one ppo_update on a fixed batch
+    torchrun --nproc_per_node 2 tests/dist_train.py parity OUT.pt MODEL_DIR REF_DIR
+    torchrun --nproc_per_node 2 tests/dist_train.py e2e OUT_DIR MODEL_DIR          # train.main on the toy task
+"""
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # the repo root
+
+import tasks  # noqa: E402
+import train  # noqa: E402
+
+DIGITS = "0123456789"
+
+
+class DigitTask:
+    """A bandit: reward 1 when the completion starts with a digit (about 1 in 10 for a random tiny model)."""
+
+    name, has_verifier, hub_id = "digits", True, None
+
+    def load(self, split="train", *, data_file=None, limit=None, seed=0):
+        n = limit or (16 if split == "train" else 8)
+        return [tasks.Example(prompt=[{"role": "user", "content": f"say something {split} {i}"}], gold="digit",
+                              reference="7", meta={}, uid=f"{split}-{i}") for i in range(n)]
+
+    def reward(self, completion, example, kind="exact"):
+        return float(completion[:1] in DIGITS) if completion else 0.0
+
+    def extract(self, completion):
+        return completion[:1]
+
+
+def parity(out_path, model_dir, ref_dir):
+    """One PPO update (2 epochs x 2 minibatches, micro-batches of 3, KL to a different model) on a fixed batch."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    args = train.Args(M=4, rollout_batch=4, micro_batch=3, minibatches=2, ppo_epochs=2, beta=0.1, lr=1e-4,
+                      warmup_steps=0, max_grad_norm=0.5, dtype="float32")
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(4, 90, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(args.rollout_batch)]
+    completions = [[torch.randint(4, 90, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
+                    for _ in range(args.M)] for _ in range(args.rollout_batch)]
+    adv = torch.randn(args.rollout_batch, args.M, generator=g)  # (G, M)
+    mine = list(range(args.rollout_batch))[rank::world]  # train.main's sharding: groups r::world
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    ref_model = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval().requires_grad_(False)
+    if dist.is_initialized():
+        model, ref_model = train.shard(model, torch.device("cpu")), train.shard(ref_model, torch.device("cpu"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    flat = [(prompts[i], c) for i in mine for c in completions[i]]
+    metrics = train.ppo_update(model, ref_model, optimizer, scheduler, [p for p, _ in flat], [c for _, c in flat],
+                               [[0.0] * len(c) for _, c in flat], adv[mine].reshape(-1), args, pad_id=0)
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        torch.save({"state": state, "metrics": metrics}, out_path)
+
+
+def e2e(out_dir, model_dir):
+    tasks.TASKS["digits"] = DigitTask()
+    args = train.Args(task="digits", model=model_dir, M=4, rollout_batch=4, micro_batch=4, steps=3, max_tokens=4,
+                      lr=1e-2, eval_examples=4, dtype="float32", out_dir=out_dir, save_every=2)
+    train.main(args)
+
+
+if __name__ == "__main__":
+    job, *rest = sys.argv[1:]
+    if job == "parity":
+        if "RANK" in os.environ:
+            dist.init_process_group("gloo")
+        parity(*rest)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    else:
+        e2e(*rest)  # train.main sets up and tears down the process group itself

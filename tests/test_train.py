@@ -1,0 +1,250 @@
+"""train.py end to end on the tiny model: flags, checkpoints, exact resume, learning, FSDP2 parity.
+
+The single-process runs call train.main in this process with a toy task registered in tasks.TASKS
+(dist_train.DigitTask: reward 1 when the completion starts with a digit); the torchrun runs go
+through tests/dist_train.py. float32 everywhere a comparison must be exact.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from dist_train import DigitTask
+
+import tasks
+import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def digits(monkeypatch):
+    monkeypatch.setitem(tasks.TASKS, "digits", DigitTask())
+    return "digits"
+
+
+def tiny_args(model_dir, out_dir, **overrides):
+    base = dict(task="digits", model=model_dir, M=4, rollout_batch=4, micro_batch=8, steps=2, max_tokens=4,
+                lr=3e-3, warmup_steps=0, eval_examples=0, dtype="float32", out_dir=str(out_dir))
+    return train.Args(**{**base, **overrides})
+
+
+def read_metrics(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def cli(*flags, env=None):
+    return subprocess.run([sys.executable, "train.py", *flags], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **(env or {})})
+
+
+# ---- flags, presets, checkpoints on disk (fast)
+
+@pytest.mark.parametrize("flags, message", [
+    (["--advantage", "nope"], "--advantage must be one of"),
+    (["--tau", "0"], "--tau must be"),
+    (["--M", "0"], "must be >= 1"),
+    (["--lr", "-1"], "--lr"),
+    (["--task", "no_such_task"], "no_such_task"),
+    (["--M", "eight"], "invalid int value"),
+    (["--rollout-batch", "6", "--minibatches", "4"], "must divide evenly"),
+    (["--sampler", "tpu"], "--sampler"),
+    (["--resume", "/no/such/run"], "no checkpoint there"),
+    (["--data-file", "/no/such/file.jsonl"], "does not exist"),
+    (["--no-such-flag"], "unrecognized arguments"),
+])
+def test_bad_flags_exit_2_with_one_line(flags, message, tmp_path, capsys):
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        train.parse_args([*flags, "--out-dir", str(out)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err.count("\n") == 1 and err.startswith("train.py: error: ") and message in err
+    assert not out.exists()  # nothing written
+
+
+def test_cli_bad_flag_prints_one_line_before_loading_anything():
+    result = cli("--tau", "-0.5")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["train.py: error: --tau must be a finite number > 0"]
+
+
+def test_preset_then_explicit_flags_win(tmp_path):
+    args = train.parse_args(["--task", "gsm8k", "--lr", "3e-6", "--out-dir", str(tmp_path / "r")])
+    assert (args.model, args.M, args.tau, args.rollout_batch, args.max_tokens) == ("Qwen/Qwen2.5-1.5B", 8, 0.1, 64, 256)
+    assert args.lr == 3e-6 and args.clip_low == 0.2 and args.clip_high == 0.28 and args.beta == 1e-3
+    deepmath = train.parse_args(["--task", "deepmath", "--out-dir", str(tmp_path / "d")])
+    assert (deepmath.M, deepmath.tau, deepmath.rollout_batch, deepmath.max_tokens) == (16, 0.3, 512, 1024)
+    demo = train.parse_args(["--out-dir", str(tmp_path / "demo")])
+    assert (demo.task, demo.model, demo.advantage, demo.lr) == ("arith", "smollm2-135m", "softmax", 2e-5)
+
+
+def test_batch_indices_cover_each_epoch_once_and_reshuffle():
+    n, batch = 10, 4
+    first = [i for step in range(5) for i in train.batch_indices(step, batch, n, seed=0)]  # 2 epochs exactly
+    assert sorted(first[:10]) == list(range(10)) and sorted(first[10:]) == list(range(10))
+    assert first[:10] != first[10:]
+    assert train.batch_indices(3, batch, n, seed=0) == first[12:16]  # a pure function of the step: resumable
+    assert train.batch_indices(0, batch, n, seed=1) != first[:4]
+
+
+def fake_checkpoint(run, step, state=None):
+    path = run / f"checkpoint-{step:06d}"
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    (path / "optimizer.pt").write_bytes(b"")
+    if state is not None:
+        torch.save(state, path / "trainer_state.pt")
+    return path
+
+
+def test_find_checkpoint_picks_newest_complete_and_ignores_interrupted_saves(tmp_path):
+    run = tmp_path / "run"
+    fake_checkpoint(run, 5, {"step": 5})
+    fake_checkpoint(run, 20, None)  # no trainer_state.pt: an incomplete folder is never picked
+    (run / ".tmp-checkpoint-000030-abc").mkdir()  # a save killed before its rename
+    newest = fake_checkpoint(run, 10, {"step": 10})
+    assert train.find_checkpoint(str(run)) == str(newest)
+    assert train.find_checkpoint(str(newest)) == str(newest)
+    assert train.find_checkpoint(str(tmp_path / "empty")) is None
+
+
+def test_corrupt_or_mismatched_checkpoint_is_refused_with_one_line(tmp_path, capsys):
+    corrupt = fake_checkpoint(tmp_path / "a", 3)
+    (corrupt / "trainer_state.pt").write_bytes(b"not a torch file")
+    other = fake_checkpoint(tmp_path / "b", 3, {"step": 3, "args": {"task": "gsm8k", "model": "smollm2-135m"}})
+    for ckpt, message in ((corrupt, "is corrupt"), (other, "is from task gsm8k")):
+        with pytest.raises(SystemExit) as exit_info:
+            train.parse_args(["--resume", str(ckpt), "--out-dir", str(tmp_path / "out")])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.count("\n") == 1 and message in err
+
+
+def test_existing_run_is_not_overwritten(tmp_path, capsys):
+    (tmp_path / "metrics.jsonl").write_text("")
+    with pytest.raises(SystemExit):
+        train.parse_args(["--out-dir", str(tmp_path)])
+    assert "already holds a run: continue it with --resume" in capsys.readouterr().err
+    assert (tmp_path / "metrics.jsonl").read_text() == ""
+
+
+@pytest.mark.slow
+def test_missing_dataset_is_one_line_and_writes_nothing(tiny_model_dir, tmp_path):
+    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    bad_file = tmp_path / "bad.jsonl"
+    bad_file.write_text('{"foo": 1}\n')
+    for extra in ([], ["--data-file", str(bad_file)]):  # hub dataset unreachable; a file without its columns
+        result = cli("--task", "gsm8k", "--model", tiny_model_dir, "--out-dir", str(tmp_path / "run"), *extra,
+                     env=offline)
+        last = result.stderr.strip().splitlines()[-1]
+        assert result.returncode == 1 and last.startswith("train.py: error: ") and "gsm8k" in last
+        assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+# ---- the loop on the tiny model
+
+def test_end_to_end_writes_metrics_and_a_loadable_checkpoint(tiny_model_dir, tmp_path, digits):
+    from transformers import AutoModelForCausalLM
+
+    final = train.main(tiny_args(tiny_model_dir, tmp_path, steps=2, beta=1e-3))
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2] and final["step"] == 2
+    for key in ("reward/mean", "reward/pass_rate", "adv/zero_group_frac", "response/len_max", "loss/pg", "loss/kl",
+                "loss/clip_frac_high", "grad/norm", "lr", "sync/logprob_diff", "time/rollout", "perf/tokens_per_s"):
+        assert all(math.isfinite(r[key]) for r in rows), key
+    assert all(r["sync/logprob_diff"] < 1e-4 for r in rows)  # float32 sampler holds the trainer's weights
+    ckpt = tmp_path / "checkpoint-000002"
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-000002", "curves.png", "metrics.jsonl"]
+    model = AutoModelForCausalLM.from_pretrained(ckpt)  # a plain HF folder, no conversion step
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert not torch.equal(model.model.norm.weight, initial.model.norm.weight)  # it trained
+    assert torch.load(ckpt / "trainer_state.pt", weights_only=False)["step"] == 2
+
+
+def test_a_corrupt_model_file_in_a_checkpoint_raises_a_one_line_error(tiny_model_dir, tmp_path, digits):
+    train.main(tiny_args(tiny_model_dir, tmp_path / "run", steps=1))
+    ckpt = tmp_path / "run" / "checkpoint-000001"
+    (ckpt / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(train.CheckpointError, match="is corrupt") as info:
+        train.main(tiny_args(tiny_model_dir, tmp_path / "run", steps=2, resume=str(ckpt)))
+    assert "\n" not in str(info.value)
+
+
+def test_resume_gives_identical_weights_and_metrics(tiny_model_dir, tmp_path, digits):
+    from safetensors.torch import load_file
+
+    common = dict(steps=4, beta=1e-3, minibatches=2, ppo_epochs=2, micro_batch=3, warmup_steps=3)
+    train.main(tiny_args(tiny_model_dir, tmp_path / "straight", **common))
+    train.main(tiny_args(tiny_model_dir, tmp_path / "split", **{**common, "steps": 2}))
+    train.main(tiny_args(tiny_model_dir, tmp_path / "split", **common, resume=str(tmp_path / "split")))
+
+    def comparable(rows):
+        return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows]
+
+    straight = read_metrics(tmp_path / "straight" / "metrics.jsonl")
+    split = read_metrics(tmp_path / "split" / "metrics.jsonl")
+    assert len(straight) == 4 and comparable(straight) == comparable(split)
+    a = load_file(tmp_path / "straight" / "checkpoint-000004" / "model.safetensors")
+    b = load_file(tmp_path / "split" / "checkpoint-000004" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert any(r["loss/ratio_mean"] != 1.0 for r in straight)  # the off-policy path (old_logp pass) ran
+
+
+def test_tiny_model_learns_the_bandit_task(tiny_model_dir, tmp_path, digits):
+    train.main(tiny_args(tiny_model_dir, tmp_path, M=8, micro_batch=32, steps=12, max_tokens=2, eval_examples=8))
+    rewards = [r["reward/mean"] for r in read_metrics(tmp_path / "metrics.jsonl")]
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.25, rewards
+    evals = json.loads((tmp_path / "eval.json").read_text())
+    assert evals["after"] > evals["before"], evals  # greedy held-out prompts moved too
+
+
+# ---- torchrun, FSDP2 over gloo
+
+def torchrun(*job):
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           os.path.join(ROOT, "tests", "dist_train.py"), *job],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_one_update_under_torchrun_2_equals_one_process(tiny_model_dir, tmp_path):
+    from tiny_model import build_tiny_model
+
+    ref_dir = build_tiny_model(tmp_path / "ref", seed=1)  # a different reference: the KL term has a gradient
+    single = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "dist_train.py"), "parity",
+                             str(tmp_path / "one.pt"), tiny_model_dir, ref_dir], capture_output=True, text=True)
+    assert single.returncode == 0, single.stderr[-3000:]
+    double = torchrun("parity", str(tmp_path / "two.pt"), tiny_model_dir, ref_dir)
+    assert double.returncode == 0, double.stderr[-3000:]
+    one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    assert one["state"].keys() == two["state"].keys()
+    for name in one["state"]:
+        torch.testing.assert_close(two["state"][name], one["state"][name], atol=1e-5, rtol=0, msg=name)
+    # grad/norm is measured before clipping: a reduction that sums instead of averaging doubles it,
+    # which Adam's scale invariance would hide from the weights.
+    for key, value in one["metrics"].items():
+        assert two["metrics"][key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+    assert one["metrics"]["loss/clip_frac_high"] + one["metrics"]["loss/clip_frac_low"] > 0  # clipping was live
+
+
+@pytest.mark.slow
+def test_end_to_end_under_torchrun_2(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    result = torchrun("e2e", str(tmp_path), tiny_model_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(math.isfinite(r["loss/pg"]) and math.isfinite(r["loss/kl"]) and math.isfinite(r["grad/norm"])
+               for r in rows)
+    assert all(r["sync/logprob_diff"] < 1e-4 for r in rows)  # every rank's sampler got the gathered weights
+    assert set(json.loads((tmp_path / "eval.json").read_text())) == {"before", "after"}
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoint-000003")
+    assert model.config.architectures == ["LlamaForCausalLM"]  # not FSDP's wrapper class
+    assert (tmp_path / "checkpoint-000002" / "trainer_state.pt").exists()  # --save-every 2
