@@ -198,6 +198,21 @@ def _save(fig, out_path: str) -> str:
     return out_path
 
 
+def run_table3(metrics_path: str, estimators=("grpo", "softmax")) -> dict[str, list[float]]:
+    """Table 3 from a training run: each estimator's per-step shares (train.py's alloc/<name>/<bin>,
+    all computed on the run's own rollouts) averaged over the steps where it had any budget."""
+    rows = _read_metrics(metrics_path)
+    table = {}
+    for name in estimators:
+        keys = sorted((k for k in rows[0] if k.startswith(f"alloc/{name}/")),
+                      key=lambda k: float(k.rsplit("/", 1)[1].split("-")[0])) if rows else []
+        steps = [[r[k] for k in keys] for r in rows if all(k in r for k in keys) and sum(r[k] for k in keys) > 0]
+        if len(keys) != 5 or not steps:
+            raise ValueError(f"{metrics_path} has no alloc/{name}/* shares")
+        table[name] = [sum(col) / len(steps) for col in zip(*steps)]
+    return table
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -210,7 +225,10 @@ def main(argv=None):
     cu.add_argument("--labels", nargs="+", default=None, help="one label per file (default: run folder name)")
     cu.add_argument("--out", default="curves.png")
     t3 = sub.add_parser("table3", help="stacked bars from measured shares")
-    t3.add_argument("--from-json", required=True, help='JSON file {"estimator": [5 shares in %], ...}')
+    source = t3.add_mutually_exclusive_group(required=True)
+    source.add_argument("--from-json", help='JSON file {"estimator": [5 shares in %%], ...}')
+    source.add_argument("--from-metrics", help="a run's metrics.jsonl: average its per-step alloc/* shares")
+    t3.add_argument("--estimators", nargs="+", default=["grpo", "softmax"])
     t3.add_argument("--title", default=None)
     t3.add_argument("--out", default="docs/table3.png")
     args = parser.parse_args(argv)
@@ -219,8 +237,14 @@ def main(argv=None):
     elif args.cmd == "curves":
         path = plot_training_curves(args.metrics, args.out, labels=args.labels)
     else:
-        with open(args.from_json) as f:
-            path = plot_table3(json.load(f), args.out, title=args.title)
+        if args.from_metrics:
+            table = run_table3(args.from_metrics, args.estimators)
+            for name, shares in table.items():
+                print(f"{name:<10}" + "".join(f"{s:7.1f}%" for s in shares))
+        else:
+            with open(args.from_json) as f:
+                table = json.load(f)
+        path = plot_table3(table, args.out, title=args.title)
     print(f"wrote {path}")
 
 

@@ -65,3 +65,16 @@ def test_mean_abs_advantage_matches_monte_carlo(name, kw):
     mc = compute_advantages(name, rewards, **kw).abs().mean().item()
     exact = mean_abs_advantage(name, M, torch.tensor([p]), **kw).item()
     assert exact == pytest.approx(mc, rel=0.01)
+
+
+def test_run_table3_averages_steps_with_budget(tmp_path):
+    from figures import run_table3
+
+    bins = ["0-0.2", "0.2-0.5", "0.5-0.7", "0.7-0.9", "0.9-1"]
+    steps = [[10, 20, 30, 40, 0], [30, 20, 10, 40, 0], [0, 0, 0, 0, 0]]  # last step: all groups zero advantage
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": i, **{f"alloc/softmax/{b}": s for b, s in zip(bins, row)}}) + "\n"
+                            for i, row in enumerate(steps)))
+    assert run_table3(str(path), ["softmax"]) == {"softmax": [20.0, 20.0, 20.0, 40.0, 0.0]}
+    with pytest.raises(ValueError, match="alloc/grpo"):
+        run_table3(str(path), ["grpo"])
