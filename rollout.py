@@ -97,22 +97,24 @@ class HFSampler:
         self.calls += 1
         device = self.model.device  # the CPU unless train.py moved the sampler to its GPU
         generator = torch.Generator(device).manual_seed(self.seed * 1_000_003 + self.calls if seed is None else seed)
-        rows = [p for p in prompts for _ in range(n)]  # each prompt n times, group members adjacent
-        width = max(len(p) for p in rows)
-        input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in rows])  # (R, P) left-padded
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows])  # (R, P)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (R, P): real tokens count from 0
+        width = max(len(p) for p in prompts)
+        input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts])  # (G, P) left-padded
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])  # (G, P)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (G, P): real tokens count from 0
         input_ids, mask, positions = input_ids.to(device), mask.to(device), positions.to(device)
-        done = torch.zeros(len(rows), dtype=torch.bool, device=device)  # (R,)
+        # One prefill per prompt, then each prompt's KV cache repeated for its n samples (group members
+        # adjacent). The index tensor instead of logits_to_keep=1: the strided last-position slice sends
+        # a bf16 lm_head down a slow matmul path that copies the weight per row (pytorch#151934).
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                         logits_to_keep=torch.tensor([width - 1], device=device))
+        cache = out.past_key_values
+        cache.batch_repeat_interleave(n)
+        logits = out.logits[:, -1].float().repeat_interleave(n, 0)  # (R, V), R = G * n
+        mask, positions = mask.repeat_interleave(n, 0), positions.repeat_interleave(n, 0)[:, -1:]  # (R, P), (R, 1)
+        done = torch.zeros(len(logits), dtype=torch.bool, device=device)  # (R,)
         eos = torch.tensor(sorted(self.eos_ids), device=device)
-        tokens, logps, cache = [], [], None
-        for _ in range(max_tokens):
-            # An index tensor, not logits_to_keep=1: the strided last-position slice sends a bf16
-            # lm_head down a slow matmul path that copies the weight per row (pytorch#151934).
-            last = torch.tensor([input_ids.shape[1] - 1], device=device)
-            out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                             past_key_values=cache, use_cache=True, logits_to_keep=last)
-            cache, logits = out.past_key_values, out.logits[:, -1].float()  # (R, V)
+        tokens, logps = [], []
+        for i in range(max_tokens):
             logp_all = torch.log_softmax(logits / (temperature or 1.0), -1)  # (R, V); greedy: unscaled
             if temperature == 0:
                 token = logits.argmax(-1)  # (R,)
@@ -126,10 +128,13 @@ class HFSampler:
             tokens.append(token)
             logps.append(logp)
             done |= torch.isin(token, eos)
-            if done.all():
+            if done.all() or i == max_tokens - 1:
                 break
-            input_ids, positions = token[:, None], positions[:, -1:] + 1
+            positions = positions + 1
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            out = self.model(input_ids=token[:, None], attention_mask=mask, position_ids=positions,
+                             past_key_values=cache, use_cache=True, logits_to_keep=1)
+            cache, logits = out.past_key_values, out.logits[:, -1].float()  # (R, V)
         tokens, logps = torch.stack(tokens, 1).tolist(), torch.stack(logps, 1).tolist()  # (R, K)
         results = []
         for ids, lps in zip(tokens, logps):
