@@ -80,6 +80,7 @@ if __name__ == "__main__":
             dist.init_process_group("gloo")
         parity(*rest)
         if dist.is_initialized():
+            dist.barrier()  # rank 0 may still be saving: tearing gloo down under it aborts the other rank
             dist.destroy_process_group()
     else:
         e2e(*rest)  # train.main sets up and tears down the process group itself
