@@ -249,6 +249,17 @@ def shard(model, device):
     return fully_shard(model, mesh=mesh)
 
 
+def micro_batch_rows(prompts, completions, rows, size) -> list[list[int]]:
+    """`rows` cut into micro-batches of at most `size`, sorted by length so that similar lengths share one.
+
+    A micro-batch is padded to its longest prompt + longest completion; grouping by length sends little
+    compute to padding. The loss is a sum over the minibatch's tokens with one shared denominator, so the
+    grouping does not change it (tests/test_train.py::test_micro_batch_grouping_keeps_the_update).
+    """
+    rows = sorted(rows, key=lambda i: (len(completions[i]), len(prompts[i])))
+    return [rows[a:a + size] for a in range(0, len(rows), size)]
+
+
 def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sampler_logps, adv, args, pad_id):
     """PPO epochs over minibatches of this rank's sequences, one optimizer step per minibatch (Section 4).
 
@@ -262,12 +273,12 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
     minibatches = []
     for start in range(0, len(prompts), per_minibatch):
         micro = []
-        for a in range(start, start + per_minibatch, args.micro_batch):
-            b = min(a + args.micro_batch, start + per_minibatch)
-            input_ids, attention_mask, mask = pad_batch(prompts[a:b], completions[a:b], pad_id)  # (B, P+K) x2, (B, K)
-            sampler_logp = pad_sequence([torch.tensor(x) for x in sampler_logps[a:b]], batch_first=True)  # (B, K)
+        for idx in micro_batch_rows(prompts, completions, range(start, start + per_minibatch), args.micro_batch):
+            input_ids, attention_mask, mask = pad_batch([prompts[i] for i in idx], [completions[i] for i in idx],
+                                                        pad_id)  # (B, P+K) x2, (B, K)
+            sampler_logp = pad_sequence([torch.tensor(sampler_logps[i]) for i in idx], batch_first=True)  # (B, K)
             micro.append(dict(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                              mask=mask.to(device), adv=adv[a:b].to(device), sampler_logp=sampler_logp.to(device)))
+                              mask=mask.to(device), adv=adv[idx].to(device), sampler_logp=sampler_logp.to(device)))
         minibatches.append(micro)
     # One epoch, one minibatch: nothing has moved since sampling, so pi_old recomputed by the trainer
     # equals logp of the training forward bit for bit; logp.detach() stands in for it and saves a pass.
@@ -369,6 +380,21 @@ def load_checkpoint(ckpt, model, optimizer, scheduler, rank) -> int:
     return state["step"]
 
 
+def store_linears_bf16(model):
+    """Keep a frozen model's nn.Linear weights in bfloat16, in place.
+
+    Under bf16 autocast F.linear casts its weight to bf16 anyway, so the forward is bit-identical to
+    float32 storage (tests/test_train.py::test_bf16_reference_is_exact) while the reference takes half
+    the memory and skips the per-call cast. Embeddings and norms run outside autocast's cast list and
+    stay float32; so does an lm_head tied to the embedding.
+    """
+    embedding = model.get_input_embeddings().weight
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) and module.weight is not embedding:
+            module.to(torch.bfloat16)
+    return model
+
+
 def has_bf16_units() -> bool:
     """bf16 pays off on GPUs and on CPUs with bf16 matrix units (NOTES.md: ~8x float32 on AMX/AVX512-BF16)."""
     if torch.cuda.is_available():
@@ -384,11 +410,11 @@ def main(args: Args) -> dict:
     error = check_args(args)
     if error:
         raise ValueError(error)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from eval import encode_prompts, evaluate
-    from rollout import make_sampler, resolve_model, sync_check
+    from rollout import load_model, make_sampler, resolve_model, sync_check
     from tasks import get_task
 
     # ---- derived values
@@ -426,20 +452,24 @@ def main(args: Args) -> dict:
     policy_path = ckpt or init_path  # the reference is always the initial model, also on resume
     try:
         tokenizer = AutoTokenizer.from_pretrained(policy_path)
-        model = AutoModelForCausalLM.from_pretrained(policy_path, dtype=torch.float32).to(device)
+        model = load_model(policy_path, torch.float32, device)
     except Exception as err:  # OSError, SafetensorError, ...: whatever a damaged file raises
         if ckpt is None:
             raise
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: {str(err).splitlines()[0][:200]}") from None
     ref_model = None
     if args.beta > 0:
-        ref_model = AutoModelForCausalLM.from_pretrained(init_path, dtype=torch.float32).to(device)
-        ref_model.eval().requires_grad_(False)
+        ref_model = load_model(init_path, torch.float32, device).eval().requires_grad_(False)
+        if args.dtype == "bfloat16" and not dist.is_initialized():
+            store_linears_bf16(ref_model)
     if dist.is_initialized():
         model = shard(model, device)
         ref_model = shard(ref_model, device) if ref_model is not None else None
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    # One fused kernel per step instead of a dozen passes over the weights (equal to the default to 1e-6 relative,
+    # tests/test_train.py::test_fused_adamw_matches_default); FSDP2's sharded parameters keep the default.
+    fused = not dist.is_initialized()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, fused=fused)
     scheduler = torch.optim.lr_scheduler.LambdaLR(  # linear warmup, then constant (Appendix B.1)
         optimizer, lambda s: min(1.0, (s + 1) / args.warmup_steps) if args.warmup_steps else 1.0)
     start_step = load_checkpoint(ckpt, model, optimizer, scheduler, rank) if ckpt else 0
@@ -452,9 +482,7 @@ def main(args: Args) -> dict:
     train_ids, test_ids = encode_prompts(tokenizer, train_set), encode_prompts(tokenizer, test_set)
     max_prompt = max(len(p) for p in train_ids + test_ids)
     sampler = make_sampler(args.sampler, policy_path, dtype=args.dtype, max_model_len=max_prompt + args.max_tokens,
-                           seed=args.seed + rank, gpu_memory_utilization=args.gpu_memory_utilization)
-    if args.sampler == "hf" and cuda:
-        sampler.model.to(device)  # the HF sampler loads on the CPU
+                           seed=args.seed + rank, gpu_memory_utilization=args.gpu_memory_utilization, device=device)
 
     def held_out_score() -> float:
         """Greedy pass@1 (or similarity) on this rank's share of the test prompts, averaged over ranks."""

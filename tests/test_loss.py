@@ -155,3 +155,26 @@ def test_sequence_logprobs_matches_unpadded_forward(tiny_model_dir):
             logits = model(full).logits[0, len(p) - 1:-1]  # positions predicting the completion
             ref = torch.log_softmax(logits / 0.9, -1).gather(-1, torch.tensor(c)[:, None]).squeeze(-1)
             assert torch.allclose(got[i, :len(c)], ref, atol=1e-5)
+
+
+def test_eager_attention_matches_sdpa(tiny_model_dir):
+    """rollout.load_model picks eager attention on CPU (faster there); loss and gradients equal SDPA's."""
+    from transformers import AutoModelForCausalLM
+
+    from rollout import load_model
+
+    eager = load_model(tiny_model_dir)
+    sdpa = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    assert eager.config._attn_implementation == "eager" and sdpa.config._attn_implementation == "sdpa"
+    prompts, completions = [[10, 11, 12, 13, 14], [20, 21], [5, 6, 7]], [[30, 31, 32], [40], [41, 42, 43, 44, 45]]
+    ids, attn, cmask = pad_batch(prompts, completions, pad_id=0)  # left-padded prompts: masks matter
+    adv = torch.tensor([1.0, -0.5, 0.3])
+    grads = []
+    for model in (eager, sdpa):
+        logp = sequence_logprobs(model, ids, attn, cmask.shape[1], temperature=0.9)
+        loss, _ = policy_loss(logp, logp.detach() + 0.05, adv, cmask)  # off-policy: a ratio != 1
+        loss.backward()
+        grads.append((logp.detach(), loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    (lp_e, loss_e, g_e), (lp_s, loss_s, g_s) = grads
+    assert torch.allclose(lp_e, lp_s, atol=1e-5) and torch.allclose(loss_e, loss_s, rtol=1e-5)
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(g_e, g_s))

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from loss import pad_batch, sequence_logprobs
-from rollout import make_sampler, resolve_model, sync_check
+from rollout import draw, make_sampler, resolve_model, sync_check
 
 
 @pytest.fixture(scope="module")
@@ -133,3 +133,23 @@ def test_embedded_model_offline(tmp_path, monkeypatch):
     answer = sampler.generate([prompt], n=1, max_tokens=32, temperature=0)[0][0]
     assert "Paris" in answer.text
     sampler.close()
+
+
+def test_draw_follows_the_probabilities_and_never_picks_a_zero():
+    """The sampler's inverse-CDF draw (one uniform per row) has multinomial's distribution."""
+    probs = torch.tensor([0.1, 0.0, 0.45, 0.0, 0.3, 0.15, 0.0]) * 3  # unnormalised, zeros as top-p leaves them
+    n = 200_000
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.cat([draw(probs.expand(n // 4, -1), generator) for _ in range(4)])  # (n,)
+    counts = torch.bincount(tokens, minlength=len(probs)).double()
+    p = (probs / probs.sum()).double()
+    assert counts[p == 0].sum() == 0
+    sigma = (n * p * (1 - p)).sqrt()
+    assert ((counts - n * p).abs() <= 4 * sigma + 1e-9).all(), (counts / n, p)
+    # a row with all its mass on the last token, and one with a single tiny entry, still draw it
+    edge = torch.zeros(2, 49152)
+    edge[0, -1], edge[1, 1234] = 1.0, 1e-30
+    assert draw(edge, generator).tolist() == [49151, 1234]
+    # same generator state, same draws
+    a, b = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    assert torch.equal(draw(probs.expand(64, -1), a), draw(probs.expand(64, -1), b))

@@ -248,3 +248,97 @@ def test_end_to_end_under_torchrun_2(tiny_model_dir, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoint-000003")
     assert model.config.architectures == ["LlamaForCausalLM"]  # not FSDP's wrapper class
     assert (tmp_path / "checkpoint-000002" / "trainer_state.pt").exists()  # --save-every 2
+
+
+# ---- speed changes (issue 7): each keeps the update equal to the plain version
+
+
+def ppo_batch(n_prompts=4, M=4, seed=0):
+    """Prompts (repeated M times), completions of mixed lengths, advantages: one rank's flat PPO batch."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(4, 90, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(n_prompts)]
+    flat_prompts = [p for p in prompts for _ in range(M)]
+    completions = [torch.randint(4, 90, (int(torch.randint(1, 14, (1,), generator=g)),), generator=g).tolist()
+                   for _ in flat_prompts]
+    return flat_prompts, completions, torch.randn(len(flat_prompts), generator=g)
+
+
+def padded_tokens(prompts, completions, groups):
+    return sum(len(g) * (max(len(prompts[i]) for i in g) + max(len(completions[i]) for i in g)) for g in groups)
+
+
+def test_micro_batch_grouping_sorts_by_length_and_cuts_padding():
+    prompts, completions, _ = ppo_batch()
+    groups = train.micro_batch_rows(prompts, completions, range(16), 4)
+    assert sorted(i for g in groups for i in g) == list(range(16)) and all(len(g) == 4 for g in groups)
+    lengths = [len(completions[i]) for g in groups for i in g]
+    assert lengths == sorted(lengths)
+    in_order = [list(range(a, a + 4)) for a in range(0, 16, 4)]
+    assert padded_tokens(prompts, completions, groups) < padded_tokens(prompts, completions, in_order)
+
+
+def one_update(model_dir, ref_dir, micro_batch, fused=False, ref_bf16=False, dtype="float32", epochs=2):
+    from transformers import AutoModelForCausalLM
+
+    args = train.Args(M=4, rollout_batch=4, micro_batch=micro_batch, minibatches=2, ppo_epochs=epochs, beta=0.1,
+                      lr=1e-3, warmup_steps=0, max_grad_norm=0.5, dtype=dtype)
+    prompts, completions, adv = ppo_batch()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    ref = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval().requires_grad_(False)
+    if ref_bf16:
+        train.store_linears_bf16(ref)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, fused=fused)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    metrics = train.ppo_update(model, ref, optimizer, scheduler, prompts, completions,
+                               [[0.0] * len(c) for c in completions], adv, args, pad_id=0)
+    return model.state_dict(), metrics
+
+
+@pytest.fixture(scope="module")
+def ref_dir(tmp_path_factory):
+    from tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("ref"), seed=1)  # another model: the KL term is not zero
+
+
+def assert_same_update(a, b, tol):
+    (sa, ma), (sb, mb) = a, b
+    for name in sa:
+        assert torch.allclose(sa[name], sb[name], rtol=tol, atol=tol), name
+    for key in ("loss/pg", "loss/kl", "grad/norm", "loss/ratio_mean"):
+        assert ma[key] == pytest.approx(mb[key], rel=tol, abs=tol), key
+
+
+def test_micro_batch_grouping_keeps_the_update(tiny_model_dir, ref_dir):
+    """Micro-batches of 3 (sorted, padded per group) vs the whole minibatch in one pass: the same update."""
+    assert_same_update(one_update(tiny_model_dir, ref_dir, micro_batch=3),
+                       one_update(tiny_model_dir, ref_dir, micro_batch=8), tol=1e-5)
+
+
+def test_fused_adamw_matches_default(tiny_model_dir, ref_dir):
+    assert_same_update(one_update(tiny_model_dir, ref_dir, micro_batch=8, fused=True),
+                       one_update(tiny_model_dir, ref_dir, micro_batch=8, fused=False), tol=1e-6)
+
+
+def test_bf16_reference_is_exact(tiny_model_dir, ref_dir):
+    """Linear weights stored in bf16 give the bf16-autocast reference forward bit for bit, at half the bytes."""
+    from transformers import AutoModelForCausalLM
+
+    from loss import pad_batch, sequence_logprobs
+
+    ref = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval()
+    small = train.store_linears_bf16(AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval())
+    dtypes = {name: p.dtype for name, p in small.named_parameters()}
+    assert dtypes["model.layers.0.self_attn.q_proj.weight"] == dtypes["model.layers.1.mlp.down_proj.weight"] \
+        == torch.bfloat16
+    assert dtypes["model.embed_tokens.weight"] == dtypes["model.norm.weight"] == torch.float32  # tied lm_head too
+    prompts, completions, _ = ppo_batch()
+    ids, attn, mask = pad_batch(prompts, completions, 0)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = sequence_logprobs(ref, ids, attn, mask.shape[1])
+        got = sequence_logprobs(small, ids, attn, mask.shape[1])
+    assert torch.equal(got, want)
+    # and the whole bf16 update with it matches the one with a float32 reference
+    assert_same_update(one_update(tiny_model_dir, ref_dir, micro_batch=8, ref_bf16=True, dtype="bfloat16"),
+                       one_update(tiny_model_dir, ref_dir, micro_batch=8, dtype="bfloat16"), tol=0)
