@@ -318,6 +318,24 @@ def store_linears_bf16(model):
     return model
 
 
+def load_reference(path, args: Args, device):
+    """The frozen reference policy for the KL term, in no-grad mode and the training precision."""
+    from rollout import load_model
+
+    ref_model = load_model(path, torch.float32, device).eval().requires_grad_(False)
+    if args.dtype == "bfloat16" and not dist.is_initialized():  # FSDP2 wants one dtype per sharded layer
+        store_linears_bf16(ref_model)
+    return ref_model
+
+
+def make_optimizer(model, args: Args):
+    """AdamW over float32 master weights. Fused (one kernel per step instead of a dozen passes over the
+    weights; equal to the default to 1e-6, tests/test_train.py::test_fused_adamw_matches_default) except
+    on FSDP2's sharded parameters, which keep the default implementation."""
+    return torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
+                             fused=not dist.is_initialized())
+
+
 def has_bf16_units() -> bool:
     """bf16 pays off on GPUs and on CPUs with bf16 matrix units (NOTES.md: ~8x float32 on AMX/AVX512-BF16)."""
     if torch.cuda.is_available():
@@ -380,19 +398,12 @@ def main(args: Args) -> dict:
         if ckpt is None:
             raise
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: {str(err).splitlines()[0][:200]}") from None
-    ref_model = None
-    if args.beta > 0:
-        ref_model = load_model(init_path, torch.float32, device).eval().requires_grad_(False)
-        if args.dtype == "bfloat16" and not dist.is_initialized():
-            store_linears_bf16(ref_model)
+    ref_model = load_reference(init_path, args, device) if args.beta > 0 else None
     if dist.is_initialized():
         model = shard(model, device)
         ref_model = shard(ref_model, device) if ref_model is not None else None
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    # One fused kernel per step instead of a dozen passes over the weights (equal to the default to 1e-6 relative,
-    # tests/test_train.py::test_fused_adamw_matches_default); FSDP2's sharded parameters keep the default.
-    fused = not dist.is_initialized()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, fused=fused)
+    optimizer = make_optimizer(model, args)
     scheduler = torch.optim.lr_scheduler.LambdaLR(  # linear warmup, then constant (Appendix B.1)
         optimizer, lambda s: min(1.0, (s + 1) / args.warmup_steps) if args.warmup_steps else 1.0)
     start_step = load_checkpoint(ckpt, model, optimizer, scheduler, rank) if ckpt else 0

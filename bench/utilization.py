@@ -79,12 +79,12 @@ def main():
     torch.set_num_threads(os.cpu_count())
     torch.manual_seed(0)
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     import train
     from eval import encode_prompts
     from loss import pad_batch, policy_loss, sequence_logprobs
-    from rollout import make_sampler, resolve_model
+    from rollout import load_model, make_sampler, resolve_model
     from tasks import get_task
 
     print(f"{torch.get_num_threads()} threads, torch {torch.__version__}, load average {os.getloadavg()[0]:.2f}")
@@ -100,7 +100,7 @@ def main():
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     examples = get_task(opts.task).load("train", limit=opts.prompts, seed=0)
     prompt_ids = encode_prompts(tokenizer, examples)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model = load_model(model_path)  # as train.main builds it: float32 master weights, CPU attention kernel
     cfg = model.config
     n_params = sum(p.numel() for p in model.parameters())
     n_head = model.get_output_embeddings().weight.numel()
@@ -111,9 +111,9 @@ def main():
           f"N_head {n_head / 1e6:.1f}M, {layers} layers, attention width {width}")
 
     if "train" not in skip:
-        ref_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval().requires_grad_(False)
         args = train.Args(M=opts.M, rollout_batch=opts.prompts, micro_batch=opts.micro_batch, minibatches=1,
                           ppo_epochs=1, max_tokens=opts.max_tokens, warmup_steps=0, dtype="bfloat16")
+        ref_model = train.load_reference(model_path, args, torch.device("cpu"))
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         special = set(tokenizer.all_special_ids)
         vocab = [t for t in range(cfg.vocab_size) if t not in special][:20000]
@@ -122,7 +122,7 @@ def main():
         prompts = [p for p in prompt_ids for _ in range(opts.M)]
         sampler_logps = [[0.0] * opts.max_tokens for _ in completions]
         adv = torch.randn(len(prompts))  # (B,)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+        optimizer = train.make_optimizer(model, args)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
         seq_lens = [len(p) + opts.max_tokens for p in prompts]
         fwd = forward_flops(seq_lens, [opts.max_tokens] * len(prompts), n_body, n_head, layers, width)
