@@ -4,7 +4,8 @@
 2. Training phase: train.py's `ppo_update` (reference forward, policy forward + backward of the
    PPO-clip + KL loss via loss.sequence_logprobs / policy_loss under bfloat16 autocast, AdamW step) on a
    fixed batch: 4 real `arith` prompts (about 40 tokens with the chat template) x M = 8, each with a
-   64-token random completion, in micro-batches of 8. Also the loss forward + backward alone.
+   64-token random completion, in micro-batches of 8. Also its two parts alone: the reference forward
+   and the loss forward + backward.
 3. Sampler: rollout.make_sampler("hf") generating 4 prompts x 8 completions of up to 64 tokens.
 
 Model FLOPs counted (PaLM's convention, arXiv 2204.02311 App. B; padding and the skipped prompt logits
@@ -139,6 +140,13 @@ def main():
                 loss.backward()
             model.zero_grad(set_to_none=True)
 
+        def reference_forward():  # as ppo_update runs it: no grad, bf16 autocast, per micro-batch
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+                for a in range(0, len(prompts), opts.micro_batch):
+                    ids, attn, mask = pad_batch(prompts[a:a + opts.micro_batch], completions[a:a + opts.micro_batch],
+                                                pad_id)
+                    sequence_logprobs(ref_model, ids, attn, mask.shape[1])
+
         def ppo_update():
             train.ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sampler_logps, adv,
                              args, pad_id)
@@ -146,7 +154,8 @@ def main():
         print(f"\ntraining batch: {len(prompts)} sequences, {tokens} tokens "
               f"(prompts {min(map(len, prompts))}-{max(map(len, prompts))} + {opts.max_tokens} completion), "
               f"micro-batch {opts.micro_batch}, bfloat16 autocast")
-        for name, fn, flops in (("loss forward+backward", loss_fwd_bwd, 3 * fwd),
+        for name, fn, flops in (("reference forward (no grad)", reference_forward, fwd),
+                                ("loss forward+backward", loss_fwd_bwd, 3 * fwd),
                                 ("ppo_update (ref fwd + fwd/bwd + AdamW)", ppo_update, 4 * fwd)):
             times = timed(fn, opts.iters)
             sec = statistics.median(times)

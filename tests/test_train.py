@@ -342,3 +342,28 @@ def test_bf16_reference_is_exact(tiny_model_dir, ref_dir):
     # and the whole bf16 update with it matches the one with a float32 reference
     assert_same_update(one_update(tiny_model_dir, ref_dir, micro_batch=8, ref_bf16=True, dtype="bfloat16"),
                        one_update(tiny_model_dir, ref_dir, micro_batch=8, dtype="bfloat16"), tol=0)
+
+
+def test_keep_freed_memory_stops_refaulting_large_blocks():
+    """After keep_freed_memory, a freed 64 MB tensor's pages are reused instead of faulted in again (glibc)."""
+    probe = (
+        "import resource, sys, torch, train\n"
+        "def faults():\n"
+        "    for _ in range(3):\n"
+        "        torch.empty(16 << 20).fill_(1.0)  # 64 MB, freed at once\n"
+        "    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+        "    for _ in range(5):\n"
+        "        torch.empty(16 << 20).fill_(1.0)\n"
+        "    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before\n"
+        "default = faults()\n"
+        "ok = train.keep_freed_memory()\n"
+        "faults()  # the heap grows to hold the block once\n"
+        "print(ok, default, faults())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True)
+    ok, default, kept = out.stdout.split()
+    if ok != "True":
+        pytest.skip("not glibc: keep_freed_memory is a no-op here")
+    pages = (64 << 20) // os.sysconf("SC_PAGE_SIZE")
+    assert int(default) >= 4 * pages  # the default faults every page of every allocation in again
+    assert int(kept) < pages // 4  # kept: the pages are reused
