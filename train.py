@@ -235,6 +235,13 @@ def micro_batch_rows(prompts, completions, rows, size) -> list[list[int]]:
     return [rows[a:a + size] for a in range(0, len(rows), size)]
 
 
+def reuses_training_logprobs(args: Args) -> bool:
+    """One epoch, one minibatch: nothing has moved since sampling, so pi_old recomputed by the trainer equals
+    logp of the training forward; logp.detach() stands in for it and saves a forward pass
+    (tests/test_train.py::test_on_policy_shortcut_equals_recomputing_old_logprobs)."""
+    return args.ppo_epochs == 1 and args.minibatches == 1
+
+
 def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sampler_logps, adv, args, pad_id):
     """PPO epochs over minibatches of this rank's sequences, one optimizer step per minibatch (Section 4).
 
@@ -255,9 +262,7 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
             micro.append(dict(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
                               mask=mask.to(device), adv=adv[idx].to(device), sampler_logp=sampler_logp.to(device)))
         minibatches.append(micro)
-    # One epoch, one minibatch: nothing has moved since sampling, so pi_old recomputed by the trainer
-    # equals logp of the training forward bit for bit; logp.detach() stands in for it and saves a pass.
-    on_policy = args.ppo_epochs == 1 and args.minibatches == 1
+    on_policy = reuses_training_logprobs(args)
     with torch.no_grad(), autocast:
         for mb in (mb for micro in minibatches for mb in micro):
             inputs = (mb["input_ids"], mb["attention_mask"], mb["mask"].shape[1], args.temperature)
@@ -509,7 +514,7 @@ def main(args: Args) -> dict:
         # -- metrics: identical on all ranks (gathered / all-reduced), written by rank 0
         prompt_tokens, completion_tokens = all_reduce_sum([sum(map(len, prompts)) * args.M, lengths.sum().item()],
                                                           device)
-        forwards = 1 + 3 * args.ppo_epochs + (ref_model is not None) + (not (args.ppo_epochs == args.minibatches == 1))
+        forwards = 1 + 3 * args.ppo_epochs + (ref_model is not None) + (not reuses_training_logprobs(args))
         flops = forwards * (2 * n_body * (prompt_tokens + completion_tokens) + 2 * n_head * completion_tokens)
         metrics = {"step": step + 1, "reward/mean": all_rewards.mean().item(),
                    "reward/std": all_rewards.std(correction=0).item(),

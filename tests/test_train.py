@@ -278,11 +278,12 @@ def test_micro_batch_grouping_sorts_by_length_and_cuts_padding():
     assert padded_tokens(prompts, completions, groups) < padded_tokens(prompts, completions, in_order)
 
 
-def one_update(model_dir, ref_dir, micro_batch, fused=False, ref_bf16=False, dtype="float32", epochs=2):
+def one_update(model_dir, ref_dir, micro_batch, fused=False, ref_bf16=False, dtype="float32", epochs=2,
+               minibatches=2):
     from transformers import AutoModelForCausalLM
 
-    args = train.Args(M=4, rollout_batch=4, micro_batch=micro_batch, minibatches=2, ppo_epochs=epochs, beta=0.1,
-                      lr=1e-3, warmup_steps=0, max_grad_norm=0.5, dtype=dtype)
+    args = train.Args(M=4, rollout_batch=4, micro_batch=micro_batch, minibatches=minibatches, ppo_epochs=epochs,
+                      beta=0.1, lr=1e-3, warmup_steps=0, max_grad_norm=0.5, dtype=dtype)
     prompts, completions, adv = ppo_batch()
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     ref = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval().requires_grad_(False)
@@ -367,3 +368,11 @@ def test_keep_freed_memory_stops_refaulting_large_blocks():
     pages = (64 << 20) // os.sysconf("SC_PAGE_SIZE")
     assert int(default) >= 4 * pages  # the default faults every page of every allocation in again
     assert int(kept) < pages // 4  # kept: the pages are reused
+
+
+def test_on_policy_shortcut_equals_recomputing_old_logprobs(tiny_model_dir, ref_dir, monkeypatch):
+    """One epoch, one minibatch: logp.detach() stands in for pi_old; recomputing it gives the same update."""
+    shortcut = one_update(tiny_model_dir, ref_dir, micro_batch=3, epochs=1, minibatches=1)
+    monkeypatch.setattr(train, "reuses_training_logprobs", lambda args: False)  # force the extra forward
+    recomputed = one_update(tiny_model_dir, ref_dir, micro_batch=3, epochs=1, minibatches=1)
+    assert_same_update(shortcut, recomputed, tol=1e-6)
