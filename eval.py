@@ -25,7 +25,7 @@ import torch
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
-from rollout import make_sampler, resolve_model
+from rollout import SamplingError, make_sampler, resolve_model
 from tasks import DataError, get_task
 
 PASS_THRESHOLD = 0.5  # a reward at or above this counts as a pass (verifier rewards are 0 or 1)
@@ -179,7 +179,7 @@ def main(argv=None) -> dict:
         result = evaluate(sampler, task, examples, samples=args.samples, max_tokens=args.max_tokens,
                           batch_size=args.batch_size, seed=args.seed, reward_kind=args.reward,
                           temperature=args.temperature)
-    except DataError as err:  # e.g. --reward sim on a task without demonstrations
+    except (DataError, SamplingError) as err:  # --reward sim on a task without demonstrations; NaN weights
         print(f"eval.py: error: {err}", file=sys.stderr)
         sys.exit(2)
     finally:

@@ -130,6 +130,7 @@ class HFSampler:
         for i in range(max_tokens):
             logp_all = torch.log_softmax(logits / (temperature or 1.0), -1)  # (R, V); greedy: unscaled
             if temperature == 0:
+                _check_finite(logp_all.amax(-1).exp())  # in [1/V, 1] unless NaN: argmax would pick from NaN silently
                 token = logits.argmax(-1)  # (R,)
             else:
                 kept = _top_p(logp_all.exp(), top_p)  # (R, V)
@@ -173,8 +174,19 @@ class HFSampler:
         del self.model
 
 
+class SamplingError(RuntimeError):
+    """The model cannot be sampled from (non-finite logits); the message is one line for the user."""
+
+
+def _check_finite(row_values):
+    """row_values (R, 1) or (R,): one number per row that is NaN/inf/0 exactly when the row cannot be sampled."""
+    if not bool((torch.isfinite(row_values) & (row_values != 0)).all()):
+        raise SamplingError("the model's next-token distribution is not finite (NaN/inf logits): its weights are "
+                            "broken, e.g. training diverged; lower --lr or resume from an earlier checkpoint")
+
+
 def draw(probs, generator=None):
-    """One token per row of `probs` (R, V), unnormalised, by inverting each row's CDF at one uniform.
+    """One token per row of `probs` (R, V), non-negative and unnormalised, by inverting each row's CDF at one uniform.
 
     torch.multinomial draws an exponential variate for every vocabulary entry instead: 24 ms per decode
     step for 32 x 49k rows here, 29% of all sampling time in a profile. Zero-probability tokens (cut by
@@ -182,6 +194,7 @@ def draw(probs, generator=None):
     """
     cdf = probs.double().cumsum(-1)  # (R, V); float64, so the 49k-term sums keep every token's share
     total = cdf[:, -1:]  # (R, 1)
+    _check_finite(total)  # a NaN or inf anywhere in a row reaches its total
     u = torch.rand(total.shape, generator=generator, dtype=torch.float64, device=probs.device) * total
     u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # (R, 1), < total
     return torch.searchsorted(cdf, u, right=True).squeeze(-1)  # (R,): first token whose CDF exceeds u

@@ -564,10 +564,11 @@ def main(args: Args) -> dict:
 
 if __name__ == "__main__":
     cli_args = parse_args()
+    from rollout import SamplingError
     from tasks import DataError
 
     try:
         main(cli_args)
-    except (CheckpointError, DataError) as err:  # a missing dataset, a bad checkpoint: one line, no traceback
+    except (CheckpointError, DataError, SamplingError) as err:  # missing data, bad checkpoint, diverged policy
         print(f"train.py: error: {err}", file=sys.stderr)
         sys.exit(1)

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 import pytest
+import torch
 
 from eval import encode_prompts, evaluate, main, pass_at_k
 
@@ -137,3 +138,23 @@ def test_cli_bad_flags_one_line_exit_2(flags, message, capsys):
     stderr = capsys.readouterr().err
     assert exit_info.value.code == 2
     assert message in stderr and len(stderr.strip().splitlines()) == 1
+
+
+def test_cli_nan_model_one_line_exit_2(tiny_model_dir, tmp_path, capsys):
+    """Greedy decoding of a model with NaN weights stops with one line instead of scoring argmax-of-NaN text."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with torch.no_grad():
+        model.model.norm.weight.fill_(float("nan"))
+    model.save_pretrained(tmp_path / "nan")
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(tmp_path / "nan")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", str(tmp_path / "nan"), "--task", "arith", "--limit", "2", "--max-tokens", "3",
+              "--sampler", "hf", "--out", str(tmp_path / "eval.json")])
+    stderr = capsys.readouterr().err
+    last = stderr.strip().splitlines()[-1]  # after transformers' loading bar
+    assert exit_info.value.code == 2 and last.startswith("eval.py: error: ") and "not finite" in last
+    assert "Traceback" not in stderr
+    assert not (tmp_path / "eval.json").exists()

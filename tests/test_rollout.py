@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from loss import pad_batch, sequence_logprobs
-from rollout import draw, make_sampler, resolve_model, sync_check
+from rollout import SamplingError, draw, make_sampler, resolve_model, sync_check
 
 
 @pytest.fixture(scope="module")
@@ -153,3 +153,11 @@ def test_draw_follows_the_probabilities_and_never_picks_a_zero():
     # same generator state, same draws
     a, b = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
     assert torch.equal(draw(probs.expand(64, -1), a), draw(probs.expand(64, -1), b))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0])
+def test_draw_refuses_a_distribution_that_is_not_finite(bad):
+    probs = torch.tensor([[0.2, 0.3, 0.5], [0.0, 0.0, 0.0]])
+    probs[1, 1] = bad  # a NaN or inf entry, or a row with no mass at all
+    with pytest.raises(SamplingError, match="not finite"):
+        draw(probs, torch.Generator().manual_seed(0))

@@ -147,6 +147,22 @@ def test_missing_dataset_is_one_line_and_writes_nothing(tiny_model_dir, tmp_path
     assert not (tmp_path / "run").exists()
 
 
+def test_a_diverged_policy_stops_with_one_line(tiny_model_dir, tmp_path):
+    """NaN weights (a run that blew up) give NaN logits: one line naming the cause, not samples from garbage."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with torch.no_grad():
+        model.model.norm.weight.fill_(float("nan"))
+    model.save_pretrained(tmp_path / "nan")
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(tmp_path / "nan")
+    result = cli("--task", "arith", "--model", str(tmp_path / "nan"), "--steps", "1", "--eval-examples", "0",
+                 "--max-tokens", "2", "--out-dir", str(tmp_path / "run"))
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 1 and last.startswith("train.py: error: ") and "not finite" in last
+    assert "Traceback" not in result.stderr
+
+
 # ---- the loop on the tiny model
 
 def test_end_to_end_writes_metrics_and_a_loadable_checkpoint(tiny_model_dir, tmp_path, digits):
