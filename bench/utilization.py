@@ -84,11 +84,12 @@ def main():
 
     import train
     from eval import encode_prompts
+    from hardware import keep_freed_memory, load_model
     from loss import pad_batch, policy_loss, sequence_logprobs
-    from rollout import load_model, make_sampler, resolve_model
+    from rollout import make_sampler, resolve_model
     from tasks import get_task
 
-    train.keep_freed_memory()  # as train.main does on CPU
+    keep_freed_memory()  # as train.main does on CPU
     print(f"{torch.get_num_threads()} threads, torch {torch.__version__}, load average {os.getloadavg()[0]:.2f}")
     peak = {}
     for name, dtype in (("bfloat16", torch.bfloat16), ("float32", torch.float32)):

@@ -158,10 +158,10 @@ def test_sequence_logprobs_matches_unpadded_forward(tiny_model_dir):
 
 
 def test_eager_attention_matches_sdpa(tiny_model_dir):
-    """rollout.load_model picks eager attention on CPU (faster there); loss and gradients equal SDPA's."""
+    """hardware.load_model picks eager attention on CPU (faster there); loss and gradients equal SDPA's."""
     from transformers import AutoModelForCausalLM
 
-    from rollout import load_model
+    from hardware import load_model
 
     eager = load_model(tiny_model_dir)
     sdpa = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa")

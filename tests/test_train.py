@@ -15,6 +15,7 @@ import pytest
 import torch
 from dist_train import DigitTask
 
+import hardware
 import tasks
 import train
 
@@ -304,7 +305,7 @@ def one_update(model_dir, ref_dir, micro_batch, fused=False, ref_bf16=False, dty
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     ref = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval().requires_grad_(False)
     if ref_bf16:
-        train.store_linears_bf16(ref)
+        hardware.store_linears_bf16(ref)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, fused=fused)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     metrics = train.ppo_update(model, ref, optimizer, scheduler, prompts, completions,
@@ -345,7 +346,7 @@ def test_bf16_reference_is_exact(tiny_model_dir, ref_dir):
     from loss import pad_batch, sequence_logprobs
 
     ref = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval()
-    small = train.store_linears_bf16(AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval())
+    small = hardware.store_linears_bf16(AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval())
     dtypes = {name: p.dtype for name, p in small.named_parameters()}
     assert dtypes["model.layers.0.self_attn.q_proj.weight"] == dtypes["model.layers.1.mlp.down_proj.weight"] \
         == torch.bfloat16
@@ -364,7 +365,7 @@ def test_bf16_reference_is_exact(tiny_model_dir, ref_dir):
 def test_keep_freed_memory_stops_refaulting_large_blocks():
     """After keep_freed_memory, a freed 64 MB tensor's pages are reused instead of faulted in again (glibc)."""
     probe = (
-        "import resource, sys, torch, train\n"
+        "import resource, sys, torch, hardware\n"
         "def faults():\n"
         "    for _ in range(3):\n"
         "        torch.empty(16 << 20).fill_(1.0)  # 64 MB, freed at once\n"
@@ -373,7 +374,7 @@ def test_keep_freed_memory_stops_refaulting_large_blocks():
         "        torch.empty(16 << 20).fill_(1.0)\n"
         "    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before\n"
         "default = faults()\n"
-        "ok = train.keep_freed_memory()\n"
+        "ok = hardware.keep_freed_memory()\n"
         "faults()  # the heap grows to hold the block once\n"
         "print(ok, default, faults())\n"
     )

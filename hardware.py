@@ -1,0 +1,69 @@
+"""The machine at hand: the attention kernel, bf16 units and the CPU allocator that make training fast there.
+
+Nothing here changes a number the algorithm computes; each choice is held equal to the plain version by
+a test (named in each docstring), and README "Where the speed comes from" measures what each bought.
+
+    python -m pytest tests/test_loss.py tests/test_train.py -k "eager or bf16 or keep_freed"
+"""
+
+import torch
+from transformers import AutoModelForCausalLM
+
+
+def load_model(path, dtype=torch.float32, device="cpu"):
+    """from_pretrained on `device` with the attention kernel that is fastest there.
+
+    On CPU, eager attention (matmul + softmax): for these short sequences torch's CPU flash-attention
+    kernel costs more than the attention it computes (timed here on SmolLM2, 32 sequences of ~100
+    tokens: train.ppo_update 8.7 -> 7.3 s, the HF sampler 5.8 -> 4.5 s). SDPA elsewhere. The two agree
+    to float rounding (tests/test_loss.py::test_eager_attention_matches_sdpa).
+    """
+    device = torch.device(device)
+    attention = "eager" if device.type == "cpu" else "sdpa"
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attention).to(device)
+
+
+def store_linears_bf16(model):
+    """Keep a frozen model's nn.Linear weights in bfloat16, in place.
+
+    Under bf16 autocast F.linear casts its weight to bf16 anyway, so the forward is bit-identical to
+    float32 storage (tests/test_train.py::test_bf16_reference_is_exact) while the reference takes half
+    the memory and skips the per-call cast. Embeddings and norms run outside autocast's cast list and
+    stay float32; so does an lm_head tied to the embedding.
+    """
+    embedding = model.get_input_embeddings().weight
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) and module.weight is not embedding:
+            module.to(torch.bfloat16)
+    return model
+
+
+def keep_freed_memory() -> bool:
+    """Ask glibc to serve large blocks from its heap and never hand freed memory back to the OS.
+
+    By default every block over the mmap threshold is a fresh mapping, so each micro-batch's logits and
+    log-prob chunks (50-100 MB each) are page-faulted and zeroed anew: 10 of 32 s went to the kernel in
+    a timing of train.ppo_update on bench/vs_trl.py's batch here. Reusing the heap's pages made that
+    ppo_update 6.3 -> 5.2 s for 2% more peak memory. The cost: the heap never shrinks, so resident memory
+    stays at its high-water mark. Only the allocator changes, not one number computed.
+    A no-op (False) where the C library is not glibc.
+    """
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # malloc.h
+    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+
+
+def has_bf16_units() -> bool:
+    """bf16 pays off on GPUs and on CPUs with bf16 matrix units (NOTES.md: ~8x float32 on AMX/AVX512-BF16)."""
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:  # not Linux: no cheap way to tell, and float32 is never wrong
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
