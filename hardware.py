@@ -1,7 +1,8 @@
 """The machine at hand: the attention kernel, bf16 units and the CPU allocator that make training fast there.
 
-Nothing here changes a number the algorithm computes; each choice is held equal to the plain version by
-a test (named in each docstring), and README "Where the speed comes from" measures what each bought.
+Apart from has_bf16_units, which picks bf16 autocast for `train.py --dtype auto`, nothing here changes a
+number the algorithm computes: each choice is held equal to the plain version by a test (named in its
+docstring), and the README's "Where the speed comes from" says what each bought.
 
     python -m pytest tests/test_loss.py tests/test_train.py -k "eager or bf16 or keep_freed"
 """
