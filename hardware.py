@@ -8,7 +8,6 @@ docstring), and the README's "Where the speed comes from" says what each bought.
 """
 
 import torch
-from transformers import AutoModelForCausalLM
 
 
 def load_model(path, dtype=torch.float32, device="cpu"):
@@ -19,6 +18,8 @@ def load_model(path, dtype=torch.float32, device="cpu"):
     tokens: train.ppo_update 8.7 -> 7.3 s, the HF sampler 5.8 -> 4.5 s). SDPA elsewhere. The two agree
     to float rounding (tests/test_loss.py::test_eager_attention_matches_sdpa).
     """
+    from transformers import AutoModelForCausalLM  # here, so `train.py --bad-flag` answers before transformers loads
+
     device = torch.device(device)
     attention = "eager" if device.type == "cpu" else "sdpa"
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attention).to(device)
