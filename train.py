@@ -46,6 +46,16 @@ from hardware import has_bf16_units, keep_freed_memory, load_model, store_linear
 from loss import pad_batch, policy_loss, sequence_logprobs
 
 
+# Largest healthy sampler-vs-trainer probe difference measured on CPU was MEASURED_MAX (README, "Training for
+# real"); a sampler that missed an update differs by the size of a step's change, or not at all (caught
+# separately: its log-probs stay bit-identical while the trainer's move).
+SYNC_TOLERANCE = 0.5
+
+
+class SyncError(RuntimeError):
+    """The sampler no longer computes the trainer's policy: the run stops rather than train on stale samples."""
+
+
 def arg(default, help):
     return field(default=default, metadata={"help": help})
 
@@ -78,6 +88,8 @@ class Args:
                      "the hardware has bf16 matrix units (GPUs, CPUs with AVX512-BF16/AMX), else float32")
     sampler: str = arg("auto", "auto (vllm on a GPU when installed, else hf), hf or vllm")
     gpu_memory_utilization: float = arg(0.3, "vLLM's share of GPU memory")
+    sync_tolerance: float = arg(SYNC_TOLERANCE, "stop when the sampler's probe log-probs differ from the trainer's "
+                                "by more than this (nats, largest over probe tokens), after any weight sync")
     eval_examples: int = arg(64, "held-out prompts scored greedily before and after training (0: none)")
     seed: int = arg(0, "seed of data order and sampling")
     out_dir: str = arg("", "run folder (default runs/TASK-ADVANTAGE-sSEED)")
@@ -134,6 +146,7 @@ def check_args(args: Args) -> str | None:
         (args.dtype in ("auto", "bfloat16", "float32"), "--dtype must be auto, bfloat16 or float32"),
         (args.sampler in ("auto", "hf", "vllm"), "--sampler must be auto, hf or vllm"),
         (0 < args.gpu_memory_utilization < 1, "--gpu-memory-utilization must be in (0, 1)"),
+        (args.sync_tolerance > 0, "--sync-tolerance must be > 0"),
         (not args.data_file or os.path.isfile(args.data_file), f"--data-file {args.data_file} does not exist"),
     ]
     for ok, message in rules:
@@ -192,11 +205,31 @@ def batch_indices(step: int, batch: int, n: int, seed: int) -> list[int]:
     return [int(epoch_order(seed, pos // n, n)[pos % n]) for pos in range(step * batch, (step + 1) * batch)]
 
 
-def all_reduce_sum(values: list[float], device) -> list[float]:
+def all_reduce_sum(values: list[float], device, op=dist.ReduceOp.SUM) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
     if dist.is_initialized():
-        dist.all_reduce(t)
+        dist.all_reduce(t, op=op)
     return t.tolist()
+
+
+def check_sync(probe, before, step: int, tolerance: float, device) -> dict:
+    """Stop the run (SyncError on every rank) unless every rank's sampler now computes its trainer's log-probs.
+
+    Two failures: the probe log-probs disagree by more than `tolerance`, or the trainer's moved since the
+    last check while the sampler's stayed bit-identical (an update that never arrived, too small to exceed
+    the tolerance on its own). Returns the sync metrics, one difference per rank.
+    """
+    moved_alone = probe.trainer_moved_alone(before) if before is not None else 0.0
+    worst_diff, worst_moved = all_reduce_sum([probe.diff, moved_alone], device, op=dist.ReduceOp.MAX)
+    if worst_diff > tolerance:
+        raise SyncError(f"step {step}: the sampler's log-probs differ from the trainer's by {worst_diff:.3g} nats "
+                        f"> --sync-tolerance {tolerance:g}; the weight sync is broken")
+    if worst_moved > 0:
+        raise SyncError(f"step {step}: the trainer's log-probs moved by {worst_moved:.3g} nats and the "
+                        f"sampler's did not change (difference {worst_diff:.3g}, --sync-tolerance {tolerance:g}): "
+                        f"the weight sync never reached the sampler")
+    per_rank = gather_rows(torch.tensor([[probe.diff]]), device).flatten().tolist()
+    return {"sync/logprob_diff": worst_diff, **{f"sync/logprob_diff/rank{r}": d for r, d in enumerate(per_rank)}}
 
 
 def gather_rows(t: torch.Tensor, device) -> torch.Tensor:
@@ -333,7 +366,7 @@ def main(args: Args) -> dict:
     from transformers.utils import logging as hf_logging
 
     from eval import encode_prompts, evaluate
-    from rollout import make_sampler, resolve_model, sync_check
+    from rollout import make_sampler, resolve_model, step_seed, sync_check
     from tasks import get_task
 
     # ---- derived values
@@ -397,6 +430,11 @@ def main(args: Args) -> dict:
     max_prompt = max(len(p) for p in train_ids + test_ids)
     sampler = make_sampler(args.sampler, policy_path, dtype=args.dtype, max_model_len=max_prompt + args.max_tokens,
                            seed=args.seed + rank, gpu_memory_utilization=args.gpu_memory_utilization, device=device)
+    probe_prompts = train_ids[:2]  # the same probe at every check: a sampler that never updates repeats itself
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bfloat16")
+    with autocast:
+        probe = sync_check(sampler, model, probe_prompts)
+    check_sync(probe, None, start_step, args.sync_tolerance, device)  # the sampler loaded the same weights
 
     def held_out_score() -> float:
         """Greedy pass@1 (or similarity) on this rank's share of the test prompts, averaged over ranks."""
@@ -433,9 +471,10 @@ def main(args: Args) -> dict:
     for step in bar:
         t0 = time.perf_counter()
         # -- rollout: this rank's share of the step's prompts, M samples each
-        mine = batch_indices(step, args.rollout_batch, len(train_set), args.seed)[rank::world]
+        per_rank = args.rollout_batch // world
+        mine = batch_indices(step, args.rollout_batch, len(train_set), args.seed)[rank * per_rank:][:per_rank]
         examples, prompts = [train_set[i] for i in mine], [train_ids[i] for i in mine]
-        seed = ((args.seed * 1_000_003 + step) * 1024 + rank) % 2**31  # reproducible on resume
+        seed = step_seed(args.seed, step, rank * per_rank, args.rollout_batch, args.M)  # own stream per sample
         groups = sampler.generate(prompts, n=args.M, max_tokens=args.max_tokens, temperature=args.temperature,
                                   top_p=args.top_p, seed=seed)  # G_local lists of M completions
         sampler.sleep()  # GPU memory goes to training
@@ -462,8 +501,8 @@ def main(args: Args) -> dict:
         # -- weight sync, then check that the sampler now computes the trainer's log-probs
         sampler.wake()
         sampler.update_weights(full_weights(model))
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bfloat16"):
-            sync_diff = sync_check(sampler, model, prompts[:2])
+        with autocast:
+            probe, before = sync_check(sampler, model, probe_prompts), probe
         t4 = time.perf_counter()
         # -- metrics: identical on all ranks (gathered / all-reduced), written by rank 0
         prompt_tokens, completion_tokens = all_reduce_sum([sum(map(len, prompts)) * args.M, lengths.sum().item()],
@@ -475,7 +514,7 @@ def main(args: Args) -> dict:
                    **({"reward/pass_rate": all_passed.mean().item()} if task.has_verifier else {}),
                    "adv/zero_group_frac": (adv_all.abs().amax(-1) < 1e-6).float().mean().item(),
                    "response/len_mean": all_lengths.mean().item(), "response/len_max": all_lengths.max().item(),
-                   "response/trunc_frac": all_cut.mean().item(), **train_metrics, "sync/logprob_diff": sync_diff,
+                   "response/trunc_frac": all_cut.mean().item(), **train_metrics,
                    "time/rollout": t1 - t0, "time/reward": t2 - t1, "time/train": t3 - t2, "time/sync": t4 - t3,
                    "time/step": t4 - t0, "perf/tokens_per_s": completion_tokens / (t4 - t0),
                    "perf/tflops": flops / (t4 - t0) / 1e12}  # model FLOPs estimate, all devices
@@ -483,12 +522,15 @@ def main(args: Args) -> dict:
             from grad_alloc import allocation_metrics
 
             metrics.update(allocation_metrics(all_rewards, all_lengths, list(ESTIMATORS), tau=args.tau))
-        if master:
-            with open(metrics_path, "a") as f:
-                f.write(json.dumps(metrics) + "\n")
-            if wandb:
-                wandb.log(metrics, step=step + 1)
-            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
+        try:  # the step's metrics reach the log either way; a failed check saves no checkpoint
+            metrics.update(check_sync(probe, before, step + 1, args.sync_tolerance, device))
+        finally:
+            if master:
+                with open(metrics_path, "a") as f:
+                    f.write(json.dumps(metrics) + "\n")
+                if wandb:
+                    wandb.log(metrics, step=step + 1)
+                bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
         if args.save_every and (step + 1) % args.save_every == 0 or step + 1 == args.steps:
             save_checkpoint(out_dir, step + 1, model, optimizer, scheduler, tokenizer, args)
 
@@ -508,9 +550,10 @@ def main(args: Args) -> dict:
             print(f"curves: {plot_training_curves([metrics_path], os.path.join(out_dir, 'curves.png'))}")
         if wandb:
             wandb.finish()
-    sampler.close()
     if dist.is_initialized():
         dist.barrier()  # leave together: a rank tearing down gloo while another still works can abort it
+    sampler.close()  # before the process group: a vLLM engine under torchrun shuts it down itself
+    if dist.is_initialized():
         dist.destroy_process_group()
     return metrics
 
@@ -522,6 +565,8 @@ if __name__ == "__main__":
 
     try:
         main(cli_args)
-    except (CheckpointError, DataError, SamplingError) as err:  # missing data, bad checkpoint, diverged policy
-        print(f"train.py: error: {err}", file=sys.stderr)
+    except (CheckpointError, DataError, SamplingError, SyncError) as err:  # missing data, bad checkpoint, diverged
+        # policy, stale sampler. The same on every rank but a sampling error: one rank speaks for all.
+        if int(os.environ.get("RANK", 0)) == 0 or isinstance(err, SamplingError):
+            print(f"train.py: error: {err}", file=sys.stderr)
         sys.exit(1)

@@ -3,7 +3,7 @@ tests run both in one process and under `torchrun --nproc_per_node 2` (FSDP2 ove
 
     python tests/dist_train.py parity OUT.pt MODEL_DIR REF_DIR      # one ppo_update on a fixed batch
     torchrun --nproc_per_node 2 tests/dist_train.py parity OUT.pt MODEL_DIR REF_DIR
-    torchrun --nproc_per_node 2 tests/dist_train.py e2e OUT_DIR MODEL_DIR          # train.main on the toy task
+    torchrun --nproc_per_node 2 tests/dist_train.py e2e OUT_DIR MODEL_DIR [vllm]   # train.main on the toy task
 """
 
 import os
@@ -51,7 +51,8 @@ def parity(out_path, model_dir, ref_dir):
     completions = [[torch.randint(4, 90, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
                     for _ in range(args.M)] for _ in range(args.rollout_batch)]
     adv = torch.randn(args.rollout_batch, args.M, generator=g)  # (G, M)
-    mine = list(range(args.rollout_batch))[rank::world]  # train.main's sharding: groups r::world
+    per_rank = args.rollout_batch // world
+    mine = list(range(rank * per_rank, (rank + 1) * per_rank))  # train.main's sharding: consecutive groups
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     ref_model = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval().requires_grad_(False)
     if dist.is_initialized():
@@ -66,10 +67,10 @@ def parity(out_path, model_dir, ref_dir):
         torch.save({"state": state, "metrics": metrics}, out_path)
 
 
-def e2e(out_dir, model_dir):
+def e2e(out_dir, model_dir, sampler="hf"):
     tasks.TASKS["digits"] = DigitTask()
     args = train.Args(task="digits", model=model_dir, M=4, rollout_batch=4, micro_batch=4, steps=3, max_tokens=4,
-                      lr=1e-2, eval_examples=4, dtype="float32", out_dir=out_dir, save_every=2)
+                      lr=1e-2, eval_examples=4, dtype="float32", out_dir=out_dir, save_every=2, sampler=sampler)
     train.main(args)
 
 

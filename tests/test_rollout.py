@@ -102,17 +102,17 @@ def test_eos_and_length(sampler, prompts):
 def test_update_weights_and_sync_check(tiny_model_dir, prompts):
     sampler = make_sampler("hf", tiny_model_dir, dtype="float32", seed=0)
     trainer = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    assert sync_check(sampler, trainer, prompts) < 1e-4
+    assert sync_check(sampler, trainer, prompts).diff < 1e-4
     before = sampler.generate(prompts, n=2, max_tokens=16, seed=0)
     torch.manual_seed(1)
     with torch.no_grad():  # a training step stand-in: every weight moves, the tied embedding too
         for p in trainer.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    assert sync_check(sampler, trainer, prompts) > 0.1  # stale sampler is caught
+    assert sync_check(sampler, trainer, prompts).diff > 0.1  # stale sampler is caught
     # named_parameters lists the tied embedding once, as model.embed_tokens.weight.
     sampler.update_weights(trainer.named_parameters())
     assert torch.equal(sampler.model.lm_head.weight, trainer.model.embed_tokens.weight)
-    assert sync_check(sampler, trainer, prompts) < 1e-4
+    assert sync_check(sampler, trainer, prompts).diff < 1e-4
     assert sampler.generate(prompts, n=2, max_tokens=16, seed=0) != before
     sampler.close()
 
@@ -140,7 +140,7 @@ def test_draw_follows_the_probabilities_and_never_picks_a_zero():
     probs = torch.tensor([0.1, 0.0, 0.45, 0.0, 0.3, 0.15, 0.0]) * 3  # unnormalised, zeros as top-p leaves them
     n = 200_000
     generator = torch.Generator().manual_seed(0)
-    tokens = torch.cat([draw(probs.expand(n // 4, -1), generator) for _ in range(4)])  # (n,)
+    tokens = draw(probs.expand(n, -1), torch.rand(n, generator=generator, dtype=torch.float64))  # (n,)
     counts = torch.bincount(tokens, minlength=len(probs)).double()
     p = (probs / probs.sum()).double()
     assert counts[p == 0].sum() == 0
@@ -149,10 +149,8 @@ def test_draw_follows_the_probabilities_and_never_picks_a_zero():
     # a row with all its mass on the last token, and one with a single tiny entry, still draw it
     edge = torch.zeros(2, 49152)
     edge[0, -1], edge[1, 1234] = 1.0, 1e-30
-    assert draw(edge, generator).tolist() == [49151, 1234]
-    # same generator state, same draws
-    a, b = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
-    assert torch.equal(draw(probs.expand(64, -1), a), draw(probs.expand(64, -1), b))
+    assert draw(edge, torch.tensor([0.0, 1 - 2**-53], dtype=torch.float64)).tolist() == [49151, 1234]
+    assert draw(edge, torch.tensor([0.5, 0.5])).tolist() == [49151, 1234]
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0])
@@ -160,4 +158,27 @@ def test_draw_refuses_a_distribution_that_is_not_finite(bad):
     probs = torch.tensor([[0.2, 0.3, 0.5], [0.0, 0.0, 0.0]])
     probs[1, 1] = bad  # a NaN or inf entry, or a row with no mass at all
     with pytest.raises(SamplingError, match="not finite"):
-        draw(probs, torch.Generator().manual_seed(0))
+        draw(probs, torch.rand(2))
+
+
+def test_every_step_rank_prompt_and_sample_gets_its_own_stream():
+    """train.py seeds rank r's call with step_seed; both samplers give sample k of prompt i stream seed + i*n + k."""
+    from rollout import step_seed
+
+    for world, batch, M in [(1, 4, 8), (2, 4, 8), (4, 8, 3)]:
+        streams = [step_seed(run_seed, step, rank * (batch // world), batch, M) + i * M + k
+                   for run_seed in range(3) for step in range(6) for rank in range(world)
+                   for i in range(batch // world) for k in range(M)]
+        assert len(set(streams)) == len(streams) == 3 * 6 * batch * M
+    # ranks differing by one in their base seed is exactly what made vLLM repeat samples across ranks
+    assert step_seed(0, 0, 1, 4, 8) - step_seed(0, 0, 0, 4, 8) == 8
+
+
+def test_a_sample_depends_only_on_its_stream(sampler, prompts):
+    """Sample k of prompt i drawn in a batch equals the same stream drawn alone: nothing else in the batch (or on
+    another rank) changes it."""
+    together = sampler.generate(prompts, n=3, max_tokens=12, seed=40)
+    for i, prompt in enumerate(prompts):
+        for k in range(3):
+            alone = sampler.generate([prompt], n=1, max_tokens=12, seed=40 + i * 3 + k)[0][0]
+            assert alone.token_ids == together[i][k].token_ids

