@@ -158,10 +158,11 @@ class HFSampler:
         for name, tensor in named_tensors:
             params[name].copy_(tensor.to(params[name].device, params[name].dtype))
 
-    def sleep(self):  # nothing to lend out: the HF sampler serves CPU runs and tests
-        pass
+    def sleep(self) -> int:  # nothing to lend out: the HF sampler serves CPU runs and tests
+        return 0
 
-    wake = sleep
+    def wake(self):
+        pass
 
     def close(self):
         del self.model
@@ -258,9 +259,13 @@ class VLLMSampler:
             self.llm.apply_model(_repack_tied_lm_head)
         self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
 
-    def sleep(self):
-        if self.on_gpu:
-            self.llm.sleep(level=1)  # weights to CPU, KV cache dropped: training gets the memory
+    def sleep(self) -> int:
+        """Weights to CPU, KV cache dropped: training gets the memory. Returns the bytes freed on the device."""
+        if not self.on_gpu:
+            return 0
+        free_before = torch.cuda.mem_get_info()[0]
+        self.llm.sleep(level=1)
+        return torch.cuda.mem_get_info()[0] - free_before
 
     def wake(self):
         if self.on_gpu:

@@ -45,7 +45,6 @@ from checkpoint import CheckpointError, find_checkpoint, load_checkpoint, read_t
 from hardware import has_bf16_units, keep_freed_memory, load_model, store_linears_bf16
 from loss import pad_batch, policy_loss, sequence_logprobs
 
-
 # Largest healthy sampler-vs-trainer probe difference measured on CPU was MEASURED_MAX (README, "Training for
 # real"); a sampler that missed an update differs by the size of a step's change, or not at all (caught
 # separately: its log-probs stay bit-identical while the trainer's move).
@@ -228,8 +227,13 @@ def check_sync(probe, before, step: int, tolerance: float, device) -> dict:
         raise SyncError(f"step {step}: the trainer's log-probs moved by {worst_moved:.3g} nats and the "
                         f"sampler's did not change (difference {worst_diff:.3g}, --sync-tolerance {tolerance:g}): "
                         f"the weight sync never reached the sampler")
-    per_rank = gather_rows(torch.tensor([[probe.diff]]), device).flatten().tolist()
-    return {"sync/logprob_diff": worst_diff, **{f"sync/logprob_diff/rank{r}": d for r, d in enumerate(per_rank)}}
+    return {"sync/logprob_diff": worst_diff, **per_rank({"sync/logprob_diff": probe.diff}, device)}
+
+
+def per_rank(values: dict[str, float], device) -> dict[str, float]:
+    """Each rank's own numbers, gathered: {"name/rank0": ..., "name/rank1": ...} on every rank."""
+    table = gather_rows(torch.tensor([list(values.values())], dtype=torch.float64), device)  # (world, len(values))
+    return {f"{name}/rank{r}": table[r, i].item() for i, name in enumerate(values) for r in range(len(table))}
 
 
 def gather_rows(t: torch.Tensor, device) -> torch.Tensor:
@@ -477,7 +481,7 @@ def main(args: Args) -> dict:
         seed = step_seed(args.seed, step, rank * per_rank, args.rollout_batch, args.M)  # own stream per sample
         groups = sampler.generate(prompts, n=args.M, max_tokens=args.max_tokens, temperature=args.temperature,
                                   top_p=args.top_p, seed=seed)  # G_local lists of M completions
-        sampler.sleep()  # GPU memory goes to training
+        freed = sampler.sleep()  # GPU memory goes to training: the bytes it gave back
         t1 = time.perf_counter()
         # -- reward and advantages: gathered over ranks, so batch-level baselines see the whole batch
         rewards = torch.tensor([[task.reward(c.text, ex, kind=args.reward) for c in g]
@@ -518,6 +522,9 @@ def main(args: Args) -> dict:
                    "time/rollout": t1 - t0, "time/reward": t2 - t1, "time/train": t3 - t2, "time/sync": t4 - t3,
                    "time/step": t4 - t0, "perf/tokens_per_s": completion_tokens / (t4 - t0),
                    "perf/tflops": flops / (t4 - t0) / 1e12}  # model FLOPs estimate, all devices
+        if cuda:  # what each rank's sampler gave back on sleep, and its trainer's peak (scripts/gpu_check.sh)
+            metrics.update(per_rank({"mem/sleep_freed_gb": freed / 1e9,
+                                     "mem/trainer_peak_gb": torch.cuda.max_memory_reserved(device) / 1e9}, device))
         if importlib.util.find_spec("grad_alloc"):  # Table 3's allocation, every estimator on these rollouts
             from grad_alloc import allocation_metrics
 

@@ -412,7 +412,7 @@ def test_a_sampler_that_never_updates_stops_the_run_at_the_first_step(tiny_model
 
 def test_a_stale_sampler_is_one_line_and_exit_1_from_the_command_line(tiny_model_dir, tmp_path):
     script = ("import runpy, sys, rollout; rollout.HFSampler.update_weights = lambda self, named_tensors: None; "
-              f"sys.argv = ['train.py'] + sys.argv[1:]; runpy.run_path('train.py', run_name='__main__')")
+              "sys.argv = ['train.py'] + sys.argv[1:]; runpy.run_path('train.py', run_name='__main__')")
     result = subprocess.run([sys.executable, "-c", script, "--task", "arith", "--model", tiny_model_dir, "--steps",
                              "2", "--eval-examples", "0", "--max-tokens", "4", "--dtype", "float32", "--out-dir",
                              str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -428,3 +428,13 @@ def test_a_healthy_run_never_trips_the_sync_check(tiny_model_dir, tmp_path, digi
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(r["sync/logprob_diff"] == r["sync/logprob_diff/rank0"] < train.SYNC_TOLERANCE for r in rows)
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run_on_cpu(tmp_path):
+    """scripts/gpu_check.sh --dry-run: the GPU acceptance script's own path (model, train.py, report) on a CPU."""
+    result = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run", str(tmp_path)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=900, env={**os.environ, "STEPS": "3"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [r["step"] for r in read_metrics(tmp_path / "run-1" / "metrics.jsonl")] == [1, 2, 3]
+    assert "steps measured: 2 of 3" in result.stdout and "probe max" in result.stdout
