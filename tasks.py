@@ -208,7 +208,7 @@ def _countdown24(split: str, limit: int, seed: int) -> list[Example]:
 
 # ---------------------------------------------------------------- loading
 def _hub_reachable(timeout: float = 3.0) -> bool:
-    """Fail in seconds, not after datasets' ~25 s of retries, when there is no network."""
+    """Fail in seconds, not after datasets' long retries, when there is no network."""
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         return True  # offline mode: let datasets read its cache (it fails fast when it can't)
     url = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
@@ -229,7 +229,7 @@ class Task:
     """A task, built with keywords: hub-backed (hub_id, columns, make_example) or procedural (generate)."""
 
     name: str
-    hub_id: str | None = None  # dataset id for datasets.load_dataset (None for procedural tasks)
+    hub_id: str | None = None  # dataset id for datasets.load_dataset (None: --data-file only, or procedural)
     columns: tuple[str, ...] = ()  # required in hub rows and --data-file rows
     key: tuple[str, ...] = ()  # columns that identify a prompt (uid and held-out split)
     make_example: Callable[[dict], Example] | None = None
@@ -299,6 +299,8 @@ class Task:
                 raise DataError(f"--data-file {path}: cannot read it ({_one_line(err)})") from None
         advice = (f"pass --data-file FILE (.jsonl or .parquet with columns "
                   f"{', '.join(self.columns)})")
+        if self.hub_id is None:
+            raise DataError(f"{self.name} has no hub dataset: {advice}")
         if not _hub_reachable():
             raise DataError(f"cannot reach the Hugging Face Hub to load {self.hub_id}: {advice}, "
                             "or set HF_HUB_OFFLINE=1 to use a cached copy")

@@ -149,6 +149,10 @@ def _padded(rows, lengths):
 
 @pytest.mark.parametrize("agg", list(AGGREGATIONS))
 def test_every_aggregation_is_invariant_to_micro_batches_and_ranks(agg):
+    assert_invariant_to_micro_batches_and_ranks(agg)
+
+
+def assert_invariant_to_micro_batches_and_ranks(agg):
     """Splitting the minibatch into micro-batches on 2 ranks gives the full-batch loss and gradient.
 
     train.py's pattern: the denominator is summed over all micro-batches and ranks first; each rank
