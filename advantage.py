@@ -8,6 +8,12 @@ same shape. SoftmaxGRPO is the one-line change to GRPO this codebase exists for:
 The rest are the baselines the paper compares against (Table 1), so that `train.py --advantage NAME`
 swaps only the advantage computation and nothing else.
 
+Adding an estimator is one edit here: write `def my_advantages(rewards, *, alpha: float = 0.5)` and add
+it to ESTIMATORS. Parameters after `rewards` that have a default are its hyperparameters:
+`compute_advantages` passes each estimator the ones it declares, and `estimator_params()` lists them
+(default and type) so command lines can offer one flag per hyperparameter (`--alpha`). Advantages are
+constants in the loss (Eq. 10): every estimator returns a tensor without gradient history.
+
 `population_weight` computes the exact finite-M prompt weight omega_M(p) for binary rewards by
 calling the estimators themselves on every possible group, so the theory of Sections 3.2-3.3 is a
 test of the code that trains (see tests/test_advantage.py).
@@ -15,14 +21,18 @@ test of the code that trains (see tests/test_advantage.py).
     python advantage.py        # prints Table 1 with numbers (M = 8)
 """
 
+import inspect
 import math
+import numbers
+import types
+import typing
 
 import torch
 
 
 def _as_groups(rewards: torch.Tensor, name: str) -> torch.Tensor:
     """Validate rewards (..., M) and return them in at least float32."""
-    rewards = torch.as_tensor(rewards)
+    rewards = torch.as_tensor(rewards).detach()  # advantages are constants in Eq. (10): no gradient flows back
     if rewards.dim() < 1 or rewards.shape[-1] < 1:
         raise ValueError(f"{name}: rewards must have shape (G, M) with M >= 1, got {tuple(rewards.shape)}")
     if not rewards.is_floating_point() or rewards.dtype in (torch.float16, torch.bfloat16):
@@ -34,10 +44,21 @@ def _as_groups(rewards: torch.Tensor, name: str) -> torch.Tensor:
     return rewards
 
 
-def softmax_advantages(rewards: torch.Tensor, tau: float) -> torch.Tensor:
+def positive_real(value, name: str, where: str) -> float:
+    """`value` as a float when it is one real number > 0: a Python or numpy scalar, or a one-element tensor."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and value.dtype != torch.bool and not value.is_complex():
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{where}: {name} must be one real number (float, int, numpy scalar or one-element "
+                         f"tensor), got {type(value).__name__} {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{where}: {name} must be finite and > 0, got {value!r}")
+    return float(value)
+
+
+def softmax_advantages(rewards: torch.Tensor, tau: float = 0.1) -> torch.Tensor:
     """SoftmaxGRPO, Eq. (1): A_i = M * softmax(R / tau)_i - 1. Sums to zero in every group."""
-    if not isinstance(tau, (int, float)) or not math.isfinite(tau) or tau <= 0:
-        raise ValueError(f"softmax_advantages: tau must be a finite number > 0, got {tau!r}")
+    tau = positive_real(tau, "tau", "softmax_advantages")
     rewards = _as_groups(rewards, "softmax_advantages")
     M = rewards.shape[-1]
     # Subtracting the group max leaves the softmax unchanged and keeps exp() <= 1, so r / tau up
@@ -93,6 +114,7 @@ def reinforce_advantages(rewards: torch.Tensor, baseline: float | None = None) -
     return rewards - (rewards.mean() if baseline is None else baseline)
 
 
+# A new estimator is one more entry here; its hyperparameters are read from its signature.
 ESTIMATORS = {
     "softmax": softmax_advantages,
     "grpo": grpo_advantages,
@@ -103,11 +125,49 @@ ESTIMATORS = {
 }
 
 
-def compute_advantages(name: str, rewards: torch.Tensor, tau: float = 0.1) -> torch.Tensor:
-    """Advantages by estimator name; `tau` is used by SoftmaxGRPO only."""
+def hyperparameters(fn) -> dict[str, inspect.Parameter]:
+    """An estimator's hyperparameters: its parameters after `rewards` that have a default."""
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    return {p.name: p for p in params if p.default is not inspect.Parameter.empty}
+
+
+def estimator_params() -> dict[str, tuple[object, type]]:
+    """{hyperparameter: (default, type)} over all ESTIMATORS, for one command-line flag each.
+
+    The type is the annotation's (float for `float | None`). Two estimators may share a name (grpo's
+    and maxrl's `eps`) only with the same default, since one flag sets both.
+    """
+    out: dict[str, tuple[object, type]] = {}
+    for est, fn in ESTIMATORS.items():
+        hints = typing.get_type_hints(fn)
+        for name, p in hyperparameters(fn).items():
+            kind = hints.get(name, type(p.default))
+            if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
+                kind = next(t for t in typing.get_args(kind) if t is not type(None))
+            if name in out and out[name][0] != p.default:
+                raise ValueError(f"estimator {est!r}: hyperparameter {name!r} defaults to {p.default!r}, but "
+                                 f"another estimator's {name!r} defaults to {out[name][0]!r}; rename one")
+            out[name] = (p.default, kind)
+    return out
+
+
+def compute_advantages(name: str, rewards: torch.Tensor, tau: float | None = None, **hparams) -> torch.Tensor:
+    """Advantages (G, M) of estimator `name`, given the hyperparameters it declares.
+
+    `hparams` may hold every estimator's hyperparameters (train.py passes them all): each estimator
+    gets only its own. A name no estimator declares is an error, not silently ignored. The positional
+    `tau` is kept for `compute_advantages("softmax", rewards, 0.3)`.
+    """
     if name not in ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {name!r}; choose one of {sorted(ESTIMATORS)}")
-    return softmax_advantages(rewards, tau) if name == "softmax" else ESTIMATORS[name](rewards)
+    if tau is not None:
+        hparams["tau"] = tau
+    unknown = sorted(set(hparams) - set(estimator_params()))
+    if unknown:
+        raise ValueError(f"unknown estimator hyperparameter(s) {', '.join(unknown)}; "
+                         f"the estimators declare {', '.join(sorted(estimator_params()))}")
+    own = hyperparameters(ESTIMATORS[name])
+    return ESTIMATORS[name](rewards, **{k: v for k, v in hparams.items() if k in own})
 
 
 def population_weight(name: str, M: int, p, **kwargs) -> torch.Tensor:
@@ -115,9 +175,9 @@ def population_weight(name: str, M: int, p, **kwargs) -> torch.Tensor:
 
     omega_M(p) = E_s[A(own reward 1 | s others succeed) - A(own reward 0 | s others succeed)],
     s ~ Binomial(M - 1, p), so that E[sum_i A_i grad log pi(z_i)] = M * omega_M(p) * grad p.
-    The advantages come from calling the estimator on all 2M possible groups. kwargs go to the
-    estimator (`tau` for softmax). REINFORCE gets a constant baseline, as its batch baseline does
-    not depend on the group.
+    The advantages come from calling the estimator on all 2M possible groups. kwargs are
+    hyperparameters, as for `compute_advantages` (`tau` for softmax). REINFORCE gets a constant
+    baseline, as its batch baseline does not depend on the group.
     """
     if name not in ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {name!r}; choose one of {sorted(ESTIMATORS)}")
@@ -128,7 +188,7 @@ def population_weight(name: str, M: int, p, **kwargs) -> torch.Tensor:
                         torch.cat([torch.zeros(M, 1, dtype=torch.float64), others], 1)])  # (2M, M)
     if name == "reinforce":
         kwargs = {"baseline": 0.0, **kwargs}
-    adv = ESTIMATORS[name](groups, **kwargs)[:, 0].double()  # own advantage, (2M,)
+    adv = compute_advantages(name, groups, **kwargs)[:, 0].double()  # own advantage, (2M,)
     gap = adv[:M] - adv[M:]  # A(1 | s) - A(0 | s), (M,)
     log_binom = (torch.lgamma(torch.tensor(M, dtype=torch.float64)) - torch.lgamma(s + 1)
                  - torch.lgamma(M - s))  # log C(M-1, s)

@@ -23,8 +23,8 @@ import sys
 
 import torch
 from tqdm import tqdm
-from transformers import AutoTokenizer
 
+from hardware import ModelLoadError, load_tokenizer
 from rollout import SamplingError, make_sampler, resolve_model
 from tasks import DataError, get_task
 
@@ -169,9 +169,12 @@ def main(argv=None) -> dict:
     try:
         path = resolve_model(args.model)
         # vLLM needs the context length up front: long-context tasks (meetingbank) exceed its default
-        prompts = encode_prompts(AutoTokenizer.from_pretrained(path), [e for e in examples if _valid_prompt(e.prompt)])
+        prompts = encode_prompts(load_tokenizer(path), [e for e in examples if _valid_prompt(e.prompt)])
         sampler = make_sampler(backend, path, dtype="bfloat16" if backend == "hf" else "auto", seed=args.seed,
                                max_model_len=max(map(len, prompts), default=0) + args.max_tokens)
+    except ModelLoadError as err:  # already one line naming the model, --model and HF_HUB_OFFLINE
+        print(f"eval.py: error: {err}", file=sys.stderr)
+        sys.exit(2)
     except (OSError, ValueError) as err:
         print(f"eval.py: error: cannot use model {args.model!r}: {str(err).splitlines()[0]}", file=sys.stderr)
         sys.exit(2)

@@ -9,9 +9,8 @@ The budget of one prompt (G groups, M rollouts each) is its token-level advantag
 because the token-mean loss gives every token of rollout i the weight A_gi / N (one denominator N
 for the whole batch), so this is the triangle-inequality bound on the prompt's gradient norm when
 per-token gradients have similar size. `exact_prompt_grad_norms` measures the real per-prompt
-gradient norm with a backward pass (small models) to check the cheap measure against it: on
-SmolLM2-135M, 16 "What is a + b?" prompts x 8 rollouts, they agreed per prompt with Pearson 0.88-0.96
-(grpo, softmax, maxrl, drgrpo) and gave bin shares within 4 points of each other.
+gradient norm with a backward pass (small models) to check the cheap measure against it
+(`--exact` prints their Pearson and Spearman agreement).
 
     python grad_alloc.py --model smollm2-135m --task arith --prompts 32 --M 8       # Table 3 layout
     python grad_alloc.py --model smollm2-135m --task arith --prompts 8 --exact      # + cheap vs exact (slow on CPU)
@@ -25,7 +24,7 @@ import argparse
 
 import torch
 
-from advantage import compute_advantages
+from advantage import ESTIMATORS, compute_advantages, estimator_params
 
 BINS = [(0, 0.2), (0.2, 0.5), (0.5, 0.7), (0.7, 0.9), (0.9, 1.0)]  # Table 3's columns; the last is closed
 BIN_LABELS = ["0-0.2", "0.2-0.5", "0.5-0.7", "0.7-0.9", "0.9-1"]
@@ -60,19 +59,20 @@ def pass_rates_of(rewards: torch.Tensor, pass_threshold: float = 0.5) -> torch.T
     return (torch.as_tensor(rewards).double() >= pass_threshold).double().mean(-1)  # (G,)
 
 
-def allocation_by_estimator(rewards, lengths, names, tau=0.1, pass_rates=None) -> dict[str, list[float]]:
+def allocation_by_estimator(rewards, lengths, names, pass_rates=None, **hparams) -> dict[str, list[float]]:
     """Table 3 rows for several estimators on the same rollouts: rewards, lengths (G, M) -> name -> shares.
 
     pass_rates (G,) default to the fraction of rewards >= 0.5; pass the verifier's when training on r_sim.
+    hparams: estimator hyperparameters (tau=..., eps=...), each estimator taking its own (advantage.py).
     """
     rewards = torch.as_tensor(rewards, dtype=torch.float32)
     p = pass_rates_of(rewards) if pass_rates is None else pass_rates
-    return {name: allocation_table(p, compute_advantages(name, rewards, tau), lengths) for name in names}
+    return {name: allocation_table(p, compute_advantages(name, rewards, **hparams), lengths) for name in names}
 
 
-def allocation_metrics(rewards, lengths, names, tau=0.1, pass_rates=None) -> dict[str, float]:
+def allocation_metrics(rewards, lengths, names, pass_rates=None, **hparams) -> dict[str, float]:
     """The same as flat metrics for train.py: {"alloc/<estimator>/<bin label>": percent}."""
-    table = allocation_by_estimator(rewards, lengths, names, tau, pass_rates)
+    table = allocation_by_estimator(rewards, lengths, names, pass_rates, **hparams)
     return {f"alloc/{name}/{label}": share for name, row in table.items() for label, share in zip(BIN_LABELS, row)}
 
 
@@ -132,7 +132,9 @@ def main(argv=None):
     parser.add_argument("--data-file", default=None)
     parser.add_argument("--prompts", type=int, default=32, help="number of prompts G")
     parser.add_argument("--M", type=int, default=8, help="rollouts per prompt")
-    parser.add_argument("--tau", type=float, default=0.1, help="SoftmaxGRPO temperature")
+    for name, (default, kind) in estimator_params().items():  # --tau, --eps, ...: whatever the estimators declare
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default,
+                            help=f"estimator hyperparameter (advantage.py), default {default}")
     parser.add_argument("--estimators", default="grpo,softmax", help="comma-separated names from advantage.py")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--sampler", default="hf", choices=["hf", "vllm"])
@@ -140,7 +142,7 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     names = args.estimators.split(",")
-    from advantage import ESTIMATORS
+    hparams = {name: getattr(args, name) for name in estimator_params()}
     if any(n not in ESTIMATORS for n in names) or args.prompts < 1 or args.M < 2:
         parser.error(f"--estimators must be among {sorted(ESTIMATORS)}, --prompts >= 1, --M >= 2")
 
@@ -163,8 +165,8 @@ def main(argv=None):
     p = pass_rates_of(rewards)
     counts = [sum(bin_index(x) == b for x in p.tolist()) for b in range(len(BINS))]
     print(f"{args.task}: {len(examples)} prompts x {args.M} rollouts, mean reward {rewards.mean():.3f}, "
-          f"tau {args.tau}\ncheap budget sum_i |A_i| len_i:")
-    print(format_table(allocation_by_estimator(rewards, lengths, names, args.tau), counts))
+          f"{hparams}\ncheap budget sum_i |A_i| len_i:")
+    print(format_table(allocation_by_estimator(rewards, lengths, names, **hparams), counts))
     if args.exact:
         from transformers import AutoModelForCausalLM
         model = AutoModelForCausalLM.from_pretrained(resolve_model(args.model), dtype=torch.float32).eval()
@@ -172,7 +174,7 @@ def main(argv=None):
         exact_rows = {}
         print("cheap vs exact budget per prompt (one backward pass per prompt and estimator):", flush=True)
         for name in names:
-            adv = compute_advantages(name, rewards, args.tau)  # (G, M)
+            adv = compute_advantages(name, rewards, **hparams)  # (G, M)
             norms = exact_prompt_grad_norms(model, prompts, completions, adv, pad_id)
             exact_rows[name] = shares_by_bin(p, norms)
             a = agreement(prompt_budgets(adv, lengths), norms)

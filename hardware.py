@@ -1,30 +1,62 @@
 """The machine at hand: the attention kernel, bf16 units and the CPU allocator that make training fast there.
 
 Apart from has_bf16_units, which picks bf16 autocast for `train.py --dtype auto`, nothing here changes a
-number the algorithm computes: each choice is held equal to the plain version by a test (named in its
-docstring), and the README's "Where the speed comes from" says what each bought.
+number the algorithm computes: each choice is held equal to the plain version by a test (named in the
+SPEED TRICK line above it), and the README's "Where the speed comes from" says what each bought.
+A model that cannot be loaded raises ModelLoadError, one line naming the model, --model and HF_HUB_OFFLINE.
 
     python -m pytest tests/test_loss.py tests/test_train.py -k "eager or bf16 or keep_freed"
 """
 
+import os
+
 import torch
 
 
+class ModelLoadError(OSError):
+    """A one-line, user-facing model problem: no such folder, no weights, or no hub to download from."""
+
+
+def model_load_error(path, err: BaseException) -> ModelLoadError:
+    """The one line for a model `path` that cannot be loaded: names it, --model and HF_HUB_OFFLINE."""
+    lines = str(err).strip().splitlines()
+    reason = f"{type(err).__name__}: {lines[0] if lines else ''}"[:300]
+    where = ("a local folder, but not a loadable model" if os.path.isdir(str(path)) else
+             "not a local folder, and not on the Hugging Face Hub or in its local cache")
+    return ModelLoadError(f"cannot load model {str(path)!r}: {where} ({reason}). Pass --model with a Hugging Face "
+                          "model folder, a checkpoint folder written by train.py or the alias smollm2-135m; a hub id "
+                          "needs network access, or HF_HUB_OFFLINE=1 and the model in the local cache")
+
+
+# ---- SPEED TRICK (skippable): eager attention on CPU; tests/test_loss.py::test_eager_attention_matches_sdpa
 def load_model(path, dtype=torch.float32, device="cpu"):
-    """from_pretrained on `device` with the attention kernel that is fastest there.
+    """from_pretrained on `device` with the attention kernel that is fastest there; ModelLoadError when it can't.
 
     On CPU, eager attention (matmul + softmax): for these short sequences torch's CPU flash-attention
-    kernel costs more than the attention it computes (timed here on SmolLM2, 32 sequences of ~100
-    tokens: train.ppo_update 8.7 -> 7.3 s, the HF sampler 5.8 -> 4.5 s). SDPA elsewhere. The two agree
-    to float rounding (tests/test_loss.py::test_eager_attention_matches_sdpa).
+    kernel costs more than the attention it computes. SDPA elsewhere. The two agree to float rounding.
     """
     from transformers import AutoModelForCausalLM  # here, so `train.py --bad-flag` answers before transformers loads
 
     device = torch.device(device)
     attention = "eager" if device.type == "cpu" else "sdpa"
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attention).to(device)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attention)
+    except (OSError, ValueError) as err:  # missing files, no network, invalid repo id, unreadable weights
+        raise model_load_error(path, err) from None
+    return model.to(device)
 
 
+def load_tokenizer(path):
+    """AutoTokenizer.from_pretrained(path), with the same one-line ModelLoadError as load_model."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        raise model_load_error(path, err) from None
+
+
+# ---- SPEED TRICK (skippable): bf16 storage of a frozen model; tests/test_train.py::test_bf16_reference_is_exact
 def store_linears_bf16(model):
     """Keep a frozen model's nn.Linear weights in bfloat16, in place.
 
@@ -40,14 +72,15 @@ def store_linears_bf16(model):
     return model
 
 
+# ---- SPEED TRICK (skippable): glibc keeps freed memory; only the allocator changes, no number computed
+# (tests/test_train.py::test_keep_freed_memory_stops_refaulting_large_blocks checks that the pages are reused)
 def keep_freed_memory() -> bool:
     """Ask glibc to serve large blocks from its heap and never hand freed memory back to the OS.
 
     By default every block over the mmap threshold is a fresh mapping, so each micro-batch's logits and
-    log-prob chunks (50-100 MB each) are page-faulted and zeroed anew: 10 of 32 s went to the kernel in
-    a timing of train.ppo_update on bench/vs_trl.py's batch here. Reusing the heap's pages made that
-    ppo_update 6.3 -> 5.2 s for 2% more peak memory. The cost: the heap never shrinks, so resident memory
-    stays at its high-water mark. Only the allocator changes, not one number computed.
+    log-prob chunks (50-100 MB each) are page-faulted and zeroed anew, and the kernel's page faulting
+    becomes a large share of an update step. Reusing the heap's pages avoids that; the cost is that the
+    heap never shrinks, so resident memory stays at its high-water mark.
     A no-op (False) where the C library is not glibc.
     """
     import ctypes
@@ -61,7 +94,7 @@ def keep_freed_memory() -> bool:
 
 
 def has_bf16_units() -> bool:
-    """bf16 pays off on GPUs and on CPUs with bf16 matrix units (NOTES.md: ~8x float32 on AMX/AVX512-BF16)."""
+    """bf16 pays off on GPUs and on CPUs with bf16 matrix units (AMX or AVX512-BF16)."""
     if torch.cuda.is_available():
         return torch.cuda.is_bf16_supported()
     try:

@@ -7,6 +7,8 @@
 with the asymmetric clip range [0.20, 0.28], no dual clip, the reference KL as a separate loss term
 (k3 estimator), and token-mean aggregation, as in the paper's runs (Appendix B.1). A is one number
 per sequence (the group advantage from advantage.py) broadcast over the sequence's tokens.
+agg_t is one of AGGREGATIONS (token-mean; seq-mean-token-mean; Dr. GRPO's seq-mean-token-sum-norm);
+a new one is a function (mask, norm_len) -> (token weights, denominator share) added to that dict.
 
 Log-probs are computed without ever holding float32 full-vocabulary log-softmax: `token_logprobs`
 works in row chunks with a hand-written backward (bench/logprob_memory.py measures it).
@@ -25,6 +27,7 @@ def _chunks(n_rows: int, vocab: int):
     return [(i, min(i + step, n_rows)) for i in range(0, n_rows, step)]
 
 
+# ---- SPEED TRICK (skippable): equals log_softmax(logits / T)[target]; tests/test_loss.py::test_token_logprobs_*
 class _TokenLogprobs(torch.autograd.Function):
     """log softmax(logits / T)[target], chunked over rows; saves only the logsumexp for backward."""
 
@@ -70,35 +73,65 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1
 
 
-def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean",
-              num_tokens: float | None = None, norm_len: int | None = None) -> torch.Tensor:
-    """Reduce per-token values (B, T) over the masked tokens.
+# ---------------------------------------------------------------- loss aggregation (the denominator)
+# Each mode returns per-token weights (B, T) and this micro-batch's share of the denominator. The loss is
+# sum(values * weights) / denominator, with the denominator summed over every micro-batch of the optimizer
+# minibatch on every rank before the first backward: so no mode depends on the micro-batch size or on the
+# number of ranks (tests/test_loss.py::test_every_aggregation_is_invariant_to_micro_batches_and_ranks).
+def token_mean(mask, norm_len):
+    """The paper's (Appendix B.1): every completion token of the minibatch weighs 1 / (number of tokens)."""
+    return mask, mask.sum()
 
-    - "token-mean" (the paper's): sum over all tokens / number of tokens N. `num_tokens` overrides N,
-      so microbatches and ranks can share one denominator (the whole minibatch's token count).
-    - "seq-mean-token-mean": mean over sequences of each sequence's token mean.
-    - "seq-mean-token-sum-norm" (Dr. GRPO): sum over all tokens / (B * norm_len), a constant
-      denominator; norm_len defaults to the padded length T (pass the max response length).
+
+def seq_mean_token_mean(mask, norm_len):
+    """Each sequence's token mean, averaged over the minibatch's sequences."""
+    return mask / mask.sum(-1, keepdim=True).clamp(min=1), mask.new_tensor(mask.shape[0])
+
+
+def seq_mean_token_sum_norm(mask, norm_len):
+    """Dr. GRPO: token sum / (number of sequences x a constant length), so long answers are not discounted."""
+    if norm_len is None:
+        raise ValueError("loss aggregation seq-mean-token-sum-norm needs norm_len (the maximum completion length)")
+    return mask, mask.new_tensor(mask.shape[0] * norm_len)
+
+
+AGGREGATIONS = {
+    "token-mean": token_mean,
+    "seq-mean-token-mean": seq_mean_token_mean,
+    "seq-mean-token-sum-norm": seq_mean_token_sum_norm,
+}
+
+
+def _aggregation(agg: str):
+    if agg not in AGGREGATIONS:
+        raise ValueError(f"unknown loss aggregation {agg!r}; choose one of {', '.join(AGGREGATIONS)}")
+    return AGGREGATIONS[agg]
+
+
+def loss_denominator(mask: torch.Tensor, agg: str = "token-mean", norm_len: int | None = None) -> torch.Tensor:
+    """This micro-batch's share of the loss denominator (0-d float tensor); sum it over the minibatch and ranks."""
+    return _aggregation(agg)(mask.float(), norm_len)[1].float()
+
+
+def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean",
+              denominator: torch.Tensor | float | None = None, norm_len: int | None = None) -> torch.Tensor:
+    """Reduce per-token values (B, T) over the masked tokens: sum(values * weights) / denominator.
+
+    `denominator` is the whole minibatch's (the sum of `loss_denominator` over its micro-batches and ranks);
+    None uses this batch's own, for a batch that is the whole minibatch.
     """
-    mask = mask.to(values.dtype)
-    if agg == "token-mean":
-        denom = mask.sum().clamp(min=1) if num_tokens is None else num_tokens
-        return (values * mask).sum() / denom
-    if agg == "seq-mean-token-mean":
-        per_seq = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # (B,)
-        return per_seq.mean()
-    if agg == "seq-mean-token-sum-norm":
-        return (values * mask).sum() / (values.shape[0] * (norm_len or values.shape[-1]))
-    raise ValueError(f"unknown loss aggregation {agg!r}; choose token-mean, seq-mean-token-mean "
-                     "or seq-mean-token-sum-norm")
+    weights, share = _aggregation(agg)(mask.to(values.dtype), norm_len)  # (B, T), ()
+    return (values * weights).sum() / (share if denominator is None else denominator)
 
 
 def policy_loss(logp, old_logp, adv, mask, *, clip_low=0.2, clip_high=0.28, ref_logp=None,
-                beta=1e-3, agg="token-mean", num_tokens=None, norm_len=None):
+                beta=1e-3, agg="token-mean", denominator=None, norm_len=None, num_tokens=None):
     """PPO clipped surrogate + beta * k3 reference KL (Section 4). Returns (loss, metrics).
 
-    logp, old_logp, ref_logp, mask: (B, T); adv: (B,) per-sequence advantages.
+    logp, old_logp, ref_logp, mask: (B, T); adv: (B,) per-sequence advantages. `agg`, `denominator` and
+    `norm_len` go to `aggregate`; `num_tokens` is the older name of a token-mean denominator.
     """
+    denominator = num_tokens if denominator is None else denominator
     mask = mask.to(logp.dtype)
     adv = adv.to(logp.dtype)[:, None]  # (B, 1): broadcast over the sequence's tokens
     log_ratio = (logp - old_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
@@ -106,10 +139,10 @@ def policy_loss(logp, old_logp, adv, mask, *, clip_low=0.2, clip_high=0.28, ref_
     pg_unclipped = -adv * ratio
     pg_clipped = -adv * ratio.clamp(1 - clip_low, 1 + clip_high)  # asymmetric [0.20, 0.28], no dual clip
     pg = torch.maximum(pg_unclipped, pg_clipped)  # (B, T)
-    pg_loss = aggregate(pg, mask, agg, num_tokens, norm_len)
+    pg_loss = aggregate(pg, mask, agg, denominator, norm_len)
     loss, kl = pg_loss, torch.zeros((), dtype=logp.dtype, device=logp.device)
     if ref_logp is not None and beta != 0:
-        kl = aggregate(kl_k3(logp, ref_logp), mask, agg, num_tokens, norm_len)
+        kl = aggregate(kl_k3(logp, ref_logp), mask, agg, denominator, norm_len)
         loss = pg_loss + beta * kl  # the KL is its own term, not folded into the reward
     with torch.no_grad():
         n = mask.sum().clamp(min=1)

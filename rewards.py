@@ -2,6 +2,11 @@
 
 Model output is untrusted input. Every reward takes any string and returns a float in [0, 1]: it
 never raises, never executes model text, and returns within about a second on adversarial input.
+An exception inside a reward is a bug (the rewards are written not to raise on any text), so it is
+not silent: it scores 0, is counted (`take_error_count()`, which train.py logs per step as
+reward/errors), and the first one of a run prints its traceback to stderr. With
+SOFTMAX_GRPO_STRICT_REWARDS=1 in the environment (or `rewards.STRICT = True`) it raises instead;
+the test suite runs that way (tests/conftest.py).
 
     final_answer(text)                     answer part of a think-then-answer completion
     math_reward(completion, gold)          math-verify against \\boxed{gold} (GSM8K, DeepMath)
@@ -16,17 +21,25 @@ How this departs from, or pins down, the paper:
 1. math-verify bounds its time with SIGALRM, which only works in the main thread. Here it runs in a
    long-lived child process (math_worker.py; `python -c`, not multiprocessing, so it works from threads,
    forked and daemonic workers, and scripts without a `__main__` guard), with a warm spare beside it. A call
-   slower than MATH_TIMEOUT_S kills the child and scores 0; the spare takes over at once. Before
-   sympy sees an answer it is cut to its last MAX_ANSWER_CHARS characters and rejected when nested
-   deeper than MAX_DEPTH brackets. Model text never runs as code: math-verify hands sympy's
-   parse_expr only strings of digits and operators (math_verify/parser.py, v0.9). Cost: ~1 ms a call;
-   the first call in a process waits ~1 s for the child to import sympy.
+   slower than MATH_TIMEOUT_S kills the child and scores 0; the spare takes over at once. What sympy
+   sees is bounded in size: the content of the last \\boxed{} of the answer, wherever it is (a box
+   not closed within MAX_ANSWER_CHARS counts as none), or, when there is no box, the answer's last
+   MAX_ANSWER_CHARS characters; either is rejected when nested deeper than MAX_DEPTH brackets. Model
+   text never runs as code: math-verify hands sympy's parse_expr only strings of digits and operators
+   (math_verify/parser.py, v0.9). Cost: ~1 ms a call; the first call in a process waits ~1 s for the
+   child to import sympy.
 2. ROUGE-L is computed here as an LCS over the same SQuAD-normalised words as F1 (bit-parallel LCS,
    Hyyro 2004), not with rouge-score, whose own tokenizer would make the two halves disagree.
    Only the first MAX_WORDS words of each side enter the LCS (a lower bound on adversarially long
    text; real completions are far shorter).
 3. Countdown accepts the last \\boxed{} of the answer, else its last non-empty line, optionally
    ending in "= target"; unicode and LaTeX operators are mapped to + - * /; unary minus is allowed.
+4. Verdicts the paper leaves open, decided here (tests/test_rewards.py):
+   - a think-then-answer completion with <think> and no </think> is a reasoning trace cut off by the
+     token limit: it has no answer and scores 0, even when the trace happens to contain the gold;
+   - a boxed number followed by unit words, `\\boxed{72 clips}` or `\\boxed{\\text{72 clips}}`, is that
+     number (sympy would read 72*c*l*i*p*s); a single letter stays algebra (`\\boxed{3x}` is not 3);
+   - the unicode minus U+2212 is read as "-" in math and integer answers.
 """
 
 import ast
@@ -35,13 +48,16 @@ import functools
 import os
 import re
 import string
+import sys
+import threading
+import traceback
 from collections import Counter
 from fractions import Fraction
 
 from math_worker import MathWorker
 
 MATH_TIMEOUT_S = 0.8  # wall time for one math-verify call before the worker is killed
-MAX_ANSWER_CHARS = 1000  # math answers: only the tail reaches sympy
+MAX_ANSWER_CHARS = 1000  # math answers: the boxed content, or without a box the tail, that reaches sympy
 MAX_DEPTH = 32  # deeper bracket nesting scores 0 without parsing
 MAX_EXPR_CHARS = 200  # a Countdown expression over four numbers is ~25 characters
 MAX_WORDS = 20_000  # per side, for the O(n * m / 64) LCS
@@ -56,23 +72,49 @@ def _text(value) -> str:
     return "" if value is None else str(value)
 
 
+STRICT = os.environ.get("SOFTMAX_GRPO_STRICT_REWARDS", "") == "1"  # True: a reward's exception raises
+_errors = {"count": 0, "printed": False}
+_errors_lock = threading.Lock()
+
+
+def take_error_count() -> int:
+    """Exceptions the rewards caught (and scored 0) since the last call; resets the count."""
+    with _errors_lock:
+        count, _errors["count"] = _errors["count"], 0
+    return count
+
+
 def _reward(fn):
-    """Make a reward total: any exception scores 0 and the result is clipped to [0, 1]."""
+    """Make a reward total: an exception scores 0 (counted; the first traceback printed); clip to [0, 1]."""
     @functools.wraps(fn)
     def wrapped(*args):
         try:
             return min(1.0, max(0.0, float(fn(*args))))
-        except Exception:  # RecursionError, MemoryError, ZeroDivisionError, ... from hostile text
+        except Exception:
+            if STRICT:
+                raise
+            with _errors_lock:
+                _errors["count"] += 1
+                first, _errors["printed"] = not _errors["printed"], True
+            if first:
+                print(f"rewards.py: {fn.__name__} raised and scored 0; later errors are only counted "
+                      f"(reward/errors). Set SOFTMAX_GRPO_STRICT_REWARDS=1 to raise.\n{traceback.format_exc()}",
+                      file=sys.stderr, flush=True)
             return 0.0
     return wrapped
 
 
 def final_answer(text) -> str:
-    """Text after the last </think> when present, then inside the last <answer>...</answer>."""
+    """Text after the last </think> when present, then inside the last <answer>...</answer>.
+
+    "" when a <think> is never closed: the trace was cut off before any answer (departure 4).
+    """
     text = _text(text)
     end = text.rfind("</think>")
     if end >= 0:
         text = text[end + len("</think>"):]
+    elif "<think>" in text:
+        return ""
     start = text.rfind("<answer>")
     if start >= 0:
         text = text[start + len("<answer>"):]
@@ -113,10 +155,27 @@ os.register_at_fork(after_in_child=lambda: globals().update(_math_worker=MathWor
 atexit.register(lambda: _math_worker.close())
 
 
+_UNIT_WORDS = re.compile(r"(?:\\(?:text|mbox|textrm)\{\s*)?(-?[0-9][0-9,]*(?:\.[0-9]+)?)"
+                         r"(?:\s+|\s*\}?\s*\\(?:text|mbox|textrm)\{\s*)[A-Za-z]{2,}(?:\s+[A-Za-z]+)*\.?\s*\}?")
+
+
+def math_answer(completion) -> str:
+    """What math-verify judges: \\boxed{last box's content} wherever it is in the answer, else the answer's tail.
+
+    A number followed by unit words in the box is the number; the unicode minus is "-" (departure 4).
+    """
+    answer = final_answer(completion).replace("\u2212", "-")
+    boxed = last_boxed(answer, limit=MAX_ANSWER_CHARS)
+    if boxed is None:
+        return answer[-MAX_ANSWER_CHARS:]
+    units = _UNIT_WORDS.fullmatch(boxed)
+    return "\\boxed{" + (units.group(1) if units else boxed) + "}"
+
+
 @_reward
 def math_reward(completion, gold) -> float:
     """1.0 when the final answer equals `gold` under math-verify, with gold wrapped in \\boxed{}."""
-    answer = final_answer(completion)[-MAX_ANSWER_CHARS:]
+    answer = math_answer(completion)
     gold = _text(gold).strip()
     if not answer or not gold or _depth(answer) > MAX_DEPTH:
         return 0.0
@@ -127,6 +186,10 @@ def math_reward(completion, gold) -> float:
 # ---------------------------------------------------------------- Countdown
 _OPERATORS = {"×": "*", "÷": "/", "−": "-", "–": "-", "·": "*", "\\times": "*", "\\cdot": "*",
               "\\div": "/", "\\left": "", "\\right": "", "$": ""}
+class _DivisionByZero(Exception):
+    """A model's expression divides by zero: a wrong answer, not a bug."""
+
+
 _ALLOWED_NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant,
                   ast.Add, ast.Sub, ast.Mult, ast.Div, ast.USub)
 
@@ -157,7 +220,9 @@ def _evaluate(node) -> Fraction:
         return left - right
     if isinstance(node.op, ast.Mult):
         return left * right
-    return left / right  # ZeroDivisionError scores 0 through @_reward
+    if right == 0:
+        raise _DivisionByZero
+    return left / right
 
 
 @_reward
@@ -180,14 +245,17 @@ def countdown_reward(completion, numbers, target) -> float:
     used = [node.value for node in nodes if isinstance(node, ast.Constant)]
     if any(type(value) is not int for value in used) or Counter(used) != Counter(numbers):
         return 0.0  # each supplied integer exactly once, checked before any arithmetic
-    return float(_evaluate(tree) == target)
+    try:
+        return float(_evaluate(tree) == target)
+    except _DivisionByZero:
+        return 0.0
 
 
 # ---------------------------------------------------------------- arith (CPU demo)
 @_reward
 def integer_reward(completion, gold) -> float:
     """1.0 when the boxed answer, else the last integer of the final answer, equals int(gold)."""
-    answer = final_answer(completion)
+    answer = final_answer(completion).replace("\u2212", "-")
     boxed = last_boxed(answer)
     answer = (boxed if boxed is not None else answer)[-MAX_ANSWER_CHARS:]
     found = re.findall(r"-?[0-9]+(?:,[0-9]{3})*", answer)

@@ -9,6 +9,8 @@
     arith        procedural "What is 7 + 5?" (the CPU demo)                      last integer      yes
     countdown24  procedural 24-game puzzles: four integers 1-13, solvable        expression check  yes
 
+A new task is one more `Task(...)` entry in TASKS, built with keywords (see the README's "Fork it").
+
     from tasks import get_task
     task = get_task("gsm8k")
     examples = task.load("train", data_file=None, limit=1000, seed=0)   # DataError when offline
@@ -21,9 +23,11 @@ Choices the paper leaves open, and departures:
    <think> </think> and the answer after it (Appendix B.6 templates are not in the text).
    GSM8K and DeepMath append the boxed instruction; Countdown states the puzzle only; Poetry's
    system message starts with the paper's "You are a helpful assistant that writes poetry."
-2. arith keeps the bare "What is a + b?" user message (a, b in 0-15) with no format rule: the
-   embedded 135M demo model answers single-digit sums right ~17% of the time at temperature 1
-   (NOTES.md); its 256 problems split by hash into 192 train and 64 test (the demo's held-out set).
+2. arith keeps the bare "What is a + b?" user message (a, b in 0-15) with no format rule, so that the
+   embedded 135M demo model, which does not follow a think-then-answer format, already answers some
+   sums right at temperature 1 and the demo's rewards are not all zero (`python eval.py --model
+   smollm2-135m --task arith --samples 8` measures how many); its 256 problems split by hash into 192
+   train and 64 test (the demo's held-out set).
 3. Demonstrations (the `reference` for --reward sim): GSM8K uses its own worked answer (calculator
    notes removed, "#### N" written as \\boxed{N}); the paper's HAD653/gsm8k-cot-120b is not joined
    (its columns could not be checked offline). DeepMath uses the shortest of the three R1
@@ -204,7 +208,7 @@ def _countdown24(split: str, limit: int, seed: int) -> list[Example]:
 
 # ---------------------------------------------------------------- loading
 def _hub_reachable(timeout: float = 3.0) -> bool:
-    """Fail in seconds, not after datasets' ~25 s of retries, when there is no network."""
+    """Fail in seconds, not after datasets' long retries, when there is no network."""
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         return True  # offline mode: let datasets read its cache (it fails fast when it can't)
     url = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
@@ -220,11 +224,12 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0] if text else ''}"[:300]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Task:
+    """A task, built with keywords: hub-backed (hub_id, columns, make_example) or procedural (generate)."""
+
     name: str
-    has_verifier: bool
-    hub_id: str | None  # dataset id for datasets.load_dataset (None for procedural tasks)
+    hub_id: str | None = None  # dataset id for datasets.load_dataset (None: --data-file only, or procedural)
     columns: tuple[str, ...] = ()  # required in hub rows and --data-file rows
     key: tuple[str, ...] = ()  # columns that identify a prompt (uid and held-out split)
     make_example: Callable[[dict], Example] | None = None
@@ -234,6 +239,11 @@ class Task:
     hub_test_split: str | None = None  # the hub's own test split; None -> held-out by prompt
     generate: Callable[[str, int, int], list[Example]] | None = None  # procedural tasks
     hint: str = ""  # appended to the missing-columns error
+
+    @property
+    def has_verifier(self) -> bool:
+        """Tasks without one (poetry, meetingbank) train on the similarity reward only."""
+        return self.verifier is not None
 
     def load(self, split: str = "train", *, data_file: str | None = None,
              limit: int | None = None, seed: int = 0) -> list[Example]:
@@ -289,6 +299,8 @@ class Task:
                 raise DataError(f"--data-file {path}: cannot read it ({_one_line(err)})") from None
         advice = (f"pass --data-file FILE (.jsonl or .parquet with columns "
                   f"{', '.join(self.columns)})")
+        if self.hub_id is None:
+            raise DataError(f"{self.name} has no hub dataset: {advice}")
         if not _hub_reachable():
             raise DataError(f"cannot reach the Hugging Face Hub to load {self.hub_id}: {advice}, "
                             "or set HF_HUB_OFFLINE=1 to use a cached copy")
@@ -317,40 +329,36 @@ class Task:
         return self.answer(completion)[:500]
 
 
-def _math(completion: str, example: Example) -> float:
-    return math_reward(completion, example.gold)
-
-
-def _expression(completion: str, example: Example) -> float:
-    return countdown_reward(completion, example.meta["numbers"], example.meta["target"])
-
-
-def _integer(completion: str, example: Example) -> float:
-    return integer_reward(completion, example.gold)
-
-
 def _last_integer(completion: str) -> str:
     found = re.findall(r"-?[0-9]+", _boxed_or_answer(completion).replace(",", "")[-1000:])
     return found[-1] if found else ""
 
 
+# A new task is one more entry here. `verifier(completion, example)` scores a completion (0 or 1);
+# `answer(completion)` is what eval.py reports as the extracted answer.
 TASKS: dict[str, Task] = {task.name: task for task in [
-    Task("gsm8k", True, "openai/gsm8k", ("question", "answer"), ("question",), _gsm8k, _math,
-         _boxed_or_answer, hub_config="main", hub_test_split="test"),
-    Task("countdown", True, "Jiayi-Pan/Countdown-Tasks-3to4", ("nums", "target"),
-         ("nums", "target"), _countdown, _expression, countdown_expression),
-    Task("deepmath", True, "zwhe99/DeepMath-103K",
-         ("question", "final_answer", "r1_solution_1", "r1_solution_2", "r1_solution_3"),
-         ("question",), _deepmath, _math, _boxed_or_answer),
-    Task("poetry", False, "jnb666/poems", ("instruction", "poem"), ("instruction",), _poetry,
+    Task(name="gsm8k", hub_id="openai/gsm8k", hub_config="main", hub_test_split="test",
+         columns=("question", "answer"), key=("question",), make_example=_gsm8k,
+         verifier=lambda completion, ex: math_reward(completion, ex.gold), answer=_boxed_or_answer),
+    Task(name="countdown", hub_id="Jiayi-Pan/Countdown-Tasks-3to4",
+         columns=("nums", "target"), key=("nums", "target"), make_example=_countdown,
+         verifier=lambda completion, ex: countdown_reward(completion, ex.meta["numbers"], ex.meta["target"]),
+         answer=countdown_expression),
+    Task(name="deepmath", hub_id="zwhe99/DeepMath-103K",
+         columns=("question", "final_answer", "r1_solution_1", "r1_solution_2", "r1_solution_3"),
+         key=("question",), make_example=_deepmath,
+         verifier=lambda completion, ex: math_reward(completion, ex.gold), answer=_boxed_or_answer),
+    Task(name="poetry", hub_id="jnb666/poems", columns=("instruction", "poem"),
+         key=("instruction",), make_example=_poetry,
          hint=". jnb666/poems holds poems only; the paper wrote an instruction for each poem "
               "with an LLM: pass them with --data-file (columns instruction, poem)"),
-    Task("meetingbank", False, "microsoft/MeetingBank-LLMCompressed",
-         ("prompt", "compressed_prompt"), ("prompt",), _meetingbank),
-    Task("arith", True, None, verifier=_integer,
-         answer=_last_integer, generate=_arith),
-    Task("countdown24", True, None, verifier=_expression, answer=countdown_expression,
-         generate=_countdown24),
+    Task(name="meetingbank", hub_id="microsoft/MeetingBank-LLMCompressed",
+         columns=("prompt", "compressed_prompt"), key=("prompt",), make_example=_meetingbank),
+    Task(name="arith", generate=_arith,
+         verifier=lambda completion, ex: integer_reward(completion, ex.gold), answer=_last_integer),
+    Task(name="countdown24", generate=_countdown24,
+         verifier=lambda completion, ex: countdown_reward(completion, ex.meta["numbers"], ex.meta["target"]),
+         answer=countdown_expression),
 ]}
 
 

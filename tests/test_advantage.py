@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -9,6 +10,7 @@ from advantage import (
     ESTIMATORS,
     compute_advantages,
     drgrpo_advantages,
+    estimator_params,
     grpo_advantages,
     maxrl_advantages,
     population_weight,
@@ -158,3 +160,68 @@ def test_population_weight_monte_carlo_gradient():
         mc, se = per_group.mean(), per_group.std() / math.sqrt(n_groups)
         theory = M * population_weight(name, M, p, **kw) * p * (1 - p)  # dp/dtheta = p (1 - p)
         assert abs(mc - theory) < 4 * se, (name, float(mc), float(theory), float(se))
+
+
+# ---------------------------------------------------------------- hyperparameters and stop-gradient
+@pytest.mark.parametrize("name", list(ESTIMATORS))
+def test_estimators_return_constants(name):
+    """Advantages are constants in Eq. (10): no gradient may flow back into rewards that carry one."""
+    rewards = torch.tensor([[1.0, 0.0, 0.5, 0.0], [0.2, 0.9, 0.9, 0.1]], requires_grad=True)
+    adv = compute_advantages(name, rewards * 2)  # a non-leaf with gradient history
+    assert not adv.requires_grad and adv.grad_fn is None
+    assert torch.equal(adv, compute_advantages(name, rewards.detach() * 2))
+
+
+@pytest.mark.parametrize("tau", [0.3, 1, np.float32(0.3), np.float64(0.3), np.int64(2), torch.tensor(0.3),
+                                 torch.tensor([0.3], dtype=torch.float64)])
+def test_softmax_accepts_real_scalar_tau(tau):
+    r = torch.tensor([[1.0, 0.0, 0.0]])
+    assert torch.allclose(softmax_advantages(r, tau=tau), softmax_advantages(r, tau=float(tau)), atol=1e-6)
+
+
+@pytest.mark.parametrize("tau, message", [
+    (True, "one real number"), ("0.3", "one real number"), (None, "one real number"), (np.bool_(True), "one real"),
+    (torch.tensor([0.3, 0.2]), "one real number"), (torch.tensor(True), "one real number"),
+    (float("nan"), "finite and > 0"), (float("-inf"), "finite and > 0"), (0, "finite and > 0"),
+    (torch.tensor(-0.1), "finite and > 0"),
+])
+def test_softmax_refuses_tau_with_a_true_message(tau, message):
+    with pytest.raises(ValueError, match=message):
+        softmax_advantages(torch.zeros(1, 4), tau=tau)
+
+
+def test_estimator_params_lists_every_declared_hyperparameter():
+    params = estimator_params()
+    assert params["tau"] == (0.1, float)
+    assert params["eps"] == (1e-6, float)  # grpo's and maxrl's, one shared flag
+    assert params["baseline"] == (None, float)  # float | None -> float for the flag
+
+
+def test_compute_advantages_passes_each_estimator_its_own_hyperparameters():
+    r = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
+    every = {"tau": 0.5, "eps": 0.25, "baseline": 0.1}  # what train.py passes: all of them, to any estimator
+    assert torch.allclose(compute_advantages("softmax", r, **every), softmax_advantages(r, tau=0.5))
+    assert torch.allclose(compute_advantages("grpo", r, **every), grpo_advantages(r, eps=0.25))
+    assert not torch.allclose(grpo_advantages(r, eps=0.25), grpo_advantages(r))  # eps really reached it
+    assert torch.allclose(compute_advantages("reinforce", r, **every), r - 0.1)
+    assert torch.allclose(compute_advantages("softmax", r, 0.5), softmax_advantages(r, tau=0.5))  # positional tau
+    with pytest.raises(ValueError, match="unknown estimator hyperparameter.*taus"):
+        compute_advantages("softmax", r, taus=0.5)
+
+
+def test_a_new_estimator_with_a_hyperparameter_is_one_edit(monkeypatch):
+    def power_advantages(rewards, alpha: float = 2.0):
+        rewards = rewards.detach().float()
+        return rewards**alpha - (rewards**alpha).mean(-1, keepdim=True)
+
+    monkeypatch.setitem(ESTIMATORS, "power", power_advantages)
+    assert estimator_params()["alpha"] == (2.0, float)
+    r = torch.tensor([[1.0, 0.5, 0.0]])
+    assert torch.allclose(compute_advantages("power", r, tau=0.3, alpha=3.0), r**3 - (r**3).mean())
+    assert torch.isfinite(population_weight("power", 4, torch.tensor([0.5]), alpha=1.0)).all()
+
+
+def test_conflicting_hyperparameter_defaults_are_refused(monkeypatch):
+    monkeypatch.setitem(ESTIMATORS, "other", lambda rewards, tau=0.7: rewards)
+    with pytest.raises(ValueError, match="'tau' defaults to 0.7"):
+        estimator_params()

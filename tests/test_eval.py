@@ -158,3 +158,17 @@ def test_cli_nan_model_one_line_exit_2(tiny_model_dir, tmp_path, capsys):
     assert exit_info.value.code == 2 and last.startswith("eval.py: error: ") and "not finite" in last
     assert "Traceback" not in stderr
     assert not (tmp_path / "eval.json").exists()
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty"])
+def test_cli_unloadable_model_one_line_exit_2(kind, tmp_path, capsys, monkeypatch):
+    """No such path, or a folder without a model: one line naming the model, --model and HF_HUB_OFFLINE."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a wrong path must not wait on the network
+    model = tmp_path / "no-such-model" if kind == "missing" else tmp_path
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", str(model), "--task", "arith", "--limit", "2", "--sampler", "hf",
+              "--out", str(tmp_path / "eval.json")])
+    stderr = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(stderr.strip().splitlines()) == 1
+    assert stderr.startswith(f"eval.py: error: cannot load model {str(model)!r}")
+    assert "--model" in stderr and "HF_HUB_OFFLINE" in stderr and "Traceback" not in stderr

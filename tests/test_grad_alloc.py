@@ -148,3 +148,27 @@ def test_pass_rates_override():
     assert allocation_by_estimator(rewards, lengths, ["drgrpo"])["drgrpo"] == pytest.approx([100, 0, 0, 0, 0])
     shares = allocation_by_estimator(rewards, lengths, ["drgrpo"], pass_rates=torch.tensor([0.0, 1.0]))["drgrpo"]
     assert shares == pytest.approx([50, 0, 0, 0, 50])
+
+
+def test_allocation_forwards_every_estimator_hyperparameter():
+    """Not only tau: grpo's eps reaches it, so a new estimator's hyperparameter would too."""
+    rewards, lengths = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]]), torch.ones(2, 4)  # std 0.433, 0.5
+    # grpo budgets sum_i |A_i| = 1.5 / (0.433 + eps) and 2 / (0.5 + eps): 46.4% / 53.6% at eps -> 0, 43.0% / 57.0% at 10
+    small_eps = allocation_by_estimator(rewards, lengths, ["grpo"], eps=1e-6)["grpo"]
+    big_eps = allocation_by_estimator(rewards, lengths, ["grpo"], eps=10.0)["grpo"]
+    assert small_eps[1:3] == pytest.approx([46.4, 53.6], abs=0.1)
+    assert big_eps[1:3] == pytest.approx([43.0, 57.0], abs=0.1)
+    metrics = allocation_metrics(rewards, lengths, ["grpo", "softmax"], eps=10.0, tau=0.3)
+    assert metrics["alloc/grpo/0.2-0.5"] == pytest.approx(big_eps[1])
+    assert metrics["alloc/softmax/0.2-0.5"] != pytest.approx(
+        allocation_metrics(rewards, lengths, ["softmax"], tau=3.0)["alloc/softmax/0.2-0.5"])
+
+
+def test_cli_offers_one_flag_per_estimator_hyperparameter(capsys):
+    from grad_alloc import main
+    with pytest.raises(SystemExit):  # --eps and --tau parse; the bad estimator name stops it
+        main(["--model", "x", "--task", "arith", "--estimators", "nope", "--eps", "0.5", "--tau", "0.2"])
+    assert "--estimators must be among" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--model", "x", "--task", "arith", "--alpha", "0.5"])
+    assert "unrecognized arguments: --alpha" in capsys.readouterr().err

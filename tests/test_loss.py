@@ -3,7 +3,16 @@
 import pytest
 import torch
 
-from loss import aggregate, kl_k3, pad_batch, policy_loss, sequence_logprobs, token_logprobs
+from loss import (
+    AGGREGATIONS,
+    aggregate,
+    kl_k3,
+    loss_denominator,
+    pad_batch,
+    policy_loss,
+    sequence_logprobs,
+    token_logprobs,
+)
 
 
 def naive_logprobs(logits, targets, temperature=1.0):
@@ -104,13 +113,14 @@ def test_masked_tokens_never_contribute():
     old, ref = torch.randn(2, 6), torch.randn(2, 6)
     mask = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0]], dtype=torch.float32)
     for agg in ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]:
-        loss, _ = policy_loss(logp, old, torch.tensor([1.0, -2.0]), mask, ref_logp=ref, beta=0.1, agg=agg)
+        loss, _ = policy_loss(logp, old, torch.tensor([1.0, -2.0]), mask, ref_logp=ref, beta=0.1, agg=agg, norm_len=6)
         logp.grad = None
         loss.backward()
         assert (logp.grad[mask == 0] == 0).all()
         garbage = logp.detach().clone()
         garbage[mask == 0] = 1e3  # padded positions hold junk
-        loss2, _ = policy_loss(garbage, old, torch.tensor([1.0, -2.0]), mask, ref_logp=ref, beta=0.1, agg=agg)
+        loss2, _ = policy_loss(garbage, old, torch.tensor([1.0, -2.0]), mask, ref_logp=ref, beta=0.1, agg=agg,
+                               norm_len=6)
         assert torch.allclose(loss.detach(), loss2)
 
 
@@ -118,11 +128,66 @@ def test_aggregation_denominators():
     values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
     assert aggregate(values, mask, "token-mean") == pytest.approx(10 / 4)
-    assert aggregate(values, mask, "token-mean", num_tokens=8) == pytest.approx(10 / 8)
+    assert aggregate(values, mask, "token-mean", denominator=8) == pytest.approx(10 / 8)
     assert aggregate(values, mask, "seq-mean-token-mean") == pytest.approx((2 + 4) / 2)
     assert aggregate(values, mask, "seq-mean-token-sum-norm", norm_len=5) == pytest.approx(10 / (2 * 5))
     with pytest.raises(ValueError, match="aggregation"):
         aggregate(values, mask, "sum")
+    with pytest.raises(ValueError, match="needs norm_len"):  # the padded length would vary by micro-batch
+        aggregate(values, mask, "seq-mean-token-sum-norm")
+    assert loss_denominator(mask, "token-mean") == 4
+    assert loss_denominator(mask, "seq-mean-token-mean") == 2
+    assert loss_denominator(mask, "seq-mean-token-sum-norm", norm_len=5) == 10
+
+
+def _padded(rows, lengths):
+    """Micro-batch of `rows`, padded to its own longest completion, as train.py's pad_batch does."""
+    T = max(lengths[i] for i in rows)
+    mask = torch.tensor([[1.0] * lengths[i] + [0.0] * (T - lengths[i]) for i in rows])  # (b, T)
+    return mask, T
+
+
+@pytest.mark.parametrize("agg", list(AGGREGATIONS))
+def test_every_aggregation_is_invariant_to_micro_batches_and_ranks(agg):
+    assert_invariant_to_micro_batches_and_ranks(agg)
+
+
+def assert_invariant_to_micro_batches_and_ranks(agg):
+    """Splitting the minibatch into micro-batches on 2 ranks gives the full-batch loss and gradient.
+
+    train.py's pattern: the denominator is summed over all micro-batches and ranks first; each rank
+    backpropagates sum(micro losses) * world; the ranks' gradients are averaged (FSDP).
+    """
+    torch.manual_seed(7)
+    B, K = 7, 9
+    lengths = [3, 9, 1, 5, 7, 2, 6]
+    theta = torch.randn(B, K, dtype=torch.float64, requires_grad=True)  # stands in for the policy parameters
+    old, ref = torch.randn(B, K, dtype=torch.float64), torch.randn(B, K, dtype=torch.float64)
+    adv = torch.randn(B, dtype=torch.float64)
+    kw = dict(ref_logp=None, beta=0.1, agg=agg, norm_len=K)
+
+    def loss_of(rows, denominator):
+        mask, T = _padded(rows, lengths)
+        logp = torch.tanh(theta[rows, :T]) - 1  # (b, T), a nonlinear function of the parameters
+        return policy_loss(logp, old[rows, :T], adv[rows], mask.double(), **dict(kw, ref_logp=ref[rows, :T]),
+                           denominator=denominator)[0]
+
+    full = loss_of(list(range(B)), None)
+    (full_grad,) = torch.autograd.grad(full, theta)
+
+    ranks = [[[0, 1], [2], [3]], [[4, 5, 6]]]  # rank 0: three micro-batches, rank 1: one
+    world = len(ranks)
+    denominator = sum(loss_denominator(_padded(rows, lengths)[0], agg, norm_len=K) for rank in ranks for rows in rank)
+    total_loss, grads = 0.0, []
+    for rank in ranks:
+        rank_loss = sum(loss_of(rows, denominator) for rows in rank)
+        grads.append(torch.autograd.grad(rank_loss * world, theta)[0])
+        total_loss += rank_loss.item()
+    assert total_loss == pytest.approx(full.item(), abs=1e-6)
+    assert torch.allclose(sum(grads) / world, full_grad, atol=1e-6, rtol=0)  # FSDP's average over ranks
+    # teeth: each micro-batch's own denominator (the naive split) would not match
+    naive = sum(loss_of(rows, None) for rank in ranks for rows in rank)
+    assert abs(naive.item() - full.item()) > 1e-3
 
 
 def test_kl_term_added_with_beta():

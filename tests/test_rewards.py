@@ -7,6 +7,7 @@ import threading
 import pytest
 from rouge_score import rouge_scorer
 
+import rewards
 from rewards import (
     countdown_reward,
     final_answer,
@@ -224,10 +225,108 @@ def test_adversarial_corpus_scores_zero_without_side_effects(tmp_path):
     assert not sentinel.exists()
 
 
-def test_rewards_accept_any_input_type():
+def test_rewards_accept_any_input_type(monkeypatch):
+    monkeypatch.setattr(rewards, "STRICT", True)
     for junk in [None, 42, b"\xff\xfe", ["a"], 3.5]:
         for score in [math_reward(junk, "1"), countdown_reward(junk, [1], 1), integer_reward(junk, "1"),
                       similarity_reward(junk, "a b"), format_reward(junk)]:
             assert score == 0.0
-    assert countdown_reward("1", ["x"], 1) == 0.0  # a broken numbers list scores 0 too
+    with pytest.raises(ValueError):  # a broken numbers list is a data bug: strict mode (the tests') raises
+        countdown_reward("1", ["x"], 1)
+    monkeypatch.setattr(rewards, "STRICT", False)
+    monkeypatch.setitem(rewards._errors, "printed", True)  # keep the traceback out of the test output
+    rewards.take_error_count()
+    assert countdown_reward("1", ["x"], 1) == 0.0  # in training it scores 0 and is counted
+    assert rewards.take_error_count() == 1
     assert similarity_reward(b"cat sat", "cat sat") == 1.0  # bytes are decoded
+
+
+# ---------------------------------------------------------------- verdicts decided in rewards.py's departure 4
+def _long_completion(answer: str, after: int) -> str:
+    """A long think-then-answer completion whose boxed answer sits `after` characters before the end."""
+    check = ("Let me double-check each step. " + " ".join(f"Step {i}: {i} * 3 = {i * 3}, which is consistent."
+                                                           for i in range(1, 400)))[:after]
+    return (f"<think>Work through it carefully. {'Adding the parts, ' * 40}</think>\n"
+            f"So the result is \\boxed{{{answer}}}.\n\n{check}")
+
+
+@pytest.mark.parametrize("answer, gold, after", [(r"\frac{3}{4}", "0.75", 1400), ("128", "128", 3700)])
+def test_math_reward_takes_the_last_box_wherever_it_is(answer, gold, after):
+    completion = _long_completion(answer, after)
+    assert len(completion) - completion.rfind("\\boxed") > after > rewards.MAX_ANSWER_CHARS
+    assert math_reward(completion, gold) == 1.0
+    assert math_reward(completion, "129") == 0.0  # the numbers after the box are not the answer
+
+
+def test_math_reward_bounds_what_reaches_sympy():
+    huge_box = "\\boxed{" + "1+" * 5000 + "1}"  # longer than MAX_ANSWER_CHARS: counts as no box
+    assert rewards.math_answer(huge_box) == huge_box[-rewards.MAX_ANSWER_CHARS:]
+    assert math_reward(huge_box, "5001") == 0.0
+    assert len(rewards.math_answer("x " * 100_000)) == rewards.MAX_ANSWER_CHARS
+
+
+@pytest.mark.parametrize("completion", [
+    "<think>Natalia sold 48 clips in April and half as many in May: 48 + 24 = 72",  # cut off mid-trace
+    "<think>so \\boxed{72}",
+    "<think>the answer is 72</think",  # the closing tag itself truncated
+])
+def test_unfinished_think_block_scores_zero(completion):
+    assert final_answer(completion) == ""
+    assert math_reward(completion, "72") == 0.0
+    assert integer_reward(completion, "72") == 0.0
+    assert math_reward(completion + "</think> 72", "72") == 1.0  # the same trace, finished, counts
+
+
+@pytest.mark.parametrize("completion", [r"\boxed{72 clips}", r"\boxed{\text{72 clips}}", r"\boxed{72 \text{clips}}",
+                                        r"<think>x</think> She sold \boxed{72 clips in total}."])
+def test_boxed_number_with_unit_words_is_the_number(completion):
+    assert math_reward(completion, "72") == 1.0
+    assert math_reward(completion, "73") == 0.0
+
+
+def test_unit_words_do_not_turn_algebra_into_numbers():
+    assert math_reward(r"\boxed{3x}", "3") == 0.0
+    assert math_reward(r"\boxed{3 x}", "3") == 0.0  # one letter is a variable, not a unit
+    assert math_reward(r"\boxed{1,200 dollars}", "1200") == 1.0
+
+
+def test_unicode_minus_is_a_minus():
+    assert math_reward("<think>x</think> The answer is \u22123", "-3") == 1.0
+    assert math_reward("<think>x</think> The answer is \u22123", "3") == 0.0
+    assert integer_reward("5 - 8 = \u22123", "-3") == 1.0
+
+
+# ---------------------------------------------------------------- reward errors are visible
+@rewards._reward
+def _buggy_reward(completion, gold) -> float:
+    return float(completion == gold[5])  # IndexError for short golds: a bug in a new reward
+
+
+def test_reward_exceptions_raise_in_strict_mode(monkeypatch):
+    monkeypatch.setattr(rewards, "STRICT", True)
+    with pytest.raises(IndexError):
+        _buggy_reward("7", "72")
+
+
+def test_reward_exceptions_are_counted_and_the_first_traceback_printed(monkeypatch, capsys):
+    monkeypatch.setattr(rewards, "STRICT", False)
+    monkeypatch.setitem(rewards._errors, "printed", False)
+    rewards.take_error_count()
+    assert [_buggy_reward("7", "72") for _ in range(3)] == [0.0] * 3
+    assert math_reward(r"\boxed{72}", "72") == 1.0  # scoring still works and adds no error
+    assert rewards.take_error_count() == 3
+    assert rewards.take_error_count() == 0  # reset by reading: one count per training step
+    err = capsys.readouterr().err
+    assert err.count("Traceback") == 1 and "IndexError" in err and "_buggy_reward" in err
+    _buggy_reward("7", "72")
+    assert "Traceback" not in capsys.readouterr().err  # once per run
+    assert rewards.take_error_count() == 1
+
+
+def test_hostile_text_raises_nothing_even_in_strict_mode(monkeypatch):
+    """Strict mode is usable for a whole test suite: wrong answers are 0, not exceptions."""
+    monkeypatch.setattr(rewards, "STRICT", True)
+    assert countdown_reward("8 / (3 - 3) * 24", [8, 3, 3, 24], 24) == 0.0  # division by zero
+    assert countdown_reward("(" * 40 + "1" + ")" * 40, [1], 1) == 0.0
+    assert math_reward("\\boxed{" * 300, "1") == 0.0
+    assert math_reward(b"\xff\xfe", "1") == 0.0

@@ -233,3 +233,21 @@ def test_bad_rows_and_repeated_prompts(tmp_path):
     path.write_text(json.dumps({"nums": ["x"], "target": 3}) + "\n")
     assert "row 0" in one_line_error(lambda: get_task("countdown").load("train", data_file=str(path))
                                      + get_task("countdown").load("test", data_file=str(path)))
+
+
+def test_task_is_built_with_keywords_and_one_entry_adds_one():
+    from tasks import TASKS, Example, Task, get_task
+    with pytest.raises(TypeError):
+        Task("x", "hub/id")  # positional arguments are refused: every field is named where it is set
+    task = Task(name="parity", generate=lambda split, limit, seed: [
+                    Example(prompt=[{"role": "user", "content": f"Is {n} even? yes/no"}], gold="yes" if n % 2 == 0
+                            else "no", reference="", uid=f"parity-{n}") for n in range(limit)],
+                verifier=lambda completion, ex: float(completion.strip().lower() == ex.gold))
+    assert task.has_verifier and not Task(name="free", hub_id="a/b").has_verifier
+    TASKS["parity"] = task
+    try:
+        examples = get_task("parity").load("train", limit=3)
+        assert [get_task("parity").reward(text, ex) for text, ex in zip(["yes", "No", "no"], examples)] == [1, 1, 0]
+        assert get_task("parity").extract("<think>hm</think> yes") == "yes"  # the default answer extractor
+    finally:
+        del TASKS["parity"]

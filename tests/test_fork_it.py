@@ -1,0 +1,143 @@
+"""The README's "Fork it" edits, performed exactly as written: a new estimator, a new task, a new aggregation.
+
+Each code block below is the README's, character for character (test_readme_shows_exactly_this_code
+checks it), and is executed in its stage module's namespace, which is what pasting it into that file
+does. The stage functions must then pick the new entry up, and train.py must train two steps with it.
+"""
+
+import json
+import os
+
+import pytest
+import torch
+from test_loss import assert_invariant_to_micro_batches_and_ranks
+
+import advantage
+import loss
+import tasks
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+ESTIMATOR = '''\
+def floorgrpo_advantages(rewards: torch.Tensor, std_floor: float = 0.1) -> torch.Tensor:
+    """GRPO with the group std floored at std_floor, so near-constant groups are not blown up."""
+    rewards = _as_groups(rewards, "floorgrpo_advantages")
+    mean = rewards.mean(-1, keepdim=True)
+    std = rewards.std(-1, keepdim=True, correction=0)
+    return (rewards - mean) / std.clamp(min=std_floor)  # (G, M)
+
+
+ESTIMATORS["floorgrpo"] = floorgrpo_advantages
+'''
+
+TASK = '''\
+def _qa(row: dict) -> Example:
+    return Example(prompt=_chat(f"{row['problem']}\\n{BOXED}"), gold=str(row["answer"]), reference="")
+
+
+TASKS["qa"] = Task(name="qa", columns=("problem", "answer"), key=("problem",), make_example=_qa,
+                   verifier=lambda completion, ex: math_reward(completion, ex.gold), answer=_boxed_or_answer)
+'''
+
+AGGREGATION = '''\
+def seq_mean_token_sum(mask, norm_len):
+    """Each sequence's token sum, averaged over the minibatch's sequences: long answers weigh more."""
+    return mask, mask.new_tensor(mask.shape[0])
+
+
+AGGREGATIONS["seq-mean-token-sum"] = seq_mean_token_sum
+'''
+
+EDITS = [(advantage, ESTIMATOR, "ESTIMATORS", "floorgrpo"), (tasks, TASK, "TASKS", "qa"),
+         (loss, AGGREGATION, "AGGREGATIONS", "seq-mean-token-sum")]
+
+
+@pytest.fixture
+def forked():
+    """Paste each block into its module (exec in the module's namespace); undo it afterwards."""
+    before = [(module, set(vars(module))) for module, *_ in EDITS]
+    for module, code, _, _ in EDITS:
+        exec(compile(code, f"<{module.__name__}.py, Fork it>", "exec"), vars(module))
+    yield
+    for (module, names), (_, _, registry, key) in zip(before, EDITS):
+        getattr(module, registry).pop(key)
+        for name in set(vars(module)) - names:
+            delattr(module, name)
+
+
+def test_the_new_estimator_and_its_hyperparameter_are_picked_up(forked):
+    from advantage import compute_advantages, estimator_params, population_weight
+    from grad_alloc import allocation_by_estimator
+
+    assert estimator_params()["std_floor"] == (0.1, float)  # train.py and grad_alloc.py build --std-floor from this
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.5, 0.5]])  # std 0.433; a constant group
+    adv = compute_advantages("floorgrpo", rewards, tau=0.3, std_floor=0.5)  # every estimator's flags passed along
+    assert torch.allclose(adv[0], torch.tensor([0.75, -0.25, -0.25, -0.25]) / 0.5)  # the floor is the divisor
+    assert torch.equal(adv[1], torch.zeros(4))
+    assert torch.allclose(compute_advantages("floorgrpo", rewards)[0],
+                          compute_advantages("grpo", rewards)[0], atol=1e-5)  # std > default floor: GRPO
+    assert torch.isfinite(population_weight("floorgrpo", 8, torch.tensor([0.1, 0.5]), std_floor=0.2)).all()
+    assert sum(allocation_by_estimator(rewards, torch.ones(2, 4), ["floorgrpo"], std_floor=0.2)["floorgrpo"]) == \
+        pytest.approx(100.0)
+
+
+@pytest.fixture
+def qa_file(tmp_path):
+    path = tmp_path / "qa.jsonl"
+    rows = [{"problem": f"What is {a} times {b}?", "answer": str(a * b)} for a in range(2, 10) for b in range(2, 10)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def test_the_new_task_is_picked_up(forked, qa_file):
+    from tasks import get_task
+
+    task = get_task("qa")
+    train_rows, test_rows = task.load("train", data_file=qa_file), task.load("test", data_file=qa_file)
+    assert len(train_rows) + len(test_rows) == 64 and test_rows  # held-out by hash, disjoint
+    assert not {ex.uid for ex in train_rows} & {ex.uid for ex in test_rows}
+    ex = train_rows[0]
+    right = ex.prompt[-1]["content"].split("?")[0].split()
+    product = int(right[2]) * int(right[4])
+    assert task.reward(f"<think>multiply</think> So \\boxed{{{product}}}.", ex) == 1.0
+    assert task.reward(f"<think>multiply</think> So \\boxed{{{product + 1}}}.", ex) == 0.0
+    assert task.extract(f"<think>x</think> \\boxed{{{product}}}") == str(product)
+    with pytest.raises(tasks.DataError, match="--data-file"):
+        task.load("train")  # no hub dataset: one line asking for the file
+
+
+def test_the_new_aggregation_is_picked_up_and_invariant(forked):
+    from loss import aggregate, loss_denominator
+
+    values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    assert aggregate(values, mask, "seq-mean-token-sum") == pytest.approx((6 + 4) / 2)
+    assert loss_denominator(mask, "seq-mean-token-sum") == 2
+    assert_invariant_to_micro_batches_and_ranks("seq-mean-token-sum")
+
+
+@pytest.mark.slow
+def test_train_runs_two_steps_with_the_new_estimator_and_task(forked, qa_file, tiny_model_dir, tmp_path):
+    import train
+
+    args = train.Args(task="qa", data_file=qa_file, advantage="floorgrpo", model=tiny_model_dir, M=4,
+                      rollout_batch=4, micro_batch=8, steps=2, max_tokens=4, warmup_steps=0, eval_examples=0,
+                      dtype="float32", out_dir=str(tmp_path / "run"))
+    # LEAD: once train.py forwards estimator hyperparameters and --loss-agg, add to the Args above:
+    #   std_floor=0.2, loss_agg="seq-mean-token-sum"
+    # and assert below that the run used them (e.g. a metric or the saved args).
+    train.main(args)
+    with open(tmp_path / "run" / "metrics.jsonl") as f:
+        metrics = [json.loads(line) for line in f]
+    steps = [m for m in metrics if "loss/pg" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    assert all(torch.isfinite(torch.tensor(m["loss/pg"])) for m in steps)
+
+
+def test_readme_shows_exactly_this_code():
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    if "## Fork it" not in readme:
+        pytest.skip("README.md has no 'Fork it' section yet (LEAD: remove this skip when it lands)")
+    section = readme.split("## Fork it", 1)[1].split("\n## ", 1)[0]
+    for block in (ESTIMATOR, TASK, AGGREGATION):
+        assert f"```python\n{block}```" in section
