@@ -184,8 +184,8 @@ def _check_finite(row_values):
 def draw(probs, uniforms):
     """One token per row of `probs` (R, V), non-negative and unnormalised, by inverting each row's CDF at
     its uniform in [0, 1) from `uniforms` (R,). torch.multinomial draws an exponential variate for every
-    vocabulary entry instead, the largest non-matmul cost of a decode step. Zero-probability tokens (cut by top-p) are never drawn: the CDF does not rise at them and u stays
-    strictly below its top.
+    vocabulary entry instead, the largest non-matmul cost of a decode step. Zero-probability tokens
+    (cut by top-p) are never drawn: the CDF does not rise at them and u stays strictly below its top.
     """
     cdf = probs.double().cumsum(-1)  # (R, V); float64, so the 49k-term sums keep every token's share
     total = cdf[:, -1:]  # (R, 1)
