@@ -13,8 +13,7 @@ under each judge and those rankings are correlated too.
         --judge-url http://127.0.0.1:8000/v1 --judge-model Qwen/Qwen3-30B-A3B-Thinking-2507
     python judge.py runs/*/eval_poetry_test.json --judge-url URL --judge-model A --judge-model B
 
-A rerun with the same eval file skips every example whose judgment for that judge and that completion
-is already there.
+A rerun with the same eval file skips every judgment already there for the same judge and prompt.
 
 Departures from the paper:
 1. The paper's rubric prompts (Figures B.1, B.2) are not in its text; RUBRICS below are written for
@@ -123,23 +122,29 @@ def verdict_text(raw: str) -> str:
     return raw[end + len("</think>"):] if end >= 0 else raw
 
 
+def _verdict_lines(raw: str, label: str) -> list[str]:
+    """What follows "<label>:" on each line that starts with it ("Final score:", "**Overall score:**" too)."""
+    text = verdict_text(raw).replace("*", "")  # **Score:** 80 in markdown
+    return re.findall(rf"(?im)^[ \t#>-]*(?:final\s+)?{label}(?:\s+score)?\s*[:=][ \t]*(.*)$", text)
+
+
 def parse_score(raw: str, label: str = "score", lo: float = 0, hi: float = 100) -> tuple[float | None, str]:
     """(score, "ok") from the last line "<label>: N" (N may be followed by "/100"), else (None, why).
 
     A bare number as the whole answer also counts. Two numbers on the verdict line, a number outside
     [lo, hi], another scale ("8/10") or no verdict at all (a refusal) are parse failures, never a 0.
     """
-    text = verdict_text(raw).replace("*", "")  # **Score:** 80 in markdown
-    lines = [m.group(1) for m in re.finditer(rf"(?im)^[\s#>-]*{label}\s*[:=]\s*(.*)$", text)]
+    lines = _verdict_lines(raw, label)
     if not lines:
-        if not re.fullmatch(rf"\s*{_NUMBER}(?:\s*/\s*100)?\s*\.?\s*", text):
+        bare = verdict_text(raw).replace("*", "")
+        if not re.fullmatch(rf"\s*{_NUMBER}(?:\s*/\s*100)?\s*\.?\s*", bare):
             return None, "no score"
-        lines = [text.strip()]
+        lines = [bare.strip()]
     verdict = lines[-1]  # reasoning may name scores it then revises; the last verdict line decides
-    scale = re.search(rf"({_NUMBER})\s*/\s*({_NUMBER})", verdict)
+    scale = re.search(rf"({_NUMBER})\s*(?:/|out of)\s*({_NUMBER})", verdict)
     if scale and float(scale.group(2)) != 100:
         return None, f"other scale ({scale.group(0)})"
-    numbers = re.findall(_NUMBER, re.sub(r"/\s*100\b", "", verdict))
+    numbers = re.findall(_NUMBER, re.sub(r"(?:/|out of)\s*100\b", "", verdict))
     if not numbers:
         return None, "no score"
     if len(numbers) > 1:
@@ -152,7 +157,7 @@ def parse_score(raw: str, label: str = "score", lo: float = 0, hi: float = 100) 
 
 def parse_preference(raw: str) -> tuple[str | None, str]:
     """("A" | "B" | "tie", "ok") from the last "Preference: ..." line, else (None, why)."""
-    lines = re.findall(r"(?im)^[\s#>-]*preference\s*[:=]\s*(.*)$", verdict_text(raw).replace("*", ""))
+    lines = _verdict_lines(raw, "preference")
     if not lines:
         return None, "no preference"
     words = re.findall(r"\b(A|B|tie)\b", lines[-1], flags=re.IGNORECASE)
@@ -305,10 +310,6 @@ def parse_judgment(task: str, kind: str, record: dict, raw: str) -> tuple[dict, 
     return {"preference": preference, "candidate": candidate, "outcome": outcome}, status
 
 
-def _completion_id(record: dict) -> str:
-    return hashlib.sha1(record["completion"].encode()).hexdigest()[:16]
-
-
 def load_previous(path: str) -> dict:
     """{uid: record["judge"]} from an earlier run's eval file at `path` ({} if there is none)."""
     if not os.path.exists(path):
@@ -333,7 +334,8 @@ def judge_result(result: dict, judges: list[Judge], path: str, *, concurrency: i
                  save_every: float = 5.0, progress: bool = True) -> dict:
     """Judge every example of an eval result with every judge; keep judgments in `path` as they arrive.
 
-    Judgments already in `path` for the same judge and the same completion are reused, not re-asked.
+    Judgments already in `path` by the same judge for the same prompt (rubric, output and reference)
+    are reused, not re-asked.
     Returns the judge summary (also stored as result["judge_summary"]). Raises JudgeError, after saving
     what was judged, when requests still fail after the client's retries.
     """
@@ -346,8 +348,8 @@ def judge_result(result: dict, judges: list[Judge], path: str, *, concurrency: i
         done = previous.get(record["uid"], {})
         record["judge"] = {}
         for judge in judges:
-            kept = {kind: j for kind, j in done.get(judge.name, {}).items()
-                    if j.get("completion_id") == _completion_id(record)}
+            kept = {kind: j for kind, j in done.get(judge.name, {}).items()  # same rubric, output, reference
+                    if kind in RUBRICS[task] and j.get("prompt") == judge_prompt(task, kind, record)}
             record["judge"][judge.name] = kept
             jobs += [(record, judge, kind) for kind in RUBRICS[task] if kind not in kept]
     skipped = len(result["examples"]) * len(judges) * len(RUBRICS[task]) - len(jobs)
@@ -367,13 +369,12 @@ def judge_result(result: dict, judges: list[Judge], path: str, *, concurrency: i
             import openai
 
             if isinstance(err, openai.BadRequestError):  # e.g. prompt over the judge's context: final
-                return {"prompt": messages, "raw": None, "status": f"rejected: {_first_line(err)}",
-                        "completion_id": _completion_id(record)}
+                return {"prompt": messages, "raw": None, "parsed": parse_judgment(task, kind, record, "")[0],
+                        "status": f"rejected: {_first_line(err)}"}
             stop.set()
             raise
         parsed, status = parse_judgment(task, kind, record, answer["raw"])
-        return {"prompt": messages, **answer, "parsed": parsed, "status": status,
-                "completion_id": _completion_id(record)}
+        return {"prompt": messages, **answer, "parsed": parsed, "status": status}
 
     failures, last_save = [], time.monotonic()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:

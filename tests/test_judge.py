@@ -29,6 +29,8 @@ POEMS = os.path.join(ROOT, "tests", "fixtures", "poems.jsonl")
     ("  91  ", 91.0),  # a bare number as the whole answer
     ("Score: 0", 0.0),
     ("Score: 100", 100.0),
+    ("Final score: 85", 85.0),
+    ("Overall, a fine poem.\nScore: 85 (out of 100)", 85.0),
     # reasoning that names other numbers and a first verdict, then ends in the score
     ("<think>Line 3 stumbles. A 40 seems harsh; maybe Score: 60.</think>\nStrong images, weak meter.\nScore: 72", 72.0),
     ("Let me weigh it. The first stanza is a 9 out of 10 for imagery, the rest weaker.\n"
@@ -45,6 +47,7 @@ def test_parse_score_valid(raw, expected):
     ("Score: 70-80", "two numbers"),
     ("70 80", "no score"),
     ("Score: 8/10", "other scale (8/10)"),
+    ("Score: 8 out of 10", "other scale (8 out of 10)"),
     ("I'm sorry, but I can't evaluate this poem.", "no score"),
     ("As an AI I do not give numeric ratings to creative work.", "no score"),
     ("Score: N/A", "no score"),
@@ -76,6 +79,7 @@ def test_parse_criteria():
     assert status == "ok"
     assert scores == {"informativeness": 70, "factuality": 90, "fluency": 85, "coherence": 80, "conciseness": 75,
                       "overall": 78}
+    assert parse_criteria(MEETING_ANSWER.replace("Overall: 78", "**Overall score:** 78/100")) == (scores, "ok")
     scores, status = parse_criteria(MEETING_ANSWER.replace("Overall: 78", "Overall: good"))
     assert status == "overall: no score" and scores["overall"] is None and scores["fluency"] == 85
     assert parse_criteria(MEETING_ANSWER.replace("Factuality: 90", "Factuality: 190"))[1] == "factuality: out of range"
@@ -213,6 +217,20 @@ def test_retries_then_resume_after_failure(tmp_path):
     with ScriptedServer(poetry_judge) as server:  # back up: only what is missing is asked
         judge_result(poetry_result(), [Judge(server.url, "judge", retries=0)], path, progress=False)
         assert len(server.requests) == 8 - judged
+
+
+def test_rejected_request_is_reported_not_retried(tmp_path):
+    def too_long_for_rain(model, messages):  # 400: e.g. a prompt over the judge's context; final, not retried
+        return 400 if "rain" in messages[-1]["content"] else poetry_judge(model, messages)
+
+    with ScriptedServer(too_long_for_rain) as server:
+        summary = judge_result(poetry_result(), [Judge(server.url, "judge", retries=3)], str(tmp_path / "o.json"),
+                               progress=False)
+        assert len(server.requests) == 8
+    saved = json.load(open(tmp_path / "o.json"))
+    rain = saved["examples"][2]["judge"]["judge"]
+    assert rain["score"]["status"].startswith("rejected: ") and rain["score"]["parsed"]["score"] is None
+    assert summary["judges"]["judge"]["score/parse_failures"] == 2  # the refusal and the rejected one
 
 
 def test_two_judges_spearman_and_methods(tmp_path):
