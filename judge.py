@@ -345,12 +345,12 @@ def judge_result(result: dict, judges: list[Judge], path: str, *, concurrency: i
     previous = load_previous(path)
     jobs = []
     for record in result["examples"]:
-        done = previous.get(record["uid"], {})
-        record["judge"] = {}
+        prompts = {kind: judge_prompt(task, kind, record) for kind in RUBRICS[task]}
+        # every judge's earlier judgments stay (a second judge is often run later), if the prompt is unchanged
+        record["judge"] = {name: {kind: j for kind, j in kinds.items() if j.get("prompt") == prompts.get(kind)}
+                           for name, kinds in previous.get(record["uid"], {}).items()}
         for judge in judges:
-            kept = {kind: j for kind, j in done.get(judge.name, {}).items()  # same rubric, output, reference
-                    if kind in RUBRICS[task] and j.get("prompt") == judge_prompt(task, kind, record)}
-            record["judge"][judge.name] = kept
+            kept = record["judge"].setdefault(judge.name, {})
             jobs += [(record, judge, kind) for kind in RUBRICS[task] if kind not in kept]
     skipped = len(result["examples"]) * len(judges) * len(RUBRICS[task]) - len(jobs)
     if progress and skipped:
@@ -376,7 +376,7 @@ def judge_result(result: dict, judges: list[Judge], path: str, *, concurrency: i
         parsed, status = parse_judgment(task, kind, record, answer["raw"])
         return {"prompt": messages, **answer, "parsed": parsed, "status": status}
 
-    failures, last_save = [], time.monotonic()
+    failures, answered, last_save = [], 0, time.monotonic()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         futures = {pool.submit(run, *job): job for job in jobs}
         try:
@@ -389,6 +389,7 @@ def judge_result(result: dict, judges: list[Judge], path: str, *, concurrency: i
                     continue
                 if judgment is not None:
                     record["judge"][judge.name][kind] = judgment
+                    answered += 1
                 if time.monotonic() - last_save > save_every:
                     _save(result, path)
                     last_save = time.monotonic()
@@ -398,7 +399,7 @@ def judge_result(result: dict, judges: list[Judge], path: str, *, concurrency: i
             _save(result, path)
     if failures:
         raise JudgeError(f"{len(failures)} judge request(s) failed after retries (last: {type(failures[-1]).__name__}: "
-                         f"{_first_line(failures[-1])}); the {len(jobs) - len(failures)} answered are saved in "
+                         f"{_first_line(failures[-1])}); the {answered} answered are saved in "
                          f"{path}: rerun the same command to finish")
     return result["judge_summary"]
 

@@ -236,7 +236,12 @@ def test_rejected_request_is_reported_not_retried(tmp_path):
 def test_two_judges_spearman_and_methods(tmp_path):
     with ScriptedServer(poetry_judge, models=("judge-a", "judge-b")) as server:
         judges = [Judge(server.url, "judge-a", retries=0), Judge(server.url, "judge-b", retries=0)]
+        # the paper's order: the primary judge first, the second judge on the same file later
+        judge_result(poetry_result(), judges[:1], str(tmp_path / "a.json"), progress=False)
+        judge_result(poetry_result(), judges[1:], str(tmp_path / "a.json"), progress=False)
+        assert [model for model, _ in server.requests] == ["judge-a"] * 8 + ["judge-b"] * 8
         first = judge_result(poetry_result(), judges, str(tmp_path / "a.json"), progress=False)
+        assert len(server.requests) == 16  # both judges' judgments were kept: nothing asked again
         other = poetry_result([f"<think></think>{'x' * n}" for n in (5, 50, 20, 30)])
         judge_result(other, judges, str(tmp_path / "b.json"), progress=False)
     # judge-b scores every poem 10 higher: the same ranking of examples
