@@ -526,8 +526,14 @@ def format_judge_summary(summary: dict) -> str:
 
 
 # ---------------------------------------------------------------- CLI: judge existing eval files
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line and exit status 2, without argparse's usage dump
+        print(f"judge.py: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description="Judge eval.py outputs of poetry/meetingbank with an LLM judge.")
+    parser = _Parser(description="Judge eval.py outputs of poetry/meetingbank with an LLM judge.")
     parser.add_argument("outputs", nargs="+", help="eval.py JSON files; several = several methods to compare")
     parser.add_argument("--labels", nargs="*", default=None, help="method names for the outputs (default: paths)")
     parser.add_argument("--out", default=None, help="write the cross-method comparison here (JSON)")
@@ -537,8 +543,7 @@ def main(argv=None) -> dict:
     if args.labels and len(args.labels) != len(args.outputs):
         error = "--labels needs one name per output file"
     if error:
-        print(f"judge.py: error: {error}", file=sys.stderr)
-        sys.exit(2)
+        parser.error(error)
     try:
         results = {}
         for path in args.outputs:

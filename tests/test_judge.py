@@ -283,6 +283,12 @@ def test_unknown_model_and_bad_flags(tmp_path, capsys):
         with pytest.raises(SystemExit) as exit_info:
             eval_cli.parse_args(["--model", "m", "--task", "poetry", *flags])
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    for argv in (["out.json", "--judge-model", "m"], ["out.json", "--judge-concurrency", "0", "--judge-url", "u",
+                                                      "--judge-model", "m"], ["--judge-url", "u"]):
+        with pytest.raises(SystemExit) as exit_info:
+            judge.main(argv)
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("judge.py: error")
     with pytest.raises(SystemExit):
         eval_cli.parse_args(["--model", "m", "--task", "gsm8k", "--judge-url", "u", "--judge-model", "m"])
     assert "scores poetry, meetingbank, not gsm8k" in capsys.readouterr().err
