@@ -424,9 +424,11 @@ def summarize(result: dict, judges: list[Judge]) -> dict:
                "n_scored": len(scores)}
         for kind in RUBRICS[task]:
             asked = [j[kind] for j in judgments if kind in j]
-            failed = [j for j in asked if j["status"] != "ok"]
-            row[f"{kind}/asked"], row[f"{kind}/parse_failures"] = len(asked), len(failed)
-            row[f"{kind}/parse_failure_rate"] = len(failed) / len(asked) if asked else None
+            rejected = [j for j in asked if j["status"].startswith("rejected")]
+            failed = [j for j in asked if j["status"] != "ok" and j not in rejected]
+            row[f"{kind}/asked"], row[f"{kind}/rejected"] = len(asked), len(rejected)
+            row[f"{kind}/parse_failures"], answers = len(failed), len(asked) - len(rejected)
+            row[f"{kind}/parse_failure_rate"] = len(failed) / answers if answers else None
         if "pairwise" in RUBRICS[task]:
             outcomes = [j["pairwise"]["parsed"]["outcome"] for j in judgments
                         if "pairwise" in j and j["pairwise"]["status"] == "ok"]
@@ -518,7 +520,7 @@ def format_judge_summary(summary: dict) -> str:
         shown = "n/a" if mean is None else f"{mean:.1f}" + ("" if low is None else f" [{low:.1f}, {high:.1f}]")
         lines.append(f"judge {name}: score {shown} (95% CI, n={row['n_scored']})")
         for key, value in row.items():
-            if key.endswith(("parse_failures", "win_rate", "_mean")) and key != "score_mean":
+            if key.endswith(("parse_failures", "rejected", "win_rate", "_mean")) and key != "score_mean":
                 lines.append(f"  {key:<28}{'n/a' if value is None else f'{value:.3g}'}")
     lines += [f"{key:<40}{'n/a' if v is None else f'{v:.3f}'}" for key, v in summary.items()
               if key.startswith("spearman/")]

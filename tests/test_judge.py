@@ -230,7 +230,9 @@ def test_rejected_request_is_reported_not_retried(tmp_path):
     saved = json.load(open(tmp_path / "o.json"))
     rain = saved["examples"][2]["judge"]["judge"]
     assert rain["score"]["status"].startswith("rejected: ") and rain["score"]["parsed"]["score"] is None
-    assert summary["judges"]["judge"]["score/parse_failures"] == 2  # the refusal and the rejected one
+    row = summary["judges"]["judge"]
+    assert row["score/rejected"] == 1 and row["score/parse_failures"] == 1  # the refusal
+    assert row["score/parse_failure_rate"] == pytest.approx(1 / 3) and row["n_scored"] == 2
 
 
 def test_two_judges_spearman_and_methods(tmp_path):
