@@ -121,14 +121,14 @@ def poetry_result(completions=None):
 
 
 def poetry_judge(model, messages):
-    """A judge that scores by poem length, refuses the non-poem, and prefers poem A."""
+    """A judge that scores by poem length (judge-b: length mod 37), refuses the non-poem, prefers poem A."""
     text = messages[-1]["content"]
     if "Poem A:" in text:
         return "A is better.\nPreference: A"
     poem = text.split("The model's poem:\n")[1].split("\n\nRate the poem")[0]
     if "cannot" in poem:
         return "I'm sorry, I can't rate this."
-    return f"Reasoning about {len(poem)} characters.\nScore: {len(poem) + (10 if model == 'judge-b' else 0)}"
+    return f"Reasoning about {len(poem)} characters.\nScore: {len(poem) % 37 if model == 'judge-b' else len(poem)}"
 
 
 def test_poetry_end_to_end_with_resume(tmp_path):
@@ -246,14 +246,15 @@ def test_two_judges_spearman_and_methods(tmp_path):
         assert len(server.requests) == 16  # both judges' judgments were kept: nothing asked again
         other = poetry_result([f"<think></think>{'x' * n}" for n in (5, 50, 20, 30)])
         judge_result(other, judges, str(tmp_path / "b.json"), progress=False)
-    # judge-b scores every poem 10 higher: the same ranking of examples
-    assert first["spearman/judge-a vs judge-b"] == pytest.approx(1.0) and first["spearman_n/judge-a vs judge-b"] == 3
-    assert first["judges"]["judge-b"]["score_mean"] == pytest.approx(first["judges"]["judge-a"]["score_mean"] + 10)
-    results = {"base": poetry_result(), "tuned": other}
-    results["base"] = json.load(open(tmp_path / "a.json"))
-    table = judge.compare_methods(results, judges)
-    assert table["methods"]["tuned"]["judge-a"] == pytest.approx((5 + 50 + 20 + 30) / 4)
-    assert table["spearman/judge-a vs judge-b"] == pytest.approx(1.0)
+    # the three scored poems have 36, 39, 42 characters: judge-a ranks them 1 2 3, judge-b (36, 2, 5) 3 1 2,
+    # so rho = 1 - 6 * (4 + 1 + 1) / (3 * 8) = -0.5
+    assert first["spearman/judge-a vs judge-b"] == pytest.approx(-0.5) and first["spearman_n/judge-a vs judge-b"] == 3
+    assert first["judges"]["judge-b"]["score_mean"] == pytest.approx((36 + 2 + 5) / 3)
+    # methods: judge-a puts base (39.0) over tuned (26.25), judge-b tuned (17.0) over base (14.3)
+    table = judge.compare_methods({"base": json.load(open(tmp_path / "a.json")), "tuned": other}, judges)
+    assert table["methods"]["tuned"] == pytest.approx({"judge-a": (5 + 50 + 20 + 30) / 4,
+                                                       "judge-b": (5 + 13 + 20 + 30) / 4})
+    assert table["spearman/judge-a vs judge-b"] == pytest.approx(-1.0)
 
 
 def test_unreachable_server_is_one_line_and_exit_1(tmp_path, capsys):
