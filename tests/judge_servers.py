@@ -33,7 +33,7 @@ class VLLMServer:
     whether the test passed or failed."""
 
     def __init__(self, model_dir: str, name: str, log_path: str, *, max_model_len: int = 4096,
-                 start_timeout: float = 300):
+                 start_timeout: float = 600):
         self.port, self.log_path, self.start_timeout = free_port(), log_path, start_timeout
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.command = [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
