@@ -7,6 +7,7 @@ the request, so the fast tests can drive answers, delays and failures the judge 
 """
 
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -19,6 +20,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VLLM_PYTHON = os.environ.get("SOFTMAX_GRPO_VLLM_PYTHON", os.path.join(ROOT, ".venv-vllm", "bin", "python"))
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it if pytest itself is killed, when no `finally` can run."""
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG (Linux)
 
 
 def free_port() -> int:
@@ -46,7 +52,7 @@ class VLLMServer:
         with open(self.log_path, "w") as log:
             # a session of its own: the API server spawns an engine process, and both must go on exit
             self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=_die_with_parent)
         return self
 
     def wait_until_up(self) -> float:
