@@ -7,10 +7,12 @@ the prompt, completion, extracted answer and reward.
 
     python eval.py --model smollm2-135m --task arith --limit 100
     python eval.py --model runs/arith/checkpoint-50 --task gsm8k --samples 8   # + pass@1,2,4,8
+    python eval.py --model runs/poetry/checkpoint-200 --task poetry --data-file poems.jsonl \
+        --judge-url http://127.0.0.1:8000/v1 --judge-model Qwen/Qwen3-30B-A3B-Thinking-2507   # Table 4
 
 Departures from the paper:
-1. Tasks without a verifier (poetry, meetingbank) report the similarity reward r_sim (Appendix B.5),
-   not the LLM-judge scores of Table 4: judge-based scoring is out of scope here.
+1. Tasks without a verifier (poetry, meetingbank) report the similarity reward r_sim (Appendix B.5);
+   Table 4's LLM-judge scores come from --judge-url/--judge-model (judge.py, any OpenAI-compatible server).
 2. pass@k uses the unbiased estimator of Chen et al. (2021, arXiv 2107.03374) over K samples at the
    rollout temperature; a sample passes when its reward is >= 0.5 (verifier rewards are 0 or 1).
 """
@@ -24,6 +26,7 @@ import sys
 import torch
 from tqdm import tqdm
 
+import judge
 from hardware import ModelLoadError, load_tokenizer
 from rollout import SamplingError, make_sampler, resolve_model
 from tasks import DataError, get_task
@@ -70,7 +73,7 @@ def evaluate(sampler, task, examples, *, samples=0, max_tokens=256, batch_size=6
     """
     if reward_kind == "exact" and not task.has_verifier:
         print(f"note: task {task.name} has no verifier: reporting the similarity reward "
-              "(the paper's LLM-judge scoring is out of scope)")
+              "(the paper's LLM-judge scores: --judge-url, --judge-model)")
         reward_kind = "sim"
     kept = [ex for ex in examples if _valid_prompt(ex.prompt)]
     if len(kept) < len(examples):
@@ -87,7 +90,8 @@ def evaluate(sampler, task, examples, *, samples=0, max_tokens=256, batch_size=6
             sampled = sampler.generate(prompt_ids, n=samples, max_tokens=max_tokens, temperature=temperature,
                                        seed=seed + start * samples)
         for ex, (best,), group in zip(batch, greedy, sampled):
-            record = {"uid": ex.uid, "prompt": ex.prompt, "gold": ex.gold, "completion": best.text,
+            record = {"uid": ex.uid, "prompt": ex.prompt, "gold": ex.gold, "reference": ex.reference,
+                      "completion": best.text,
                       "answer": task.extract(best.text), "reward": task.reward(best.text, ex, kind=reward_kind),
                       "length": len(best.token_ids), "finish_reason": best.finish_reason}
             if samples > 0:
@@ -146,7 +150,10 @@ def parse_args(argv=None):
     parser.add_argument("--data-file", default=None, help="local data file for the task (passed to task.load)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="JSON path (default: <model dir or .>/eval_<task>_<split>.json)")
+    judge.add_judge_args(parser)
     args = parser.parse_args(argv)
+    if (error := judge.judge_args_error(args)) or (args.judge_url and args.task not in judge.RUBRICS):
+        parser.error(error or f"the LLM judge scores {', '.join(judge.RUBRICS)}, not {args.task}")
     for name in ("limit", "max_tokens", "batch_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -163,6 +170,11 @@ def main(argv=None) -> dict:
     except (ValueError, DataError) as err:
         print(f"eval.py: error: {err}", file=sys.stderr)
         sys.exit(2)
+    try:  # before the model loads and generates: an unreachable judge should cost seconds, not a run
+        judges = judge.connect_judges(args) if args.judge_url else []
+    except judge.JudgeError as err:
+        print(f"eval.py: error: {err}", file=sys.stderr)
+        sys.exit(1)
     backend = args.sampler
     if backend is None:
         backend = "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf"
@@ -190,9 +202,17 @@ def main(argv=None) -> dict:
     result["summary"] = {"model": args.model, "split": args.split, **result["summary"]}
     out = args.out or os.path.join(args.model if os.path.isdir(args.model) else ".",
                                    f"eval_{args.task}_{args.split}.json")
+    if judges:  # reuses the judgments an earlier run left in `out`, and saves new ones there as they come
+        try:
+            judge.judge_result(result, judges, out, concurrency=args.judge_concurrency)
+        except judge.JudgeError as err:
+            print(f"eval.py: error: {err}", file=sys.stderr)
+            sys.exit(1)
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
     print(format_summary(result["summary"]))
+    if judges:
+        print(judge.format_judge_summary(result["judge_summary"]))
     print(f"wrote {out}")
     return result
 
