@@ -319,7 +319,14 @@ class SyncProbe:
 
     @property
     def diff(self) -> float:
-        """Largest |sampler log-prob - trainer log-prob| (0 when in sync)."""
+        """Mean |sampler log-prob - trainer log-prob| over the probe's tokens (0 when in sync). The mean, not
+        the largest: in bfloat16 a rare token's log-prob alone can differ by half a nat between two correct
+        implementations, while a sampler on other weights moves every token."""
+        return ((self.sampler_logp - self.trainer_logp).abs() * self.mask).sum().item() / self.mask.sum().item()
+
+    @property
+    def max_diff(self) -> float:
+        """Largest |sampler log-prob - trainer log-prob| over the probe's tokens."""
         return ((self.sampler_logp - self.trainer_logp).abs() * self.mask).max().item()
 
     def trainer_moved_alone(self, before: "SyncProbe") -> float:
@@ -331,7 +338,7 @@ class SyncProbe:
 
 
 @torch.no_grad()
-def sync_check(sampler, model, probe_prompts, max_tokens=8) -> SyncProbe:
+def sync_check(sampler, model, probe_prompts, max_tokens=16) -> SyncProbe:
     """Sample a short seeded probe from the sampler and score the same tokens with the trainer's model.
 
     A sampler that silently keeps its old weights is the best-known way a GRPO trainer fails without an

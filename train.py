@@ -434,7 +434,7 @@ def main(args: Args) -> dict:
     max_prompt = max(len(p) for p in train_ids + test_ids)
     sampler = make_sampler(args.sampler, policy_path, dtype=args.dtype, max_model_len=max_prompt + args.max_tokens,
                            seed=args.seed + rank, gpu_memory_utilization=args.gpu_memory_utilization, device=device)
-    probe_prompts = train_ids[:2]  # the same probe at every check: a sampler that never updates repeats itself
+    probe_prompts = train_ids[:4]  # the same probe at every check: a sampler that never updates repeats itself
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bfloat16")
     with autocast:
         probe = sync_check(sampler, model, probe_prompts)
