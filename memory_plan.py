@@ -2,7 +2,8 @@
 
     python memory_plan.py --task deepmath --gpus 16 --gpu-gb 80            # Table B.1's DeepMath preset on A100s
     python memory_plan.py --task meetingbank --gpus 16 --gpu-gb 139 --no-grad-checkpointing
-    python memory_plan.py --task arith --gpus 1 --gpu-gb 24 --prompt-tokens 40   # any preset, any flag of train.py
+    python memory_plan.py --task arith --gpus 1 --gpu-gb 24 --prompt-tokens 40   # any preset of train.py
+    python memory_plan.py --table                     # every paper preset on its Table B.1/B.2 GPUs (README)
 
 A step has three phases, and the plan adds up what one rank holds in each (GiB = 2^30 bytes):
 - rollout: vLLM awake (its `gpu_memory_utilization` share: weights, KV cache, activations) beside the
@@ -62,6 +63,12 @@ VLLM_ASLEEP = 1.0 * GiB  # what a level-1 sleeping vLLM keeps (its CUDA graphs' 
 # openthoughts.yaml, assumed for MeetingBank's transcripts; no config there covers Poetry or MeetingBank).
 PROMPT_TOKENS = {"gsm8k": 1024, "countdown": 1024, "deepmath": 1024, "poetry": 1024, "meetingbank": 2048,
                  "arith": 40, "countdown24": 120}
+
+
+# Tables B.1 and B.2: GPUs per run. GiB as the cards report it: A100 80 GB has 80 GiB; the H200 this
+# project is lent reports about 139 GiB.
+PAPER_HARDWARE = {"gsm8k": (8, "A100", 80), "countdown": (8, "H200", 139), "deepmath": (16, "H200", 139),
+                  "poetry": (8, "A100", 80), "meetingbank": (16, "H200", 139)}
 
 
 @dataclass(frozen=True)
@@ -274,6 +281,21 @@ def format_plan(p: Plan, title: str = "") -> str:
     return "\n".join(lines)
 
 
+def paper_table(presets: dict, defaults: dict) -> str:
+    """A markdown table: every paper preset on its Table B.1/B.2 hardware, with and without checkpointing."""
+    lines = ["| preset | GPUs | micro-batch x (prompt + response) | peak, checkpointing | peak, none |",
+             "| --- | --- | --- | --- | --- |"]
+    for task, (gpus, card, gb) in PAPER_HARDWARE.items():
+        args = {**defaults, **presets[task], "task": task}
+        cells = []
+        for ckpt in (True, False):
+            p = plan(args, gpus=gpus, gpu_gb=gb, grad_checkpointing=ckpt)
+            cells.append(f"{p.peak / GiB:.1f} GiB ({p.peak_phase}): {'fits' if p.fits else '**does not fit**'}")
+        lines.append(f"| {task} | {gpus} x {card} ({gb} GiB) | {args['micro_batch']} x ({PROMPT_TOKENS[task]} + "
+                     f"{args['max_tokens']}) | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     from train import PRESETS, Args  # the presets live with the flags they set
 
@@ -284,7 +306,11 @@ def main(argv=None) -> int:
     parser.add_argument("--grad-checkpointing", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--prompt-tokens", type=int, help="longest prompt (default: the task's assumption)")
     parser.add_argument("--model", help="override the preset's model (a local folder with config.json)")
+    parser.add_argument("--table", action="store_true", help="every paper preset on its paper hardware, markdown")
     cli = parser.parse_args(argv)
+    if cli.table:
+        print(paper_table(PRESETS, Args().__dict__))
+        return 0
     if cli.task not in PRESETS:
         parser.error(f"--task must be one of {', '.join(PRESETS)}")
     args = {**Args().__dict__, **PRESETS[cli.task], "task": cli.task, **({"model": cli.model} if cli.model else {})}
