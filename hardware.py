@@ -55,8 +55,9 @@ def enable_grad_checkpointing(model):
     dropout = getattr(model.config, "attention_dropout", 0.0)
     if dropout:
         raise ValueError(f"gradient checkpointing needs train mode, which would turn on attention dropout {dropout}")
+    # The KV cache stays off without touching model.config (it is saved with every checkpoint): a
+    # checkpointed layer drops use_cache itself, and loss.sequence_logprobs passes use_cache=False.
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.config.use_cache = False  # a KV cache is written once in forward: a recompute would write it twice
     return model.train()
 
 

@@ -37,11 +37,13 @@ keys and values are repeated for grouped-query attention, c = 2 bytes under bf16
     linear inputs: q/k/v and gate/up each cast their input to bf16     5ch  (float32: the 2 norm outputs, 8h)
     attention: rotated q, repeated k and v, o_proj input             c(2q + 2qr)
       eager (CPU): softmax probabilities, float32 + bf16 copy            (4 + c) x heads x S   (c = 4: 4 x heads x S)
-      SDPA (GPU, flash/efficient): output + logsumexp                    cq + 4 x heads
+      SDPA (GPU, memory-efficient): output + logsumexp, no probabilities cq + 4 x heads
     MLP: gate, silu(gate), up, silu(gate) * up                           4cf
-With gradient checkpointing (hardware.enable_grad_checkpointing) only each layer's float32 input (4h per
-token) is kept, and backward recomputes one layer at a time. bench/plan_check.py measures these formulas
-against CPU peaks.
+plus, once for all layers, RoPE's cos/sin (8 x head_dim per token) and, for SDPA, the (B, 1, S, S) padding
+mask. A layer's backward adds its largest gradient: eager's float32 gradient of the probabilities
+(4 x heads x S per token), SDPA's dq, dk, dv. With gradient checkpointing (hardware.enable_grad_checkpointing)
+only each layer's float32 input (4h per token) is kept, and backward recomputes one layer at a time.
+bench/plan_check.py measures these formulas against CPU peaks.
 """
 
 import argparse
@@ -152,14 +154,15 @@ def activations(shape: Shape, *, batch: int, prompt: int, completion: int, compu
     q = shape.heads * shape.head_dim
     qr = q if shape.kv_heads != shape.heads else shape.kv_heads * shape.head_dim
     per_token = 16 * h + (5 * c * h if c < 4 else 8 * h) + c * (2 * q + 2 * qr) + 4 * c * f
+    shared = 2 * 4 * shape.head_dim * tokens  # RoPE's cos and sin, float32, saved once for every layer
     if attention == "eager":
         per_token += (4 + (c if c < 4 else 0)) * shape.heads * S
         backward_extra = 4 * shape.heads * S * tokens  # the probabilities' float32 gradient
     else:
         per_token += c * q + 4 * shape.heads
         backward_extra = c * (q + 2 * qr) * tokens  # dq, dk, dv
+        shared += c * tokens * S  # the (B, 1, S, S) padding mask, which SDPA's memory-efficient kernel saves
     layer = per_token * tokens  # one decoder layer's saved activations
-    rope = 2 * 4 * shape.head_dim * tokens  # cos and sin, float32, shared by every layer
     linear_weights = shape.params - shape.embedding * (1 if shape.tied else 2) - (2 * shape.layers + 1) * h
     head = shape.embedding  # the lm_head weight (tied or not), cast like any linear
     bf16_all = 2 * (linear_weights + head) if c < 4 else 0
@@ -169,12 +172,12 @@ def activations(shape: Shape, *, batch: int, prompt: int, completion: int, compu
     logits = c * kept * shape.vocab
     chunk = 2 * 4 * min(kept, max(1, CHUNK_ELEMENTS // shape.vocab)) * shape.vocab  # float32 chunk + a temporary
     if not checkpointing:  # backward's first steps (logits' gradient twice), then the last layer's backward
-        saved = shape.layers * layer + rope
+        saved = shape.layers * layer + shared
         moments = {"backward (logits)": {"saved": saved, "weights_bf16": bf16_all, "final_norm": final_norm,
                                          "logits": 2 * logits + chunk},
                    "backward (last layer)": {"saved": saved, "weights_bf16": bf16_all, "recompute": backward_extra}}
     else:
-        saved = shape.layers * 4 * h * tokens + rope  # each layer's float32 input
+        saved = shape.layers * 4 * h * tokens + shared  # each layer's float32 input
         moments = {
             "forward end": {"saved": saved, "weights_bf16": bf16_all,  # autocast's cache holds every bf16 weight
                             "final_norm": final_norm, "logits": logits + chunk},

@@ -4,7 +4,9 @@ SmolLM2-135M (the embedded `smollm2-135m`) under bf16 autocast over float32 weig
 hardware.load_model picks on CPU), 8 sequences of 40 prompt + 48 completion tokens, loss.sequence_logprobs and
 loss.policy_loss as train.ppo_update runs them. Each mode runs in its own process: one warm-up pass, then
 `--repeats` timed passes; the peak is the resident-set high-water mark (VmHWM, reset after the warm-up) above
-the resident set after the warm-up, gradients included in neither.
+the resident set after the warm-up, gradients included in neither, with glibc returning every large block at
+free so that the resident set follows the live tensors. train.py's own allocator setting
+(hardware.keep_freed_memory) keeps freed pages instead, which trades this accuracy for speed.
 
     python bench/grad_ckpt_demo.py [--repeats 5]
 """
@@ -27,9 +29,17 @@ def _kib(field: str) -> int:
 
 
 def run(checkpointing: bool, repeats: int) -> dict:
+    import ctypes
+
     import torch
 
     from hardware import enable_grad_checkpointing, load_model
+
+    # Every block over 64 KiB gets its own mapping, returned at free: the resident set follows the live
+    # tensors (as in bench/plan_check.py), so the warm-up's freed heap cannot hide the measured pass's peak.
+    mallopt = ctypes.CDLL("libc.so.6").mallopt
+    mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD
+    mallopt(-1, 64 * 1024)  # M_TRIM_THRESHOLD
     from loss import policy_loss, sequence_logprobs
     from rollout import resolve_model
 

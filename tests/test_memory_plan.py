@@ -86,7 +86,8 @@ def test_checkpointing_keeps_only_layer_inputs_and_the_verdict_follows_the_gpu()
     shape = Shape(hidden=1536, layers=28, heads=12, kv_heads=2, intermediate=8960, vocab=151936, head_dim=128)
     kwargs = dict(batch=8, prompt=1024, completion=1024, compute_bytes=2, attention="sdpa")
     plain, ckpt = activations(shape, checkpointing=False, **kwargs), activations(shape, checkpointing=True, **kwargs)
-    assert ckpt["saved"] == 28 * 4 * 1536 * 8 * 2048 + 2 * 4 * 128 * 8 * 2048  # float32 layer inputs + cos/sin
+    # float32 layer inputs, cos/sin, the bf16 (B, 1, S, S) mask
+    assert ckpt["saved"] == 28 * 4 * 1536 * 8 * 2048 + 2 * 4 * 128 * 8 * 2048 + 2 * 8 * 2048 * 2048
     assert plain["saved"] > 15 * ckpt["saved"]
     args = dict(model="Qwen/Qwen2.5-1.5B", task="deepmath", M=16, rollout_batch=512, micro_batch=8, max_tokens=1024)
     big, small = plan(args, gpus=16, gpu_gb=80, grad_checkpointing=False), plan(args, gpus=16, gpu_gb=40,
