@@ -72,6 +72,29 @@ def store_linears_bf16(model):
     return model
 
 
+def enable_grad_checkpointing(model):
+    """Recompute each decoder layer in backward instead of keeping its activations, in place.
+
+    Only each layer's input stays saved from forward to backward; the backward of a layer reruns its
+    forward first (memory_plan.py counts both). use_reentrant=False is the form that works with inputs
+    that need no gradient and under FSDP2, whose hooks then run again inside the recompute and gather
+    the layer's shards once more. Hugging Face checkpoints only in train mode, and from_pretrained
+    returns eval mode, so this switches the model to train mode: Llama and Qwen2 have no dropout
+    (attention_dropout 0), which is checked, so train mode changes no number. Call it before
+    train.shard. Equal to the plain forward/backward to 1e-5 in float32, one process and under FSDP2
+    (tests/test_grad_checkpointing.py).
+    """
+    dropout = getattr(model.config, "attention_dropout", 0.0)
+    if dropout:
+        raise ValueError(f"gradient checkpointing needs train mode, which would turn on attention dropout {dropout}")
+    # The KV cache stays off without touching model.config (it is saved with every checkpoint): a
+    # checkpointed layer drops use_cache itself, and loss.sequence_logprobs passes use_cache=False.
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model.train()
+
+
+
+
 # ---- SPEED TRICK (skippable): glibc keeps freed memory; only the allocator changes, no number computed
 # (tests/test_train.py::test_keep_freed_memory_stops_refaulting_large_blocks checks that the pages are reused)
 def keep_freed_memory() -> bool:

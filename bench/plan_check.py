@@ -1,0 +1,185 @@
+"""memory_plan.py's formulas against measured CPU peaks: the training state and one micro-batch's activations.
+
+Each measurement runs in a fresh process and reads the kernel's resident-set counters: the training state is
+the growth of RssAnon from before the model exists to after one AdamW step (float32 parameters, gradients,
+both moments); a micro-batch's activations are the peak (VmHWM, reset through /proc/self/clear_refs) above
+the resident set during a second forward + backward, after a first one has allocated the gradients and
+warmed every lazy buffer. glibc is told to serve every block over 64 KiB with its own mapping and return it
+at free, so resident memory follows the live tensors instead of the heap's high-water mark. The model is
+built from its config with random weights (memory does not depend on the values); attention is eager, as
+hardware.load_model picks on CPU, and the plan is asked for eager attention too.
+
+    python bench/plan_check.py                          # tiny model and SmolLM2-135M, bf16 autocast and float32
+    python bench/plan_check.py --models smollm2-135m --dtypes bfloat16
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+SHAPES = {  # model -> (sequences, prompt tokens, completion tokens) of the measured micro-batch
+    "tiny": (8, 256, 256),
+    "smollm2-135m": (8, 40, 48),  # the CPU demo's micro-batch
+}
+
+
+def _kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field))
+
+
+def _map_large_blocks():
+    import ctypes
+
+    mallopt = ctypes.CDLL("libc.so.6").mallopt
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # malloc.h
+    mallopt(M_MMAP_THRESHOLD, 64 * 1024)
+    mallopt(M_TRIM_THRESHOLD, 64 * 1024)
+
+
+def _model(model_dir):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    config._attn_implementation = "eager"
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def measure_state(model_dir) -> int:
+    import torch
+
+    def build_and_step():
+        model = _model(model_dir)
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)  # train.make_optimizer, one process
+        optimizer.step()
+        return model, optimizer
+
+    _map_large_blocks()
+    warm = build_and_step()  # once first, and kept: lazy imports and kernels load outside the measurement,
+    before = _kib("RssAnon:")  # and no freed block of it can hold the measured state
+    model, optimizer = build_and_step()
+    measured = (_kib("RssAnon:") - before) * 1024
+    del warm, model, optimizer
+    return measured
+
+
+def measure_activations(model_dir, batch, prompt, completion, dtype, checkpointing) -> int:
+    import torch
+
+    from hardware import enable_grad_checkpointing
+    from loss import policy_loss, sequence_logprobs
+
+    _map_large_blocks()
+    model = _model(model_dir)
+    if checkpointing:
+        enable_grad_checkpointing(model)
+    g = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(0, model.config.vocab_size, (batch, prompt + completion), generator=g)
+    attention_mask = torch.ones_like(input_ids)  # no padding: every position is a real token
+    mask = torch.ones(batch, completion)
+    adv = torch.randn(batch, generator=g)
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+            logp = sequence_logprobs(model, input_ids, attention_mask, completion)  # (B, K)
+        loss, _ = policy_loss(logp, logp.detach(), adv, mask, ref_logp=logp.detach() + 0.1)
+        loss.backward()
+
+    step()  # gradients exist from here on (they belong to the training state), lazy buffers are warm
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current resident set
+    base = _kib("VmRSS:")
+    step()
+    return (_kib("VmHWM:") - base) * 1024
+
+
+def model_dir(name: str) -> str:
+    if name == "tiny":
+        import tempfile
+
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+        from tiny_model import build_tiny_model
+
+        return build_tiny_model(tempfile.mkdtemp(prefix="plan-check-tiny-"))
+    from rollout import resolve_model
+
+    return resolve_model(name)
+
+
+def child(cmd: list[str]) -> int:
+    result = subprocess.run([sys.executable, __file__, *cmd], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "child failed")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def check(models, dtypes, one_process=False) -> list[dict]:
+    """Measured vs planned bytes for each model: training state, then activations per dtype x checkpointing.
+    `one_process`: measure in this process, one after another (faster; the state comes first, on a clean heap)."""
+    from memory_plan import activations, model_shape, training_state
+
+    def measure(cmd):
+        if not one_process:
+            return child(cmd)
+        if cmd[0] == "--state":
+            return measure_state(cmd[1])
+        path, batch, prompt, completion, dtype, ckpt = cmd[1:]
+        return measure_activations(path, int(batch), int(prompt), int(completion), dtype, ckpt == "1")
+
+    rows = []
+    for name in models:
+        path = model_dir(name)
+        shape = model_shape(path)
+        planned = sum(training_state(shape, ranks=1, unsharded_grads=False).values())
+        rows.append(dict(model=name, what="training state", measured=measure(["--state", path]), planned=planned))
+        batch, prompt, completion = SHAPES[name]
+        for dtype in dtypes:
+            for ckpt in (False, True):
+                act = activations(shape, batch=batch, prompt=prompt, completion=completion,
+                                  compute_bytes=2 if dtype == "bfloat16" else 4, checkpointing=ckpt,
+                                  attention="eager")
+                measured = measure(["--activations", path, str(batch), str(prompt), str(completion), dtype,
+                                  str(int(ckpt))])
+                rows.append(dict(model=name, what=f"activations {batch}x({prompt}+{completion}) {dtype}"
+                                 f"{' ckpt' if ckpt else ''}", measured=measured, planned=act["peak"]))
+    for row in rows:
+        row["error"] = row["planned"] / row["measured"] - 1
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float32"])
+    parser.add_argument("--json", action="store_true", help="print the rows as one JSON line")
+    parser.add_argument("--one-process", action="store_true", help="measure in this process, not one per row")
+    parser.add_argument("--state", help=argparse.SUPPRESS)
+    parser.add_argument("--activations", nargs=6, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.state:  # child processes
+        print(json.dumps(measure_state(args.state)))
+        return
+    if args.activations:
+        path, batch, prompt, completion, dtype, ckpt = args.activations
+        print(json.dumps(measure_activations(path, int(batch), int(prompt), int(completion), dtype, ckpt == "1")))
+        return
+    rows = check(args.models, args.dtypes, args.one_process)
+    if args.json:
+        print(json.dumps(rows))
+        return
+    mib = 2**20
+    print(f"{'model':<14}{'what':<44}{'measured MiB':>14}{'planned MiB':>13}{'plan error':>12}")
+    for row in rows:
+        print(f"{row['model']:<14}{row['what']:<44}{row['measured'] / mib:>14.1f}{row['planned'] / mib:>13.1f}"
+              f"{row['error']:>+12.1%}")
+
+
+if __name__ == "__main__":
+    main()

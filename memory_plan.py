@@ -1,0 +1,332 @@
+"""One rank's GPU memory at the peak of a train.py run, by arithmetic on the model's shape (no weights loaded).
+
+    python memory_plan.py --task deepmath --gpus 16 --gpu-gb 80            # Table B.1's DeepMath preset on A100s
+    python memory_plan.py --task meetingbank --gpus 16 --gpu-gb 139 --no-grad-checkpointing
+    python memory_plan.py --task arith --gpus 1 --gpu-gb 24 --prompt-tokens 40   # any preset of train.py
+    python memory_plan.py --table                     # every paper preset on its Table B.1/B.2 GPUs (README)
+
+A step has three phases, and the plan adds up what one rank holds in each (GiB = 2^30 bytes):
+- rollout: vLLM awake (its `gpu_memory_utilization` share: weights, KV cache, activations) beside the
+  trainer's resident state: FSDP2 shards of the float32 parameters, the AdamW moments and the reference;
+- train: vLLM asleep (level 1: KV cache dropped, weights copied to CPU), gradients, FSDP2's gathered layers,
+  and one micro-batch's activations and log-prob work (the largest micro-batch: longest prompt + longest
+  completion, `--micro-batch` sequences);
+- sync: vLLM awake again while `train.full_weights` gathers one full float32 parameter at a time.
+A fixed CUDA_OVERHEAD covers the CUDA context, NCCL and cuBLAS workspaces and allocator slack.
+
+What train.py does that sets these numbers (read from its code, not guessed):
+1. Master weights, gradients and AdamW's two moments are float32: 4 + 4 + 8 bytes per parameter, divided
+   by the ranks under FSDP2 (`fully_shard`). But FSDP2 keeps *unsharded* gradients while
+   `set_requires_gradient_sync(False)` skips the reduce-scatter, which train.ppo_update does on every
+   micro-batch but the last of a minibatch: with two or more micro-batches per rank, each rank holds the
+   whole model's float32 gradient (4 bytes per parameter, not divided).
+2. The reference is float32 and sharded under FSDP2 (train.load_reference keeps bf16 linears only in one
+   process, where store_linears_bf16 applies).
+3. bf16 autocast over float32 weights: each linear layer saves the bf16 copy of its weight for backward,
+   so a forward keeps a bf16 copy of every weight matrix alive until its backward (2 bytes per parameter,
+   not sharded). With checkpointing the copies live only while autocast's cache does (to the end of the
+   forward) and then one layer at a time.
+4. The residual stream stays float32 (float32 embedding + bf16 branch outputs), RMSNorm computes in float32.
+5. Logits exist only for the K + 1 completion positions (`logits_to_keep`); loss.token_logprobs saves them
+   and, in backward, writes a gradient of the same size, which slicing off the last position copies once
+   more: two logits-sized tensors at once, plus its float32 row chunks (loss.CHUNK_ELEMENTS).
+
+Activations saved per token per decoder layer (h hidden, f intermediate, q = heads x head_dim, qr = q when
+keys and values are repeated for grouped-query attention, c = 2 bytes under bf16 autocast, 4 in float32):
+    RMSNorm x2: input 4h + normalised 4h                                 16h
+    linear inputs: q/k/v and gate/up each cast their input to bf16     5ch  (float32: the 2 norm outputs, 8h)
+    attention: rotated q, repeated k and v, o_proj input             c(2q + 2qr)
+      eager (CPU): softmax probabilities, float32 + bf16 copy            (4 + c) x heads x S   (c = 4: 4 x heads x S)
+      SDPA (GPU, memory-efficient): output + logsumexp, no probabilities cq + 4 x heads
+    MLP: gate, silu(gate), up, silu(gate) * up                           4cf
+plus, once for all layers, RoPE's cos/sin (8 x head_dim per token) and, for SDPA, the (B, 1, S, S) padding
+mask. A layer's backward adds its largest gradient: eager's float32 gradient of the probabilities
+(4 x heads x S per token), SDPA's dq, dk, dv. With gradient checkpointing (hardware.enable_grad_checkpointing)
+only each layer's float32 input (4h per token) is kept, and backward recomputes one layer at a time.
+bench/plan_check.py measures these formulas against CPU peaks.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass
+
+from loss import CHUNK_ELEMENTS
+
+GiB = 2**30
+CUDA_OVERHEAD = 2.0 * GiB  # CUDA context, NCCL communicators, cuBLAS workspaces, allocator slack: not yet measured
+VLLM_ASLEEP = 1.0 * GiB  # what a level-1 sleeping vLLM keeps (its CUDA graphs' pool): not yet measured
+
+# The longest prompt each preset can meet, in tokens: train.py pads a micro-batch to its longest prompt and
+# filters none, so the plan assumes the official configs' data.max_prompt_length (jeffhernandez1995/softmaxgrpo:
+# 1024 in base.yaml, gsm8k, countdown and deepmath.yaml; 2048 for its 512-prompt non-verifiable run,
+# openthoughts.yaml, assumed for MeetingBank's transcripts; no config there covers Poetry or MeetingBank).
+PROMPT_TOKENS = {"gsm8k": 1024, "countdown": 1024, "deepmath": 1024, "poetry": 1024, "meetingbank": 2048,
+                 "arith": 40, "countdown24": 120}
+
+
+# Tables B.1 and B.2: GPUs per run. GiB as the cards report it: A100 80 GB has 80 GiB; the H200 this
+# project is lent reports about 139 GiB.
+PAPER_HARDWARE = {"gsm8k": (8, "A100", 80), "countdown": (8, "H200", 139), "deepmath": (16, "H200", 139),
+                  "poetry": (8, "A100", 80), "meetingbank": (16, "H200", 139)}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A Llama/Qwen2 decoder: what memory depends on."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    head_dim: int
+    tied: bool = True
+    qkv_bias: bool = False
+
+    @property
+    def layer_params(self) -> int:
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attention = self.hidden * (q + 2 * kv) + q * self.hidden + (q + 2 * kv) * self.qkv_bias
+        return attention + 3 * self.hidden * self.intermediate + 2 * self.hidden  # + MLP + 2 RMSNorms
+
+    @property
+    def embedding(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def params(self) -> int:
+        return self.layers * self.layer_params + self.embedding * (1 if self.tied else 2) + self.hidden
+
+
+SHAPES = {  # the models the presets name; anything else is read from its folder's config.json
+    "Qwen/Qwen2.5-1.5B": Shape(hidden=1536, layers=28, heads=12, kv_heads=2, intermediate=8960, vocab=151936,
+                               head_dim=128, tied=True, qkv_bias=True),  # 1,543,714,304 parameters
+    "smollm2-135m": Shape(hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, vocab=49152, head_dim=64),
+}
+
+
+def shape_from_config(config: dict) -> Shape:
+    heads = config["num_attention_heads"]
+    return Shape(hidden=config["hidden_size"], layers=config["num_hidden_layers"], heads=heads,
+                 kv_heads=config.get("num_key_value_heads") or heads, intermediate=config["intermediate_size"],
+                 vocab=config["vocab_size"], head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+                 tied=config.get("tie_word_embeddings", False),
+                 qkv_bias=config.get("attention_bias", config.get("model_type") == "qwen2"))
+
+
+def model_shape(model: str) -> Shape:
+    """The shape of a preset's model, or of a local Hugging Face folder; ValueError (one line) otherwise."""
+    if model in SHAPES:
+        return SHAPES[model]
+    path = os.path.join(model, "config.json")
+    if not os.path.isfile(path):
+        raise ValueError(f"no shape known for model {model!r}: pass a local Hugging Face folder with a config.json")
+    try:
+        with open(path) as f:
+            return shape_from_config(json.load(f))
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"{path} is not a Llama/Qwen2-style config ({type(err).__name__}: {err})") from None
+
+
+def training_state(shape: Shape, *, ranks: int, unsharded_grads: bool) -> dict:
+    """Bytes of float32 parameters, gradients and AdamW moments on one rank (note 1 of the docstring)."""
+    n = shape.params
+    return {"params": 4 * n / ranks, "grads": 4 * n if unsharded_grads else 4 * n / ranks, "adam": 8 * n / ranks}
+
+
+def activations(shape: Shape, *, batch: int, prompt: int, completion: int, compute_bytes: int,
+                checkpointing: bool, attention: str) -> dict:
+    """Peak bytes of one micro-batch's forward + backward beyond the training state, by part.
+
+    `saved`: what the layers keep from forward to backward (and RoPE's cos/sin); `recompute`: one layer's
+    recomputed activations (checkpointing) and the largest gradient its backward makes (attention: eager's
+    float32 gradient of the probabilities, SDPA's dq/dk/dv); `weights_bf16`: autocast's weight copies;
+    `logits`: the log-prob work.
+    `peak` (their sum) is the largest of forward's end, backward's first steps (logits) and a layer's
+    backward (recompute); `when` names it.
+    """
+    h, f, c, S = shape.hidden, shape.intermediate, compute_bytes, prompt + completion
+    tokens, kept = batch * S, batch * (completion + 1)  # all positions; those with logits (logits_to_keep)
+    q = shape.heads * shape.head_dim
+    qr = q if shape.kv_heads != shape.heads else shape.kv_heads * shape.head_dim
+    per_token = 16 * h + (5 * c * h if c < 4 else 8 * h) + c * (2 * q + 2 * qr) + 4 * c * f
+    shared = 2 * 4 * shape.head_dim * tokens  # RoPE's cos and sin, float32, saved once for every layer
+    if attention == "eager":
+        per_token += (4 + (c if c < 4 else 0)) * shape.heads * S
+        backward_extra = 4 * shape.heads * S * tokens  # the probabilities' float32 gradient
+    else:
+        per_token += c * q + 4 * shape.heads
+        backward_extra = c * (q + 2 * qr) * tokens  # dq, dk, dv
+        shared += c * tokens * S  # the (B, 1, S, S) padding mask, which SDPA's memory-efficient kernel saves
+    layer = per_token * tokens  # one decoder layer's saved activations
+    linear_weights = shape.params - shape.embedding * (1 if shape.tied else 2) - (2 * shape.layers + 1) * h
+    head = shape.embedding  # the lm_head weight (tied or not), cast like any linear
+    bf16_all = 2 * (linear_weights + head) if c < 4 else 0
+    bf16_head = 2 * head if c < 4 else 0
+    bf16_layer = 2 * (shape.layer_params - 2 * h) if c < 4 else 0
+    final_norm = 8 * h * tokens + c * h * kept  # final RMSNorm on all positions; lm_head input, completion rows
+    logits = c * kept * shape.vocab
+    chunk = 2 * 4 * min(kept, max(1, CHUNK_ELEMENTS // shape.vocab)) * shape.vocab  # float32 chunk + a temporary
+    if not checkpointing:  # backward's first steps (logits' gradient twice), then the last layer's backward
+        saved = shape.layers * layer + shared
+        moments = {"backward (logits)": {"saved": saved, "weights_bf16": bf16_all, "final_norm": final_norm,
+                                         "logits": 2 * logits + chunk},
+                   "backward (last layer)": {"saved": saved, "weights_bf16": bf16_all, "recompute": backward_extra}}
+    else:
+        saved = shape.layers * 4 * h * tokens + shared  # each layer's float32 input
+        moments = {
+            "forward end": {"saved": saved, "weights_bf16": bf16_all,  # autocast's cache holds every bf16 weight
+                            "final_norm": final_norm, "logits": logits + chunk},
+            "backward (logits)": {"saved": saved, "weights_bf16": bf16_head, "final_norm": final_norm,
+                                  "logits": 2 * logits + chunk},
+            "backward (a layer)": {"saved": saved, "weights_bf16": bf16_head + bf16_layer,
+                                   "recompute": layer + backward_extra},
+        }
+    when = max(moments, key=lambda m: sum(moments[m].values()))
+    parts = {"saved": 0, "weights_bf16": 0, "final_norm": 0, "logits": 0, "recompute": 0, **moments[when]}
+    return {**parts, "peak": sum(parts.values()), "when": when}
+
+
+@dataclass
+class Plan:
+    rows: list  # (phase, item, bytes, how)
+    phases: dict  # phase -> bytes
+    peak: float
+    peak_phase: str
+    gpu_bytes: float
+    fits: bool
+    assumptions: list
+
+    @property
+    def verdict(self) -> str:
+        word = "fits" if self.fits else "does NOT fit"
+        return (f"{word}: peak {self.peak / GiB:.1f} GiB ({self.peak_phase}) of {self.gpu_bytes / GiB:.0f} GiB "
+                f"per GPU ({self.peak / self.gpu_bytes:.0%})")
+
+
+def plan(args: dict, *, gpus: int, gpu_gb: float, grad_checkpointing: bool, prompt_tokens: int | None = None) -> Plan:
+    """One rank's peak GPU memory for train.py's `args` (a dict of its Args fields) on `gpus` GPUs of
+    `gpu_gb` GiB each. `prompt_tokens`: the longest prompt (default: PROMPT_TOKENS of the task)."""
+    shape = model_shape(args["model"])
+    task = args["task"]
+    if prompt_tokens is None and task not in PROMPT_TOKENS:
+        raise ValueError(f"no prompt length assumed for task {task!r}: pass prompt_tokens (--prompt-tokens)")
+    prompt = prompt_tokens if prompt_tokens is not None else PROMPT_TOKENS[task]
+    if gpus < 1 or gpu_gb <= 0:
+        raise ValueError("the plan needs gpus >= 1 and gpu_gb > 0")
+    bf16 = args.get("dtype", "auto") in ("auto", "bfloat16")  # auto is bf16 on every GPU train.py targets
+    c, K, ranks = 2 if bf16 else 4, args["max_tokens"], gpus
+    per_minibatch = args["rollout_batch"] * args["M"] / (ranks * args.get("minibatches", 1))  # sequences, one rank
+    batch = max(1, min(args["micro_batch"], math.ceil(per_minibatch)))
+    accumulates = math.ceil(per_minibatch / args["micro_batch"]) > 1
+    gpu = gpu_gb * GiB
+    state = training_state(shape, ranks=ranks, unsharded_grads=ranks > 1 and accumulates)
+    n = shape.params
+    beta = args.get("beta", 1e-3)
+    reference = 0 if beta == 0 else (4 * n / ranks if ranks > 1 or not bf16 else
+                                     2 * (n - shape.embedding - (2 * shape.layers + 1) * shape.hidden)
+                                     + 4 * (shape.embedding + (2 * shape.layers + 1) * shape.hidden))
+    vllm = args.get("gpu_memory_utilization", 0.3) * gpu
+    act = activations(shape, batch=batch, prompt=prompt, completion=K, compute_bytes=c,
+                      checkpointing=grad_checkpointing, attention="sdpa")
+    root = 4 * (shape.embedding * (1 if shape.tied else 2) + shape.hidden)
+    gathered = (root + 2 * 4 * shape.layer_params) if ranks > 1 else 0
+    grads_how = ("whole model, float32: FSDP2 keeps unsharded gradients between micro-batches"
+                 if ranks > 1 and accumulates else f"float32 / {ranks}")
+    resident = [("params", state["params"], f"float32 / {ranks}"),
+                ("adamw", state["adam"], f"2 moments, float32 / {ranks}"),
+                ("reference", reference, "beta = 0: none" if beta == 0 else
+                 (f"float32 / {ranks} (FSDP2)" if ranks > 1 else "bf16 linears" if bf16 else "float32")),
+                ("cuda overhead", CUDA_OVERHEAD, "context, NCCL, cuBLAS, slack (a constant)")]
+    phases = {
+        "rollout": resident + [("vllm awake", vllm, f"gpu_memory_utilization {vllm / gpu:.2f} x GPU")],
+        "train": resident + [
+            ("vllm asleep", VLLM_ASLEEP, "level 1: KV cache dropped, weights on CPU (a constant)"),
+            ("grads", state["grads"], grads_how),
+            ("fsdp2 gathered", gathered,
+             "root (embedding) + 2 decoder layers, float32" if ranks > 1 else "one process: none"),
+            ("activations", act["saved"], f"{batch} x ({prompt} + {K}) tokens, "
+             + ("layer inputs only (checkpointing)" if grad_checkpointing else "every layer's saved tensors")),
+            ("bf16 weight copies", act["weights_bf16"], "autocast's copies alive at " + act["when"]
+             if c < 4 else "float32: none"),
+            ("layer backward", act["recompute"], ("one layer's recomputed activations + " if grad_checkpointing
+                                                  else "") + "its backward's largest gradient"),
+            ("final norm", act["final_norm"], "float32 on all positions; lm_head input on the kept rows"),
+            ("logits + chunks", act["logits"], f"{'2 x ' if 'logits' in act['when'] else ''}({batch} x {K + 1} x "
+             f"{shape.vocab}) {'bf16' if c < 4 else 'float32'} + float32 row chunks"),
+        ],
+        "sync": resident + [("vllm awake", vllm, "woken for the new weights"),
+                            ("one full parameter", 4 * shape.embedding, "train.full_weights: the embedding, float32")],
+    }
+    rows = [(phase, item, size, how) for phase, items in phases.items() for item, size, how in items]
+    totals = {phase: sum(size for _, size, _ in items) for phase, items in phases.items()}
+    peak_phase = max(totals, key=totals.get)
+    assumptions = [
+        f"{args['model']}: {n / 1e9:.3f}B parameters; longest prompt {prompt} tokens, completion {K}",
+        f"{ranks} rank(s); {per_minibatch:.0f} sequences per rank per minibatch in micro-batches of {batch}",
+        "the trainer empties the CUDA cache before vLLM wakes (else the rollout phase also holds the train phase's "
+        "cached blocks)",
+    ]
+    return Plan(rows, totals, totals[peak_phase], peak_phase, gpu, totals[peak_phase] <= gpu, assumptions)
+
+
+def format_plan(p: Plan, title: str = "") -> str:
+    lines = [title] if title else []
+    for phase, total in p.phases.items():
+        lines.append(f"{phase:<8} {total / GiB:8.2f} GiB")
+        lines += [f"  {item:<20} {size / GiB:8.2f}  {how}" for ph, item, size, how in p.rows if ph == phase]
+    lines += [f"assumes: {a}" for a in p.assumptions]
+    lines.append(p.verdict)
+    return "\n".join(lines)
+
+
+def paper_table(presets: dict, defaults: dict) -> str:
+    """A markdown table: every paper preset on its Table B.1/B.2 hardware, with and without checkpointing."""
+    lines = ["| preset | GPUs | micro-batch x (prompt + response) | peak, checkpointing | peak, none |",
+             "| --- | --- | --- | --- | --- |"]
+    for task, (gpus, card, gb) in PAPER_HARDWARE.items():
+        args = {**defaults, **presets[task], "task": task}
+        cells = []
+        for ckpt in (True, False):
+            p = plan(args, gpus=gpus, gpu_gb=gb, grad_checkpointing=ckpt)
+            cells.append(f"{p.peak / GiB:.1f} GiB ({p.peak_phase}): {'fits' if p.fits else '**does not fit**'}")
+        lines.append(f"| {task} | {gpus} x {card} ({gb} GiB) | {args['micro_batch']} x ({PROMPT_TOKENS[task]} + "
+                     f"{args['max_tokens']}) | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    from train import PRESETS, Args  # the presets live with the flags they set
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--task", default="deepmath", help=f"a preset of train.py: {', '.join(PRESETS)}")
+    parser.add_argument("--gpus", type=int, default=8, help="ranks (one GPU each)")
+    parser.add_argument("--gpu-gb", type=float, default=80.0, help="memory per GPU, GiB")
+    parser.add_argument("--grad-checkpointing", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--prompt-tokens", type=int, help="longest prompt (default: the task's assumption)")
+    parser.add_argument("--model", help="override the preset's model (a local folder with config.json)")
+    parser.add_argument("--table", action="store_true", help="every paper preset on its paper hardware, markdown")
+    cli = parser.parse_args(argv)
+    if cli.table:
+        print(paper_table(PRESETS, Args().__dict__))
+        return 0
+    if cli.task not in PRESETS:
+        parser.error(f"--task must be one of {', '.join(PRESETS)}")
+    args = {**Args().__dict__, **PRESETS[cli.task], "task": cli.task, **({"model": cli.model} if cli.model else {})}
+    try:
+        p = plan(args, gpus=cli.gpus, gpu_gb=cli.gpu_gb, grad_checkpointing=cli.grad_checkpointing,
+                 prompt_tokens=cli.prompt_tokens)
+    except ValueError as err:
+        print(f"memory_plan.py: error: {err}", file=sys.stderr)
+        return 2
+    ckpt = "with" if cli.grad_checkpointing else "without"
+    print(format_plan(p, f"{cli.task} on {cli.gpus} x {cli.gpu_gb:g} GiB, {ckpt} gradient checkpointing"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

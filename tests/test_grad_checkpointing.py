@@ -1,0 +1,64 @@
+"""Gradient checkpointing (hardware.enable_grad_checkpointing) leaves the loss and gradients unchanged.
+
+float32, the tiny model, PPO loss with a reference KL; in one process and under FSDP2 with
+`torchrun --nproc_per_node 2` (tests/grad_ckpt_worker.py). Each test also checks that the layers really
+were recomputed: Hugging Face checkpoints only in train mode, so a helper that forgot it would pass an
+equivalence test while saving nothing.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from grad_ckpt_worker import loss_and_grads
+
+from hardware import enable_grad_checkpointing, load_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def ref_dir(tmp_path_factory):
+    from tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("ref"), seed=1)  # a different reference: the KL has a gradient
+
+
+def assert_same(plain, ckpt):
+    assert ckpt["loss"] == pytest.approx(plain["loss"], rel=1e-5, abs=1e-7)
+    assert plain["grads"].keys() == ckpt["grads"].keys()
+    for name, grad in plain["grads"].items():
+        torch.testing.assert_close(ckpt["grads"][name], grad, atol=1e-5, rtol=1e-5, msg=name)
+    assert max(g.abs().max().item() for g in plain["grads"].values()) > 1e-4  # there was a gradient to compare
+
+
+def test_checkpointing_keeps_loss_and_gradients_one_process(tiny_model_dir, ref_dir):
+    plain, ckpt = ({k: v for k, v in zip(("loss", "grads", "layer0_calls"), loss_and_grads(tiny_model_dir, ref_dir, c))}
+                   for c in (False, True))
+    assert_same(plain, ckpt)
+    assert (plain["layer0_calls"], ckpt["layer0_calls"]) == (2, 4)  # 2 micro-batches; each layer rerun in backward
+
+
+def test_checkpointing_rejects_a_model_with_dropout(tiny_model_dir):
+    model = load_model(tiny_model_dir)
+    model.config.attention_dropout = 0.1
+    with pytest.raises(ValueError, match="dropout 0.1"):
+        enable_grad_checkpointing(model)
+
+
+@pytest.mark.slow
+def test_checkpointing_keeps_loss_and_gradients_under_fsdp2(tiny_model_dir, ref_dir, tmp_path):
+    worker = os.path.join(ROOT, "tests", "grad_ckpt_worker.py")
+    runs = {}
+    for name, launcher in [("one", [sys.executable]),
+                           ("two", [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"])]:
+        result = subprocess.run([*launcher, worker, str(tmp_path / f"{name}.pt"), tiny_model_dir, ref_dir],
+                                cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[name] = torch.load(tmp_path / f"{name}.pt")
+    two = runs["two"]
+    assert_same(two["plain"], two["ckpt"])
+    assert (two["plain"]["layer0_calls"], two["ckpt"]["layer0_calls"]) == (2, 4)  # rank 0's count
+    assert_same(runs["one"]["plain"], two["ckpt"])  # and FSDP2 + checkpointing equals one process on the whole batch

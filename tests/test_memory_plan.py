@@ -1,0 +1,122 @@
+"""memory_plan.py: the model shapes, the activation formula against what autograd saves, the plan's logic,
+its CLI, and (slow) the formulas against measured CPU peaks through bench/plan_check.py."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import memory_plan
+from memory_plan import Shape, activations, model_shape, plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def meta_params(config) -> int:
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+
+
+def test_shapes_count_the_real_models_parameters(tiny_model_dir):
+    from transformers import AutoConfig, LlamaConfig, Qwen2Config
+
+    assert model_shape("Qwen/Qwen2.5-1.5B").params == 1_543_714_304  # Qwen2.5-1.5B, tied embeddings
+    qwen = Qwen2Config(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                       intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True)
+    assert meta_params(qwen) == memory_plan.SHAPES["Qwen/Qwen2.5-1.5B"].params  # q/k/v biases counted
+    smol = LlamaConfig(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                       intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True)
+    assert meta_params(smol) == memory_plan.SHAPES["smollm2-135m"].params
+    assert model_shape(tiny_model_dir).params == meta_params(AutoConfig.from_pretrained(tiny_model_dir))
+    untied = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                         vocab_size=300, tie_word_embeddings=False)
+    assert memory_plan.shape_from_config(untied.to_dict()).params == meta_params(untied)
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+def test_saved_activations_equal_what_autograd_saves(tiny_model_dir, bf16):
+    """Every tensor autograd saves in one forward (parameters excluded), counted by storage, against the plan."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from loss import sequence_logprobs
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    config._attn_implementation = "eager"
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    B, P, K = 4, 96, 64
+    input_ids = torch.randint(0, config.vocab_size, (B, P + K))
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            sequence_logprobs(model, input_ids, torch.ones_like(input_ids), K)
+    c = 2 if bf16 else 4
+    act = activations(model_shape(tiny_model_dir), batch=B, prompt=P, completion=K, compute_bytes=c,
+                      checkpointing=False, attention="eager")
+    logits_once = c * B * (K + 1) * config.vocab_size
+    planned = act["saved"] + act["weights_bf16"] + act["final_norm"] + logits_once
+    assert sum(saved.values()) == pytest.approx(planned, rel=0.01)
+
+
+def test_fsdp2_gradient_accumulation_keeps_whole_model_gradients():
+    base = dict(model="Qwen/Qwen2.5-1.5B", task="deepmath", M=16, rollout_batch=512, micro_batch=8, max_tokens=1024)
+    n = model_shape("Qwen/Qwen2.5-1.5B").params
+    grads = {row[1]: row[2] for row in plan(base, gpus=16, gpu_gb=80, grad_checkpointing=True).rows
+             if row[0] == "train"}["grads"]
+    assert grads == 4 * n  # 64 micro-batches per rank: unsharded float32 gradients
+    one_micro = dict(base, rollout_batch=16, M=8)  # 8 sequences per rank: one micro-batch, reduce-scattered
+    grads = {row[1]: row[2] for row in plan(one_micro, gpus=16, gpu_gb=80, grad_checkpointing=True).rows
+             if row[0] == "train"}["grads"]
+    assert grads == 4 * n / 16
+
+
+def test_checkpointing_keeps_only_layer_inputs_and_the_verdict_follows_the_gpu():
+    shape = Shape(hidden=1536, layers=28, heads=12, kv_heads=2, intermediate=8960, vocab=151936, head_dim=128)
+    kwargs = dict(batch=8, prompt=1024, completion=1024, compute_bytes=2, attention="sdpa")
+    plain, ckpt = activations(shape, checkpointing=False, **kwargs), activations(shape, checkpointing=True, **kwargs)
+    # float32 layer inputs, cos/sin, the bf16 (B, 1, S, S) mask
+    assert ckpt["saved"] == 28 * 4 * 1536 * 8 * 2048 + 2 * 4 * 128 * 8 * 2048 + 2 * 8 * 2048 * 2048
+    assert plain["saved"] > 15 * ckpt["saved"]
+    args = dict(model="Qwen/Qwen2.5-1.5B", task="deepmath", M=16, rollout_batch=512, micro_batch=8, max_tokens=1024)
+    big, small = plan(args, gpus=16, gpu_gb=80, grad_checkpointing=False), plan(args, gpus=16, gpu_gb=40,
+                                                                                 grad_checkpointing=False)
+    assert big.fits != small.fits and "does NOT fit" in small.verdict
+
+
+def test_cli_prints_the_plan_and_refuses_bad_input_in_one_line(tmp_path):
+    def run(*flags):
+        return subprocess.run([sys.executable, "memory_plan.py", *flags], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120)
+
+    ok = run("--task", "deepmath", "--gpus", "16", "--gpu-gb", "80")
+    assert ok.returncode == 0, ok.stderr
+    assert "vllm awake" in ok.stdout and ok.stdout.strip().splitlines()[-1].startswith(("fits", "does NOT fit"))
+    bad_model = run("--task", "deepmath", "--model", str(tmp_path))
+    assert bad_model.returncode == 2 and bad_model.stderr.count("\n") == 1 and "config.json" in bad_model.stderr
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    broken = run("--task", "deepmath", "--model", str(tmp_path))
+    assert broken.returncode == 2 and broken.stderr.count("\n") == 1 and "KeyError" in broken.stderr
+
+
+@pytest.mark.slow
+def test_formulas_agree_with_measured_cpu_peaks_on_the_tiny_model():
+    """bench/plan_check.py's measurements (peak resident memory, fresh process) on the tiny model."""
+    result = subprocess.run([sys.executable, "bench/plan_check.py", "--models", "tiny", "--dtypes", "bfloat16",
+                             "--json", "--one-process"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(rows) == 3
+    for row in rows:
+        assert abs(row["error"]) < 0.10, row
