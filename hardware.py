@@ -93,8 +93,6 @@ def enable_grad_checkpointing(model):
     return model.train()
 
 
-
-
 # ---- SPEED TRICK (skippable): glibc keeps freed memory; only the allocator changes, no number computed
 # (tests/test_train.py::test_keep_freed_memory_stops_refaulting_large_blocks checks that the pages are reused)
 def keep_freed_memory() -> bool:
