@@ -80,6 +80,7 @@ def _estimator_fields():
 
 
 Args = make_dataclass("Args", list(_estimator_fields()), bases=(_Args,))
+Args.__module__, Args.__doc__ = __name__, "train.py's flags: _Args's, then one per estimator hyperparameter."
 
 
 def resolve_auto(args: Args) -> Args:

@@ -104,14 +104,10 @@ def test_an_unloadable_model_is_one_line_and_exit_2(tmp_path):
 
 
 def test_no_held_out_rows_is_said_in_one_line(tmp_path, capsys):
-    rows = [{"question": f"What is {a} plus 1?", "answer": f"#### {a + 1}"} for a in range(40)]
+    rows = [{"question": f"What is {a} plus 1?", "answer": f"#### {a + 1}"} for a in range(20)]
+    rows = [row for row in rows if not tasks._in_test(tasks._digest(row["question"]))]  # the hash split's train rows
     data = tmp_path / "small.jsonl"
-    task = tasks.get_task("gsm8k")
-    for n in range(1, len(rows)):  # the longest prefix whose hash split leaves no test row
-        data.write_text("".join(json.dumps(row) + "\n" for row in rows[:n]))
-        if task.load("test", data_file=str(data)):
-            data.write_text("".join(json.dumps(row) + "\n" for row in rows[:n - 1]))
-            break
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     args = train.Args(task="gsm8k", data_file=str(data), eval_examples=8, out_dir=str(tmp_path / "run"))
     _, train_set, test_set = train.load_data(args)
     out = capsys.readouterr().out
@@ -242,6 +238,7 @@ def test_end_to_end_writes_metrics_and_a_loadable_checkpoint(tiny_model_dir, tmp
                 "loss/clip_frac_high", "grad/norm", "lr", "sync/logprob_diff", "time/rollout", "perf/tokens_per_s"):
         assert all(math.isfinite(r[key]) for r in rows), key
     assert all(r["sync/logprob_diff"] < 1e-4 for r in rows)  # float32 sampler holds the trainer's weights
+    assert all(r["reward/errors"] == 0 for r in rows)  # a healthy reward: nothing caught
     ckpt = tmp_path / "checkpoint-000002"
     assert sorted(os.listdir(tmp_path)) == ["checkpoint-000002", "curves.png", "metrics.jsonl"]
     model = AutoModelForCausalLM.from_pretrained(ckpt)  # a plain HF folder, no conversion step
