@@ -7,6 +7,7 @@ group) each is the single-process identity.
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 
 
 def all_reduce_sum(values: list[float], device, op=dist.ReduceOp.SUM) -> list[float]:
@@ -44,6 +45,6 @@ def shard(model, device):
 
 def full_weights(model):
     """(HF name, full tensor), one parameter at a time; all-gathering FSDP2 shards is a collective."""
-    distributed = dist.is_initialized()
-    for name, param in model.named_parameters():  # distributed: each parameter is an FSDP2 DTensor shard
-        yield name, (param.full_tensor() if distributed else param).detach()
+    sharded = isinstance(model, FSDPModule)  # shard() ran: each parameter is an FSDP2 DTensor shard
+    for name, param in model.named_parameters():
+        yield name, (param.full_tensor() if sharded else param).detach()

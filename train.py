@@ -37,6 +37,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
@@ -115,7 +116,8 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
     size nor the number of ranks changes the loss. FSDP averages gradients over ranks, so each rank's loss
     is multiplied by the world size.
     """
-    distributed = dist.is_initialized()
+    distributed = dist.is_initialized()  # also in one process, when vLLM made its own process group
+    sharded = isinstance(model, FSDPModule)  # shard() ran: torchrun's FSDP2, the mode of every rank
     device, world = next(model.parameters()).device, dist.get_world_size() if distributed else 1
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bfloat16")
     per_minibatch = len(prompts) // args.minibatches
@@ -143,7 +145,7 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
             if distributed:
                 dist.all_reduce(denominator)  # the whole minibatch's: one shared denominator
             for i, mb in enumerate(micro):
-                if distributed:  # FSDP2: reduce-scatter the gradients once per minibatch, after its last micro-batch
+                if sharded:  # FSDP2: reduce-scatter the gradients once per minibatch, after its last micro-batch
                     model.set_requires_gradient_sync(i == len(micro) - 1)
                 with autocast:
                     logp = sequence_logprobs(model, mb["input_ids"], mb["attention_mask"], mb["mask"].shape[1],
@@ -162,7 +164,7 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
                 if epoch == 0:  # sampler vs trainer log-probs of the same tokens, before any update
                     sums["sampler_diff"] += ((old_logp - mb["sampler_logp"]).abs() * mb["mask"]).sum().item()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-            sums["grad_norm"] += float(grad_norm.full_tensor() if distributed else grad_norm)  # FSDP2: a DTensor
+            sums["grad_norm"] += float(grad_norm.full_tensor() if sharded else grad_norm)  # FSDP2: a DTensor
             lr = scheduler.get_last_lr()[0]
             optimizer.step()
             scheduler.step()
