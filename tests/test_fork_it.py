@@ -2,11 +2,14 @@
 
 Each code block below is the README's, character for character (test_readme_shows_exactly_this_code
 checks it), and is executed in its stage module's namespace, which is what pasting it into that file
-does. The stage functions must then pick the new entry up, and train.py must train two steps with it.
+does. The stage functions must then pick the new entry up, and train.py must train two steps with all three.
 """
 
 import json
 import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -117,27 +120,41 @@ def test_the_new_aggregation_is_picked_up_and_invariant(forked):
 
 
 @pytest.mark.slow
-def test_train_runs_two_steps_with_the_new_estimator_and_task(forked, qa_file, tiny_model_dir, tmp_path):
-    import train
+def test_train_runs_two_steps_with_all_three_edits(qa_file, tiny_model_dir, tmp_path):
+    """The three blocks pasted at the end of copies of their files (below each registry), then the README's
+    flags on the command line: --advantage floorgrpo --std-floor, --task qa, --loss-agg seq-mean-token-sum.
 
-    args = train.Args(task="qa", data_file=qa_file, advantage="floorgrpo", model=tiny_model_dir, M=4,
-                      rollout_batch=4, micro_batch=8, steps=2, max_tokens=4, warmup_steps=0, eval_examples=0,
-                      dtype="float32", out_dir=str(tmp_path / "run"))
-    # LEAD: once train.py forwards estimator hyperparameters and --loss-agg, add to the Args above:
-    #   std_floor=0.2, loss_agg="seq-mean-token-sum"
-    # and assert below that the run used them (e.g. a metric or the saved args).
-    train.main(args)
-    with open(tmp_path / "run" / "metrics.jsonl") as f:
+    A fresh process, as for a real fork: train.py builds its flags (config.Args) when it is imported, so an
+    edit exec'd into a module this test process already imported would not reach them."""
+    from checkpoint import find_checkpoint, read_trainer_state
+
+    fork = tmp_path / "fork"
+    fork.mkdir()
+    for name in os.listdir(ROOT):
+        if name.endswith(".py"):
+            shutil.copy(os.path.join(ROOT, name), fork / name)
+    for module, code, _, _ in EDITS:
+        with open(fork / f"{module.__name__}.py", "a") as f:
+            f.write(f"\n\n{code}")
+    run = tmp_path / "run"
+    result = subprocess.run([sys.executable, "train.py", "--task", "qa", "--data-file", qa_file, "--advantage",
+                             "floorgrpo", "--std-floor", "0.2", "--loss-agg", "seq-mean-token-sum", "--model",
+                             tiny_model_dir, "--M", "4", "--rollout-batch", "4", "--micro-batch", "8", "--steps", "2",
+                             "--max-tokens", "4", "--warmup-steps", "0", "--eval-examples", "0", "--dtype", "float32",
+                             "--out-dir", str(run)], cwd=fork, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(run / "metrics.jsonl") as f:
         metrics = [json.loads(line) for line in f]
-    steps = [m for m in metrics if "loss/pg" in m]
-    assert [m["step"] for m in steps] == [1, 2]
-    assert all(torch.isfinite(torch.tensor(m["loss/pg"])) for m in steps)
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(torch.isfinite(torch.tensor(m["loss/pg"])) for m in metrics)
+    assert all("alloc/floorgrpo/0.9-1" in m for m in metrics)  # the new estimator reached grad_alloc too
+    saved = read_trainer_state(find_checkpoint(str(run)))["args"]
+    assert (saved["task"], saved["advantage"], saved["std_floor"], saved["loss_agg"]) == \
+        ("qa", "floorgrpo", 0.2, "seq-mean-token-sum")
 
 
 def test_readme_shows_exactly_this_code():
     readme = open(os.path.join(ROOT, "README.md")).read()
-    if "## Fork it" not in readme:
-        pytest.skip("README.md has no 'Fork it' section yet (LEAD: remove this skip when it lands)")
     section = readme.split("## Fork it", 1)[1].split("\n## ", 1)[0]
     for block in (ESTIMATOR, TASK, AGGREGATION):
         assert f"```python\n{block}```" in section

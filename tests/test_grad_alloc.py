@@ -124,7 +124,7 @@ def test_exact_norms_match_a_direct_backward(model_and_tokenizer):
     n_tokens = sum(len(c) for g in completions for c in g)
     ids, attn, mask = pad_batch([prompts[0]] * 3, completions[0], tok.pad_token_id)
     logp = sequence_logprobs(model, ids, attn, mask.shape[1])
-    loss, _ = policy_loss(logp, logp.detach(), adv[0], mask, num_tokens=n_tokens, beta=0.0)
+    loss, _ = policy_loss(logp, logp.detach(), adv[0], mask, denominator=n_tokens, beta=0.0)
     model.zero_grad()
     loss.backward()
     direct = torch.sqrt(sum((q.grad.double() ** 2).sum() for q in model.parameters() if q.grad is not None))

@@ -10,6 +10,8 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,6 +20,8 @@ from dist_train import DigitTask
 import hardware
 import tasks
 import train
+from advantage import estimator_params
+from loss import AGGREGATIONS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -67,6 +71,64 @@ def test_bad_flags_exit_2_with_one_line(flags, message, tmp_path, capsys):
     assert exit_info.value.code == 2
     assert err.count("\n") == 1 and err.startswith("train.py: error: ") and message in err
     assert not out.exists()  # nothing written
+
+
+def test_every_loss_agg_and_estimator_hyperparameter_is_a_flag(tmp_path):
+    for agg in AGGREGATIONS:
+        assert train.parse_args(["--loss-agg", agg, "--out-dir", str(tmp_path / agg)]).loss_agg == agg
+    assert train.Args().loss_agg == "token-mean"  # the paper's (Appendix B.1)
+    for name, (default, kind) in estimator_params().items():  # --tau, --eps, --baseline: one flag each
+        assert getattr(train.Args(), name) == default
+        flag = "--" + name.replace("_", "-")
+        assert getattr(train.parse_args([flag, "0.25", "--out-dir", str(tmp_path / name)]), name) == kind("0.25")
+    assert train.parse_args(["--advantage", "grpo", "--eps", "0.5", "--out-dir", str(tmp_path / "g")]).eps == 0.5
+    with pytest.raises(SystemExit):  # a bad hyperparameter stops at the command line
+        train.parse_args(["--advantage", "softmax", "--tau", "nan", "--out-dir", str(tmp_path / "t")])
+
+
+def test_a_bad_loss_agg_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train.parse_args(["--loss-agg", "seq-sum", "--out-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err == f"train.py: error: --loss-agg must be one of {', '.join(AGGREGATIONS)}\n"
+
+
+def test_an_unloadable_model_is_one_line_and_exit_2(tmp_path):
+    result = cli("--model", str(tmp_path / "no_such_model"), "--eval-examples", "0", "--out-dir", str(tmp_path / "run"),
+                 env={"HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("train.py: error: cannot load model ") and "--model" in lines[0]
+    assert "HF_HUB_OFFLINE" in lines[0]
+
+
+def test_no_held_out_rows_is_said_in_one_line(tmp_path, capsys):
+    rows = [{"question": f"What is {a} plus 1?", "answer": f"#### {a + 1}"} for a in range(20)]
+    rows = [row for row in rows if not tasks._in_test(tasks._digest(row["question"]))]  # the hash split's train rows
+    data = tmp_path / "small.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    args = train.Args(task="gsm8k", data_file=str(data), eval_examples=8, out_dir=str(tmp_path / "run"))
+    _, train_set, test_set = train.load_data(args)
+    out = capsys.readouterr().out
+    assert train_set and test_set == []
+    assert out.count("\n") == 1 and "no held-out rows" in out and str(data) in out
+    train.load_data(replace(args, eval_examples=0))
+    assert capsys.readouterr().out == ""  # no evaluation asked for: nothing to say
+
+
+def test_reward_errors_are_counted_and_summed_per_step(monkeypatch, capsys):
+    import rewards
+
+    monkeypatch.setattr(rewards, "STRICT", False)  # the training default: score 0 and count
+    rewards.take_error_count()
+    fragile = rewards._reward(lambda completion, example: 1.0 if completion == "ok" else int(completion))
+    task = SimpleNamespace(has_verifier=True, reward=lambda text, ex, kind="exact": fragile(text, ex))
+    groups = [[SimpleNamespace(text=text, token_ids=[5, 6], finish_reason="stop") for text in ("ok", "x", "y")]]
+    rollout = train.score(task, [None], groups, train.Args(), torch.device("cpu"))
+    assert rollout["errors"] == 2 and rollout["rewards"].tolist() == [[1.0, 0.0, 0.0]]
+    assert train.score(task, [None], groups[:1], train.Args(), torch.device("cpu"))["errors"] == 2  # per step
+    assert capsys.readouterr().err.count("Traceback") == 1  # the first traceback of the run, once
 
 
 def test_cli_bad_flag_prints_one_line_before_loading_anything():
@@ -176,6 +238,7 @@ def test_end_to_end_writes_metrics_and_a_loadable_checkpoint(tiny_model_dir, tmp
                 "loss/clip_frac_high", "grad/norm", "lr", "sync/logprob_diff", "time/rollout", "perf/tokens_per_s"):
         assert all(math.isfinite(r[key]) for r in rows), key
     assert all(r["sync/logprob_diff"] < 1e-4 for r in rows)  # float32 sampler holds the trainer's weights
+    assert all(r["reward/errors"] == 0 for r in rows)  # a healthy reward: nothing caught
     ckpt = tmp_path / "checkpoint-000002"
     assert sorted(os.listdir(tmp_path)) == ["checkpoint-000002", "curves.png", "metrics.jsonl"]
     model = AutoModelForCausalLM.from_pretrained(ckpt)  # a plain HF folder, no conversion step
@@ -230,14 +293,16 @@ def torchrun(*job):
 
 
 @pytest.mark.slow
-def test_one_update_under_torchrun_2_equals_one_process(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean"])  # a per-sequence denominator too
+def test_one_update_under_torchrun_2_equals_one_process(tiny_model_dir, tmp_path, loss_agg):
     from tiny_model import build_tiny_model
 
     ref_dir = build_tiny_model(tmp_path / "ref", seed=1)  # a different reference: the KL term has a gradient
     single = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "dist_train.py"), "parity",
-                             str(tmp_path / "one.pt"), tiny_model_dir, ref_dir], capture_output=True, text=True)
+                             str(tmp_path / "one.pt"), tiny_model_dir, ref_dir, loss_agg], capture_output=True,
+                            text=True)
     assert single.returncode == 0, single.stderr[-3000:]
-    double = torchrun("parity", str(tmp_path / "two.pt"), tiny_model_dir, ref_dir)
+    double = torchrun("parity", str(tmp_path / "two.pt"), tiny_model_dir, ref_dir, loss_agg)
     assert double.returncode == 0, double.stderr[-3000:]
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     assert one["state"].keys() == two["state"].keys()
@@ -296,11 +361,11 @@ def test_micro_batch_grouping_sorts_by_length_and_cuts_padding():
 
 
 def one_update(model_dir, ref_dir, micro_batch, fused=False, ref_bf16=False, dtype="float32", epochs=2,
-               minibatches=2):
+               minibatches=2, loss_agg="token-mean"):
     from transformers import AutoModelForCausalLM
 
     args = train.Args(M=4, rollout_batch=4, micro_batch=micro_batch, minibatches=minibatches, ppo_epochs=epochs,
-                      beta=0.1, lr=1e-3, warmup_steps=0, max_grad_norm=0.5, dtype=dtype)
+                      beta=0.1, lr=1e-3, warmup_steps=0, max_grad_norm=0.5, dtype=dtype, loss_agg=loss_agg)
     prompts, completions, adv = ppo_batch()
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     ref = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval().requires_grad_(False)
@@ -332,6 +397,16 @@ def test_micro_batch_grouping_keeps_the_update(tiny_model_dir, ref_dir):
     """Micro-batches of 3 (sorted, padded per group) vs the whole minibatch in one pass: the same update."""
     assert_same_update(one_update(tiny_model_dir, ref_dir, micro_batch=3),
                        one_update(tiny_model_dir, ref_dir, micro_batch=8), tol=1e-5)
+
+
+@pytest.mark.parametrize("loss_agg", [agg for agg in AGGREGATIONS if agg != "token-mean"])
+def test_every_loss_agg_is_invariant_to_micro_batches(tiny_model_dir, ref_dir, loss_agg):
+    """--loss-agg reaches the loss (the update differs from token-mean's), and micro-batches of 3 (length-sorted,
+    each padded on its own) give the same update as the whole minibatch in one pass."""
+    whole = one_update(tiny_model_dir, ref_dir, micro_batch=8, loss_agg=loss_agg)
+    assert_same_update(one_update(tiny_model_dir, ref_dir, micro_batch=3, loss_agg=loss_agg), whole, tol=1e-5)
+    token_mean = one_update(tiny_model_dir, ref_dir, micro_batch=8)
+    assert whole[1]["loss/pg"] != pytest.approx(token_mean[1]["loss/pg"], rel=1e-3)
 
 
 def test_fused_adamw_matches_default(tiny_model_dir, ref_dir):

@@ -1,0 +1,199 @@
+"""train.py's command line: Args (one field per flag, each with its default and help), the paper's presets
+(Appendix B.1, Tables B.1-B.2) and the checks that turn a bad flag into one line.
+
+Estimator hyperparameters (`--tau`, `--eps`, ...) are not listed here: Args gets one field per entry of
+advantage.estimator_params(), so a new estimator's hyperparameter is a flag without editing this file.
+
+    python train.py --help
+"""
+
+import argparse
+import importlib.util
+import math
+import os
+import sys
+from dataclasses import dataclass, field, fields, make_dataclass, replace
+
+import torch
+
+from advantage import ESTIMATORS, compute_advantages, estimator_params, hyperparameters
+from checkpoint import CheckpointError, find_checkpoint, read_trainer_state
+from hardware import has_bf16_units
+from loss import AGGREGATIONS
+
+# Largest healthy sampler-vs-trainer probe difference measured on CPU was MEASURED_MAX (README, "Training for
+# real"); a sampler that missed an update differs by the size of a step's change, or not at all (caught
+# separately: its log-probs stay bit-identical while the trainer's move).
+SYNC_TOLERANCE = 0.5
+
+
+def arg(default, help):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class _Args:
+    task: str = arg("arith", "task name (tasks.py); also picks the preset of PRESETS")
+    model: str = arg("smollm2-135m", "initial policy: HF folder, hub id or embedded alias (rollout.resolve_model)")
+    data_file: str = arg("", "local data file for the task instead of the hub dataset")
+    reward: str = arg("exact", "exact: the task's verifier; sim: similarity to the demonstration (B.5)")
+    advantage: str = arg("softmax", f"group advantage estimator: {', '.join(ESTIMATORS)}")
+    M: int = arg(8, "rollouts per prompt (group size)")
+    rollout_batch: int = arg(4, "prompts per step, over all ranks")
+    micro_batch: int = arg(8, "sequences per forward/backward pass on one rank (gradient accumulation)")
+    minibatches: int = arg(1, "optimizer steps per rollout batch and PPO epoch")
+    ppo_epochs: int = arg(1, "passes over each rollout batch")
+    steps: int = arg(20, "training steps (rollout batches)")
+    max_tokens: int = arg(48, "max response tokens")
+    temperature: float = arg(1.0, "rollout sampling temperature")
+    top_p: float = arg(1.0, "rollout nucleus sampling")
+    lr: float = arg(2e-5, "AdamW learning rate")
+    warmup_steps: int = arg(2, "linear learning-rate warmup, in optimizer steps")
+    weight_decay: float = arg(0.01, "AdamW weight decay")
+    max_grad_norm: float = arg(1.0, "gradient clipping")
+    clip_low: float = arg(0.2, "PPO clip: ratio >= 1 - clip_low")
+    clip_high: float = arg(0.28, "PPO clip: ratio <= 1 + clip_high")
+    beta: float = arg(1e-3, "reference KL coefficient (k3); 0 skips the reference model")
+    loss_agg: str = arg("token-mean", f"loss aggregation (loss.py): {', '.join(AGGREGATIONS)}; the paper's is "
+                        "token-mean, Dr. GRPO's seq-mean-token-sum-norm (length max-tokens)")
+    dtype: str = arg("auto", "bfloat16 (autocast over float32 master weights), float32, or auto: bfloat16 where "
+                     "the hardware has bf16 matrix units (GPUs, CPUs with AVX512-BF16/AMX), else float32")
+    sampler: str = arg("auto", "auto (vllm on a GPU when installed, else hf), hf or vllm")
+    gpu_memory_utilization: float = arg(0.3, "vLLM's share of GPU memory")
+    sync_tolerance: float = arg(SYNC_TOLERANCE, "stop when the sampler's probe log-probs differ from the trainer's "
+                                "by more than this (nats, largest over probe tokens), after any weight sync")
+    eval_examples: int = arg(64, "held-out prompts scored greedily before and after training (0: none)")
+    seed: int = arg(0, "seed of data order and sampling")
+    out_dir: str = arg("", "run folder (default runs/TASK-ADVANTAGE-sSEED)")
+    save_every: int = arg(0, "checkpoint every N steps (0: only at the end)")
+    resume: str = arg("", "checkpoint folder, or run folder (its newest checkpoint), to continue from")
+    wandb: bool = arg(False, "also log to Weights & Biases (if installed)")
+
+
+HPARAM_HELP = {"tau": "SoftmaxGRPO temperature (Eq. 1)"}  # the others say which estimators read them
+
+
+def _estimator_fields():
+    for name, (default, kind) in estimator_params().items():
+        users = [est for est, fn in ESTIMATORS.items() if name in hyperparameters(fn)]
+        yield name, kind, arg(default, HPARAM_HELP.get(name, f"hyperparameter of --advantage {'/'.join(users)}"))
+
+
+Args = make_dataclass("Args", list(_estimator_fields()), bases=(_Args,))
+Args.__module__, Args.__doc__ = __name__, "train.py's flags: _Args's, then one per estimator hyperparameter."
+
+
+def resolve_auto(args: Args) -> Args:
+    """--dtype auto and --sampler auto made concrete for this machine."""
+    if args.dtype == "auto":
+        args = replace(args, dtype="bfloat16" if has_bf16_units() else "float32")
+    if args.sampler == "auto":  # vLLM where it runs well, HF generate elsewhere
+        args = replace(args, sampler="vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf")
+    return args
+
+
+def estimator_hparams(args: Args) -> dict:
+    """Every estimator's hyperparameters, as given: compute_advantages hands each estimator its own."""
+    return {name: getattr(args, name) for name in estimator_params()}
+
+
+PAPER = dict(model="Qwen/Qwen2.5-1.5B", lr=1e-6, warmup_steps=0, micro_batch=4, save_every=100,
+             eval_examples=500)  # Tables B.1-B.2: shared rows
+PRESETS = {  # explicit flags override these
+    "arith": {},  # the defaults above: the CPU demo
+    "countdown24": dict(max_tokens=128),
+    "gsm8k": dict(PAPER, tau=0.1, M=8, rollout_batch=64, steps=1000, max_tokens=256),  # Table B.1
+    "countdown": dict(PAPER, tau=0.1, M=8, rollout_batch=64, steps=2000, max_tokens=256),
+    "deepmath": dict(PAPER, tau=0.3, M=16, rollout_batch=512, micro_batch=8, steps=3220, max_tokens=1024),
+    "poetry": dict(PAPER, tau=0.3, M=8, rollout_batch=64, steps=1350, max_tokens=1024, reward="sim"),  # B.2
+    "meetingbank": dict(PAPER, tau=0.3, M=8, rollout_batch=512, steps=3220, max_tokens=4096, reward="sim"),
+}
+
+
+def run_dir(args: Args) -> str:
+    if args.out_dir:
+        return args.out_dir
+    ckpt = find_checkpoint(args.resume) if args.resume else None
+    return os.path.dirname(os.path.abspath(ckpt)) if ckpt else f"runs/{args.task}-{args.advantage}-s{args.seed}"
+
+
+def check_args(args: Args) -> str | None:
+    """The first problem with `args` as one line, or None; reads nothing but small files."""
+    from tasks import get_task
+
+    try:
+        task = get_task(args.task)
+    except ValueError as err:
+        return str(err)
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    rules = [
+        (args.advantage in ESTIMATORS, f"--advantage must be one of {', '.join(ESTIMATORS)}"),
+        (args.reward in ("exact", "sim"), "--reward must be exact or sim"),
+        (args.reward == "sim" or task.has_verifier, f"task {args.task} has no verifier: use --reward sim"),
+        (math.isfinite(args.tau) and args.tau > 0, "--tau must be a finite number > 0"),
+        (args.loss_agg in AGGREGATIONS, f"--loss-agg must be one of {', '.join(AGGREGATIONS)}"),
+        (min(args.M, args.rollout_batch, args.micro_batch, args.minibatches, args.ppo_epochs, args.steps,
+             args.max_tokens) >= 1, "--M, --rollout-batch, --micro-batch, --minibatches, --ppo-epochs, "
+                                    "--steps and --max-tokens must be >= 1"),
+        (args.rollout_batch % (world * args.minibatches) == 0,
+         f"--rollout-batch ({args.rollout_batch}) must divide evenly by ranks x minibatches ({world} x "
+         f"{args.minibatches})"),
+        (args.lr > 0 and args.max_grad_norm > 0, "--lr and --max-grad-norm must be > 0"),
+        (min(args.warmup_steps, args.save_every, args.eval_examples, args.weight_decay, args.beta) >= 0,
+         "--warmup-steps, --save-every, --eval-examples, --weight-decay and --beta must be >= 0"),
+        (args.temperature > 0 and 0 < args.top_p <= 1, "--temperature must be > 0 and --top-p in (0, 1]"),
+        (0 <= args.clip_low < 1 and args.clip_high >= 0, "--clip-low must be in [0, 1), --clip-high >= 0"),
+        (args.dtype in ("auto", "bfloat16", "float32"), "--dtype must be auto, bfloat16 or float32"),
+        (args.sampler in ("auto", "hf", "vllm"), "--sampler must be auto, hf or vllm"),
+        (0 < args.gpu_memory_utilization < 1, "--gpu-memory-utilization must be in (0, 1)"),
+        (args.sync_tolerance > 0, "--sync-tolerance must be > 0"),
+        (not args.data_file or os.path.isfile(args.data_file), f"--data-file {args.data_file} does not exist"),
+    ]
+    for ok, message in rules:
+        if not ok:
+            return message
+    try:  # the estimator checks its own hyperparameters (advantage.py) on a dummy group
+        compute_advantages(args.advantage, torch.zeros(1, 2), **estimator_hparams(args))
+    except ValueError as err:
+        return f"--advantage {args.advantage}: {str(err).splitlines()[0]}"
+    if args.resume:
+        ckpt = find_checkpoint(args.resume)
+        if ckpt is None:
+            return f"--resume {args.resume}: no checkpoint there"
+        try:
+            saved = read_trainer_state(ckpt)["args"]
+        except CheckpointError as err:
+            return str(err)
+        if (saved["task"], saved["model"]) != (args.task, args.model):
+            return (f"checkpoint {ckpt} is from task {saved['task']} / model {saved['model']}, not task "
+                    f"{args.task} / model {args.model}; pass the same --task and --model to resume")
+    out = run_dir(args)
+    taken = os.path.isdir(out) and any(f == "metrics.jsonl" or f.startswith("checkpoint-") for f in os.listdir(out))
+    if taken and not args.resume:
+        return f"{out} already holds a run: continue it with --resume {out}, or pick another --out-dir"
+    return None
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit status 2, no usage dump
+        print(f"train.py: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_args(argv=None) -> Args:
+    """Args from the command line: the --task preset first, then the flags actually given."""
+    parser = _Parser(description="SoftmaxGRPO training (Section 4, Appendix B.1); flags override the task's preset")
+    for f in fields(Args):
+        flag, kind = "--" + f.name.replace("_", "-"), f.type
+        if kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                                help=f.metadata["help"])
+        else:
+            parser.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=f"{f.metadata['help']} "
+                                f"(default {f.default!r}, unless the task's preset sets it)")
+    given = vars(parser.parse_args(argv))
+    args = Args(**{**PRESETS.get(given.get("task", Args.task), {}), **given})
+    error = check_args(args)
+    if error:
+        parser.error(error)
+    return args
