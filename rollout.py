@@ -301,9 +301,10 @@ def step_seed(run_seed: int, step: int, first_prompt: int, prompts_per_step: int
     """The `seed` of one rank's generate() call in a training step.
 
     Both samplers give sample k of the call's prompt i the stream seed + i * n + k. With this seed that is
-    ((run_seed * 2^24 + step) * prompts_per_step + first_prompt + i) * n + k, where first_prompt + i is the
-    prompt's place in the step's batch over all ranks: one stream per (run seed, step, prompt, sample), so
-    no two ranks or steps ever share samples (for runs of fewer than 2^24 steps).
+    ((run_seed * 2^24 + step) * prompts_per_step + first_prompt + i) * n + k; rank r passes first_prompt
+    r * (its prompts per step), so first_prompt + i numbers the step's prompts over all ranks once each:
+    one stream per (run seed, step, prompt, sample), and no two ranks or steps ever share samples (for
+    runs of fewer than 2^24 steps).
     """
     return ((run_seed * 2**24 + step) * prompts_per_step + first_prompt) * n
 

@@ -318,8 +318,9 @@ def main(args: Args) -> dict:
                desc=f"{args.advantage} on {args.task}")
     for step in bar:
         t0 = time.perf_counter()
-        # -- rollout: this rank's consecutive share of the step's prompts, M samples each
-        mine = batch_indices(step, args.rollout_batch, len(train_set), args.seed)[rank * n_local:][:n_local]
+        # -- rollout: this rank's share of the step's prompts (every world-th, so that minibatch j holds the
+        # same prompts as in one process), M samples each
+        mine = batch_indices(step, args.rollout_batch, len(train_set), args.seed)[rank::world]
         examples, prompts = [train_set[i] for i in mine], [train_ids[i] for i in mine]
         seed = step_seed(args.seed, step, rank * n_local, args.rollout_batch, args.M)  # own stream per sample
         groups = sampler.generate(prompts, n=args.M, max_tokens=args.max_tokens, temperature=args.temperature,
@@ -367,7 +368,7 @@ def main(args: Args) -> dict:
     if distributed:
         dist.barrier()  # leave together: a rank tearing down gloo while another still works can abort it
     sampler.close()  # before the process group: a vLLM engine under torchrun shuts it down itself
-    if distributed:
+    if dist.is_initialized():
         dist.destroy_process_group()
     return metrics
 

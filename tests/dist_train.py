@@ -51,8 +51,7 @@ def parity(out_path, model_dir, ref_dir, loss_agg="token-mean"):
     completions = [[torch.randint(4, 90, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
                     for _ in range(args.M)] for _ in range(args.rollout_batch)]
     adv = torch.randn(args.rollout_batch, args.M, generator=g)  # (G, M)
-    per_rank = args.rollout_batch // world
-    mine = list(range(rank * per_rank, (rank + 1) * per_rank))  # train.main's sharding: consecutive groups
+    mine = list(range(args.rollout_batch))[rank::world]  # train.main's sharding: groups r::world
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     ref_model = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval().requires_grad_(False)
     if dist.is_initialized():
