@@ -21,10 +21,12 @@ from checkpoint import CheckpointError, find_checkpoint, read_trainer_state
 from hardware import has_bf16_units
 from loss import AGGREGATIONS
 
-# Largest healthy sampler-vs-trainer probe difference measured on CPU was MEASURED_MAX (README, "Training for
-# real"); a sampler that missed an update differs by the size of a step's change, or not at all (caught
-# separately: its log-probs stay bit-identical while the trainer's move).
-SYNC_TOLERANCE = 0.5
+# --sync-tolerance by training precision: the probe's mean |sampler - trainer| log-prob difference that stops
+# the run. A healthy sampler measured on CPU (bench/sync_tolerance.py; README, "Training for real"): at most
+# 1.0e-5 nats in float32 (HF and vLLM samplers), at most BF16_MAX in bfloat16, where the sampler computes in
+# bf16 and the trainer under autocast. A sampler on other weights moves every token; one that never
+# received an update is caught separately (its log-probs stay bit-identical while the trainer's move).
+SYNC_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.5}
 
 
 def arg(default, help):
@@ -60,8 +62,9 @@ class _Args:
                      "the hardware has bf16 matrix units (GPUs, CPUs with AVX512-BF16/AMX), else float32")
     sampler: str = arg("auto", "auto (vllm on a GPU when installed, else hf), hf or vllm")
     gpu_memory_utilization: float = arg(0.3, "vLLM's share of GPU memory")
-    sync_tolerance: float = arg(SYNC_TOLERANCE, "stop when the sampler's probe log-probs differ from the trainer's "
-                                "by more than this (nats, largest over probe tokens), after any weight sync")
+    sync_tolerance: float = arg(0.0, "stop when, after a weight sync, the sampler's probe log-probs differ from the "
+                                "trainer's by more than this (mean over probe tokens, nats); 0: by precision, "
+                                "config.SYNC_TOLERANCE")
     eval_examples: int = arg(64, "held-out prompts scored greedily before and after training (0: none)")
     seed: int = arg(0, "seed of data order and sampling")
     out_dir: str = arg("", "run folder (default runs/TASK-ADVANTAGE-sSEED)")
@@ -89,6 +92,8 @@ def resolve_auto(args: Args) -> Args:
         args = replace(args, dtype="bfloat16" if has_bf16_units() else "float32")
     if args.sampler == "auto":  # vLLM where it runs well, HF generate elsewhere
         args = replace(args, sampler="vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf")
+    if args.sync_tolerance == 0:
+        args = replace(args, sync_tolerance=SYNC_TOLERANCE[args.dtype])
     return args
 
 
@@ -146,7 +151,7 @@ def check_args(args: Args) -> str | None:
         (args.dtype in ("auto", "bfloat16", "float32"), "--dtype must be auto, bfloat16 or float32"),
         (args.sampler in ("auto", "hf", "vllm"), "--sampler must be auto, hf or vllm"),
         (0 < args.gpu_memory_utilization < 1, "--gpu-memory-utilization must be in (0, 1)"),
-        (args.sync_tolerance > 0, "--sync-tolerance must be > 0"),
+        (args.sync_tolerance >= 0, "--sync-tolerance must be >= 0"),
         (not args.data_file or os.path.isfile(args.data_file), f"--data-file {args.data_file} does not exist"),
     ]
     for ok, message in rules:

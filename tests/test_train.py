@@ -502,7 +502,7 @@ def test_a_healthy_run_never_trips_the_sync_check(tiny_model_dir, tmp_path, digi
     train.main(tiny_args(tiny_model_dir, tmp_path, steps=4, dtype=dtype, lr=3e-3, beta=1e-3))
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
-    assert all(r["sync/logprob_diff"] == r["sync/logprob_diff/rank0"] < train.SYNC_TOLERANCE for r in rows)
+    assert all(r["sync/logprob_diff"] == r["sync/logprob_diff/rank0"] < train.SYNC_TOLERANCE[dtype] for r in rows)
 
 
 @pytest.mark.slow
@@ -513,3 +513,12 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert [r["step"] for r in read_metrics(tmp_path / "run-1" / "metrics.jsonl")] == [1, 2, 3]
     assert "steps measured: 2 of 3" in result.stdout and "probe max" in result.stdout
+
+
+def test_sync_tolerance_defaults_by_precision_and_an_explicit_one_wins():
+    from config import resolve_auto
+
+    assert resolve_auto(train.Args(dtype="float32")).sync_tolerance == train.SYNC_TOLERANCE["float32"]
+    assert resolve_auto(train.Args(dtype="bfloat16")).sync_tolerance == train.SYNC_TOLERANCE["bfloat16"]
+    assert resolve_auto(train.Args(dtype="bfloat16", sync_tolerance=0.05)).sync_tolerance == 0.05
+    assert train.SYNC_TOLERANCE["float32"] < train.SYNC_TOLERANCE["bfloat16"]
