@@ -9,11 +9,12 @@ weights, AdamW, beta 1e-3, and glibc keeping freed memory as train.py sets it on
 - resident memory (VmRSS, /proc/self/statm) after each phase; the process's peak (VmHWM);
 - glibc's heap (mallinfo2: bytes in use, bytes free but kept), which holds every CPU tensor here (torch's
   CPU allocator is posix_memalign, and train.py's keep_freed_memory turns off mmap for large blocks);
-- a thread polling resident memory every millisecond snapshots, at its highest reading, the heap, the
-  phase (which forward, which micro-batch, the optimizer step), the gradients' and AdamW moments' tensor
-  bytes, and the tensors autograd then holds for backward (saved_tensors_hooks, one count per storage,
-  released when autograd frees them), sorted into bf16 weight casts, attention probabilities, logits and
-  other activations;
+- resident memory is read again at every tensor autograd saves, every gradient that lands, each decode
+  call and the optimizer step; at its highest reading a snapshot records the heap, the phase (which
+  forward, which micro-batch, the optimizer step), the gradients' and AdamW moments' tensor bytes, and
+  the tensors autograd then holds for backward (saved_tensors_hooks, one count per storage, released
+  when autograd frees them), sorted into bf16 weight casts, attention probabilities, logits and other
+  activations;
 - the sampler's KV cache: the bytes of its key/value tensors after each decode call (a forward hook);
 - two isolated measurements, each in its own fresh process with glibc's default allocator (so freed
   memory is returned and the peak counter can be reset): the log-prob function's extra memory on one
@@ -24,8 +25,8 @@ row, the part outside the malloc heap, which is printed, not hidden. TRL's side 
 in `.venv-trl`, which bench/vs_trl.py creates) is measured from outside: its peak RSS, and the RSS of its
 imports alone; its training state and fp32 reference are arithmetic (the same optimizer and model).
 
-    python bench/memory.py                       # ours, SmolLM2-135M, 4 steps (~3 min)
-    python bench/memory.py --trl                 # and TRL's side (+ ~3 min)
+    python bench/memory.py                       # ours, SmolLM2-135M, 4 steps
+    python bench/memory.py --steps 2 --trl       # 2 steps, and TRL's side
     python bench/memory.py --model /tmp/tiny --steps 2 --max-tokens 8     # smoke test on a tiny model
 """
 
@@ -36,8 +37,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
 import weakref
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -100,6 +99,7 @@ class SavedTensors:
         self.live = dict.fromkeys(SAVED_KINDS, 0)
         self.most = dict.fromkeys(SAVED_KINDS, 0)  # the largest total seen, per kind
         self.refs = {}  # storage pointer -> [kind, bytes, live references]
+        self.watcher = None
 
     def kind(self, t) -> str:
         import torch
@@ -122,6 +122,8 @@ class SavedTensors:
             self.refs[ptr] = [kind, t.untyped_storage().nbytes(), 0]
             self.live[kind] += self.refs[ptr][1]
             self.most[kind] = max(self.most[kind], self.live[kind])
+            if self.watcher is not None:
+                self.watcher()
         self.refs[ptr][2] += 1
         weakref.finalize(t, self.release, ptr)
         return t
@@ -139,20 +141,19 @@ class SavedTensors:
         return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
 
 
-class PeakWatcher(threading.Thread):
-    """Polls resident memory; at each new high, snapshots the heap, the phase and the live tensor bytes."""
+class PeakWatcher:
+    """Reads resident memory whenever called (from hooks in the step); at each new high, snapshots the heap,
+    the phase and the live tensor bytes. In the training thread itself: a polling thread would take the GIL
+    from it every few milliseconds, which on a loaded machine slows the step many times over."""
 
     def __init__(self, state):
-        super().__init__(daemon=True)
-        self.state, self.best, self.snapshot, self.stop = state, 0, {}, threading.Event()
+        self.state, self.best, self.snapshot = state, 0, {}
 
-    def run(self):
-        while not self.stop.is_set():
-            now = rss()
-            if now > self.best:
-                self.best = now
-                self.snapshot = {"rss": now, **heap(), **self.state.live_bytes()}
-            time.sleep(0.001)
+    def __call__(self, *_):
+        now = rss()
+        if now > self.best:
+            self.best = now
+            self.snapshot = {"rss": now, **heap(), **self.state.live_bytes()}
 
 
 class State:
@@ -195,13 +196,13 @@ def measure_ours(opts) -> dict:
     path = resolve_model(opts.model)
     state = State()
     watcher = PeakWatcher(state)
-    watcher.start()
     phases = {}
 
     def phase(name, fn):
         state.phase, before = name, rss()
         out = fn()
         phases[name] = {"rss_before": before, "rss_after": rss()}
+        watcher()
         return out
 
     from transformers import AutoTokenizer
@@ -223,6 +224,7 @@ def measure_ours(opts) -> dict:
                   sampler=tensor_bytes(sampler.model.parameters()) + tensor_bytes(sampler.model.buffers()))
     state.model, state.optimizer = model, optimizer
     state.saved = SavedTensors(model, model.get_output_embeddings().weight.shape[0])
+    state.saved.watcher = watcher
 
     kv = {"most": 0}
 
@@ -230,6 +232,7 @@ def measure_ours(opts) -> dict:
         cache = getattr(output, "past_key_values", None)
         tensors = [t for layer in getattr(cache, "layers", []) for t in (layer.keys, layer.values)]
         kv["most"] = max(kv["most"], tensor_bytes(tensors))
+        watcher()
 
     def policy_forward(module, args_, kwargs):
         state.saved.seq_len = kwargs["input_ids"].shape[1]
@@ -244,9 +247,17 @@ def measure_ours(opts) -> dict:
     def at_step(opt, *a):
         state.phase = f"step {step + 1}: optimizer step"
         grads_at_step.append(tensor_bytes([p.grad for p in model.parameters()]))
+        watcher()
+
+    def after_step(opt, *a):
+        watcher()
+        state.phase = f"step {step + 1}: after the update"
+
+    for p in model.parameters():  # during backward, as each gradient lands
+        p.register_post_accumulate_grad_hook(watcher)
 
     optimizer.register_step_pre_hook(at_step)
-    optimizer.register_step_post_hook(lambda *a: setattr(state, "phase", f"step {step + 1}: after the update"))
+    optimizer.register_step_post_hook(after_step)
     shapes, sampling = [], []
     for step in range(opts.steps):
         counter = itertools.count()
@@ -267,10 +278,9 @@ def measure_ours(opts) -> dict:
                              [c.logprobs for _, c in flat], adv, args, pad_id)
         state.phase = f"step {step + 1}: weight sync"
         sampler.update_weights(train.full_weights(model))
+        watcher()
+        print(f"step {step + 1} done, VmHWM {peak_rss() / 1e9:.3f} GB", file=sys.stderr, flush=True)
     state.phase = "end"
-    time.sleep(0.01)
-    watcher.stop.set()
-    watcher.join()
     record.update(phases=phases, sampling=sampling, shapes=shapes, peak=peak_rss(), snapshot=watcher.snapshot,
                   saved_most=state.saved.most, grads_at_step=max(grads_at_step),
                   moments=State.live_bytes(state)["moments"], heap_end=heap(), rss_end=rss(),
@@ -322,7 +332,7 @@ def isolated(opts, shape) -> dict:
     batch, prompt_len, completion_len = shape
     cmd = [sys.executable, os.path.abspath(__file__), "--model", opts.model, "--isolated",
            f"{batch},{prompt_len + completion_len},{completion_len}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=REPO)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
         last = (proc.stderr.strip().splitlines() or ["?"])[-1]
@@ -393,7 +403,7 @@ def measure_trl(opts, model_path) -> dict:
            "--steps", str(opts.steps), "--prompts", str(opts.prompts), "--M", str(opts.M), "--max-tokens",
            str(opts.max_tokens), "--micro-batch", str(opts.micro_batch), "--lr", str(opts.lr), "--seed",
            str(opts.seed)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=REPO)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=REPO)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
         raise SystemExit(f"memory.py: bench/trl_grpo.py failed (exit {proc.returncode}): "
@@ -442,7 +452,10 @@ def main():
         print("RESULT " + json.dumps(measure_isolated(opts, batch, seq_len, completion_len)))
         return
     if opts.ours:
-        print("RESULT " + json.dumps(measure_ours(opts)))
+        raw = measure_ours(opts)
+        with open(os.path.splitext(opts.out)[0] + "-raw.json", "w") as f:  # kept even if a later part fails
+            json.dump(raw, f)
+        print("RESULT " + json.dumps(raw))
         return
     if opts.steps < 2:
         parser.error("--steps must be >= 2 (AdamW's moments exist from the second step on)")
@@ -451,10 +464,10 @@ def main():
 
     opts.model = resolve_model(opts.model)  # converted once here, not inside a measured process
     cmd = [sys.executable, os.path.abspath(__file__), "--ours", *sys.argv[1:], "--model", opts.model]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=REPO)
+    os.makedirs(os.path.dirname(opts.out), exist_ok=True)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=REPO)  # progress lines pass through
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
-        sys.stderr.write(proc.stderr[-3000:])
         raise SystemExit(f"memory.py: the measured run failed (exit {proc.returncode})")
     raw = json.loads(lines[-1][len("RESULT "):])
     largest = max(raw["shapes"], key=lambda s: s[1] + s[2])  # (sequences, longest prompt, longest completion)
