@@ -221,7 +221,7 @@ def load_data(args: Args, master: bool = True):
                          seed=args.seed) if args.eval_examples else []
     if args.eval_examples and not test_set and master:
         print(f"note: --data-file {args.data_file} leaves no held-out rows (tasks.py holds out ~10% by prompt "
-              "hash): no evaluation before or after training, no eval.json")
+              "hash): no evaluation before, during (--eval-every) or after training, no eval.json")
     return task, train_set, test_set
 
 
