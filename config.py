@@ -70,7 +70,8 @@ class _Args:
                                    "activations (0.5 GiB with it), against a second forward per layer")
     eval_every: int = arg(0, "greedy held-out score (eval/score in metrics.jsonl) every N steps; 0: only before and "
                           "after training; the paper presets use the official configs' 25")
-    eval_examples: int = arg(64, "held-out prompts scored greedily before and after training (0: none)")
+    eval_examples: int = arg(64, "held-out prompts scored greedily before and after training and every "
+                             "--eval-every steps (0: none)")
     seed: int = arg(0, "seed of data order and sampling")
     out_dir: str = arg("", "run folder (default runs/TASK-ADVANTAGE-sSEED)")
     save_every: int = arg(0, "checkpoint every N steps (0: only at the end)")
