@@ -12,7 +12,7 @@ import importlib.util
 import math
 import os
 import sys
-from dataclasses import dataclass, field, fields, make_dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
 
 import torch
 
@@ -48,7 +48,9 @@ class _Args:
     steps: int = arg(20, "training steps (rollout batches)")
     max_tokens: int = arg(48, "max response tokens")
     temperature: float = arg(1.0, "rollout sampling temperature")
-    top_p: float = arg(1.0, "rollout nucleus sampling")
+    top_p: float = arg(1.0, "rollout nucleus sampling; the paper presets use the official configs' 0.999, and the "
+                       "sampler's log-probs renormalise over the nucleus while the trainer's span the whole "
+                       "vocabulary, so sync/rollout_logprob_diff reads up to ~1e-3 by construction there")
     lr: float = arg(2e-5, "AdamW learning rate")
     warmup_steps: int = arg(2, "linear learning-rate warmup, in optimizer steps")
     weight_decay: float = arg(0.01, "AdamW weight decay")
@@ -65,12 +67,23 @@ class _Args:
     sync_tolerance: float = arg(0.0, "stop when, after a weight sync, the sampler's probe log-probs differ from the "
                                 "trainer's by more than this (mean over probe tokens, nats); 0: by precision, "
                                 "config.SYNC_TOLERANCE")
-    eval_examples: int = arg(64, "held-out prompts scored greedily before and after training (0: none)")
+    grad_checkpointing: bool = arg(False, "recompute each decoder layer in backward instead of keeping its "
+                                   "activations (hardware.enable_grad_checkpointing): on in the paper presets; "
+                                   "off for the CPU demo, whose 8 x 88-token micro-batch keeps 1.2 GiB of "
+                                   "activations (0.5 GiB with it), against a second forward per layer")
+    eval_every: int = arg(0, "greedy held-out score (eval/score in metrics.jsonl) every N steps; 0: only before and "
+                          "after training; the paper presets use the official configs' 25")
+    eval_examples: int = arg(64, "held-out prompts scored greedily before and after training and every "
+                             "--eval-every steps (0: none)")
     seed: int = arg(0, "seed of data order and sampling")
     out_dir: str = arg("", "run folder (default runs/TASK-ADVANTAGE-sSEED)")
     save_every: int = arg(0, "checkpoint every N steps (0: only at the end)")
     resume: str = arg("", "checkpoint folder, or run folder (its newest checkpoint), to continue from")
     wandb: bool = arg(False, "also log to Weights & Biases (if installed)")
+    plan: bool = arg(False, "print one rank's GPU memory plan for these flags (memory_plan.py) and exit; loads "
+                     "nothing")
+    plan_gpus: int = arg(8, "--plan: ranks, one GPU each")
+    plan_gpu_gb: float = arg(80.0, "--plan: memory per GPU, GiB")
 
 
 HPARAM_HELP = {"tau": "SoftmaxGRPO temperature (Eq. 1)"}  # the others say which estimators read them
@@ -103,7 +116,8 @@ def estimator_hparams(args: Args) -> dict:
 
 
 PAPER = dict(model="Qwen/Qwen2.5-1.5B", lr=1e-6, warmup_steps=0, micro_batch=4, save_every=100,
-             eval_examples=500)  # Tables B.1-B.2: shared rows
+             eval_examples=500,  # Tables B.1-B.2: shared rows; then the official configs' (base.yaml) ...
+             top_p=0.999, eval_every=25, grad_checkpointing=True)  # ... top_p, test_freq, gradient checkpointing
 PRESETS = {  # explicit flags override these
     "arith": {},  # the defaults above: the CPU demo
     "countdown24": dict(max_tokens=128),
@@ -144,8 +158,9 @@ def check_args(args: Args) -> str | None:
          f"--rollout-batch ({args.rollout_batch}) must divide evenly by ranks x minibatches ({world} x "
          f"{args.minibatches})"),
         (args.lr > 0 and args.max_grad_norm > 0, "--lr and --max-grad-norm must be > 0"),
-        (min(args.warmup_steps, args.save_every, args.eval_examples, args.weight_decay, args.beta) >= 0,
-         "--warmup-steps, --save-every, --eval-examples, --weight-decay and --beta must be >= 0"),
+        (min(args.warmup_steps, args.save_every, args.eval_every, args.eval_examples, args.weight_decay,
+             args.beta) >= 0,
+         "--warmup-steps, --save-every, --eval-every, --eval-examples, --weight-decay and --beta must be >= 0"),
         (args.temperature > 0 and 0 < args.top_p <= 1, "--temperature must be > 0 and --top-p in (0, 1]"),
         (0 <= args.clip_low < 1 and args.clip_high >= 0, "--clip-low must be in [0, 1), --clip-high >= 0"),
         (args.dtype in ("auto", "bfloat16", "float32"), "--dtype must be auto, bfloat16 or float32"),
@@ -179,6 +194,21 @@ def check_args(args: Args) -> str | None:
     return None
 
 
+def print_plan(args: Args) -> int:
+    """--plan: memory_plan.format_plan for these flags on --plan-gpus x --plan-gpu-gb; the exit status."""
+    from memory_plan import format_plan, plan
+
+    try:
+        p = plan(asdict(args), gpus=args.plan_gpus, gpu_gb=args.plan_gpu_gb, grad_checkpointing=args.grad_checkpointing)
+    except ValueError as err:
+        print(f"train.py: error: --plan: {err}", file=sys.stderr)
+        return 2
+    ckpt = "with" if args.grad_checkpointing else "without"
+    print(format_plan(p, f"{args.task} ({args.model}) on {args.plan_gpus} x {args.plan_gpu_gb:g} GiB, {ckpt} "
+                         "gradient checkpointing"))
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit status 2, no usage dump
         print(f"train.py: error: {message}", file=sys.stderr)
@@ -198,6 +228,8 @@ def parse_args(argv=None) -> Args:
                                 f"(default {f.default!r}, unless the task's preset sets it)")
     given = vars(parser.parse_args(argv))
     args = Args(**{**PRESETS.get(given.get("task", Args.task), {}), **given})
+    if args.plan:  # before the checks: a plan reads no file and does not care whether the run folder is taken
+        sys.exit(print_plan(args))
     error = check_args(args)
     if error:
         parser.error(error)

@@ -44,6 +44,7 @@ CURVE_KEYS = [  # (metrics key, panel title), in panel order; keys no run logged
     ("grad/norm", "gradient norm"),
     ("adv/zero_group_frac", "fraction of zero-advantage groups"),
     ("loss/clip_frac_high", "clip fraction (high)"),
+    ("eval/score", "held-out score (greedy, --eval-every)"),  # only the steps that evaluated: markers
 ]
 
 
@@ -150,7 +151,7 @@ def plot_training_curves(metrics_paths: list[str], out_path: str, labels: list[s
         for label, rows in runs:
             xs, ys = _series(rows, key)
             if ys:
-                ax.plot(xs, ys, label=label, marker="." if len(ys) < 30 else None)
+                ax.plot(xs, ys, label=label, marker="." if len(ys) < 30 or key.startswith("eval/") else None)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.set_ylabel(key)

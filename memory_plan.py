@@ -300,7 +300,7 @@ def paper_table(presets: dict, defaults: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from train import PRESETS, Args  # the presets live with the flags they set
+    from config import PRESETS, Args  # the presets live with the flags they set
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--task", default="deepmath", help=f"a preset of train.py: {', '.join(PRESETS)}")

@@ -25,6 +25,14 @@ Departures from the paper's VeRL runs:
 3. A linear warmup over `--warmup-steps` optimizer steps; the paper presets use 0 (VeRL's default).
 4. The CPU demo (`--task arith`, the default) trains a 135M model with lr 2e-5: the paper's 1e-6 is
    tuned for 1.5B models and does not move a 135M model within a 20-minute run.
+5. The CPU demo runs without gradient checkpointing (`--grad-checkpointing`, on in the paper presets as in
+   the official configs): its micro-batch keeps 1.2 GiB of activations without it and 0.5 GiB with it
+   (bench/plan_check.py), small beside the demo's resident set, and checkpointing costs a second forward.
+6. The paper presets sample with the official configs' top_p 0.999, the demo with 1.0. Within the nucleus the
+   sampler's log-probs are renormalised (rollout.py) while the trainer's span the full vocabulary, so at 0.999
+   sync/rollout_logprob_diff reads up to ~1e-3 by construction; sync/logprob_diff probes without top_p.
+7. The held-out score is taken before and after training, and every `--eval-every` steps as `eval/score` (25
+   in the paper presets: the official configs' test_freq); the official configs also validate at step 0.
 """
 
 import json
@@ -44,7 +52,14 @@ from tqdm import tqdm
 from advantage import compute_advantages
 from checkpoint import CheckpointError, find_checkpoint, load_checkpoint, save_checkpoint
 from config import SYNC_TOLERANCE, Args, check_args, estimator_hparams, parse_args, resolve_auto, run_dir  # noqa: F401
-from hardware import ModelLoadError, keep_freed_memory, load_model, load_tokenizer, store_linears_bf16
+from hardware import (
+    ModelLoadError,
+    enable_grad_checkpointing,
+    keep_freed_memory,
+    load_model,
+    load_tokenizer,
+    store_linears_bf16,
+)
 from loss import loss_denominator, pad_batch, policy_loss, sequence_logprobs
 from metrics import MetricsLog, model_flops_per_token, report_eval, step_metrics
 from parallel import all_reduce_sum, full_weights, gather_rows, per_rank, shard
@@ -206,7 +221,7 @@ def load_data(args: Args, master: bool = True):
                          seed=args.seed) if args.eval_examples else []
     if args.eval_examples and not test_set and master:
         print(f"note: --data-file {args.data_file} leaves no held-out rows (tasks.py holds out ~10% by prompt "
-              "hash): no evaluation before or after training, no eval.json")
+              "hash): no evaluation before, during (--eval-every) or after training, no eval.json")
     return task, train_set, test_set
 
 
@@ -227,6 +242,8 @@ def load_models(args: Args, ckpt, init_path, device):
         if ckpt is None:
             raise
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: {str(err).splitlines()[0][:200]}") from None
+    if args.grad_checkpointing:  # before shard(): FSDP2 must wrap the checkpointed layers
+        enable_grad_checkpointing(model)
     ref_model = load_reference(init_path, args, device) if args.beta > 0 else None
     if dist.is_initialized():
         model = shard(model, device)
@@ -338,6 +355,8 @@ def main(args: Args) -> dict:
                                    [c.token_ids for _, c in flat], [c.logprobs for _, c in flat], adv, args, pad_id)
         t3 = time.perf_counter()
         # -- weight sync and check: the sampler must now compute the trainer's log-probs
+        if cuda:  # training's cached blocks back to the driver, else vLLM's wake finds them taken (memory_plan.py)
+            torch.cuda.empty_cache()
         sampler.wake()
         sampler.update_weights(full_weights(model))
         with autocast:
@@ -351,6 +370,10 @@ def main(args: Args) -> dict:
         if cuda:  # what each rank's sampler gave back on sleep, and its trainer's peak (scripts/gpu_check.sh)
             metrics.update(per_rank({"mem/sleep_freed_gb": freed / 1e9,
                                      "mem/trainer_peak_gb": torch.cuda.max_memory_reserved(device) / 1e9}, device))
+        if test_set and args.eval_every and (step + 1) % args.eval_every == 0:  # absolute steps: resume keeps them
+            t5 = time.perf_counter()
+            metrics["eval/score"] = evaluate_held_out(sampler, task, test_set, args, rank, world, device)
+            metrics["time/eval"] = time.perf_counter() - t5
         try:  # the step's metrics reach the log either way; a failed check saves no checkpoint
             metrics.update(check_sync(probe, before, step + 1, args.sync_tolerance, device))
         finally:
@@ -360,8 +383,9 @@ def main(args: Args) -> dict:
             save_checkpoint(out_dir, step + 1, model, optimizer, scheduler, tokenizer, args)
 
     # ---- the end: held-out score after training, curves, cleanup
-    if test_set:
-        evals["after"] = evaluate_held_out(sampler, task, test_set, args, rank, world, device)
+    if test_set:  # a score of the last step is this one: the same weights, greedy
+        evals["after"] = metrics["eval/score"] if "eval/score" in metrics else evaluate_held_out(
+            sampler, task, test_set, args, rank, world, device)
         metrics.update({f"eval/{k}": v for k, v in evals.items()})
         report_eval(evals, out_dir, task, len(test_set), master)
     log.finish(out_dir)

@@ -34,6 +34,21 @@ def test_curves_two_runs_missing_keys_and_broken_lines(tmp_path):
         plot_training_curves([str(a), str(b)], str(tmp_path / "x.png"), labels=["one"])
 
 
+def test_eval_scores_get_their_own_panel_with_a_point_per_evaluation(tmp_path, monkeypatch):
+    import figures
+
+    a = tmp_path / "metrics.jsonl"  # --eval-every 2: the score on every second row only
+    a.write_text("".join(json.dumps({"step": s, "reward/mean": 0.1 * s, **({"eval/score": 0.5} if s % 2 == 0 else {})})
+                         + "\n" for s in range(1, 7)))
+    saved = []
+    monkeypatch.setattr(figures, "_save", lambda fig, out: saved.append(fig) or out)
+    plot_training_curves([str(a)], str(tmp_path / "curves.png"))
+    panels = {ax.get_ylabel(): ax for ax in saved[0].axes if ax.lines}
+    assert sorted(panels) == ["eval/score", "reward/mean"]
+    line = panels["eval/score"].lines[0]
+    assert list(line.get_xdata()) == [2, 4, 6] and line.get_marker() == "."
+
+
 def test_curves_with_no_known_keys_still_writes_png(tmp_path):
     a = tmp_path / "metrics.jsonl"
     a.write_text(json.dumps({"step": 0, "something/else": 1.0}) + "\n")

@@ -108,6 +108,10 @@ def test_cli_prints_the_plan_and_refuses_bad_input_in_one_line(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
     broken = run("--task", "deepmath", "--model", str(tmp_path))
     assert broken.returncode == 2 and broken.stderr.count("\n") == 1 and "KeyError" in broken.stderr
+    table = run("--table")  # the README's preset table: every paper preset, both columns
+    assert table.returncode == 0, table.stderr
+    rows = [line for line in table.stdout.splitlines() if line.startswith("| ") and "GiB)" in line]
+    assert [row.split(" | ")[0] for row in rows] == ["| " + t for t in memory_plan.PAPER_HARDWARE]
 
 
 @pytest.mark.slow

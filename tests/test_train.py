@@ -145,6 +145,44 @@ def test_preset_then_explicit_flags_win(tmp_path):
     assert (deepmath.M, deepmath.tau, deepmath.rollout_batch, deepmath.max_tokens) == (16, 0.3, 512, 1024)
     demo = train.parse_args(["--out-dir", str(tmp_path / "demo")])
     assert (demo.task, demo.model, demo.advantage, demo.lr) == ("arith", "smollm2-135m", "softmax", 2e-5)
+    # the official configs' top_p, test_freq and gradient checkpointing in every paper preset; not in the demo
+    for task in ("gsm8k", "countdown", "deepmath", "poetry", "meetingbank"):
+        preset = train.parse_args(["--task", task, "--out-dir", str(tmp_path / task)])
+        assert (preset.top_p, preset.eval_every, preset.grad_checkpointing) == (0.999, 25, True), task
+    assert (demo.top_p, demo.eval_every, demo.grad_checkpointing) == (1.0, 0, False)
+    off = train.parse_args(["--task", "gsm8k", "--no-grad-checkpointing", "--eval-every", "0", "--out-dir",
+                            str(tmp_path / "off")])
+    assert (off.grad_checkpointing, off.eval_every) == (False, 0)
+
+
+def test_help_lists_the_plan_eval_and_checkpointing_flags(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train.parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0
+    for flag in ("--grad-checkpointing", "--no-grad-checkpointing", "--eval-every", "--plan", "--plan-gpus",
+                 "--plan-gpu-gb", "--top-p"):
+        assert f"  {flag} " in out or f"  {flag}," in out or f" {flag}\n" in out, flag
+
+
+def test_plan_prints_the_preset_and_exits_without_loading_or_refusing_a_taken_run_folder(tmp_path):
+    taken = tmp_path / "run"
+    taken.mkdir()
+    (taken / "metrics.jsonl").write_text("")  # a run folder training would refuse
+    result = cli("--task", "deepmath", "--plan", "--plan-gpus", "16", "--plan-gpu-gb", "80", "--out-dir", str(taken),
+                 env={"HF_HUB_OFFLINE": "1"})  # nothing to download: the shape is known without weights
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[0] == "deepmath (Qwen/Qwen2.5-1.5B) on 16 x 80 GiB, with gradient checkpointing"
+    assert lines[-1].startswith("fits: peak ") and lines[-1].endswith("of 80 GiB per GPU (35%)")
+    assert "micro-batches of 8" in result.stdout and (taken / "metrics.jsonl").read_text() == ""
+    without = cli("--task", "deepmath", "--plan", "--plan-gpus", "16", "--plan-gpu-gb", "80",
+                  "--no-grad-checkpointing", "--out-dir", str(taken))
+    assert without.returncode == 0 and "without gradient checkpointing" in without.stdout
+    assert "every layer's saved tensors" in without.stdout and without.stdout != result.stdout
+    bad = cli("--task", "deepmath", "--plan", "--plan-gpus", "0")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().splitlines() == ["train.py: error: --plan: the plan needs gpus >= 1 and gpu_gb > 0"]
 
 
 def test_batch_indices_cover_each_epoch_once_and_reshuffle():
@@ -274,6 +312,51 @@ def test_resume_gives_identical_weights_and_metrics(tiny_model_dir, tmp_path, di
     b = load_file(tmp_path / "split" / "checkpoint-000004" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert any(r["loss/ratio_mean"] != 1.0 for r in straight)  # the off-policy path (old_logp pass) ran
+
+
+def test_eval_every_logs_held_out_scores_at_absolute_steps_and_resume_keeps_them(tiny_model_dir, tmp_path, digits):
+    common = dict(steps=4, eval_every=2, eval_examples=4, minibatches=2, micro_batch=3)
+    train.main(tiny_args(tiny_model_dir, tmp_path / "straight", **common))
+    train.main(tiny_args(tiny_model_dir, tmp_path / "split", **{**common, "steps": 3}))  # stops between evaluations
+    train.main(tiny_args(tiny_model_dir, tmp_path / "split", **common, resume=str(tmp_path / "split")))
+
+    def comparable(rows):
+        return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows]
+
+    straight = read_metrics(tmp_path / "straight" / "metrics.jsonl")
+    split = read_metrics(tmp_path / "split" / "metrics.jsonl")
+    assert [("eval/score" in r, "time/eval" in r) for r in straight] == [(False, False), (True, True)] * 2
+    assert comparable(straight) == comparable(split)
+    assert all(0 <= r["eval/score"] <= 1 for r in straight[1::2])
+    for run in ("straight", "split"):  # the last step's score is the after-training score
+        evals = json.loads((tmp_path / run / "eval.json").read_text())
+        assert evals == {"before": evals["before"], "after": straight[3]["eval/score"]}
+    no_test_set = tmp_path / "none"
+    train.main(tiny_args(tiny_model_dir, no_test_set, steps=2, eval_every=1, eval_examples=0))
+    assert all("eval/score" not in r for r in read_metrics(no_test_set / "metrics.jsonl"))
+    assert not (no_test_set / "eval.json").exists()
+
+
+def test_grad_checkpointing_run_equals_the_plain_run(tiny_model_dir, tmp_path, digits):
+    """End to end through train.main (the layer-level equivalence is tests/test_grad_checkpointing.py)."""
+    from safetensors.torch import load_file
+
+    common = dict(steps=2, beta=1e-3, micro_batch=5)
+    plain = train.main(tiny_args(tiny_model_dir, tmp_path / "plain", **common))
+    ckpt = train.main(tiny_args(tiny_model_dir, tmp_path / "ckpt", grad_checkpointing=True, **common))
+    for a, b in zip(read_metrics(tmp_path / "plain" / "metrics.jsonl"), read_metrics(tmp_path / "ckpt" /
+                                                                                   "metrics.jsonl"), strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            if not key.startswith(("time/", "perf/")):
+                assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-5), key
+    assert plain["loss/pg"] != 0 and plain["grad/norm"] > 0  # a real update ran
+    a = load_file(tmp_path / "plain" / "checkpoint-000002" / "model.safetensors")
+    b = load_file(tmp_path / "ckpt" / "checkpoint-000002" / "model.safetensors")
+    initial = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-5) for k in a)
+    assert any(not torch.equal(a[k], initial[k]) for k in a)
+    assert ckpt["step"] == 2
 
 
 def test_tiny_model_learns_the_bandit_task(tiny_model_dir, tmp_path, digits):
