@@ -54,7 +54,7 @@ def loss_and_grads(model_dir, ref_dir, checkpointing: bool):
             ref_logp = sequence_logprobs(ref_model, input_ids, attention_mask, mask.shape[1])  # (B, K)
         logp = sequence_logprobs(model, input_ids, attention_mask, mask.shape[1])  # (B, K)
         loss, _ = policy_loss(logp, logp.detach() + 0.1, adv[idx], mask, ref_logp=ref_logp, beta=0.1,
-                              num_tokens=num_tokens)  # old_logp shifted: both clip branches and the KL live
+                              denominator=num_tokens)  # old_logp shifted: both clip branches and the KL live
         (loss * world).backward()
         total += loss.detach()
     if dist.is_initialized():
