@@ -26,8 +26,7 @@ How this departs from, or pins down, the paper:
    not closed within MAX_ANSWER_CHARS counts as none), or, when there is no box, the answer's last
    MAX_ANSWER_CHARS characters; either is rejected when nested deeper than MAX_DEPTH brackets. Model
    text never runs as code: math-verify hands sympy's parse_expr only strings of digits and operators
-   (math_verify/parser.py, v0.9). Cost: ~1 ms a call; the first call in a process waits ~1 s for the
-   child to import sympy.
+   (math_verify/parser.py, v0.9). The first call in a process waits for the child to import sympy.
 2. ROUGE-L is computed here as an LCS over the same SQuAD-normalised words as F1 (bit-parallel LCS,
    Hyyro 2004), not with rouge-score, whose own tokenizer would make the two halves disagree.
    Only the first MAX_WORDS words of each side enter the LCS (a lower bound on adversarially long
