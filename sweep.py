@@ -209,7 +209,21 @@ def train_argv(args: dict, seed: int, path: str, state: str) -> list[str]:
     return flags + (["--resume", path] if state == "checkpoint" else [])
 
 
-def run_all(runs: list[dict], keep_checkpoints: bool = False) -> dict:
+def wait_for_memory(min_free_gb: float, poll_seconds: float = 30.0):
+    """Block until MemAvailable (Linux /proc/meminfo) reaches `min_free_gb`: on a shared machine a run that
+    starts short of memory is killed halfway and its work is lost."""
+    if min_free_gb <= 0 or not os.path.exists("/proc/meminfo"):
+        return
+    while True:
+        with open("/proc/meminfo") as f:
+            free_gb = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable")) / 2**20
+        if free_gb >= min_free_gb:
+            return
+        print(f"waiting: {free_gb:.1f} GB available, want {min_free_gb:g}", flush=True)
+        time.sleep(poll_seconds)
+
+
+def run_all(runs: list[dict], keep_checkpoints: bool = False, min_free_gb: float = 0.0) -> dict:
     """Runs every unfinished run in order; returns counts of launched / skipped / failed runs."""
     counts = {"launched": 0, "skipped": 0, "failed": 0, "seconds": 0.0}
     for i, run in enumerate(runs):
@@ -223,6 +237,7 @@ def run_all(runs: list[dict], keep_checkpoints: bool = False) -> dict:
         os.makedirs(path, exist_ok=True)
         with open(os.path.join(path, "args.json"), "w") as f:
             json.dump({**run["args"], "seed": run["seed"]}, f, indent=1)
+        wait_for_memory(min_free_gb)
         print(f"{tag}: {'resuming' if state == 'checkpoint' else 'starting'} {path}", flush=True)
         t0 = time.time()
         rc = launch(train_argv(run["args"], run["seed"], path, state), os.path.join(path, "train.log"))
@@ -411,7 +426,7 @@ def sweep(opts) -> dict:
     os.makedirs(opts.out, exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     t0 = time.time()
-    counts = run_all(runs, keep_checkpoints=opts.keep_checkpoints)
+    counts = run_all(runs, keep_checkpoints=opts.keep_checkpoints, min_free_gb=opts.min_free_gb)
     summary = summarize(configs, runs, opts.baseline)
     summary.update(command=" ".join(shlex.quote(a) for a in sys.argv), commit=commit, runs=counts,
                    sweep_seconds=time.time() - t0, run_seconds_total=sum(map(_wall_seconds, runs)),
@@ -500,6 +515,8 @@ def main(argv=None) -> int:
     parser.add_argument("--baseline", help="configuration name the paired differences are taken against")
     parser.add_argument("--runs-dir", default="", help="run folders (default OUT/../runs, shared between sweeps)")
     parser.add_argument("--keep-checkpoints", action="store_true", help="keep finished runs' checkpoints")
+    parser.add_argument("--min-free-gb", type=float, default=0.0,
+                        help="before each run, wait until this much memory is available (a SmolLM2 run: ~7)")
     parser.add_argument("--dry-run", action="store_true", help="print the runs and their state, launch nothing")
     parser.add_argument("--smoke", action="store_true", help="tiny-model grid with resume and arithmetic checks")
     parser.error = lambda message: (print(f"sweep.py: error: {message}", file=sys.stderr), sys.exit(2))
