@@ -8,21 +8,26 @@ held-out pass@1 before / after training and the gain; the area under the trainin
 length and truncation fraction (also averaged over steps). Against a named baseline configuration it
 reports the paired differences over the seeds both ran (paired t-interval and a paired bootstrap).
 
-    python sweep.py --out sweeps/estimators --seeds 0-9 --baseline grpo --common "--steps 10" \\
+    python sweep.py --out runs/sweep-estimators --seeds 0-9 --baseline grpo --common "--steps 6 --lr 5e-5" \\
         --config "softmax=--advantage softmax --tau 0.1" --config "grpo=--advantage grpo" \\
         --config "rloo@0-4=--advantage rloo"                # NAME[@SEEDS]=FLAGS; @SEEDS narrows --seeds
-    python sweep.py --out sweeps/table5 --seeds 0-4 --common "--steps 10" \\
-        --grid tau=0.1,0.3,0.5,1.0,10 --grid M=4,8 --baseline "tau=0.1 M=8"     # cross product
+    python sweep.py --out runs/sweep-table5 --seeds 0-4 --common "--steps 6 --lr 5e-5" \\
+        --grid tau=0.1,0.3,0.5,1.0,10 --grid M=4,8 --baseline "tau=0.1 M=8"      # cross product
     python sweep.py --smoke --out /tmp/smoke            # tiny random model: resume and arithmetic checks
 
 Files: OUT/summary.json, OUT/summary.md (the table), OUT/curves.png (pass rate with 95% bands),
-OUT/summary.png (intervals and paired differences). Runs live in RUNS/ (default OUT/../runs), one folder
+OUT/summary.png (intervals and paired differences). Runs live in RUNS/ (default OUT/../sweep-runs), one folder
 per resolved train.py configuration and seed, named by a hash of every train.py argument, so sweeps
 that share a configuration (tau 0.1 in the estimator comparison and in Table 5) share its runs.
 
 Resume: a run whose eval.json has "after" is finished and never launched again; a run with a checkpoint
-continues with train.py --resume; a run killed before its first checkpoint starts over. Finished runs'
-checkpoints are deleted (about 1.6 GB each for SmolLM2) unless --keep-checkpoints.
+continues with train.py --resume (pass --save-every in --common for checkpoints before the last step); a run
+killed before its first checkpoint starts over. Finished runs' checkpoints are deleted (about 1.6 GB each for
+SmolLM2) unless --keep-checkpoints.
+
+Statistics: the t-intervals assume roughly normal per-seed values (differences, for the paired ones). The
+percentile bootstrap makes no such assumption but is too narrow with few seeds (with 5 seeds it covers less
+than 95%), so a claim should rest on the t-interval; both are printed.
 """
 
 import argparse
@@ -410,7 +415,7 @@ def plan(opts) -> tuple[list[dict], list[dict]]:
         common = shlex.split(opts.common)
     except ValueError as err:
         raise SpecError(f"--common: {err}") from None
-    runs_dir = opts.runs_dir or os.path.join(os.path.dirname(os.path.abspath(opts.out)), "runs")
+    runs_dir = opts.runs_dir or os.path.join(os.path.dirname(os.path.abspath(opts.out)), "sweep-runs")
     runs = []
     for seed in sorted({s for c in configs for s in c["seeds"]}):
         for c in configs:
@@ -513,7 +518,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", default="0-4", help="seeds of every configuration: 0-9, 0,2,5 (default 0-4)")
     parser.add_argument("--common", default="", help="train.py flags shared by every configuration")
     parser.add_argument("--baseline", help="configuration name the paired differences are taken against")
-    parser.add_argument("--runs-dir", default="", help="run folders (default OUT/../runs, shared between sweeps)")
+    parser.add_argument("--runs-dir", default="", help="run folders (default OUT/../sweep-runs, shared between sweeps)")
     parser.add_argument("--keep-checkpoints", action="store_true", help="keep finished runs' checkpoints")
     parser.add_argument("--min-free-gb", type=float, default=0.0,
                         help="before each run, wait until this much memory is available (a SmolLM2 run: ~7)")
