@@ -431,7 +431,8 @@ def sweep(opts) -> dict:
     os.makedirs(opts.out, exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     t0 = time.time()
-    counts = run_all(runs, keep_checkpoints=opts.keep_checkpoints, min_free_gb=opts.min_free_gb)
+    counts = ({"launched": 0, "skipped": 0, "failed": 0, "seconds": 0.0} if opts.report_only else
+              run_all(runs, keep_checkpoints=opts.keep_checkpoints, min_free_gb=opts.min_free_gb))
     summary = summarize(configs, runs, opts.baseline)
     summary.update(command=" ".join(shlex.quote(a) for a in sys.argv), commit=commit, runs=counts,
                    sweep_seconds=time.time() - t0, run_seconds_total=sum(map(_wall_seconds, runs)),
@@ -463,7 +464,7 @@ def smoke(opts) -> int:
     # the random model passes nothing, so both estimators' advantages are all zero; a longer cap for softmax
     # makes the paired length difference non-zero, so the check below can fail
     opts.config = ["softmax=--advantage softmax --tau 0.1 --max-tokens 6", "grpo=--advantage grpo"]
-    opts.grid, opts.seeds, opts.baseline, opts.keep_checkpoints = [], "0-1", "grpo", True
+    opts.grid, opts.seeds, opts.baseline, opts.keep_checkpoints, opts.report_only = [], "0-1", "grpo", True, False
     first = sweep(opts)
     problems = [] if first["runs"]["launched"] == 4 else [f"first pass launched {first['runs']['launched']}, not 4"]
     _, runs = plan(opts)
@@ -523,6 +524,8 @@ def main(argv=None) -> int:
     parser.add_argument("--min-free-gb", type=float, default=0.0,
                         help="before each run, wait until this much memory is available (a SmolLM2 run: ~7)")
     parser.add_argument("--dry-run", action="store_true", help="print the runs and their state, launch nothing")
+    parser.add_argument("--report-only", action="store_true",
+                        help="summarise the runs finished so far (e.g. while the sweep still runs), launch nothing")
     parser.add_argument("--smoke", action="store_true", help="tiny-model grid with resume and arithmetic checks")
     parser.error = lambda message: (print(f"sweep.py: error: {message}", file=sys.stderr), sys.exit(2))
     opts = parser.parse_args(argv)

@@ -148,6 +148,15 @@ def test_resume_skips_finished_runs_and_continues_killed_ones(tmp_path, fake_tra
     assert sweep.main(sweep_argv(tmp_path)) == 0
     assert fake_train == []  # nothing recomputed
 
+    os.remove(tmp_path / "sw" / "summary.json")  # --report-only: the summary of what is there, no launch
+    write_run(summary["run_dirs"]["grpo s0"], None)
+    assert sweep.main(sweep_argv(tmp_path, "--report-only")) == 0
+    partial = json.load(open(tmp_path / "sw" / "summary.json"))
+    assert fake_train == [] and partial["configs"]["grpo"]["seeds"] == [1]
+    assert partial["configs"]["soft"]["vs_baseline"]["seeds"] == [1]
+    assert sweep.main(sweep_argv(tmp_path)) == 0 and len(fake_train) == 1  # the run has no checkpoint: restarted
+    fake_train.clear()
+
     # kill two runs: one after a checkpoint (resumed), one before any (started over, its folder cleared)
     with_ckpt, without = summary["run_dirs"]["soft s0"], summary["run_dirs"]["grpo s1"]
     for path in (with_ckpt, without):
