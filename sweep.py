@@ -431,8 +431,11 @@ def sweep(opts) -> dict:
     os.makedirs(opts.out, exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     t0 = time.time()
-    counts = ({"launched": 0, "skipped": 0, "failed": 0, "seconds": 0.0} if opts.report_only else
-              run_all(runs, keep_checkpoints=opts.keep_checkpoints, min_free_gb=opts.min_free_gb))
+    if opts.report_only:
+        counts = {"launched": 0, "skipped": sum(run_state(r["path"]) == "done" for r in runs), "failed": 0,
+                  "seconds": 0.0}
+    else:
+        counts = run_all(runs, keep_checkpoints=opts.keep_checkpoints, min_free_gb=opts.min_free_gb)
     summary = summarize(configs, runs, opts.baseline)
     summary.update(command=" ".join(shlex.quote(a) for a in sys.argv), commit=commit, runs=counts,
                    sweep_seconds=time.time() - t0, run_seconds_total=sum(map(_wall_seconds, runs)),
@@ -446,7 +449,8 @@ def sweep(opts) -> dict:
     if any(c["seeds"] for c in summary["configs"].values()):
         print("figures:", ", ".join(plot(summary, opts.out)))
     print(f"runs: {counts['launched']} launched ({counts['seconds']:.0f} s), {counts['skipped']} already done, "
-          f"{counts['failed']} failed")
+          f"{counts['failed']} failed, {len(runs) - counts['launched'] - counts['skipped']} not run; "
+          f"train.py ran {summary['run_seconds_total']:.0f} s over all launches of these runs")
     return summary
 
 

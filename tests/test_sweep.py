@@ -152,7 +152,7 @@ def test_resume_skips_finished_runs_and_continues_killed_ones(tmp_path, fake_tra
     write_run(summary["run_dirs"]["grpo s0"], None)
     assert sweep.main(sweep_argv(tmp_path, "--report-only")) == 0
     partial = json.load(open(tmp_path / "sw" / "summary.json"))
-    assert fake_train == [] and partial["configs"]["grpo"]["seeds"] == [1]
+    assert fake_train == [] and partial["configs"]["grpo"]["seeds"] == [1] and partial["runs"]["skipped"] == 3
     assert partial["configs"]["soft"]["vs_baseline"]["seeds"] == [1]
     assert sweep.main(sweep_argv(tmp_path)) == 0 and len(fake_train) == 1  # the run has no checkpoint: restarted
     fake_train.clear()
