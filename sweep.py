@@ -209,6 +209,11 @@ def train_argv(args: dict, seed: int, path: str, state: str) -> list[str]:
     flags = [sys.executable, "train.py"]
     for key, value in args.items():
         flag = "--" + key.replace("_", "-")
+        if value is None:  # an optional hyperparameter left unset (reinforce's --baseline): train.py's default
+            continue
+        if isinstance(value, bool):  # on/off flags take no value
+            flags.append(flag if value else "--no-" + flag[2:])
+            continue
         flags += [flag, repr(value) if isinstance(value, float) else str(value)]
     flags += ["--seed", str(seed), "--out-dir", path]
     return flags + (["--resume", path] if state == "checkpoint" else [])
