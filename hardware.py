@@ -8,6 +8,7 @@ A model that cannot be loaded raises ModelLoadError, one line naming the model, 
     python -m pytest tests/test_loss.py tests/test_train.py -k "eager or bf16 or keep_freed"
 """
 
+import itertools
 import os
 
 import torch
@@ -64,11 +65,19 @@ def store_linears_bf16(model):
     float32 storage (tests/test_train.py::test_bf16_reference_is_exact) while the reference takes half
     the memory and skips the per-call cast. Embeddings and norms run outside autocast's cast list and
     stay float32; so does an lm_head tied to the embedding.
+
+    Those float32 tensors are then copied into ordinary memory. from_pretrained maps the safetensors file
+    and keeps its tensors in that mapping; the mapping lives while any of them does, and with it every
+    page of the file the cast above read, so one float32 embedding left in it would keep the size of the
+    whole float32 model resident (tests/test_train.py::test_bf16_reference_releases_the_weights_file).
     """
     embedding = model.get_input_embeddings().weight
     for module in model.modules():
         if isinstance(module, torch.nn.Linear) and module.weight is not embedding:
             module.to(torch.bfloat16)
+    for tensor in itertools.chain(model.parameters(), model.buffers()):
+        if tensor.dtype != torch.bfloat16:
+            tensor.data = tensor.data.clone()  # off the file mapping, so the mapping can close
     return model
 
 

@@ -91,12 +91,15 @@ class HFSampler:
         if self.pad_id is None:
             self.pad_id = min(self.eos_ids)
         self.seed, self.calls = seed, 0
+        self.shapes = {name: p.shape for name, p in self.model.named_parameters(remove_duplicate=False)}
 
     @torch.inference_mode()
     def generate(self, prompts, *, n, max_tokens, temperature=1.0, top_p=1.0, seed=None):
         """G lists of n Completions. Sample k of prompt i draws from its own stream, seed + i * n + k, as
         vLLM seeds it, so a sample does not depend on what else is in the batch. Without a seed each call
         draws fresh samples, still reproducible from the sampler seed."""
+        if any(p.numel() == 0 for p in self.model.parameters()):
+            raise RuntimeError("the HF sampler is asleep: update_weights must give it weights before it samples")
         self.calls += 1
         device = self.model.device
         base = self.seed * 1_000_003 + self.calls if seed is None else seed
@@ -156,13 +159,27 @@ class HFSampler:
         # lm_head.weight is the embedding matrix itself when tied, so copying either name updates both.
         params = dict(self.model.named_parameters(remove_duplicate=False))
         for name, tensor in named_tensors:
+            if params[name].shape != tensor.shape:  # asleep: its storage was given back
+                params[name].data = torch.empty_like(tensor, dtype=params[name].dtype, device=params[name].device)
             params[name].copy_(tensor.to(params[name].device, params[name].dtype))
+        missing = [name for name, p in params.items() if p.shape != self.shapes[name]]
+        if missing:
+            raise ValueError(f"update_weights left {len(missing)} weights of the sleeping sampler empty, "
+                             f"e.g. {missing[0]}")
 
-    def sleep(self) -> int:  # nothing to lend out: the HF sampler serves CPU runs and tests
-        return 0
+    # Between sampling and the weight sync the sampler's weights are dead: training overwrites the policy
+    # they copy, and update_weights writes every one of them again. Giving their memory back lets training
+    # use it, so the sampler's copy never sits beside the training step's peak.
+    def sleep(self) -> int:
+        """Frees the weights until update_weights brings the new ones. Returns the bytes freed."""
+        freed = 0
+        for p in self.model.parameters():  # a tied lm_head is the embedding's parameter: freed once
+            freed += p.numel() * p.element_size()
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        return freed
 
     def wake(self):
-        pass
+        pass  # update_weights reallocates: the weights arrive with it
 
     def close(self):
         del self.model

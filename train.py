@@ -342,7 +342,7 @@ def main(args: Args) -> dict:
         seed = step_seed(args.seed, step, rank * n_local, args.rollout_batch, args.M)  # own stream per sample
         groups = sampler.generate(prompts, n=args.M, max_tokens=args.max_tokens, temperature=args.temperature,
                                   top_p=args.top_p, seed=seed)  # G_local lists of M completions
-        freed = sampler.sleep()  # GPU memory goes to training: the bytes it gave back
+        freed = sampler.sleep()  # its weights are dead until the sync: their memory goes to training
         t1 = time.perf_counter()
         # -- reward and advantages: gathered over ranks, so batch-level baselines see the whole batch
         rollout = score(task, examples, groups, args, device)  # each (G, M)

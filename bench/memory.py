@@ -160,7 +160,7 @@ class State:
     """What the step has alive, readable from the watcher thread."""
 
     def __init__(self):
-        self.phase, self.model, self.optimizer, self.saved = "start", None, None, None
+        self.phase, self.model, self.optimizer, self.saved, self.sampler = "start", None, None, None, None
 
     def live_bytes(self) -> dict:
         grads = moments = 0
@@ -171,7 +171,9 @@ class State:
             moments = sum(tensor_bytes([v for v in s.values() if hasattr(v, "numel") and v.dim() > 0])
                           for s in states)
         saved = dict(self.saved.live) if self.saved is not None else dict.fromkeys(SAVED_KINDS, 0)
-        return {"phase": self.phase, "grads": grads, "moments": moments, "saved": saved}
+        sampler = 0 if self.sampler is None else (tensor_bytes(self.sampler.model.parameters()) +
+                                                  tensor_bytes(self.sampler.model.buffers()))
+        return {"phase": self.phase, "grads": grads, "moments": moments, "saved": saved, "sampler": sampler}
 
 
 def measure_ours(opts) -> dict:
@@ -222,7 +224,7 @@ def measure_ours(opts) -> dict:
     record.update(n_params=n_params, weights=tensor_bytes(model.parameters()),
                   reference=tensor_bytes(ref_model.parameters()) + tensor_bytes(ref_model.buffers()),
                   sampler=tensor_bytes(sampler.model.parameters()) + tensor_bytes(sampler.model.buffers()))
-    state.model, state.optimizer = model, optimizer
+    state.model, state.optimizer, state.sampler = model, optimizer, sampler
     state.saved = SavedTensors(model, model.get_output_embeddings().weight.shape[0])
     state.saved.watcher = watcher
 
@@ -268,6 +270,7 @@ def measure_ours(opts) -> dict:
         state.phase = f"step {step + 1}: sampling"
         groups = sampler.generate(prompts, n=opts.M, max_tokens=opts.max_tokens, seed=opts.seed + step)
         sampling.append({"rss_before": before, "peak": peak_rss(), "rss_after": rss(), "kv_cache": kv["most"]})
+        sampler.sleep()  # as train.py: its weights are freed until the sync
         rewards = torch.tensor([[task.reward(c.text, ex) for c in g] for ex, g in zip(picked, groups)])  # (G, M)
         adv = compute_advantages("softmax", rewards, 0.1).reshape(-1)  # (G * M,)
         flat = [(p, c) for p, g in zip(prompts, groups) for c in g]
@@ -277,6 +280,7 @@ def measure_ours(opts) -> dict:
             train.ppo_update(model, ref_model, optimizer, scheduler, [p for p, _ in flat], completions,
                              [c.logprobs for _, c in flat], adv, args, pad_id)
         state.phase = f"step {step + 1}: weight sync"
+        sampler.wake()
         sampler.update_weights(train.full_weights(model))
         watcher()
         print(f"step {step + 1} done, VmHWM {peak_rss() / 1e9:.3f} GB", file=sys.stderr, flush=True)
@@ -347,7 +351,8 @@ def account(r: dict, iso: dict | None) -> list[dict]:
     saved = snap["saved"]
     kv_now = r["sampling_most_kv"] if "sampling" in snap["phase"] else 0
     grown = snap["in_use"] - base["in_use"]  # heap bytes handed out since the models were loaded
-    others = grown - snap["grads"] - snap["moments"] - sum(saved.values()) - kv_now
+    asleep = r["sampler"] - snap.get("sampler", r["sampler"])  # the sampler's weights freed for training
+    others = grown + asleep - snap["grads"] - snap["moments"] - sum(saved.values()) - kv_now
     retained = snap["free"] - base["free"]
     outside = snap["rss"] - r["rss_loaded"] - grown - retained
     state_bytes = r["weights"] + r["grads_at_step"] + r["moments"]
@@ -361,8 +366,9 @@ def account(r: dict, iso: dict | None) -> list[dict]:
          f"optimizer.step = {state_bytes / r['n_params']:.2f} B x {r['n_params'] / 1e6:.1f}M params"),
         ("reference model (bf16 linears)", ph["load reference"], r["reference"],
          "VmRSS growth of train.load_reference; size: its tensor bytes"),
-        ("sampler's copy (bf16)", ph["load sampler"], r["sampler"],
-         "VmRSS growth of rollout.make_sampler (tokenizer included); size: its tensor bytes"),
+        ("sampler's copy (bf16)", ph["load sampler"] - asleep, r["sampler"],
+         "VmRSS growth of rollout.make_sampler (tokenizer included) less the weights it freed to sleep "
+         "during training (tensor bytes at the peak); size: its tensor bytes"),
         ("KV cache during sampling", kv_now, r["sampling_most_kv"],
          "key/value tensor bytes after each decode call (forward hook); freed before training"),
         ("sampling peak above the loaded models", None, max(s["peak"] - s["rss_before"] for s in r["sampling"]),

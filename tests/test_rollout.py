@@ -117,6 +117,38 @@ def test_update_weights_and_sync_check(tiny_model_dir, prompts):
     sampler.close()
 
 
+def test_sleep_frees_the_weights_and_the_sync_brings_them_back(tiny_model_dir, prompts):
+    """sleep() gives back every weight's memory; after update_weights the sampler draws exactly what a
+    sampler that never slept draws from the same weights. Sampling asleep, or a sync that leaves a weight
+    out, is an error, never samples from empty or stale weights."""
+    awake = make_sampler("hf", tiny_model_dir, dtype="float32", seed=0)
+    sleeper = make_sampler("hf", tiny_model_dir, dtype="float32", seed=0)
+    trainer = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    nbytes = sum(p.numel() * p.element_size() for p in sleeper.model.parameters())
+    assert sleeper.sleep() == nbytes > 0
+    assert all(p.numel() == 0 for p in sleeper.model.parameters())
+    with pytest.raises(RuntimeError, match="asleep"):
+        sleeper.generate(prompts, n=2, max_tokens=4, seed=0)
+    with pytest.raises(ValueError, match="empty"):
+        sleeper.update_weights([(n, p) for n, p in trainer.named_parameters() if "layers.0." not in n])
+    torch.manual_seed(1)
+    with torch.no_grad():  # a training step stand-in
+        for p in trainer.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    sleeper.wake()
+    for sampler in (awake, sleeper):
+        sampler.update_weights(trainer.named_parameters())
+    assert sleeper.model.lm_head.weight is sleeper.model.model.embed_tokens.weight  # still tied
+    want = awake.generate(prompts, n=3, max_tokens=16, seed=5)
+    got = sleeper.generate(prompts, n=3, max_tokens=16, seed=5)
+    def samples(groups):
+        return [[(c.token_ids, c.logprobs) for c in g] for g in groups]
+
+    assert samples(got) == samples(want)
+    awake.close()
+    sleeper.close()
+
+
 @pytest.mark.slow
 def test_embedded_model_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -520,6 +520,31 @@ def test_bf16_reference_is_exact(tiny_model_dir, ref_dir):
                        one_update(tiny_model_dir, ref_dir, micro_batch=8, dtype="bfloat16"), tol=0)
 
 
+def test_bf16_reference_releases_the_weights_file(ref_dir):
+    """from_pretrained leaves the float32 tensors in a mapping of model.safetensors; after the bf16 cast no
+    tensor may stay in it, or the mapping, and every file page the cast read, stays resident."""
+    probe = (
+        "import gc, sys, torch, hardware\n"
+        "from transformers import AutoModelForCausalLM\n"
+        "def mapped():\n"
+        "    return sum('model.safetensors' in line for line in open('/proc/self/maps'))\n"
+        "model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)\n"
+        "loaded = mapped()\n"
+        "for module in model.modules():  # the cast alone, without the copy of what stays float32\n"
+        "    if isinstance(module, torch.nn.Linear) and module.weight is not model.get_input_embeddings().weight:\n"
+        "        module.to(torch.bfloat16)\n"
+        "gc.collect()\n"
+        "cast_only = mapped()\n"
+        "hardware.store_linears_bf16(model)\n"
+        "gc.collect()\n"
+        "print(loaded, cast_only, mapped())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe, ref_dir], capture_output=True, text=True, cwd=ROOT, check=True)
+    loaded, cast_only, after = map(int, out.stdout.split())
+    assert loaded > 0 and cast_only > 0, "from_pretrained no longer maps the file: this test checks nothing"
+    assert after == 0
+
+
 def test_keep_freed_memory_stops_refaulting_large_blocks():
     """After keep_freed_memory, a freed 64 MB tensor's pages are reused instead of faulted in again (glibc)."""
     probe = (
@@ -560,6 +585,9 @@ def test_a_sampler_that_never_updates_stops_the_run_at_the_first_step(tiny_model
                                                                       monkeypatch, lr):
     from rollout import HFSampler
 
+    # A stale sampler: it keeps its weights through training (no sleep, which would free them) and the sync
+    # writes nothing. (A sync that leaves a sleeping sampler's weights empty is an error of its own: test_rollout.)
+    monkeypatch.setattr(HFSampler, "sleep", lambda self: 0)
     monkeypatch.setattr(HFSampler, "update_weights", lambda self, named_tensors: None)
     with pytest.raises(train.SyncError, match="^step 1: ") as info:
         train.main(tiny_args(tiny_model_dir, tmp_path, steps=3, lr=lr, save_every=1))
@@ -570,6 +598,7 @@ def test_a_sampler_that_never_updates_stops_the_run_at_the_first_step(tiny_model
 
 def test_a_stale_sampler_is_one_line_and_exit_1_from_the_command_line(tiny_model_dir, tmp_path):
     script = ("import runpy, sys, rollout; rollout.HFSampler.update_weights = lambda self, named_tensors: None; "
+              "rollout.HFSampler.sleep = lambda self: 0; "
               "sys.argv = ['train.py'] + sys.argv[1:]; runpy.run_path('train.py', run_name='__main__')")
     result = subprocess.run([sys.executable, "-c", script, "--task", "arith", "--model", tiny_model_dir, "--steps",
                              "2", "--eval-examples", "0", "--max-tokens", "4", "--dtype", "float32", "--out-dir",
