@@ -27,6 +27,7 @@ imports alone; its training state and fp32 reference are arithmetic (the same op
 
     python bench/memory.py                       # ours, SmolLM2-135M, 4 steps
     python bench/memory.py --steps 2 --trl       # 2 steps, and TRL's side
+    python bench/memory.py --steps 2 --trl-only  # TRL's side alone
     python bench/memory.py --model /tmp/tiny --steps 2 --max-tokens 8     # smoke test on a tiny model
 """
 
@@ -430,6 +431,15 @@ def trl_rows(trl: dict, n_params: int) -> list[dict]:
              "how": "trl_grpo.py's ru_maxrss, one run"}]
 
 
+def print_trl(opts, n_params: int) -> dict:
+    trl = measure_trl(opts, opts.model)
+    rows = trl_rows(trl, n_params)
+    print(f"\nTRL (bench/trl_grpo.py, from outside; {n_params / 1e6:.1f}M parameters)")
+    for row in rows:
+        print(f"{row['row']:<66}{gb(row['at_peak']):>11}   {row['how']}")
+    return {"raw": trl, "rows": rows}
+
+
 def gb(x) -> str:
     return "" if x is None else f"{x / 1e9:.3f}"
 
@@ -447,6 +457,7 @@ def main():
     parser.add_argument("--beta", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trl", action="store_true", help="also measure TRL's run (bench/trl_grpo.py in --venv)")
+    parser.add_argument("--trl-only", action="store_true", help="measure TRL's run alone")
     parser.add_argument("--venv", default=os.path.join(REPO, ".venv-trl"))
     parser.add_argument("--no-isolated", action="store_true", help="skip the isolated micro-batch measurements")
     parser.add_argument("--out", default=os.path.join(REPO, "runs", "bench", "memory.json"))
@@ -469,6 +480,15 @@ def main():
     from rollout import resolve_model
 
     opts.model = resolve_model(opts.model)  # converted once here, not inside a measured process
+    if opts.trl_only:
+        import math
+
+        from safetensors import safe_open
+
+        with safe_open(os.path.join(opts.model, "model.safetensors"), "pt") as f:  # counted, not loaded
+            n_params = sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
+        print_trl(opts, n_params)
+        return
     cmd = [sys.executable, os.path.abspath(__file__), "--ours", *sys.argv[1:], "--model", opts.model]
     os.makedirs(os.path.dirname(opts.out), exist_ok=True)
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=REPO)  # progress lines pass through
@@ -499,12 +519,8 @@ def main():
               f"{gb(iso['logprob_extra'])} GB above its {gb(iso['logits_bytes'])} GB of logits")
     result = {"options": vars(opts), "raw": raw, "isolated": iso, "rows": rows, "peak": raw["peak"]}
     if opts.trl:
-        trl = measure_trl(opts, opts.model)
-        result["trl"] = {"raw": trl, "rows": trl_rows(trl, raw["n_params"])}
-        print("\nTRL (bench/trl_grpo.py, from outside)")
-        for row in result["trl"]["rows"]:
-            print(f"{row['row']:<66}{gb(row['at_peak']):>11}   {row['how']}")
-        print(f"ours / TRL peak RSS: {raw['peak'] / trl['peak']:.3f}")
+        result["trl"] = print_trl(opts, raw["n_params"])
+        print(f"ours / TRL peak RSS: {raw['peak'] / result['trl']['raw']['peak']:.3f}")
     os.makedirs(os.path.dirname(opts.out), exist_ok=True)
     with open(opts.out, "w") as f:
         json.dump(result, f, indent=1)
