@@ -115,34 +115,43 @@ class HFSampler:
         cache.batch_repeat_interleave(n)
         logits = out.logits[:, -1].float().repeat_interleave(n, 0)  # (R, V), R = G * n
         mask, positions = mask.repeat_interleave(n, 0), positions.repeat_interleave(n, 0)[:, -1:]  # (R, P), (R, 1)
-        done = torch.zeros(len(logits), dtype=torch.bool, device=device)  # (R,)
         eos = torch.tensor(sorted(self.eos_ids), device=device)
-        tokens, logps = [], []
+        tokens = torch.full((len(logits), max_tokens), self.pad_id, device=device)  # (R, K)
+        logps = torch.zeros(len(logits), max_tokens, device=device)  # (R, K)
+        rows = torch.arange(len(logits), device=device)  # (A,): the rows still decoding, A <= R
         for i in range(max_tokens):
-            logp_all = torch.log_softmax(logits / (temperature or 1.0), -1)  # (R, V); greedy: unscaled
+            logp_all = torch.log_softmax(logits / (temperature or 1.0), -1)  # (A, V); greedy: unscaled
             if temperature == 0:
                 _check_finite(logp_all.amax(-1).exp())  # in [1/V, 1] unless NaN: argmax would pick from NaN silently
-                token = logits.argmax(-1)  # (R,)
+                token = logits.argmax(-1)  # (A,)
             else:
-                kept = _top_p(logp_all.exp(), top_p)  # (R, V)
+                kept = _top_p(logp_all.exp(), top_p)  # (A, V)
                 uniforms = torch.cat([torch.rand(1, generator=g, dtype=torch.float64, device=device)
-                                      for g in generators])  # (R,): one draw per row from its own stream
-                token = draw(kept, uniforms)  # (R,)
-            logp = logp_all.gather(-1, token[:, None]).squeeze(-1)  # (R,)
+                                      for g in generators])  # (A,): one draw per row from its own stream
+                token = draw(kept, uniforms)  # (A,)
+            logp = logp_all.gather(-1, token[:, None]).squeeze(-1)  # (A,)
             if temperature != 0 and top_p < 1.0:  # the renormalised nucleus is what it was drawn from
                 logp = logp - kept.sum(-1).log()
-            token = torch.where(done, self.pad_id, token)  # finished rows keep feeding padding
-            tokens.append(token)
-            logps.append(logp)
-            done |= torch.isin(token, eos)
-            if done.all() or i == max_tokens - 1:
+            tokens[rows, i], logps[rows, i] = token, logp
+            if i == max_tokens - 1:
                 break
+            # SPEED (skippable): a row that drew EOS leaves the batch, so later steps compute only the rows
+            # still decoding; each row keeps its own generator, so its draws are the ones it would make in
+            # the full batch (tests/test_rollout.py::test_finished_rows_leave_the_batch_without_changing_samples).
+            going = ~torch.isin(token, eos)  # (A,)
+            if not going.all():
+                if not going.any():
+                    break
+                keep = going.nonzero().squeeze(-1)  # (A',)
+                cache.batch_select_indices(keep)
+                rows, token, mask, positions = rows[keep], token[keep], mask[keep], positions[keep]
+                generators = [generators[j] for j in keep.tolist()]
             positions = positions + 1
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             out = self.model(input_ids=token[:, None], attention_mask=mask, position_ids=positions,
                              past_key_values=cache, use_cache=True, logits_to_keep=1)
-            cache, logits = out.past_key_values, out.logits[:, -1].float()  # (R, V)
-        tokens, logps = torch.stack(tokens, 1).tolist(), torch.stack(logps, 1).tolist()  # (R, K)
+            cache, logits = out.past_key_values, out.logits[:, -1].float()  # (A, V)
+        tokens, logps = tokens.tolist(), logps.tolist()  # (R, K)
         results = []
         for ids, lps in zip(tokens, logps):
             stop = next((i for i, t in enumerate(ids) if t in self.eos_ids), None)
@@ -180,19 +189,33 @@ def _check_finite(row_values):
 
 
 # SPEED (skippable): stands in for torch.multinomial, equal in distribution by
-# tests/test_rollout.py::test_draw_follows_the_probabilities_and_never_picks_a_zero.
-def draw(probs, uniforms):
+# tests/test_rollout.py::test_draw_follows_the_probabilities_and_never_picks_a_zero, and equal token for
+# token to inverting the whole float64 CDF by test_blocked_draw_equals_the_full_cdf.
+def draw(probs, uniforms, block=256):
     """One token per row of `probs` (R, V), non-negative and unnormalised, by inverting each row's CDF at
     its uniform in [0, 1) from `uniforms` (R,). torch.multinomial draws an exponential variate for every
-    vocabulary entry instead, the largest non-matmul cost of a decode step. Zero-probability tokens
-    (cut by top-p) are never drawn: the CDF does not rise at them and u stays strictly below its top.
+    vocabulary entry instead, the largest non-matmul cost of a decode step. The CDF is inverted in two
+    levels: over block sums to find the token's block, then within that block alone, so the sequential
+    float64 scan covers V / block + block entries instead of V. Zero-probability tokens (cut by top-p) are
+    never drawn: the CDF does not rise at them and u stays strictly below the top of each level.
     """
-    cdf = probs.double().cumsum(-1)  # (R, V); float64, so the 49k-term sums keep every token's share
+    rows, vocab = probs.shape
+    blocks = -(-vocab // block)
+    if blocks * block != vocab:  # zeros at the end: never drawn
+        probs = torch.nn.functional.pad(probs, (0, blocks * block - vocab))
+    by_block = probs.view(rows, blocks, block)  # (R, B, b)
+    cdf = by_block.sum(-1, dtype=torch.float64).cumsum(-1)  # (R, B); float64 keeps every token's share
     total = cdf[:, -1:]  # (R, 1)
     _check_finite(total)  # a NaN or inf anywhere in a row reaches its total
+    below = torch.zeros_like(total)  # (R, 1)
     u = uniforms.to(torch.float64).reshape(-1, 1) * total  # (R, 1)
-    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # (R, 1), < total
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1)  # (R,): first token whose CDF exceeds u
+    u = torch.minimum(u, torch.nextafter(total, below))  # (R, 1), < total
+    chosen = torch.searchsorted(cdf, u, right=True)  # (R, 1): first block whose CDF exceeds u, so its mass > 0
+    u = u - torch.where(chosen > 0, cdf.gather(-1, (chosen - 1).clamp(min=0)), below)  # (R, 1), >= 0
+    inside = by_block.gather(1, chosen[:, :, None].expand(-1, -1, block)).squeeze(1).double().cumsum(-1)  # (R, b)
+    # The block's own scan can end an ulp away from its sum above; u stays below the scan's top.
+    u = torch.minimum(u, torch.nextafter(inside[:, -1:], below))  # (R, 1)
+    return (chosen * block + torch.searchsorted(inside, u, right=True)).squeeze(-1)  # (R,)
 
 
 def _top_p(probs, top_p):

@@ -182,3 +182,46 @@ def test_a_sample_depends_only_on_its_stream(sampler, prompts):
         for k in range(3):
             alone = sampler.generate([prompt], n=1, max_tokens=12, seed=40 + i * 3 + k)[0][0]
             assert alone.token_ids == together[i][k].token_ids
+
+
+def test_finished_rows_leave_the_batch_without_changing_samples(sampler, prompts, trainer):
+    """Rows that drew EOS leave the decode batch. The rows still decoding keep their own streams (each equals its
+    stream drawn alone) and their caches, masks and positions (log-probs equal the trainer's recomputation)."""
+    n, seed = 16, 0
+    groups = sampler.generate(prompts, n=n, max_tokens=40, seed=seed)
+    lengths = sorted(len(c.token_ids) for g in groups for c in g)
+    assert lengths[0] < 20 and lengths[-1] == 40  # rows left the batch early while others ran to the end
+    for c, logp in zip([c for g in groups for c in g], trainer_logprobs(trainer, prompts, groups, 1.0)):
+        assert torch.allclose(torch.tensor(c.logprobs), logp, atol=1e-4, rtol=0)
+    for i, prompt in enumerate(prompts):
+        for k in range(0, n, 5):
+            alone = sampler.generate([prompt], n=1, max_tokens=40, seed=seed + i * n + k)[0][0]
+            assert alone.token_ids == groups[i][k].token_ids
+
+
+def full_cdf_draw(probs, uniforms):
+    """The plain inverse-CDF draw: one float64 cumulative sum over the whole vocabulary."""
+    cdf = probs.double().cumsum(-1)  # (R, V)
+    u = uniforms.double()[:, None] * cdf[:, -1:]  # (R, 1)
+    u = torch.minimum(u, torch.nextafter(cdf[:, -1:], torch.zeros_like(u)))
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1)
+
+
+@pytest.mark.parametrize("vocab,block", [(49152, 256), (1000, 64), (777, 256)])
+def test_blocked_draw_equals_the_full_cdf(vocab, block):
+    """draw inverts the CDF block by block; it picks the same token as the full float64 CDF, on peaked and flat
+    softmax rows and on top-p rows full of zeros. Only a uniform within float64 rounding of 1 may pick another
+    token (the two sums differ in their last bits there, and tokens below that rounding cannot move either CDF),
+    and still never a zero."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(512, vocab, generator=generator) * torch.linspace(0.5, 8, 512)[:, None]  # (R, V)
+    probs = torch.softmax(logits, -1)
+    nucleus = probs.masked_fill(probs < probs.amax(-1, keepdim=True) / 50, 0.0)  # a top-p-like cut, many zeros
+    for p in (probs, nucleus):
+        for _ in range(4):
+            uniforms = torch.rand(512, generator=generator, dtype=torch.float64)
+            assert torch.equal(draw(p, uniforms, block=block), full_cdf_draw(p, uniforms))
+        lowest = torch.zeros(512, dtype=torch.float64)
+        assert torch.equal(draw(p, lowest, block=block), full_cdf_draw(p, lowest))
+        top = draw(p, torch.full((512,), 1 - 2**-53, dtype=torch.float64), block=block)  # (R,)
+        assert (p.gather(-1, top[:, None]) > 0).all()
