@@ -27,7 +27,9 @@ import tempfile
 from dataclasses import dataclass
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
+from transformers.cache_utils import Cache, DynamicLayer
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from hardware import load_model, load_tokenizer
 from loss import pad_batch, sequence_logprobs
@@ -85,6 +87,8 @@ class HFSampler:
         self.tokenizer = load_tokenizer(model_path)
         self.model = load_model(model_path, getattr(torch, dtype), device)
         self.model.eval().requires_grad_(False)
+        if self.model.config._attn_implementation == "eager":  # CPU (hardware.load_model); SDPA groups heads itself
+            self.model.set_attn_implementation("grouped_eager")
         eos = self.model.generation_config.eos_token_id  # None, one id, or a list (chat models)
         self.eos_ids = {self.tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
         self.pad_id = self.tokenizer.pad_token_id
@@ -108,8 +112,11 @@ class HFSampler:
         input_ids, mask, positions = input_ids.to(device), mask.to(device), positions.to(device)
         # One prefill per prompt, then each prompt's KV cache repeated for its n samples (group members
         # adjacent). The index tensor instead of logits_to_keep=1: the strided last-position slice sends
-        # a bf16 lm_head down a slow matmul path that copies the weight per row (pytorch#151934).
+        # a bf16 lm_head down a slow matmul path that copies the weight per row (pytorch#151934). The cache
+        # keeps room for max_tokens more positions, so decoding never regrows it.
+        layers = self.model.config.num_hidden_layers
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                         past_key_values=Cache(layers=[_RoomyLayer(max_tokens) for _ in range(layers)]),
                          logits_to_keep=torch.tensor([width - 1], device=device))
         cache = out.past_key_values
         cache.batch_repeat_interleave(n)
@@ -175,6 +182,63 @@ class HFSampler:
 
     def close(self):
         del self.model
+
+
+# SPEED (skippable): the HF sampler's attention and KV cache, equal to eager attention and DynamicCache by
+# tests/test_rollout.py::test_grouped_attention_and_roomy_cache_match_eager_and_dynamic_cache.
+def _grouped_eager_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """transformers' eager attention without `repeat_kv`, which copies every cached key and value once per query
+    head sharing it (grouped-query attention: SmolLM2-135M has 9 query heads on 3 key/value heads), every
+    layer, every decode step. Instead the query heads of a group become rows of one matmul against their
+    shared keys."""
+    batch, heads, length, dim = query.shape
+    groups = key.shape[1]  # key/value heads; query head h reads key/value head h // (heads // groups)
+    query = query.reshape(batch, groups, heads // groups * length, dim)  # (B, KV, G * Q, D), a view
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, KV, G * Q, L)
+    if attention_mask is not None:  # (B, 1, Q, L), the same for every head
+        scores = (scores.unflatten(2, (heads // groups, length)) + attention_mask[:, :, None]).flatten(2, 3)
+    weights = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    out = torch.matmul(weights, value)  # (B, KV, G * Q, D)
+    return out.reshape(batch, heads, length, dim).transpose(1, 2).contiguous(), None  # (B, Q, H, D)
+
+
+AttentionInterface.register("grouped_eager", _grouped_eager_attention)
+AttentionMaskInterface.register("grouped_eager", eager_mask)  # additive float masks, as eager attention takes
+
+
+class _RoomyLayer(DynamicLayer):
+    """A DynamicLayer that writes new keys and values into room kept free at the end of its buffers instead of
+    concatenating: a decode step no longer copies the whole cache. The cached keys are a view of the filled part."""
+
+    def __init__(self, room):
+        super().__init__()
+        self.room = room  # positions kept free whenever the buffers are (re)made
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start = self.get_seq_length()
+        end = start + key_states.shape[-2]
+        if start == 0 or end > self.key_room.shape[-2]:  # first call, or full: new buffers with room to spare
+            rooms = [x.new_empty(*x.shape[:2], end + self.room, x.shape[-1]) for x in (key_states, value_states)]
+            if start:
+                rooms[0][:, :, :start], rooms[1][:, :, :start] = self.keys, self.values
+            self.key_room, self.value_room = rooms  # (B, KV, L + room, D)
+        self.key_room[:, :, start:end] = key_states
+        self.value_room[:, :, start:end] = value_states
+        self.keys, self.values = self.key_room[:, :, :end], self.value_room[:, :, :end]  # (B, KV, L, D) views
+        return self.keys, self.values
+
+    def batch_repeat_interleave(self, repeats):
+        self.key_room = self.key_room.repeat_interleave(repeats, dim=0)
+        self.value_room = self.value_room.repeat_interleave(repeats, dim=0)
+        end = self.get_seq_length()
+        self.keys, self.values = self.key_room[:, :, :end], self.value_room[:, :, :end]
+
+    def batch_select_indices(self, indices):
+        self.key_room, self.value_room = self.key_room[indices], self.value_room[indices]
+        end = self.get_seq_length()
+        self.keys, self.values = self.key_room[:, :, :end], self.value_room[:, :, :end]
 
 
 class SamplingError(RuntimeError):

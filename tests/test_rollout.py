@@ -225,3 +225,45 @@ def test_blocked_draw_equals_the_full_cdf(vocab, block):
         assert torch.equal(draw(p, lowest, block=block), full_cdf_draw(p, lowest))
         top = draw(p, torch.full((512,), 1 - 2**-53, dtype=torch.float64), block=block)  # (R,)
         assert (p.gather(-1, top[:, None]) > 0).all()
+
+
+def test_grouped_attention_and_roomy_cache_match_eager_and_dynamic_cache(tiny_model_dir):
+    """The HF sampler's attention (query heads grouped onto their shared key/value head, no repeat_kv copy) and its
+    KV cache (written into spare room, not concatenated) give eager attention's logits over a DynamicCache, through
+    a padded prefill, the repeat for n samples, decode steps that outgrow the room, and rows leaving the batch."""
+    from transformers.cache_utils import Cache, DynamicCache
+
+    from hardware import load_model
+    from rollout import _RoomyLayer
+
+    eager, grouped = load_model(tiny_model_dir), load_model(tiny_model_dir)
+    grouped.set_attn_implementation("grouped_eager")
+    assert eager.config._attn_implementation == "eager"
+    assert eager.config.num_key_value_heads < eager.config.num_attention_heads  # the grouping is exercised
+    generator = torch.Generator().manual_seed(0)
+    lengths = [5, 9, 2]
+    input_ids = torch.randint(3, eager.config.vocab_size, (3, 9), generator=generator)  # (G, P)
+    mask = (torch.arange(9)[None] >= 9 - torch.tensor(lengths)[:, None]).long()  # (G, P) left-padded
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    roomy = Cache(layers=[_RoomyLayer(3) for _ in range(eager.config.num_hidden_layers)])  # 3: it must regrow
+    caches = [DynamicCache(config=eager.config), roomy]
+    with torch.no_grad():
+        outs = [m(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=c, use_cache=True)
+                for m, c in zip((eager, grouped), caches)]
+        real = mask.bool()
+        assert torch.allclose(outs[0].logits[real], outs[1].logits[real], atol=1e-5, rtol=0)
+        for c in caches:
+            c.batch_repeat_interleave(2)
+        mask, positions = mask.repeat_interleave(2, 0), positions.repeat_interleave(2, 0)[:, -1:]  # (R, P), (R, 1)
+        for step in range(8):
+            if step == 3:  # rows 1, 4, 5 finished
+                keep = torch.tensor([0, 2, 3])
+                for c in caches:
+                    c.batch_select_indices(keep)
+                mask, positions = mask[keep], positions[keep]
+            token = torch.randint(3, eager.config.vocab_size, (len(mask), 1), generator=generator)  # (A, 1)
+            positions, mask = positions + 1, torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            logits = [m(input_ids=token, attention_mask=mask, position_ids=positions, past_key_values=c,
+                        use_cache=True).logits for m, c in zip((eager, grouped), caches)]
+            assert torch.allclose(logits[0], logits[1], atol=1e-5, rtol=0)
+    assert caches[1].get_seq_length() == caches[0].get_seq_length() == 9 + 8
