@@ -267,3 +267,31 @@ def test_grouped_attention_and_roomy_cache_match_eager_and_dynamic_cache(tiny_mo
                         use_cache=True).logits for m, c in zip((eager, grouped), caches)]
             assert torch.allclose(logits[0], logits[1], atol=1e-5, rtol=0)
     assert caches[1].get_seq_length() == caches[0].get_seq_length() == 9 + 8
+
+
+def test_packed_bf16_linears_compute_the_plain_linears(tiny_model_dir, prompts):
+    """A bfloat16 sampler on CPU computes its linear layers from oneDNN-packed weight copies: the same samples and
+    log-probs, bit for bit, as the plain layers, before and after update_weights (which must repack)."""
+    sampler = make_sampler("hf", tiny_model_dir, dtype="bfloat16", seed=0)
+    if not sampler.packed:
+        pytest.skip("this CPU's oneDNN has no bfloat16 support")
+
+    def unpacked():
+        forwards = {m: m.__dict__.pop("forward") for m in sampler.model.modules() if "forward" in m.__dict__}
+        assert forwards  # the packed path was in use
+        out = sampler.generate(prompts, n=4, max_tokens=16, seed=5)
+        for m, forward in forwards.items():
+            m.forward = forward
+        return out
+
+    before = sampler.generate(prompts, n=4, max_tokens=16, seed=5)
+    assert before == unpacked()
+    trainer = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in trainer.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    sampler.update_weights(trainer.named_parameters())
+    after = sampler.generate(prompts, n=4, max_tokens=16, seed=5)
+    assert after != before and after == unpacked()
+    sampler.close()
