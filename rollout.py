@@ -29,7 +29,6 @@ from dataclasses import dataclass
 
 import torch
 from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
-from transformers.cache_utils import Cache, DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from hardware import load_model, load_tokenizer
@@ -117,11 +116,8 @@ class HFSampler:
         input_ids, mask, positions = input_ids.to(device), mask.to(device), positions.to(device)
         # One prefill per prompt, then each prompt's KV cache repeated for its n samples (group members
         # adjacent). The index tensor instead of logits_to_keep=1: the strided last-position slice sends
-        # a bf16 lm_head down a slow matmul path that copies the weight per row (pytorch#151934). The cache
-        # keeps room for max_tokens more positions, so decoding never regrows it.
-        layers = self.model.config.num_hidden_layers
+        # a bf16 lm_head down a slow matmul path that copies the weight per row (pytorch#151934).
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                         past_key_values=Cache(layers=[_RoomyLayer(max_tokens) for _ in range(layers)]),
                          logits_to_keep=torch.tensor([width - 1], device=device))
         cache = out.past_key_values
         cache.batch_repeat_interleave(n)
@@ -130,7 +126,8 @@ class HFSampler:
         eos = torch.tensor(sorted(self.eos_ids), device=device)
         tokens = torch.full((len(logits), max_tokens), self.pad_id, device=device)  # (R, K)
         logps = torch.zeros(len(logits), max_tokens, device=device)  # (R, K)
-        rows = torch.arange(len(logits), device=device)  # (A,): the rows still decoding, A <= R
+        rows = torch.arange(len(logits), device=device)  # (A,): the output row of each batch row, A <= R
+        live = torch.ones(len(logits), dtype=torch.bool, device=device)  # (A,): not finished yet
         for i in range(max_tokens):
             logp_all = torch.log_softmax(logits / (temperature or 1.0), -1)  # (A, V); greedy: unscaled
             if temperature == 0:
@@ -144,19 +141,19 @@ class HFSampler:
             logp = logp_all.gather(-1, token[:, None]).squeeze(-1)  # (A,)
             if temperature != 0 and top_p < 1.0:  # the renormalised nucleus is what it was drawn from
                 logp = logp - kept.sum(-1).log()
-            tokens[rows, i], logps[rows, i] = token, logp
-            if i == max_tokens - 1:
+            tokens[rows[live], i], logps[rows[live], i] = token[live], logp[live]
+            token = torch.where(live, token, self.pad_id)  # finished rows still in the batch feed padding
+            live &= ~torch.isin(token, eos)
+            if not live.any() or i == max_tokens - 1:
                 break
-            # SPEED (skippable): a row that drew EOS leaves the batch, so later steps compute only the rows
-            # still decoding; each row keeps its own generator, so its draws are the ones it would make in
-            # the full batch (tests/test_rollout.py::test_finished_rows_leave_the_batch_without_changing_samples).
-            going = ~torch.isin(token, eos)  # (A,)
-            if not going.all():
-                if not going.any():
-                    break
-                keep = going.nonzero().squeeze(-1)  # (A',)
+            # SPEED (skippable): once an eighth of the batch has drawn EOS, those rows leave it, so later steps
+            # compute only rows still decoding (each leaving copies the whole cache, hence not one by one). A row
+            # keeps its own generator, so its draws are the ones it makes in the full batch
+            # (tests/test_rollout.py::test_finished_rows_leave_the_batch_without_changing_samples).
+            if (~live).sum() * 8 >= len(live):
+                keep = live.nonzero().squeeze(-1)  # (A',)
                 cache.batch_select_indices(keep)
-                rows, token, mask, positions = rows[keep], token[keep], mask[keep], positions[keep]
+                rows, live, token, mask, positions = rows[keep], live[keep], token[keep], mask[keep], positions[keep]
                 generators = [generators[j] for j in keep.tolist()]
             positions = positions + 1
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
@@ -191,8 +188,8 @@ class HFSampler:
         del self.model
 
 
-# SPEED (skippable): the HF sampler's attention and KV cache, equal to eager attention and DynamicCache by
-# tests/test_rollout.py::test_grouped_attention_and_roomy_cache_match_eager_and_dynamic_cache.
+# SPEED (skippable): the HF sampler's attention, equal to eager attention by
+# tests/test_rollout.py::test_grouped_attention_matches_eager.
 def _grouped_eager_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
     """transformers' eager attention without `repeat_kv`, which copies every cached key and value once per query
     head sharing it (grouped-query attention: SmolLM2-135M has 9 query heads on 3 key/value heads), every
@@ -226,41 +223,6 @@ def _pack_linears(model):
 
 def _packed_linear_forward(self, x):
     return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
-
-
-class _RoomyLayer(DynamicLayer):
-    """A DynamicLayer that writes new keys and values into room kept free at the end of its buffers instead of
-    concatenating: a decode step no longer copies the whole cache. The cached keys are a view of the filled part."""
-
-    def __init__(self, room):
-        super().__init__()
-        self.room = room  # positions kept free whenever the buffers are (re)made
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        start = self.get_seq_length()
-        end = start + key_states.shape[-2]
-        if start == 0 or end > self.key_room.shape[-2]:  # first call, or full: new buffers with room to spare
-            rooms = [x.new_empty(*x.shape[:2], end + self.room, x.shape[-1]) for x in (key_states, value_states)]
-            if start:
-                rooms[0][:, :, :start], rooms[1][:, :, :start] = self.keys, self.values
-            self.key_room, self.value_room = rooms  # (B, KV, L + room, D)
-        self.key_room[:, :, start:end] = key_states
-        self.value_room[:, :, start:end] = value_states
-        self.keys, self.values = self.key_room[:, :, :end], self.value_room[:, :, :end]  # (B, KV, L, D) views
-        return self.keys, self.values
-
-    def batch_repeat_interleave(self, repeats):
-        self.key_room = self.key_room.repeat_interleave(repeats, dim=0)
-        self.value_room = self.value_room.repeat_interleave(repeats, dim=0)
-        end = self.get_seq_length()
-        self.keys, self.values = self.key_room[:, :, :end], self.value_room[:, :, :end]
-
-    def batch_select_indices(self, indices):
-        self.key_room, self.value_room = self.key_room[indices], self.value_room[indices]
-        end = self.get_seq_length()
-        self.keys, self.values = self.key_room[:, :, :end], self.value_room[:, :, :end]
 
 
 class SamplingError(RuntimeError):

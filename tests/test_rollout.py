@@ -185,12 +185,13 @@ def test_a_sample_depends_only_on_its_stream(sampler, prompts):
 
 
 def test_finished_rows_leave_the_batch_without_changing_samples(sampler, prompts, trainer):
-    """Rows that drew EOS leave the decode batch. The rows still decoding keep their own streams (each equals its
-    stream drawn alone) and their caches, masks and positions (log-probs equal the trainer's recomputation)."""
+    """Rows that drew EOS leave the decode batch (once an eighth of it has). The rows still decoding keep their
+    own streams (each equals its stream drawn alone) and their caches, masks and positions (log-probs equal the
+    trainer's recomputation)."""
     n, seed = 16, 0
     groups = sampler.generate(prompts, n=n, max_tokens=40, seed=seed)
     lengths = sorted(len(c.token_ids) for g in groups for c in g)
-    assert lengths[0] < 20 and lengths[-1] == 40  # rows left the batch early while others ran to the end
+    assert lengths[len(lengths) // 8] < 35 and lengths[-1] == 40  # an eighth left the batch, others ran on after
     for c, logp in zip([c for g in groups for c in g], trainer_logprobs(trainer, prompts, groups, 1.0)):
         assert torch.allclose(torch.tensor(c.logprobs), logp, atol=1e-4, rtol=0)
     for i, prompt in enumerate(prompts):
@@ -227,14 +228,13 @@ def test_blocked_draw_equals_the_full_cdf(vocab, block):
         assert (p.gather(-1, top[:, None]) > 0).all()
 
 
-def test_grouped_attention_and_roomy_cache_match_eager_and_dynamic_cache(tiny_model_dir):
-    """The HF sampler's attention (query heads grouped onto their shared key/value head, no repeat_kv copy) and its
-    KV cache (written into spare room, not concatenated) give eager attention's logits over a DynamicCache, through
-    a padded prefill, the repeat for n samples, decode steps that outgrow the room, and rows leaving the batch."""
-    from transformers.cache_utils import Cache, DynamicCache
+def test_grouped_attention_matches_eager(tiny_model_dir):
+    """The HF sampler's attention (query heads grouped onto their shared key/value head, no repeat_kv copy) gives
+    eager attention's logits through a padded prefill, the cache repeat for n samples, decode steps and rows
+    leaving the batch."""
+    from transformers.cache_utils import DynamicCache
 
     from hardware import load_model
-    from rollout import _RoomyLayer
 
     eager, grouped = load_model(tiny_model_dir), load_model(tiny_model_dir)
     grouped.set_attn_implementation("grouped_eager")
@@ -245,8 +245,7 @@ def test_grouped_attention_and_roomy_cache_match_eager_and_dynamic_cache(tiny_mo
     input_ids = torch.randint(3, eager.config.vocab_size, (3, 9), generator=generator)  # (G, P)
     mask = (torch.arange(9)[None] >= 9 - torch.tensor(lengths)[:, None]).long()  # (G, P) left-padded
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    roomy = Cache(layers=[_RoomyLayer(3) for _ in range(eager.config.num_hidden_layers)])  # 3: it must regrow
-    caches = [DynamicCache(config=eager.config), roomy]
+    caches = [DynamicCache(config=eager.config), DynamicCache(config=eager.config)]
     with torch.no_grad():
         outs = [m(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=c, use_cache=True)
                 for m, c in zip((eager, grouped), caches)]
@@ -266,7 +265,6 @@ def test_grouped_attention_and_roomy_cache_match_eager_and_dynamic_cache(tiny_mo
             logits = [m(input_ids=token, attention_mask=mask, position_ids=positions, past_key_values=c,
                         use_cache=True).logits for m, c in zip((eager, grouped), caches)]
             assert torch.allclose(logits[0], logits[1], atol=1e-5, rtol=0)
-    assert caches[1].get_seq_length() == caches[0].get_seq_length() == 9 + 8
 
 
 def test_packed_bf16_linears_compute_the_plain_linears(tiny_model_dir, prompts):
