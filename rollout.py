@@ -129,7 +129,8 @@ class HFSampler:
         rows = torch.arange(len(logits), device=device)  # (A,): the output row of each batch row, A <= R
         live = torch.ones(len(logits), dtype=torch.bool, device=device)  # (A,): not finished yet
         for i in range(max_tokens):
-            logp_all = torch.log_softmax(logits / (temperature or 1.0), -1)  # (A, V); greedy: unscaled
+            scaled = logits if temperature in (0, 1) else logits / temperature  # greedy: unscaled; x / 1 is x
+            logp_all = torch.log_softmax(scaled, -1)  # (A, V)
             if temperature == 0:
                 _check_finite(logp_all.amax(-1).exp())  # in [1/V, 1] unless NaN: argmax would pick from NaN silently
                 token = logits.argmax(-1)  # (A,)
