@@ -211,11 +211,13 @@ AttentionInterface.register("grouped_eager", _grouped_eager_attention)
 AttentionMaskInterface.register("grouped_eager", eager_mask)  # additive float masks, as eager attention takes
 
 
+# SPEED (skippable): bit-identical to the plain linear layers by
+# tests/test_rollout.py::test_packed_bf16_linears_compute_the_plain_linears.
 def _pack_linears(model):
     """Give every linear layer a copy of its bfloat16 weight in oneDNN's blocked layout, and compute the layer from
-    it. A plain bfloat16 linear on CPU re-lays-out its whole weight on every call, which made the matmuls of a
-    decode step cost about the same at 1 row as at 64, and twice what they cost packed. The parameters stay as
-    they are (state dict, update_weights); update_weights packs again."""
+    it. A plain bfloat16 linear on CPU re-lays-out its whole weight on every call, so a decode step's matmuls
+    cost about the same at 1 row as at 64. The parameters stay as they are (state dict, update_weights);
+    update_weights packs again. The copies double the sampler's weight memory."""
     for module in model.modules():
         if isinstance(module, torch.nn.Linear):
             module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach())
