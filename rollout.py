@@ -24,10 +24,12 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import types
 from dataclasses import dataclass
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from hardware import load_model, load_tokenizer
 from loss import pad_batch, sequence_logprobs
@@ -85,6 +87,12 @@ class HFSampler:
         self.tokenizer = load_tokenizer(model_path)
         self.model = load_model(model_path, getattr(torch, dtype), device)
         self.model.eval().requires_grad_(False)
+        if self.model.config._attn_implementation == "eager":  # CPU (hardware.load_model); SDPA groups heads itself
+            self.model.set_attn_implementation("grouped_eager")
+        self.packed = self.model.device.type == "cpu" and self.model.dtype == torch.bfloat16 \
+            and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        if self.packed:
+            _pack_linears(self.model)
         eos = self.model.generation_config.eos_token_id  # None, one id, or a list (chat models)
         self.eos_ids = {self.tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
         self.pad_id = self.tokenizer.pad_token_id
@@ -118,34 +126,45 @@ class HFSampler:
         cache.batch_repeat_interleave(n)
         logits = out.logits[:, -1].float().repeat_interleave(n, 0)  # (R, V), R = G * n
         mask, positions = mask.repeat_interleave(n, 0), positions.repeat_interleave(n, 0)[:, -1:]  # (R, P), (R, 1)
-        done = torch.zeros(len(logits), dtype=torch.bool, device=device)  # (R,)
         eos = torch.tensor(sorted(self.eos_ids), device=device)
-        tokens, logps = [], []
+        tokens = torch.full((len(logits), max_tokens), self.pad_id, device=device)  # (R, K)
+        logps = torch.zeros(len(logits), max_tokens, device=device)  # (R, K)
+        rows = torch.arange(len(logits), device=device)  # (A,): the output row of each batch row, A <= R
+        live = torch.ones(len(logits), dtype=torch.bool, device=device)  # (A,): not finished yet
         for i in range(max_tokens):
-            logp_all = torch.log_softmax(logits / (temperature or 1.0), -1)  # (R, V); greedy: unscaled
+            scaled = logits if temperature in (0, 1) else logits / temperature  # greedy: unscaled; x / 1 is x
+            logp_all = torch.log_softmax(scaled, -1)  # (A, V)
             if temperature == 0:
                 _check_finite(logp_all.amax(-1).exp())  # in [1/V, 1] unless NaN: argmax would pick from NaN silently
-                token = logits.argmax(-1)  # (R,)
+                token = logits.argmax(-1)  # (A,)
             else:
-                kept = _top_p(logp_all.exp(), top_p)  # (R, V)
+                kept = _top_p(logp_all.exp(), top_p)  # (A, V)
                 uniforms = torch.cat([torch.rand(1, generator=g, dtype=torch.float64, device=device)
-                                      for g in generators])  # (R,): one draw per row from its own stream
-                token = draw(kept, uniforms)  # (R,)
-            logp = logp_all.gather(-1, token[:, None]).squeeze(-1)  # (R,)
+                                      for g in generators])  # (A,): one draw per row from its own stream
+                token = draw(kept, uniforms)  # (A,)
+            logp = logp_all.gather(-1, token[:, None]).squeeze(-1)  # (A,)
             if temperature != 0 and top_p < 1.0:  # the renormalised nucleus is what it was drawn from
                 logp = logp - kept.sum(-1).log()
-            token = torch.where(done, self.pad_id, token)  # finished rows keep feeding padding
-            tokens.append(token)
-            logps.append(logp)
-            done |= torch.isin(token, eos)
-            if done.all() or i == max_tokens - 1:
+            tokens[rows[live], i], logps[rows[live], i] = token[live], logp[live]
+            token = torch.where(live, token, self.pad_id)  # finished rows still in the batch feed padding
+            live &= ~torch.isin(token, eos)
+            if not live.any() or i == max_tokens - 1:
                 break
+            # SPEED (skippable): once an eighth of the batch has drawn EOS, those rows leave it, so later steps
+            # compute only rows still decoding (each leaving copies the whole cache, hence not one by one). A row
+            # keeps its own generator, so its draws are the ones it makes in the full batch
+            # (tests/test_rollout.py::test_finished_rows_leave_the_batch_without_changing_samples).
+            if (~live).sum() * 8 >= len(live):
+                keep = live.nonzero().squeeze(-1)  # (A',)
+                cache.batch_select_indices(keep)
+                rows, live, token, mask, positions = rows[keep], live[keep], token[keep], mask[keep], positions[keep]
+                generators = [generators[j] for j in keep.tolist()]
             positions = positions + 1
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             out = self.model(input_ids=token[:, None], attention_mask=mask, position_ids=positions,
                              past_key_values=cache, use_cache=True, logits_to_keep=1)
-            cache, logits = out.past_key_values, out.logits[:, -1].float()  # (R, V)
-        tokens, logps = torch.stack(tokens, 1).tolist(), torch.stack(logps, 1).tolist()  # (R, K)
+            cache, logits = out.past_key_values, out.logits[:, -1].float()  # (A, V)
+        tokens, logps = tokens.tolist(), logps.tolist()  # (R, K)
         results = []
         for ids, lps in zip(tokens, logps):
             stop = next((i for i, t in enumerate(ids) if t in self.eos_ids), None)
@@ -166,6 +185,8 @@ class HFSampler:
         if missing:
             raise ValueError(f"update_weights left {len(missing)} weights of the sleeping sampler empty, "
                              f"e.g. {missing[0]}")
+        if self.packed:  # the packed copies hold the old weights (or none, asleep)
+            _pack_linears(self.model)
 
     # Between sampling and the weight sync the sampler's weights are dead: training overwrites the policy
     # they copy, and update_weights writes every one of them again. Giving their memory back lets training
@@ -176,6 +197,10 @@ class HFSampler:
         for p in self.model.parameters():  # a tied lm_head is the embedding's parameter: freed once
             freed += p.numel() * p.element_size()
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        for module in self.model.modules():  # and the packed copies of the linear layers (_pack_linears)
+            if getattr(module, "packed_weight", None) is not None:
+                freed += module.packed_weight.numel() * module.packed_weight.element_size()
+                module.packed_weight = None
         return freed
 
     def wake(self):
@@ -183,6 +208,45 @@ class HFSampler:
 
     def close(self):
         del self.model
+
+
+# SPEED (skippable): the HF sampler's attention, equal to eager attention by
+# tests/test_rollout.py::test_grouped_attention_matches_eager.
+def _grouped_eager_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """transformers' eager attention without `repeat_kv`, which copies every cached key and value once per query
+    head sharing it (grouped-query attention: SmolLM2-135M has 9 query heads on 3 key/value heads), every
+    layer, every decode step. Instead the query heads of a group become rows of one matmul against their
+    shared keys."""
+    batch, heads, length, dim = query.shape
+    groups = key.shape[1]  # key/value heads; query head h reads key/value head h // (heads // groups)
+    query = query.reshape(batch, groups, heads // groups * length, dim)  # (B, KV, G * Q, D), a view
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, KV, G * Q, L)
+    if attention_mask is not None:  # (B, 1, Q, L), the same for every head
+        scores = (scores.unflatten(2, (heads // groups, length)) + attention_mask[:, :, None]).flatten(2, 3)
+    weights = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    out = torch.matmul(weights, value)  # (B, KV, G * Q, D)
+    return out.reshape(batch, heads, length, dim).transpose(1, 2).contiguous(), None  # (B, Q, H, D)
+
+
+AttentionInterface.register("grouped_eager", _grouped_eager_attention)
+AttentionMaskInterface.register("grouped_eager", eager_mask)  # additive float masks, as eager attention takes
+
+
+# SPEED (skippable): bit-identical to the plain linear layers by
+# tests/test_rollout.py::test_packed_bf16_linears_compute_the_plain_linears.
+def _pack_linears(model):
+    """Give every linear layer a copy of its bfloat16 weight in oneDNN's blocked layout, and compute the layer from
+    it. A plain bfloat16 linear on CPU re-lays-out its whole weight on every call, so a decode step's matmuls
+    cost about the same at 1 row as at 64. The parameters stay as they are (state dict, update_weights);
+    update_weights packs again. The copies double the sampler's weight memory."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach())
+            module.forward = types.MethodType(_packed_linear_forward, module)
+
+
+def _packed_linear_forward(self, x):
+    return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
 
 class SamplingError(RuntimeError):
@@ -197,19 +261,33 @@ def _check_finite(row_values):
 
 
 # SPEED (skippable): stands in for torch.multinomial, equal in distribution by
-# tests/test_rollout.py::test_draw_follows_the_probabilities_and_never_picks_a_zero.
-def draw(probs, uniforms):
+# tests/test_rollout.py::test_draw_follows_the_probabilities_and_never_picks_a_zero, and equal token for
+# token to inverting the whole float64 CDF by test_blocked_draw_equals_the_full_cdf.
+def draw(probs, uniforms, block=256):
     """One token per row of `probs` (R, V), non-negative and unnormalised, by inverting each row's CDF at
     its uniform in [0, 1) from `uniforms` (R,). torch.multinomial draws an exponential variate for every
-    vocabulary entry instead, the largest non-matmul cost of a decode step. Zero-probability tokens
-    (cut by top-p) are never drawn: the CDF does not rise at them and u stays strictly below its top.
+    vocabulary entry instead, the largest non-matmul cost of a decode step. The CDF is inverted in two
+    levels: over block sums to find the token's block, then within that block alone, so the sequential
+    float64 scan covers V / block + block entries instead of V. Zero-probability tokens (cut by top-p) are
+    never drawn: the CDF does not rise at them and u stays strictly below the top of each level.
     """
-    cdf = probs.double().cumsum(-1)  # (R, V); float64, so the 49k-term sums keep every token's share
+    rows, vocab = probs.shape
+    blocks = -(-vocab // block)
+    if blocks * block != vocab:  # zeros at the end: never drawn
+        probs = torch.nn.functional.pad(probs, (0, blocks * block - vocab))
+    by_block = probs.view(rows, blocks, block)  # (R, B, b)
+    cdf = by_block.sum(-1, dtype=torch.float64).cumsum(-1)  # (R, B); float64 keeps every token's share
     total = cdf[:, -1:]  # (R, 1)
     _check_finite(total)  # a NaN or inf anywhere in a row reaches its total
+    below = torch.zeros_like(total)  # (R, 1)
     u = uniforms.to(torch.float64).reshape(-1, 1) * total  # (R, 1)
-    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # (R, 1), < total
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1)  # (R,): first token whose CDF exceeds u
+    u = torch.minimum(u, torch.nextafter(total, below))  # (R, 1), < total
+    chosen = torch.searchsorted(cdf, u, right=True)  # (R, 1): first block whose CDF exceeds u, so its mass > 0
+    u = u - torch.where(chosen > 0, cdf.gather(-1, (chosen - 1).clamp(min=0)), below)  # (R, 1), >= 0
+    inside = by_block.gather(1, chosen[:, :, None].expand(-1, -1, block)).squeeze(1).double().cumsum(-1)  # (R, b)
+    # The block's own scan can end an ulp away from its sum above; u stays below the scan's top.
+    u = torch.minimum(u, torch.nextafter(inside[:, -1:], below))  # (R, 1)
+    return (chosen * block + torch.searchsorted(inside, u, right=True)).squeeze(-1)  # (R,)
 
 
 def _top_p(probs, top_p):

@@ -89,6 +89,12 @@ def tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
+def sampler_bytes(sampler) -> int:
+    """The HF sampler's weights, buffers and the packed copies of its linear layers (rollout._pack_linears)."""
+    packed = [m.packed_weight for m in sampler.model.modules() if getattr(m, "packed_weight", None) is not None]
+    return tensor_bytes(sampler.model.parameters()) + tensor_bytes(sampler.model.buffers()) + tensor_bytes(packed)
+
+
 class SavedTensors:
     """Bytes autograd holds for backward right now, per kind; a storage counts once, parameters never."""
 
@@ -172,8 +178,7 @@ class State:
             moments = sum(tensor_bytes([v for v in s.values() if hasattr(v, "numel") and v.dim() > 0])
                           for s in states)
         saved = dict(self.saved.live) if self.saved is not None else dict.fromkeys(SAVED_KINDS, 0)
-        sampler = 0 if self.sampler is None else (tensor_bytes(self.sampler.model.parameters()) +
-                                                  tensor_bytes(self.sampler.model.buffers()))
+        sampler = 0 if self.sampler is None else sampler_bytes(self.sampler)
         return {"phase": self.phase, "grads": grads, "moments": moments, "saved": saved, "sampler": sampler}
 
 
@@ -224,7 +229,7 @@ def measure_ours(opts) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     record.update(n_params=n_params, weights=tensor_bytes(model.parameters()),
                   reference=tensor_bytes(ref_model.parameters()) + tensor_bytes(ref_model.buffers()),
-                  sampler=tensor_bytes(sampler.model.parameters()) + tensor_bytes(sampler.model.buffers()))
+                  sampler=sampler_bytes(sampler))
     state.model, state.optimizer, state.sampler = model, optimizer, sampler
     state.saved = SavedTensors(model, model.get_output_embeddings().weight.shape[0])
     state.saved.watcher = watcher
@@ -369,7 +374,7 @@ def account(r: dict, iso: dict | None) -> list[dict]:
          "VmRSS growth of train.load_reference; size: its tensor bytes"),
         ("sampler's copy (bf16)", ph["load sampler"] - asleep, r["sampler"],
          "VmRSS growth of rollout.make_sampler (tokenizer included) less the weights it freed to sleep "
-         "during training (tensor bytes at the peak); size: its tensor bytes"),
+         "during training (tensor bytes at the peak); size: its tensor bytes, packed linear copies included"),
         ("KV cache during sampling", kv_now, r["sampling_most_kv"],
          "key/value tensor bytes after each decode call (forward hook); freed before training"),
         ("sampling peak above the loaded models", None, max(s["peak"] - s["rss_before"] for s in r["sampling"]),

@@ -9,13 +9,21 @@ subprocess of this script when that environment exists.
 
     python bench/rollout_throughput.py                  # plain generate, HF sampler, vLLM if set up
     python bench/rollout_throughput.py --skip-vllm
+    python bench/rollout_throughput.py --skip-vllm --baseline-commit 0317ef4 --repeats 5   # A/B vs an older HF sampler
+
+With --baseline-commit, the HF sampler of rollout.py at that commit (loaded from `git show`) runs
+interleaved with today's, in alternating order, and the script prints today's tokens/s over the
+baseline's as median [min-max] over the paired repeats, and whether both drew the same tokens.
 """
 
 import argparse
+import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -28,11 +36,54 @@ from rollout import make_sampler, resolve_model  # noqa: E402
 QUESTIONS = [f"What is {a} + {b}?" for a, b in [(2, 3), (7, 5), (4, 4), (9, 1), (6, 8), (3, 7), (5, 5), (8, 9)]]
 
 
-def sampler_run(sampler, prompts, args):
+def sampler_run(sampler, prompts, args, keep=None):
     start = time.perf_counter()
     groups = sampler.generate(prompts, n=args.samples, max_tokens=args.max_tokens, temperature=1.0, seed=0)
     seconds = time.perf_counter() - start
+    if keep is not None:
+        keep.append([c.token_ids for group in groups for c in group])
     return seconds, sum(len(c.token_ids) for group in groups for c in group)
+
+
+def baseline_sampler(commit, path):
+    """rollout.py as it was at `commit`, imported from a temporary copy, and its HF sampler on the same model."""
+    source = subprocess.run(["git", "-C", ROOT, "show", f"{commit}:rollout.py"], capture_output=True, text=True)
+    if source.returncode != 0:
+        sys.exit(f"--baseline-commit {commit}: {source.stderr.strip().splitlines()[-1]}")
+    folder = tempfile.mkdtemp(prefix="rollout-baseline-")
+    file = os.path.join(folder, "rollout_baseline.py")
+    with open(file, "w") as f:
+        f.write(source.stdout)
+    spec = importlib.util.spec_from_file_location("rollout_baseline", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.make_sampler("hf", path, dtype="bfloat16", seed=0)
+
+
+def ab_compare(sampler, old, prompts, args):
+    """Today's HF sampler against the baseline's, interleaved in alternating order; ratios per pair."""
+    warm = argparse.Namespace(samples=1, max_tokens=4)
+    sampler_run(old, prompts[:1], warm)
+    sampler_run(sampler, prompts[:1], warm)
+    pairs, samples = [], {"new": [], "old": []}
+    for repeat in range(args.repeats):
+        order = [("new", sampler), ("old", old)] if repeat % 2 == 0 else [("old", old), ("new", sampler)]
+        rates = {}
+        for name, s in order:
+            seconds, tokens = sampler_run(s, prompts, args, samples[name])
+            rates[name] = tokens / seconds
+        pairs.append(rates)
+        print(f"repeat {repeat}: new {rates['new']:.1f}, old {rates['old']:.1f} tok/s", file=sys.stderr, flush=True)
+
+    def summary(values):
+        return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
+    print(f"{args.prompts} prompts x {args.samples} samples x <= {args.max_tokens} new tokens, bfloat16, "
+          f"{torch.get_num_threads()} threads, {args.repeats} interleaved repeats, median [min-max]")
+    print(f"baseline {args.baseline_commit} tokens/s: {summary([r['old'] for r in pairs])}")
+    print(f"today's tokens/s:          {summary([r['new'] for r in pairs])}")
+    print(f"today / baseline:          {summary([r['new'] / r['old'] for r in pairs])}x tokens/s")
+    same = sum(a == b for a, b in zip(samples["new"], samples["old"]))
+    print(f"same tokens drawn (seed 0): {same} of {args.repeats} runs")
 
 
 def plain_run(model, prompts, args, pad_id, eos_id):
@@ -60,9 +111,13 @@ def main():
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
     parser.add_argument("--only-vllm", action="store_true", help="internal: run inside the vLLM environment")
+    parser.add_argument("--baseline-commit", help="A/B only: today's HF sampler against rollout.py at this commit")
     args = parser.parse_args()
     path = resolve_model(args.model)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     if args.only_vllm:
         sampler = make_sampler("vllm", path, dtype="bfloat16", max_model_len=1024, seed=0)
@@ -76,6 +131,9 @@ def main():
 
     sampler = make_sampler("hf", path, dtype="bfloat16", seed=0)
     prompts = chat_prompts(sampler.tokenizer, args.prompts)
+    if args.baseline_commit:
+        ab_compare(sampler, baseline_sampler(args.baseline_commit, path), prompts, args)
+        return
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
     pad_id, eos_id = sampler.tokenizer.pad_token_id, sampler.tokenizer.eos_token_id
     warm = argparse.Namespace(samples=1, max_tokens=4)

@@ -117,15 +117,18 @@ def test_update_weights_and_sync_check(tiny_model_dir, prompts):
     sampler.close()
 
 
-def test_sleep_frees_the_weights_and_the_sync_brings_them_back(tiny_model_dir, prompts):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # bfloat16 on CPU: the packed linears too
+def test_sleep_frees_the_weights_and_the_sync_brings_them_back(tiny_model_dir, prompts, dtype):
     """sleep() gives back every weight's memory; after update_weights the sampler draws exactly what a
     sampler that never slept draws from the same weights. Sampling asleep, or a sync that leaves a weight
     out, is an error, never samples from empty or stale weights."""
-    awake = make_sampler("hf", tiny_model_dir, dtype="float32", seed=0)
-    sleeper = make_sampler("hf", tiny_model_dir, dtype="float32", seed=0)
+    awake = make_sampler("hf", tiny_model_dir, dtype=dtype, seed=0)
+    sleeper = make_sampler("hf", tiny_model_dir, dtype=dtype, seed=0)
     trainer = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    nbytes = sum(p.numel() * p.element_size() for p in sleeper.model.parameters())
+    packed = [m.packed_weight for m in sleeper.model.modules() if getattr(m, "packed_weight", None) is not None]
+    nbytes = sum(t.numel() * t.element_size() for t in [*sleeper.model.parameters(), *packed])
     assert sleeper.sleep() == nbytes > 0
+    assert all(getattr(m, "packed_weight", None) is None for m in sleeper.model.modules())
     assert all(p.numel() == 0 for p in sleeper.model.parameters())
     with pytest.raises(RuntimeError, match="asleep"):
         sleeper.generate(prompts, n=2, max_tokens=4, seed=0)
@@ -214,3 +217,114 @@ def test_a_sample_depends_only_on_its_stream(sampler, prompts):
         for k in range(3):
             alone = sampler.generate([prompt], n=1, max_tokens=12, seed=40 + i * 3 + k)[0][0]
             assert alone.token_ids == together[i][k].token_ids
+
+
+def test_finished_rows_leave_the_batch_without_changing_samples(sampler, prompts, trainer):
+    """Rows that drew EOS leave the decode batch (once an eighth of it has). The rows still decoding keep their
+    own streams (each equals its stream drawn alone) and their caches, masks and positions (log-probs equal the
+    trainer's recomputation)."""
+    n, seed = 16, 0
+    groups = sampler.generate(prompts, n=n, max_tokens=40, seed=seed)
+    lengths = sorted(len(c.token_ids) for g in groups for c in g)
+    assert lengths[len(lengths) // 8] < 35 and lengths[-1] == 40  # an eighth left the batch, others ran on after
+    for c, logp in zip([c for g in groups for c in g], trainer_logprobs(trainer, prompts, groups, 1.0)):
+        assert torch.allclose(torch.tensor(c.logprobs), logp, atol=1e-4, rtol=0)
+    for i, prompt in enumerate(prompts):
+        for k in range(0, n, 5):
+            alone = sampler.generate([prompt], n=1, max_tokens=40, seed=seed + i * n + k)[0][0]
+            assert alone.token_ids == groups[i][k].token_ids
+
+
+def full_cdf_draw(probs, uniforms):
+    """The plain inverse-CDF draw: one float64 cumulative sum over the whole vocabulary."""
+    cdf = probs.double().cumsum(-1)  # (R, V)
+    u = uniforms.double()[:, None] * cdf[:, -1:]  # (R, 1)
+    u = torch.minimum(u, torch.nextafter(cdf[:, -1:], torch.zeros_like(u)))
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1)
+
+
+@pytest.mark.parametrize("vocab,block", [(49152, 256), (1000, 64), (777, 256)])
+def test_blocked_draw_equals_the_full_cdf(vocab, block):
+    """draw inverts the CDF block by block; it picks the same token as the full float64 CDF, on peaked and flat
+    softmax rows and on top-p rows full of zeros. Only a uniform within float64 rounding of 1 may pick another
+    token (the two sums differ in their last bits there, and tokens below that rounding cannot move either CDF),
+    and still never a zero."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(512, vocab, generator=generator) * torch.linspace(0.5, 8, 512)[:, None]  # (R, V)
+    probs = torch.softmax(logits, -1)
+    nucleus = probs.masked_fill(probs < probs.amax(-1, keepdim=True) / 50, 0.0)  # a top-p-like cut, many zeros
+    for p in (probs, nucleus):
+        for _ in range(4):
+            uniforms = torch.rand(512, generator=generator, dtype=torch.float64)
+            assert torch.equal(draw(p, uniforms, block=block), full_cdf_draw(p, uniforms))
+        lowest = torch.zeros(512, dtype=torch.float64)
+        assert torch.equal(draw(p, lowest, block=block), full_cdf_draw(p, lowest))
+        top = draw(p, torch.full((512,), 1 - 2**-53, dtype=torch.float64), block=block)  # (R,)
+        assert (p.gather(-1, top[:, None]) > 0).all()
+
+
+def test_grouped_attention_matches_eager(tiny_model_dir):
+    """The HF sampler's attention (query heads grouped onto their shared key/value head, no repeat_kv copy) gives
+    eager attention's logits through a padded prefill, the cache repeat for n samples, decode steps and rows
+    leaving the batch."""
+    from transformers.cache_utils import DynamicCache
+
+    from hardware import load_model
+
+    eager, grouped = load_model(tiny_model_dir), load_model(tiny_model_dir)
+    grouped.set_attn_implementation("grouped_eager")
+    assert eager.config._attn_implementation == "eager"
+    assert eager.config.num_key_value_heads < eager.config.num_attention_heads  # the grouping is exercised
+    generator = torch.Generator().manual_seed(0)
+    lengths = [5, 9, 2]
+    input_ids = torch.randint(3, eager.config.vocab_size, (3, 9), generator=generator)  # (G, P)
+    mask = (torch.arange(9)[None] >= 9 - torch.tensor(lengths)[:, None]).long()  # (G, P) left-padded
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    caches = [DynamicCache(config=eager.config), DynamicCache(config=eager.config)]
+    with torch.no_grad():
+        outs = [m(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=c, use_cache=True)
+                for m, c in zip((eager, grouped), caches)]
+        real = mask.bool()
+        assert torch.allclose(outs[0].logits[real], outs[1].logits[real], atol=1e-5, rtol=0)
+        for c in caches:
+            c.batch_repeat_interleave(2)
+        mask, positions = mask.repeat_interleave(2, 0), positions.repeat_interleave(2, 0)[:, -1:]  # (R, P), (R, 1)
+        for step in range(8):
+            if step == 3:  # rows 1, 4, 5 finished
+                keep = torch.tensor([0, 2, 3])
+                for c in caches:
+                    c.batch_select_indices(keep)
+                mask, positions = mask[keep], positions[keep]
+            token = torch.randint(3, eager.config.vocab_size, (len(mask), 1), generator=generator)  # (A, 1)
+            positions, mask = positions + 1, torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            logits = [m(input_ids=token, attention_mask=mask, position_ids=positions, past_key_values=c,
+                        use_cache=True).logits for m, c in zip((eager, grouped), caches)]
+            assert torch.allclose(logits[0], logits[1], atol=1e-5, rtol=0)
+
+
+def test_packed_bf16_linears_compute_the_plain_linears(tiny_model_dir, prompts):
+    """A bfloat16 sampler on CPU computes its linear layers from oneDNN-packed weight copies: the same samples and
+    log-probs, bit for bit, as the plain layers, before and after update_weights (which must repack)."""
+    sampler = make_sampler("hf", tiny_model_dir, dtype="bfloat16", seed=0)
+    if not sampler.packed:
+        pytest.skip("this CPU's oneDNN has no bfloat16 support")
+
+    def unpacked():
+        forwards = {m: m.__dict__.pop("forward") for m in sampler.model.modules() if "forward" in m.__dict__}
+        assert forwards  # the packed path was in use
+        out = sampler.generate(prompts, n=4, max_tokens=16, seed=5)
+        for m, forward in forwards.items():
+            m.forward = forward
+        return out
+
+    before = sampler.generate(prompts, n=4, max_tokens=16, seed=5)
+    assert before == unpacked()
+    trainer = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in trainer.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    sampler.update_weights(trainer.named_parameters())
+    after = sampler.generate(prompts, n=4, max_tokens=16, seed=5)
+    assert after != before and after == unpacked()
+    sampler.close()
