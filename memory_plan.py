@@ -22,10 +22,9 @@ What train.py does that sets these numbers (read from its code, not guessed):
    whole model's float32 gradient (4 bytes per parameter, not divided).
 2. The reference is float32 and sharded under FSDP2 (train.load_reference keeps bf16 linears only in one
    process, where store_linears_bf16 applies).
-3. bf16 autocast over float32 weights: each linear layer saves the bf16 copy of its weight for backward,
-   so a forward keeps a bf16 copy of every weight matrix alive until its backward (2 bytes per parameter,
-   not sharded). With checkpointing the copies live only while autocast's cache does (to the end of the
-   forward) and then one layer at a time.
+3. bf16 autocast over float32 weights, with the policy's linear layers recasting their weight in backward
+   (hardware.recast_linears_in_backward): no bf16 copy of a weight lives from forward to backward, only
+   the one weight a layer is casting at that moment (the largest: the lm_head, or a layer's h x f matrix).
 4. The residual stream stays float32 (float32 embedding + bf16 branch outputs), RMSNorm computes in float32.
 5. Logits exist only for the K + 1 completion positions (`logits_to_keep`); loss.token_logprobs saves them
    and, in backward, writes a gradient of the same size, which slicing off the last position copies once
@@ -33,12 +32,12 @@ What train.py does that sets these numbers (read from its code, not guessed):
 
 Activations saved per token per decoder layer (h hidden, f intermediate, q = heads x head_dim, qr = q when
 keys and values are repeated for grouped-query attention, c = 2 bytes under bf16 autocast, 4 in float32):
-    RMSNorm x2: input 4h + normalised 4h                                 16h
+    RMSNorm x2: input 4h + normalised 4h                                 16h  (8h: normalised output rerun)
     linear inputs: q/k/v and gate/up each cast their input to bf16     5ch  (float32: the 2 norm outputs, 8h)
     attention: rotated q, repeated k and v, o_proj input             c(2q + 2qr)
       eager (CPU): softmax probabilities, float32 + bf16 copy            (4 + c) x heads x S   (c = 4: 4 x heads x S)
       SDPA (GPU, memory-efficient): output + logsumexp, no probabilities cq + 4 x heads
-    MLP: gate, silu(gate), up, silu(gate) * up                           4cf
+    MLP: gate, silu(gate), up, silu(gate) * up                           4cf  (3cf: silu(gate) rerun)
 plus, once for all layers, RoPE's cos/sin (8 x head_dim per token) and, for SDPA, the (B, 1, S, S) padding
 mask. A layer's backward adds its largest gradient: eager's float32 gradient of the probabilities
 (4 x heads x S per token), SDPA's dq, dk, dv. With gradient checkpointing (hardware.enable_grad_checkpointing)
@@ -144,7 +143,7 @@ def activations(shape: Shape, *, batch: int, prompt: int, completion: int, compu
 
     `saved`: what the layers keep from forward to backward (and RoPE's cos/sin); `recompute`: one layer's
     recomputed activations (checkpointing) and the largest gradient its backward makes (attention: eager's
-    float32 gradient of the probabilities, SDPA's dq/dk/dv); `weights_bf16`: autocast's weight copies;
+    float32 gradient of the probabilities, SDPA's dq/dk/dv); `weights_bf16`: the bf16 weight being cast;
     `logits`: the log-prob work.
     `peak` (their sum) is the largest of forward's end, backward's first steps (logits) and a layer's
     backward (recompute); `when` names it.
@@ -162,33 +161,35 @@ def activations(shape: Shape, *, batch: int, prompt: int, completion: int, compu
         per_token += c * q + 4 * shape.heads
         backward_extra = c * (q + 2 * qr) * tokens  # dq, dk, dv
         shared += c * tokens * S  # the (B, 1, S, S) padding mask, which SDPA's memory-efficient kernel saves
-    layer = per_token * tokens  # one decoder layer's saved activations
-    linear_weights = shape.params - shape.embedding * (1 if shape.tied else 2) - (2 * shape.layers + 1) * h
+    layer = per_token * tokens  # one decoder layer's saved activations, plain forward
+    # Without checkpointing train.py reruns the norms and the MLP gate in backward
+    # (hardware.recompute_norms_and_gates_in_backward): no normalised outputs (2 x 4h), no act_fn(gate) (cf)
+    lean_layer = layer - (8 * h + c * f) * tokens
     head = shape.embedding  # the lm_head weight (tied or not), cast like any linear
-    bf16_all = 2 * (linear_weights + head) if c < 4 else 0
-    bf16_head = 2 * head if c < 4 else 0
-    bf16_layer = 2 * (shape.layer_params - 2 * h) if c < 4 else 0
-    final_norm = 8 * h * tokens + c * h * kept  # final RMSNorm on all positions; lm_head input, completion rows
+    bf16_head = 2 * head if c < 4 else 0  # the lm_head's weight, cast for its forward and again in backward
+    bf16_layer = 2 * max(h * f, h * q) if c < 4 else 0  # a layer's largest weight, cast as its matmul runs
+    final_norm = (8 if checkpointing else 4) * h * tokens + c * h * kept  # final RMSNorm, all positions (input,
+    # and its normalised output unless rerun); the lm_head's input on the completion rows
     logits = c * kept * shape.vocab
     chunk = 2 * 4 * min(kept, max(1, CHUNK_ELEMENTS // shape.vocab)) * shape.vocab  # float32 chunk + a temporary
     if not checkpointing:  # backward's first steps (logits' gradient twice), then the last layer's backward
-        saved = shape.layers * layer + shared
-        moments = {"backward (logits)": {"saved": saved, "weights_bf16": bf16_all, "final_norm": final_norm,
+        saved = shape.layers * lean_layer + shared
+        moments = {"backward (logits)": {"saved": saved, "weights_bf16": bf16_head, "final_norm": final_norm,
                                          "logits": 2 * logits + chunk},
-                   "backward (last layer)": {"saved": saved, "weights_bf16": bf16_all, "recompute": backward_extra}}
+                   "backward (last layer)": {"saved": saved, "weights_bf16": bf16_layer, "recompute": backward_extra}}
     else:
         saved = shape.layers * 4 * h * tokens + shared  # each layer's float32 input
         moments = {
-            "forward end": {"saved": saved, "weights_bf16": bf16_all,  # autocast's cache holds every bf16 weight
-                            "final_norm": final_norm, "logits": logits + chunk},
+            "forward end": {"saved": saved, "weights_bf16": bf16_head, "final_norm": final_norm,
+                            "logits": logits + chunk},
             "backward (logits)": {"saved": saved, "weights_bf16": bf16_head, "final_norm": final_norm,
                                   "logits": 2 * logits + chunk},
-            "backward (a layer)": {"saved": saved, "weights_bf16": bf16_head + bf16_layer,
+            "backward (a layer)": {"saved": saved, "weights_bf16": bf16_layer,
                                    "recompute": layer + backward_extra},
         }
     when = max(moments, key=lambda m: sum(moments[m].values()))
     parts = {"saved": 0, "weights_bf16": 0, "final_norm": 0, "logits": 0, "recompute": 0, **moments[when]}
-    return {**parts, "peak": sum(parts.values()), "when": when}
+    return {**parts, "peak": sum(parts.values()), "when": when, "moments": moments}
 
 
 @dataclass
@@ -251,7 +252,7 @@ def plan(args: dict, *, gpus: int, gpu_gb: float, grad_checkpointing: bool, prom
              "root (embedding) + 2 decoder layers, float32" if ranks > 1 else "one process: none"),
             ("activations", act["saved"], f"{batch} x ({prompt} + {K}) tokens, "
              + ("layer inputs only (checkpointing)" if grad_checkpointing else "every layer's saved tensors")),
-            ("bf16 weight copies", act["weights_bf16"], "autocast's copies alive at " + act["when"]
+            ("bf16 weight cast", act["weights_bf16"], "the one weight being cast at " + act["when"]
              if c < 4 else "float32: none"),
             ("layer backward", act["recompute"], ("one layer's recomputed activations + " if grad_checkpointing
                                                   else "") + "its backward's largest gradient"),

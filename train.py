@@ -58,6 +58,9 @@ from hardware import (
     keep_freed_memory,
     load_model,
     load_tokenizer,
+    recast_linears_in_backward,
+    recompute_norms_and_gates_in_backward,
+    release_freed_memory,
     store_linears_bf16,
 )
 from loss import loss_denominator, pad_batch, policy_loss, sequence_logprobs
@@ -244,6 +247,10 @@ def load_models(args: Args, ckpt, init_path, device):
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: {str(err).splitlines()[0][:200]}") from None
     if args.grad_checkpointing:  # before shard(): FSDP2 must wrap the checkpointed layers
         enable_grad_checkpointing(model)
+    else:  # the norms' and the MLP gate's intermediates are rerun in backward, not kept
+        recompute_norms_and_gates_in_backward(model)
+    if args.dtype == "bfloat16":  # autocast's bf16 weight copies are not kept from forward to backward
+        recast_linears_in_backward(model)
     ref_model = load_reference(init_path, args, device) if args.beta > 0 else None
     if dist.is_initialized():
         model = shard(model, device)
@@ -343,6 +350,8 @@ def main(args: Args) -> dict:
         groups = sampler.generate(prompts, n=args.M, max_tokens=args.max_tokens, temperature=args.temperature,
                                   top_p=args.top_p, seed=seed)  # G_local lists of M completions
         freed = sampler.sleep()  # its weights are dead until the sync: their memory goes to training
+        if not cuda:  # and sampling's free pages back to the OS, so training starts from a compact heap
+            release_freed_memory()
         t1 = time.perf_counter()
         # -- reward and advantages: gathered over ranks, so batch-level baselines see the whole batch
         rollout = score(task, examples, groups, args, device)  # each (G, M)

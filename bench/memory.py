@@ -220,6 +220,8 @@ def measure_ours(opts) -> dict:
     train_set = task.load("train", seed=opts.seed)
     record["rss_data"] = rss()
     model = phase("load policy", lambda: hardware.load_model(path, torch.float32, "cpu"))
+    hardware.recompute_norms_and_gates_in_backward(model)  # as train.load_models without checkpointing
+    hardware.recast_linears_in_backward(model)  # and under bf16
     ref_model = phase("load reference", lambda: train.load_reference(path, args, torch.device("cpu")))
     optimizer = train.make_optimizer(model, args)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
@@ -266,7 +268,7 @@ def measure_ours(opts) -> dict:
 
     optimizer.register_step_pre_hook(at_step)
     optimizer.register_step_post_hook(after_step)
-    shapes, sampling = [], []
+    shapes, sampling, training, syncing = [], [], [], []
     for step in range(opts.steps):
         counter = itertools.count()
         picked = [train_set[i] for i in train.batch_indices(step, opts.prompts, len(train_set), opts.seed)]
@@ -277,21 +279,28 @@ def measure_ours(opts) -> dict:
         groups = sampler.generate(prompts, n=opts.M, max_tokens=opts.max_tokens, seed=opts.seed + step)
         sampling.append({"rss_before": before, "peak": peak_rss(), "rss_after": rss(), "kv_cache": kv["most"]})
         sampler.sleep()  # as train.py: its weights are freed until the sync
+        hardware.release_freed_memory()  # and the heap's free pages handed back before training
         rewards = torch.tensor([[task.reward(c.text, ex) for c in g] for ex, g in zip(picked, groups)])  # (G, M)
         adv = compute_advantages("softmax", rewards, 0.1).reshape(-1)  # (G * M,)
         flat = [(p, c) for p, g in zip(prompts, groups) for c in g]
         completions = [c.token_ids for _, c in flat]
         shapes.append([len(flat), max(map(len, prompts)), max(map(len, completions))])
+        reset_peak()
         with state.saved.hooks():
             train.ppo_update(model, ref_model, optimizer, scheduler, [p for p, _ in flat], completions,
                              [c.logprobs for _, c in flat], adv, args, pad_id)
+        training.append(peak_rss())
         state.phase = f"step {step + 1}: weight sync"
+        reset_peak()
         sampler.wake()
         sampler.update_weights(train.full_weights(model))
         watcher()
-        print(f"step {step + 1} done, VmHWM {peak_rss() / 1e9:.3f} GB", file=sys.stderr, flush=True)
+        syncing.append(peak_rss())
+        print(f"step {step + 1} done, peak {sampling[-1]['peak'] / 1e9:.3f} / {training[-1] / 1e9:.3f} / "
+              f"{syncing[-1] / 1e9:.3f} GB (sampling / training / sync)", file=sys.stderr, flush=True)
     state.phase = "end"
-    record.update(phases=phases, sampling=sampling, shapes=shapes, peak=peak_rss(), snapshot=watcher.snapshot,
+    record.update(phases=phases, sampling=sampling, training=training, syncing=syncing, shapes=shapes,
+                  peak=max(peak_rss(), *training, *syncing, *(s["peak"] for s in sampling)), snapshot=watcher.snapshot,
                   saved_most=state.saved.most, grads_at_step=max(grads_at_step),
                   moments=State.live_bytes(state)["moments"], heap_end=heap(), rss_end=rss(),
                   vocab=model.get_output_embeddings().weight.shape[0], sampling_most_kv=kv["most"])

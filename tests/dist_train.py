@@ -1,7 +1,7 @@
 """Helpers for tests/test_train.py: a toy task the tiny model learns in seconds, and the two jobs the
 tests run both in one process and under `torchrun --nproc_per_node 2` (FSDP2 over gloo on CPU):
 
-    python tests/dist_train.py parity OUT.pt MODEL_DIR REF_DIR [LOSS_AGG]   # one ppo_update on a fixed batch
+    python tests/dist_train.py parity OUT.pt MODEL_DIR REF_DIR [LOSS_AGG [DTYPE [RECAST]]]   # one ppo_update
     torchrun --nproc_per_node 2 tests/dist_train.py parity OUT.pt MODEL_DIR REF_DIR
     torchrun --nproc_per_node 2 tests/dist_train.py e2e OUT_DIR MODEL_DIR [vllm]   # train.main on the toy task
 """
@@ -37,14 +37,16 @@ class DigitTask:
         return completion[:1]
 
 
-def parity(out_path, model_dir, ref_dir, loss_agg="token-mean"):
-    """One PPO update (2 epochs x 2 minibatches, micro-batches of 3, KL to a different model) on a fixed batch."""
+def parity(out_path, model_dir, ref_dir, loss_agg="token-mean", dtype="float32", recast="no"):
+    """One PPO update (2 epochs x 2 minibatches, micro-batches of 3, KL to a different model) on a fixed batch;
+    recast="yes": the policy reruns its norms and MLP gates and recasts its linear weights in backward
+    (hardware.py), as train.load_models does under bf16."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from transformers import AutoModelForCausalLM
 
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     args = train.Args(M=4, rollout_batch=4, micro_batch=3, minibatches=2, ppo_epochs=2, beta=0.1, lr=1e-4,
-                      warmup_steps=0, max_grad_norm=0.5, dtype="float32", loss_agg=loss_agg)
+                      warmup_steps=0, max_grad_norm=0.5, dtype=dtype, loss_agg=loss_agg)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(4, 90, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
                for _ in range(args.rollout_batch)]
@@ -53,6 +55,9 @@ def parity(out_path, model_dir, ref_dir, loss_agg="token-mean"):
     adv = torch.randn(args.rollout_batch, args.M, generator=g)  # (G, M)
     mine = list(range(args.rollout_batch))[rank::world]  # train.main's sharding: groups r::world
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if recast == "yes":  # both of train.load_models' changes to what backward keeps
+        train.recompute_norms_and_gates_in_backward(model)
+        train.recast_linears_in_backward(model)
     ref_model = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval().requires_grad_(False)
     if dist.is_initialized():
         model, ref_model = train.shard(model, torch.device("cpu")), train.shard(ref_model, torch.device("cpu"))

@@ -399,6 +399,25 @@ def test_one_update_under_torchrun_2_equals_one_process(tiny_model_dir, tmp_path
 
 
 @pytest.mark.slow
+def test_recast_and_recompute_under_fsdp2_are_bit_identical(tiny_model_dir, tmp_path):
+    """Under FSDP2 (2 ranks, bf16 autocast) the weight a linear layer saves is the gathered float32 parameter,
+    which FSDP2 frees after forward and gathers again for backward, and the norms and gates rerun inside
+    FSDP2's layers: the update is still the plain one, bit for bit."""
+    from tiny_model import build_tiny_model
+
+    ref_dir = build_tiny_model(tmp_path / "ref", seed=1)
+    runs = {}
+    for recast in ("no", "yes"):
+        result = torchrun("parity", str(tmp_path / f"{recast}.pt"), tiny_model_dir, ref_dir, "token-mean",
+                          "bfloat16", recast)
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[recast] = torch.load(tmp_path / f"{recast}.pt")
+    for name, want in runs["no"]["state"].items():
+        assert torch.equal(runs["yes"]["state"][name], want), name
+    assert runs["yes"]["metrics"] == runs["no"]["metrics"]
+
+
+@pytest.mark.slow
 def test_end_to_end_under_torchrun_2(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -444,13 +463,17 @@ def test_micro_batch_grouping_sorts_by_length_and_cuts_padding():
 
 
 def one_update(model_dir, ref_dir, micro_batch, fused=False, ref_bf16=False, dtype="float32", epochs=2,
-               minibatches=2, loss_agg="token-mean"):
+               minibatches=2, loss_agg="token-mean", recast=False, recompute=False):
     from transformers import AutoModelForCausalLM
 
     args = train.Args(M=4, rollout_batch=4, micro_batch=micro_batch, minibatches=minibatches, ppo_epochs=epochs,
                       beta=0.1, lr=1e-3, warmup_steps=0, max_grad_norm=0.5, dtype=dtype, loss_agg=loss_agg)
     prompts, completions, adv = ppo_batch()
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if recast:
+        hardware.recast_linears_in_backward(model)
+    if recompute:
+        hardware.recompute_norms_and_gates_in_backward(model)
     ref = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval().requires_grad_(False)
     if ref_bf16:
         hardware.store_linears_bf16(ref)
@@ -520,6 +543,79 @@ def test_bf16_reference_is_exact(tiny_model_dir, ref_dir):
                        one_update(tiny_model_dir, ref_dir, micro_batch=8, dtype="bfloat16"), tol=0)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_recast_linears_in_backward_is_bit_identical(tiny_model_dir, ref_dir, dtype):
+    """Recasting each linear weight in backward: the same update bit for bit (2 epochs x 2 minibatches, tied
+    lm_head included), and under bf16 autocast no bf16 copy of a weight is kept from forward to backward."""
+    assert_same_update(one_update(tiny_model_dir, ref_dir, micro_batch=3, dtype=dtype, recast=True),
+                       one_update(tiny_model_dir, ref_dir, micro_batch=3, dtype=dtype), tol=0)
+    if dtype != "bfloat16":
+        return
+    from transformers import AutoModelForCausalLM
+
+    from loss import pad_batch, sequence_logprobs
+
+    def saved_weight_casts(model):  # bytes of bf16 tensors shaped like a linear weight, saved for backward
+        shapes = {tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+        seen = {}
+
+        def pack(t):
+            if t.dtype == torch.bfloat16 and tuple(t.shape) in shapes | {s[::-1] for s in shapes}:
+                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        prompts, completions, _ = ppo_batch()
+        ids, attn, mask = pad_batch(prompts, completions, 0)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+            sequence_logprobs(model, ids, attn, mask.shape[1]).sum().backward()
+        return sum(seen.values())
+
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    linear_bytes = sum(2 * m.weight.numel() for m in plain.modules() if isinstance(m, torch.nn.Linear))
+    assert saved_weight_casts(plain) >= linear_bytes  # autocast keeps every layer's bf16 weight
+    assert saved_weight_casts(hardware.recast_linears_in_backward(plain)) == 0
+
+
+def saved_bytes(model, dtype) -> int:
+    """Bytes autograd keeps for backward in one forward of ppo_batch() (parameters excluded, each storage once)."""
+    from loss import pad_batch, sequence_logprobs
+
+    params, saved = {p.untyped_storage().data_ptr() for p in model.parameters()}, {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    prompts, completions, _ = ppo_batch()
+    ids, attn, mask = pad_batch(prompts, completions, 0)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            sequence_logprobs(model, ids, attn, mask.shape[1])
+    return sum(saved.values())
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_recompute_norms_and_gates_is_bit_identical(tiny_model_dir, ref_dir, dtype):
+    """Rerunning the RMSNorms and act_fn(gate) * up in backward: the same update bit for bit, with and without
+    the weight recast, and per token 4 B x (hidden + 1) per norm and 2 B x intermediate (bf16) per layer less saved."""
+    from transformers import AutoModelForCausalLM
+
+    plain = one_update(tiny_model_dir, ref_dir, micro_batch=3, dtype=dtype)
+    assert_same_update(one_update(tiny_model_dir, ref_dir, micro_batch=3, dtype=dtype, recompute=True), plain, tol=0)
+    assert_same_update(one_update(tiny_model_dir, ref_dir, micro_batch=3, dtype=dtype, recompute=True, recast=True),
+                       plain, tol=0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    before = saved_bytes(model, getattr(torch, dtype))
+    after = saved_bytes(hardware.recompute_norms_and_gates_in_backward(model), getattr(torch, dtype))
+    cfg, (prompts, completions, _) = model.config, ppo_batch()
+    tokens = len(prompts) * (max(map(len, prompts)) + max(map(len, completions)))  # padded (B, P + K)
+    c = 2 if dtype == "bfloat16" else 4
+    norm = 4 * cfg.hidden_size + 4  # a norm's float32 normalised output and its 1/rms; its input stays saved
+    per_layer = 2 * norm + c * cfg.intermediate_size  # two norms, act_fn(gate)
+    assert before - after == (cfg.num_hidden_layers * per_layer + norm) * tokens  # + the final norm
+
+
 def test_bf16_reference_releases_the_weights_file(ref_dir):
     """from_pretrained leaves the float32 tensors in a mapping of model.safetensors; after the bf16 cast no
     tensor may stay in it, or the mapping, and every file page the cast read, stays resident."""
@@ -568,6 +664,28 @@ def test_keep_freed_memory_stops_refaulting_large_blocks():
     pages = (64 << 20) // os.sysconf("SC_PAGE_SIZE")
     assert int(default) >= 4 * pages  # the default faults every page of every allocation in again
     assert int(kept) < pages // 4  # kept: the pages are reused
+
+
+def test_release_freed_memory_hands_kept_pages_back():
+    """Under keep_freed_memory a freed 256 MB tensor stays resident; release_freed_memory gives its pages back."""
+    probe = (
+        "import sys, torch, hardware\n"
+        "def rss():\n"
+        "    return int(open('/proc/self/statm').read().split()[1]) * 4096\n"
+        "hardware.keep_freed_memory()\n"
+        "keep = torch.ones(1 << 20)  # a live block above the freed one: the heap's top cannot just shrink\n"
+        "big = torch.ones(64 << 20)  # 256 MB, every page touched\n"
+        "pin = torch.ones(1 << 20)\n"
+        "del big\n"
+        "kept = rss()\n"
+        "ok = hardware.release_freed_memory()\n"
+        "print(ok, kept - rss())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True)
+    ok, released = out.stdout.split()
+    if ok != "True":
+        pytest.skip("not glibc: release_freed_memory is a no-op here")
+    assert int(released) > 200 << 20  # most of the 256 MB left the resident set
 
 
 def test_on_policy_shortcut_equals_recomputing_old_logprobs(tiny_model_dir, ref_dir, monkeypatch):
