@@ -170,6 +170,19 @@ def recompute_norms_and_gates_in_backward(model):
     return model
 
 
+def configure_backward(model, *, bf16: bool, checkpointing: bool):
+    """What the policy keeps for backward, as train.load_models sets it up (before FSDP2 wraps the layers):
+    whole layers rerun with `checkpointing`, else the norms and MLP gates; under bf16 autocast, linear
+    weights recast in backward. The benches and tests that measure train.py's backward call this too."""
+    if checkpointing:
+        enable_grad_checkpointing(model)
+    else:
+        recompute_norms_and_gates_in_backward(model)
+    if bf16:
+        recast_linears_in_backward(model)
+    return model
+
+
 def enable_grad_checkpointing(model):
     """Recompute each decoder layer in backward instead of keeping its activations, in place.
 

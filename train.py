@@ -54,12 +54,10 @@ from checkpoint import CheckpointError, find_checkpoint, load_checkpoint, save_c
 from config import SYNC_TOLERANCE, Args, check_args, estimator_hparams, parse_args, resolve_auto, run_dir  # noqa: F401
 from hardware import (
     ModelLoadError,
-    enable_grad_checkpointing,
+    configure_backward,
     keep_freed_memory,
     load_model,
     load_tokenizer,
-    recast_linears_in_backward,
-    recompute_norms_and_gates_in_backward,
     release_freed_memory,
     store_linears_bf16,
 )
@@ -245,12 +243,9 @@ def load_models(args: Args, ckpt, init_path, device):
         if ckpt is None:
             raise
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: {str(err).splitlines()[0][:200]}") from None
-    if args.grad_checkpointing:  # before shard(): FSDP2 must wrap the checkpointed layers
-        enable_grad_checkpointing(model)
-    else:  # the norms' and the MLP gate's intermediates are rerun in backward, not kept
-        recompute_norms_and_gates_in_backward(model)
-    if args.dtype == "bfloat16":  # autocast's bf16 weight copies are not kept from forward to backward
-        recast_linears_in_backward(model)
+    # before shard(): FSDP2 must wrap the checkpointed layers. Reruns in backward (whole layers, or the norms
+    # and MLP gates) and, under bf16, no autocast weight copies kept from forward to backward
+    configure_backward(model, bf16=args.dtype == "bfloat16", checkpointing=args.grad_checkpointing)
     ref_model = load_reference(init_path, args, device) if args.beta > 0 else None
     if dist.is_initialized():
         model = shard(model, device)

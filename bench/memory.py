@@ -220,8 +220,7 @@ def measure_ours(opts) -> dict:
     train_set = task.load("train", seed=opts.seed)
     record["rss_data"] = rss()
     model = phase("load policy", lambda: hardware.load_model(path, torch.float32, "cpu"))
-    hardware.recompute_norms_and_gates_in_backward(model)  # as train.load_models without checkpointing
-    hardware.recast_linears_in_backward(model)  # and under bf16
+    hardware.configure_backward(model, bf16=args.dtype == "bfloat16", checkpointing=args.grad_checkpointing)  # as train
     ref_model = phase("load reference", lambda: train.load_reference(path, args, torch.device("cpu")))
     optimizer = train.make_optimizer(model, args)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)

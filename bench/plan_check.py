@@ -73,17 +73,12 @@ def measure_state(model_dir) -> int:
 def measure_activations(model_dir, batch, prompt, completion, dtype, checkpointing) -> int:
     import torch
 
-    from hardware import enable_grad_checkpointing, recast_linears_in_backward, recompute_norms_and_gates_in_backward
+    from hardware import configure_backward
     from loss import policy_loss, sequence_logprobs
 
     _map_large_blocks()
     model = _model(model_dir)
-    if dtype == "bfloat16":  # as train.load_models does to the policy
-        recast_linears_in_backward(model)
-    if checkpointing:
-        enable_grad_checkpointing(model)
-    else:
-        recompute_norms_and_gates_in_backward(model)
+    configure_backward(model, bf16=dtype == "bfloat16", checkpointing=checkpointing)  # as train.load_models
     g = torch.Generator().manual_seed(0)
     input_ids = torch.randint(0, model.config.vocab_size, (batch, prompt + completion), generator=g)
     attention_mask = torch.ones_like(input_ids)  # no padding: every position is a real token

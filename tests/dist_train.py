@@ -55,9 +55,8 @@ def parity(out_path, model_dir, ref_dir, loss_agg="token-mean", dtype="float32",
     adv = torch.randn(args.rollout_batch, args.M, generator=g)  # (G, M)
     mine = list(range(args.rollout_batch))[rank::world]  # train.main's sharding: groups r::world
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    if recast == "yes":  # both of train.load_models' changes to what backward keeps
-        train.recompute_norms_and_gates_in_backward(model)
-        train.recast_linears_in_backward(model)
+    if recast == "yes":  # as train.load_models under bf16
+        train.configure_backward(model, bf16=True, checkpointing=False)
     ref_model = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval().requires_grad_(False)
     if dist.is_initialized():
         model, ref_model = train.shard(model, torch.device("cpu")), train.shard(ref_model, torch.device("cpu"))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import memory_plan
-from hardware import recast_linears_in_backward, recompute_norms_and_gates_in_backward
+from hardware import configure_backward
 from memory_plan import Shape, activations, model_shape, plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,9 +49,7 @@ def test_saved_activations_equal_what_autograd_saves(tiny_model_dir, bf16):
     config = AutoConfig.from_pretrained(tiny_model_dir)
     config._attn_implementation = "eager"
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    recompute_norms_and_gates_in_backward(model)  # as train.py without checkpointing
-    if bf16:  # as train.py: no bf16 weight copy is saved for backward
-        recast_linears_in_backward(model)
+    configure_backward(model, bf16=bf16, checkpointing=False)  # as train.py: no bf16 weight copy is saved
     B, P, K = 4, 96, 64
     input_ids = torch.randint(0, config.vocab_size, (B, P + K))
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
