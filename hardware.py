@@ -10,6 +10,7 @@ A model that cannot be loaded raises ModelLoadError, one line naming the model, 
 
 import itertools
 import os
+import weakref
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -83,52 +84,85 @@ def store_linears_bf16(model):
 
 
 # ---- MEMORY TRICK (skippable): recast weights in backward; tests/test_train.py::test_recast_linears_*
+_last_cast = (None, 0, None)  # (weakref to a linear's input, its version, weakref to its bf16 cast)
+
+
+def _bf16_input(x):
+    """x.to(bfloat16), reused while the next layer reads the very same x (q/k/v, gate/up).
+
+    Autocast casts a layer's input at every call, so q, k and v each keep their own bf16 copy of the
+    same normalised hidden states for backward, and gate and up two more: one shared copy per input
+    instead (weak references: the cache keeps nothing alive; the version counter sees an in-place write).
+    """
+    global _last_cast
+    source, version, cast = _last_cast
+    x16 = cast() if source is not None and source() is x and version == x._version else None
+    if x16 is None:
+        x16 = x.to(torch.bfloat16)
+        _last_cast = (weakref.ref(x), x._version, weakref.ref(x16))
+    return x16
+
+
 class _LinearRecastInBackward(torch.autograd.Function):
-    """F.linear under bf16 autocast (no bias), saving the float32 weight instead of its bf16 cast.
+    """F.linear under bf16 autocast, saving the float32 weight instead of its bf16 cast.
 
     The same matmuls as autocast's F.linear and its backward, so the same bits; the backward casts the
     weight again (a cheap elementwise pass) rather than keeping the cast alive from forward to backward.
     """
 
     @staticmethod
-    def forward(ctx, x, weight):
-        x16 = x.to(torch.bfloat16)  # what autocast does to both operands
+    def forward(ctx, x, weight, bias):
+        x16 = _bf16_input(x)  # what autocast does to every operand, once for the layers that share x
         ctx.save_for_backward(x16, weight)  # weight: the parameter itself, no new memory
-        ctx.x_dtype = x.dtype
-        return torch.matmul(x16, weight.to(torch.bfloat16).t())
+        ctx.x_dtype, ctx.bias_dtype = x.dtype, None if bias is None else bias.dtype
+        w16 = weight.to(torch.bfloat16)
+        if bias is None:
+            return torch.matmul(x16, w16.t())
+        return torch.nn.functional.linear(x16, w16, bias.to(torch.bfloat16))  # addmm on the (N, in) view
 
     @staticmethod
     def backward(ctx, grad):
         x16, weight = ctx.saved_tensors
         w16, g = weight.to(torch.bfloat16), grad.reshape(-1, grad.shape[-1])  # (N, out)
-        # The calls autograd makes for mm(x16, w16.t()): grad_x = g @ w16; grad_w = g^T @ x16 (then to fp32)
+        # The calls autograd makes for mm(x16, w16.t()) (or addmm): grad_x = g @ w16; grad_w = g^T @ x16;
+        # grad_bias = g summed over rows; each then cast to its operand's float32
         grad_x = g.mm(w16).view(*grad.shape[:-1], w16.shape[1]).to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
         grad_w = g.t().mm(x16.reshape(-1, x16.shape[-1])).to(weight.dtype) if ctx.needs_input_grad[1] else None
-        return grad_x, grad_w
+        grad_b = g.sum(0).to(ctx.bias_dtype) if ctx.bias_dtype is not None and ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_b
+
+
+def _recasts(layer, x) -> bool:
+    """Whether `layer` (an nn.Linear) takes the recast path for input x: bias-free, float32 weight that
+    trains, under bf16 autocast with grad on (elsewhere the plain forward is already what autograd keeps)."""
+    return (getattr(layer, "recasts_in_backward", False)
+            and layer.weight.dtype == torch.float32 and torch.is_grad_enabled() and layer.weight.requires_grad
+            and torch.is_autocast_enabled(x.device.type)
+            and torch.get_autocast_dtype(x.device.type) == torch.bfloat16)
 
 
 def _linear_forward(self, x):
-    recast = (self.bias is None and self.weight.dtype == torch.float32 and torch.is_grad_enabled()
-              and self.weight.requires_grad and torch.is_autocast_enabled(x.device.type)
-              and torch.get_autocast_dtype(x.device.type) == torch.bfloat16)
-    return _LinearRecastInBackward.apply(x, self.weight) if recast else torch.nn.functional.linear(
-        x, self.weight, self.bias)
+    if _recasts(self, x):
+        return _LinearRecastInBackward.apply(x, self.weight, self.bias)
+    return torch.nn.functional.linear(x, self.weight, self.bias)
 
 
 def recast_linears_in_backward(model):
-    """Make the model's bias-free nn.Linear layers keep their float32 weight, not a bf16 copy, for backward.
+    """Make the model's nn.Linear layers keep their float32 weight, not a bf16 copy, for backward.
 
     Under bf16 autocast each linear layer's forward casts its float32 weight to bf16 and autograd keeps
     that copy until the layer's backward: 2 bytes per parameter for the whole model from forward to
     backward, every micro-batch (0.27 GB for SmolLM2-135M; 2.9 GiB per rank for Qwen2.5-1.5B under FSDP2,
     where the gathered weights are cast). Recasting in backward costs one more cast per layer and changes
-    no number: the forward and both gradients are bit-identical to autocast's
-    (tests/test_train.py::test_recast_linears_in_backward_is_bit_identical). Elsewhere (float32, no grad,
-    a layer with a bias) the layer runs its plain forward. In place; returns the model.
+    no number: the forward and the gradients (bias included) are bit-identical to autocast's
+    (tests/test_train.py::test_recast_linears_in_backward_is_bit_identical). Layers reading the same input
+    share its bf16 cast (_bf16_input). Elsewhere (float32, no grad) the layer runs its plain forward.
+    In place; returns the model.
     """
     for module in model.modules():
         if isinstance(module, torch.nn.Linear):
             module.forward = _linear_forward.__get__(module)
+            module.recasts_in_backward = True
     return model
 
 
@@ -137,10 +171,46 @@ def _gate(act_fn, gate, up):
     return act_fn(gate) * up
 
 
+class _GatedDownRecast(torch.autograd.Function):
+    """down_proj(act_fn(gate) * up) under bf16 autocast, where down_proj recasts in backward: keeps gate,
+    up and down_proj's float32 weight, not act_fn(gate) * up (down_proj's input), which backward reruns.
+
+    Checkpointing the gate alone still leaves its output saved, by down_proj. The ops are those of the
+    gate's rerun and of _LinearRecastInBackward, in the same order on the same inputs: the same bits.
+    """
+
+    @staticmethod
+    def forward(ctx, gate, up, weight, act_fn):
+        ctx.save_for_backward(gate, up, weight)
+        ctx.act_fn, ctx.device = act_fn, gate.device.type
+        h16 = _gate(act_fn, gate, up).to(torch.bfloat16)  # (.., intermediate): bf16 already, as gate and up are
+        return torch.matmul(h16, weight.to(torch.bfloat16).t())
+
+    @staticmethod
+    def backward(ctx, grad):
+        gate, up, weight = ctx.saved_tensors
+        with torch.enable_grad(), torch.autocast(ctx.device, dtype=torch.bfloat16):  # the forward's context
+            gate, up = gate.detach().requires_grad_(ctx.needs_input_grad[0]), up.detach().requires_grad_(
+                ctx.needs_input_grad[1])
+            h = _gate(ctx.act_fn, gate, up)
+        h16, w16, g = h.detach().to(torch.bfloat16), weight.to(torch.bfloat16), grad.reshape(-1, grad.shape[-1])
+        grad_w = g.t().mm(h16.reshape(-1, h16.shape[-1])).to(weight.dtype) if ctx.needs_input_grad[2] else None
+        grad_gate = grad_up = None
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+            grad_h = g.mm(w16).view(*grad.shape[:-1], w16.shape[1]).to(h.dtype)
+            wanted = [t for t in (gate, up) if t.requires_grad]
+            grads = iter(torch.autograd.grad(h, wanted, grad_h))
+            grad_gate = next(grads) if gate.requires_grad else None
+            grad_up = next(grads) if up.requires_grad else None
+        return grad_gate, grad_up, grad_w, None
+
+
 def _gated_mlp_forward(self, x):  # LlamaMLP / Qwen2MLP.forward, with the elementwise gate recomputed
     gate_up = (self.act_fn, self.gate_proj(x), self.up_proj(x))
     if not torch.is_grad_enabled():
         return self.down_proj(_gate(*gate_up))
+    if _recasts(self.down_proj, x) and self.down_proj.bias is None:  # and down_proj's input rerun with it
+        return _GatedDownRecast.apply(gate_up[1], gate_up[2], self.down_proj.weight, self.act_fn)
     return self.down_proj(checkpoint(_gate, *gate_up, use_reentrant=False, preserve_rng_state=False))
 
 

@@ -163,8 +163,10 @@ def activations(shape: Shape, *, batch: int, prompt: int, completion: int, compu
         shared += c * tokens * S  # the (B, 1, S, S) padding mask, which SDPA's memory-efficient kernel saves
     layer = per_token * tokens  # one decoder layer's saved activations, plain forward
     # Without checkpointing train.py reruns the norms and the MLP gate in backward
-    # (hardware.recompute_norms_and_gates_in_backward): no normalised outputs (2 x 4h), no act_fn(gate) (cf)
-    lean_layer = layer - (8 * h + c * f) * tokens
+    # (hardware.recompute_norms_and_gates_in_backward): no normalised outputs (2 x 4h), no act_fn(gate) (cf);
+    # under bf16 also no down_proj input (cf, rerun with the gate) and one bf16 cast of each norm's output
+    # shared by the layers that read it (q/k/v, gate/up: 3ch less; hardware._bf16_input)
+    lean_layer = layer - (8 * h + c * f + (3 * c * h + c * f if c < 4 else 0)) * tokens
     head = shape.embedding  # the lm_head weight (tied or not), cast like any linear
     bf16_head = 2 * head if c < 4 else 0  # the lm_head's weight, cast for its forward and again in backward
     bf16_layer = 2 * max(h * f, h * q) if c < 4 else 0  # a layer's largest weight, cast as its matmul runs

@@ -91,7 +91,7 @@ def test_checkpointing_keeps_only_layer_inputs_and_the_verdict_follows_the_gpu()
     plain, ckpt = activations(shape, checkpointing=False, **kwargs), activations(shape, checkpointing=True, **kwargs)
     # float32 layer inputs, cos/sin, the bf16 (B, 1, S, S) mask
     assert ckpt["saved"] == 28 * 4 * 1536 * 8 * 2048 + 2 * 4 * 128 * 8 * 2048 + 2 * 8 * 2048 * 2048
-    assert plain["saved"] > 15 * ckpt["saved"]
+    assert plain["saved"] > 10 * ckpt["saved"]
     args = dict(model="Qwen/Qwen2.5-1.5B", task="deepmath", M=16, rollout_batch=512, micro_batch=8, max_tokens=1024)
     big, small = plan(args, gpus=16, gpu_gb=80, grad_checkpointing=False), plan(args, gpus=16, gpu_gb=40,
                                                                                  grad_checkpointing=False)

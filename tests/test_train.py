@@ -543,12 +543,22 @@ def test_bf16_reference_is_exact(tiny_model_dir, ref_dir):
                        one_update(tiny_model_dir, ref_dir, micro_batch=8, dtype="bfloat16"), tol=0)
 
 
+@pytest.fixture(scope="module")
+def bias_model_dir(tmp_path_factory):
+    from tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("bias"), attention_bias=True)  # q/k/v/o with biases, as Qwen2
+
+
+@pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_recast_linears_in_backward_is_bit_identical(tiny_model_dir, ref_dir, dtype):
+def test_recast_linears_in_backward_is_bit_identical(tiny_model_dir, bias_model_dir, ref_dir, dtype, bias):
     """Recasting each linear weight in backward: the same update bit for bit (2 epochs x 2 minibatches, tied
-    lm_head included), and under bf16 autocast no bf16 copy of a weight is kept from forward to backward."""
-    assert_same_update(one_update(tiny_model_dir, ref_dir, micro_batch=3, dtype=dtype, recast=True),
-                       one_update(tiny_model_dir, ref_dir, micro_batch=3, dtype=dtype), tol=0)
+    lm_head and biases included), and under bf16 autocast no bf16 copy of a weight is kept from forward to
+    backward."""
+    model_dir = bias_model_dir if bias else tiny_model_dir
+    assert_same_update(one_update(model_dir, ref_dir, micro_batch=3, dtype=dtype, recast=True),
+                       one_update(model_dir, ref_dir, micro_batch=3, dtype=dtype), tol=0)
     if dtype != "bfloat16":
         return
     from transformers import AutoModelForCausalLM
@@ -570,10 +580,34 @@ def test_recast_linears_in_backward_is_bit_identical(tiny_model_dir, ref_dir, dt
             sequence_logprobs(model, ids, attn, mask.shape[1]).sum().backward()
         return sum(seen.values())
 
-    plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     linear_bytes = sum(2 * m.weight.numel() for m in plain.modules() if isinstance(m, torch.nn.Linear))
     assert saved_weight_casts(plain) >= linear_bytes  # autocast keeps every layer's bf16 weight
     assert saved_weight_casts(hardware.recast_linears_in_backward(plain)) == 0
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_backward_keeps_one_cast_per_input_and_reruns_down_projs_input(tiny_model_dir, bias_model_dir, ref_dir,
+                                                                        bias):
+    """train.py's bf16 backward (hardware.configure_backward) against the norm/gate rerun alone: no weight
+    cast saved, one bf16 cast of each norm's output where q/k/v and gate/up each kept their own (3 x 2 B x
+    hidden per token per layer less), and no down_proj input (2 B x intermediate); the same update."""
+    from transformers import AutoModelForCausalLM
+
+    model_dir = bias_model_dir if bias else tiny_model_dir
+
+    def load():
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+
+    rerun = saved_bytes(hardware.recompute_norms_and_gates_in_backward(load()), torch.bfloat16)
+    lean = saved_bytes(hardware.configure_backward(load(), bf16=True, checkpointing=False), torch.bfloat16)
+    model, (prompts, completions, _) = load(), ppo_batch()
+    cfg, tokens = model.config, len(prompts) * (max(map(len, prompts)) + max(map(len, completions)))
+    weight_casts = sum(2 * m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    per_layer = 3 * 2 * cfg.hidden_size + 2 * cfg.intermediate_size
+    assert rerun - lean == weight_casts + cfg.num_hidden_layers * per_layer * tokens
+    assert_same_update(one_update(model_dir, ref_dir, micro_batch=3, dtype="bfloat16", recompute=True, recast=True),
+                       one_update(model_dir, ref_dir, micro_batch=3, dtype="bfloat16"), tol=0)
 
 
 def saved_bytes(model, dtype) -> int:

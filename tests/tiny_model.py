@@ -34,14 +34,15 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return tok
 
 
-def build_tiny_model(path, seed: int = 0, num_layers: int = 2) -> str:
-    """Write a random-weight Llama (about 0.2M parameters) and its tokenizer to `path`."""
+def build_tiny_model(path, seed: int = 0, num_layers: int = 2, attention_bias: bool = False) -> str:
+    """Write a random-weight Llama (about 0.2M parameters) and its tokenizer to `path` (`attention_bias`:
+    biases on q/k/v/o, as Qwen2 has on q/k/v)."""
     tok = build_tokenizer()
     config = LlamaConfig(
         vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=num_layers,
         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
         tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-        bos_token_id=None, torch_dtype="float32",
+        bos_token_id=None, torch_dtype="float32", attention_bias=attention_bias,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
