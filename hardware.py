@@ -5,7 +5,7 @@ number the algorithm computes: each choice is held equal to the plain version by
 SPEED TRICK or MEMORY TRICK line above it), and the README's "Measured" section says what each bought.
 A model that cannot be loaded raises ModelLoadError, one line naming the model, --model and HF_HUB_OFFLINE.
 
-    python -m pytest tests/test_loss.py tests/test_train.py -k "eager or bf16 or freed_memory or recast or recompute"
+    python -m pytest tests/test_loss.py tests/test_train.py -k "eager or bf16 or freed_memory or recast or recompute or one_cast"
 """
 
 import itertools
@@ -83,7 +83,8 @@ def store_linears_bf16(model):
     return model
 
 
-# ---- MEMORY TRICK (skippable): recast weights in backward; tests/test_train.py::test_recast_linears_*
+# ---- MEMORY TRICK (skippable): recast weights in backward, one input cast shared; tests/test_train.py::
+# test_recast_linears_*, test_backward_keeps_one_cast_per_input_and_reruns_down_projs_input
 _last_cast = (None, 0, None)  # (weakref to a linear's input, its version, weakref to its bf16 cast)
 
 
@@ -133,8 +134,8 @@ class _LinearRecastInBackward(torch.autograd.Function):
 
 
 def _recasts(layer, x) -> bool:
-    """Whether `layer` (an nn.Linear) takes the recast path for input x: bias-free, float32 weight that
-    trains, under bf16 autocast with grad on (elsewhere the plain forward is already what autograd keeps)."""
+    """Whether `layer` (an nn.Linear) takes the recast path for input x: a float32 weight that trains, under
+    bf16 autocast with grad on (elsewhere the plain forward is already what autograd keeps)."""
     return (getattr(layer, "recasts_in_backward", False)
             and layer.weight.dtype == torch.float32 and torch.is_grad_enabled() and layer.weight.requires_grad
             and torch.is_autocast_enabled(x.device.type)
@@ -166,7 +167,8 @@ def recast_linears_in_backward(model):
     return model
 
 
-# ---- MEMORY TRICK (skippable): recompute norms and the gate in backward; tests/test_train.py::test_recompute_*
+# ---- MEMORY TRICK (skippable): recompute norms and the gate (and down_proj's input) in backward;
+# tests/test_train.py::test_recompute_*, test_backward_keeps_one_cast_per_input_and_reruns_down_projs_input
 def _gate(act_fn, gate, up):
     return act_fn(gate) * up
 
@@ -229,8 +231,9 @@ def recompute_norms_and_gates_in_backward(model):
     bf16). Rerunning them (torch.utils.checkpoint on these few ops, not on the layer) keeps about a fifth of
     SmolLM2-135M's activations off the peak (memory_plan.py counts what stays) and changes no number: the
     rerun computes the same ops on the same inputs (tests/test_train.py::
-    test_recompute_norms_and_gates_is_bit_identical). For a policy without enable_grad_checkpointing, which
-    already reruns whole layers. In place; returns the model.
+    test_recompute_norms_and_gates_is_bit_identical). Where down_proj also recasts in backward (bf16 autocast,
+    recast_linears_in_backward), down_proj's input act_fn(gate) * up is rerun too (_GatedDownRecast). For a
+    policy without enable_grad_checkpointing, which already reruns whole layers. In place; returns the model.
     """
     for module in model.modules():
         if type(module).__name__.endswith("RMSNorm"):
