@@ -370,7 +370,7 @@ def test_tiny_model_learns_the_bandit_task(tiny_model_dir, tmp_path, digits):
 # ---- torchrun, FSDP2 over gloo
 
 def torchrun(*job):
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            os.path.join(ROOT, "tests", "dist_train.py"), *job],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
 

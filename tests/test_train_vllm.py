@@ -42,7 +42,7 @@ print("DIFF", probe.diff, sum(map(len, probe.token_ids)))
 
 
 def run(args, tmp_path, torchrun=False):
-    launcher = ["-m", "torch.distributed.run", "--nproc_per_node", "2"] if torchrun else []
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"] if torchrun else []
     result = subprocess.run([VLLM_PYTHON, *launcher, os.path.join(ROOT, "tests", "dist_train.py"), *args],
                             cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-5000:])
