@@ -5,7 +5,7 @@ number the algorithm computes: each choice is held equal to the plain version by
 SPEED TRICK or MEMORY TRICK line above it), and the README's "Measured" section says what each bought.
 A model that cannot be loaded raises ModelLoadError, one line naming the model, --model and HF_HUB_OFFLINE.
 
-    python -m pytest tests/test_loss.py tests/test_train.py -k "eager or bf16 or freed_memory or recast or recompute or one_cast"
+    python -m pytest tests/test_loss.py tests/test_train.py -k "eager or bf16 or freed_memory or cast or recompute"
 """
 
 import itertools
@@ -124,13 +124,20 @@ class _LinearRecastInBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x16, weight = ctx.saved_tensors
-        w16, g = weight.to(torch.bfloat16), grad.reshape(-1, grad.shape[-1])  # (N, out)
-        # The calls autograd makes for mm(x16, w16.t()) (or addmm): grad_x = g @ w16; grad_w = g^T @ x16;
-        # grad_bias = g summed over rows; each then cast to its operand's float32
-        grad_x = g.mm(w16).view(*grad.shape[:-1], w16.shape[1]).to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
-        grad_w = g.t().mm(x16.reshape(-1, x16.shape[-1])).to(weight.dtype) if ctx.needs_input_grad[1] else None
-        grad_b = g.sum(0).to(ctx.bias_dtype) if ctx.bias_dtype is not None and ctx.needs_input_grad[2] else None
+        grad_x, grad_w = _recast_linear_grads(grad, x16, weight, ctx.x_dtype, *ctx.needs_input_grad[:2])
+        # addmm's bias gradient: the rows summed, then cast to the bias's float32
+        need_b = ctx.bias_dtype is not None and ctx.needs_input_grad[2]
+        grad_b = grad.reshape(-1, grad.shape[-1]).sum(0).to(ctx.bias_dtype) if need_b else None
         return grad_x, grad_w, grad_b
+
+
+def _recast_linear_grads(grad, x16, weight, x_dtype, need_x: bool, need_w: bool):
+    """The calls autograd makes in the backward of mm(x16, w16.t()) (or addmm), with w16 the float32 weight cast
+    again: grad_x = g @ w16, cast to x's dtype; grad_w = g^T @ x16, cast to the weight's float32."""
+    w16, g = weight.to(torch.bfloat16), grad.reshape(-1, grad.shape[-1])  # (N, out)
+    grad_x = g.mm(w16).view(*grad.shape[:-1], w16.shape[1]).to(x_dtype) if need_x else None
+    grad_w = g.t().mm(x16.reshape(-1, x16.shape[-1])).to(weight.dtype) if need_w else None
+    return grad_x, grad_w
 
 
 def _recasts(layer, x) -> bool:
@@ -195,11 +202,11 @@ class _GatedDownRecast(torch.autograd.Function):
             gate, up = gate.detach().requires_grad_(ctx.needs_input_grad[0]), up.detach().requires_grad_(
                 ctx.needs_input_grad[1])
             h = _gate(ctx.act_fn, gate, up)
-        h16, w16, g = h.detach().to(torch.bfloat16), weight.to(torch.bfloat16), grad.reshape(-1, grad.shape[-1])
-        grad_w = g.t().mm(h16.reshape(-1, h16.shape[-1])).to(weight.dtype) if ctx.needs_input_grad[2] else None
+        need_h = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        h16 = h.detach().to(torch.bfloat16)  # down_proj's input, as _LinearRecastInBackward saved it
+        grad_h, grad_w = _recast_linear_grads(grad, h16, weight, h.dtype, need_h, ctx.needs_input_grad[2])
         grad_gate = grad_up = None
-        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            grad_h = g.mm(w16).view(*grad.shape[:-1], w16.shape[1]).to(h.dtype)
+        if need_h:
             wanted = [t for t in (gate, up) if t.requires_grad]
             grads = iter(torch.autograd.grad(h, wanted, grad_h))
             grad_gate = next(grads) if gate.requires_grad else None

@@ -563,22 +563,10 @@ def test_recast_linears_in_backward_is_bit_identical(tiny_model_dir, bias_model_
         return
     from transformers import AutoModelForCausalLM
 
-    from loss import pad_batch, sequence_logprobs
-
     def saved_weight_casts(model):  # bytes of bf16 tensors shaped like a linear weight, saved for backward
         shapes = {tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)}
-        seen = {}
-
-        def pack(t):
-            if t.dtype == torch.bfloat16 and tuple(t.shape) in shapes | {s[::-1] for s in shapes}:
-                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
-
-        prompts, completions, _ = ppo_batch()
-        ids, attn, mask = pad_batch(prompts, completions, 0)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
-            sequence_logprobs(model, ids, attn, mask.shape[1]).sum().backward()
-        return sum(seen.values())
+        shapes |= {s[::-1] for s in shapes}
+        return saved_bytes(model, torch.bfloat16, keep=lambda t: t.dtype == torch.bfloat16 and tuple(t.shape) in shapes)
 
     plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     linear_bytes = sum(2 * m.weight.numel() for m in plain.modules() if isinstance(m, torch.nn.Linear))
@@ -610,14 +598,15 @@ def test_backward_keeps_one_cast_per_input_and_reruns_down_projs_input(tiny_mode
                        one_update(model_dir, ref_dir, micro_batch=3, dtype="bfloat16"), tol=0)
 
 
-def saved_bytes(model, dtype) -> int:
-    """Bytes autograd keeps for backward in one forward of ppo_batch() (parameters excluded, each storage once)."""
+def saved_bytes(model, dtype, keep=lambda t: True) -> int:
+    """Bytes autograd keeps for backward in one forward of ppo_batch() (parameters excluded, each storage once;
+    only the tensors `keep` accepts)."""
     from loss import pad_batch, sequence_logprobs
 
     params, saved = {p.untyped_storage().data_ptr() for p in model.parameters()}, {}
 
     def pack(t):
-        if t.untyped_storage().data_ptr() not in params:
+        if t.untyped_storage().data_ptr() not in params and keep(t):
             saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
 
