@@ -53,7 +53,8 @@ def test_checkpointing_keeps_loss_and_gradients_under_fsdp2(tiny_model_dir, ref_
     worker = os.path.join(ROOT, "tests", "grad_ckpt_worker.py")
     runs = {}
     for name, launcher in [("one", [sys.executable]),
-                           ("two", [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"])]:
+                           ("two", [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                    "--nproc_per_node", "2"])]:
         result = subprocess.run([*launcher, worker, str(tmp_path / f"{name}.pt"), tiny_model_dir, ref_dir],
                                 cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
