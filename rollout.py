@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
+from transformers.cache_utils import Cache, DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from hardware import load_model, load_tokenizer
@@ -120,9 +121,9 @@ class HFSampler:
         # One prefill per prompt, then each prompt's KV cache repeated for its n samples (group members
         # adjacent). The index tensor instead of logits_to_keep=1: the strided last-position slice sends
         # a bf16 lm_head down a slow matmul path that copies the weight per row (pytorch#151934).
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                         logits_to_keep=torch.tensor([width - 1], device=device))
-        cache = out.past_key_values
+        cache = Cache(layers=[BucketedLayer() for _ in range(self.model.config.num_hidden_layers)])
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                         use_cache=True, logits_to_keep=torch.tensor([width - 1], device=device))
         cache.batch_repeat_interleave(n)
         logits = out.logits[:, -1].float().repeat_interleave(n, 0)  # (R, V), R = G * n
         mask, positions = mask.repeat_interleave(n, 0), positions.repeat_interleave(n, 0)[:, -1:]  # (R, P), (R, 1)
@@ -208,6 +209,46 @@ class HFSampler:
 
     def close(self):
         del self.model
+
+
+# SPEED and MEMORY (skippable): the HF sampler's KV cache, equal to transformers' DynamicCache by
+# tests/test_rollout.py::test_grouped_attention_matches_eager.
+class BucketedLayer(DynamicLayer):
+    """One layer's KV cache, kept in a buffer whose length is a multiple of `bucket`, written in place.
+    DynamicCache concatenates every layer's whole cache on every decode step (a copy of the cache per token), and
+    each step's attention matmuls have a new key length: oneDNN builds and keeps (primitive cache) a kernel per
+    shape, hundreds per sampling call, which stay resident through training. Here the cache grows once per `bucket`
+    tokens and attention always reads the whole buffer, so a call meets a few shapes, seen again on the next call.
+    The slots past the cached tokens are zeros, and the attention mask (2D mask padded to the buffer's length by
+    transformers) gives them probability exactly 0."""
+
+    def __init__(self, bucket=64):
+        super().__init__()
+        self.bucket, self.length = bucket, 0
+
+    def _buffer_length(self, length):
+        return -(-length // self.bucket) * self.bucket
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if self.length == 0 or end > self.keys.shape[-2]:
+            keys, values = (s.new_zeros(*s.shape[:2], self._buffer_length(end), s.shape[3])
+                            for s in (key_states, value_states))  # zeros: 0 x (a NaN left in a slot) would be NaN
+            if self.length:
+                keys[:, :, :self.length] = self.keys[:, :, :self.length]
+                values[:, :, :self.length] = self.values[:, :, :self.length]
+            self.keys, self.values = keys, values
+        self.keys[:, :, self.length:end], self.values[:, :, self.length:end] = key_states, value_states
+        self.length = end
+        return self.keys, self.values
+
+    def get_seq_length(self):
+        return self.length
+
+    def get_mask_sizes(self, query_length):  # asked before update: the buffer's length once these tokens are in
+        return self._buffer_length(self.length + query_length), 0
 
 
 # SPEED (skippable): the HF sampler's attention, equal to eager attention by

@@ -263,13 +263,16 @@ def test_blocked_draw_equals_the_full_cdf(vocab, block):
         assert (p.gather(-1, top[:, None]) > 0).all()
 
 
-def test_grouped_attention_matches_eager(tiny_model_dir):
+@pytest.mark.parametrize("bucket", [None, 4, 64])
+def test_grouped_attention_matches_eager(tiny_model_dir, bucket):
     """The HF sampler's attention (query heads grouped onto their shared key/value head, no repeat_kv copy) gives
     eager attention's logits through a padded prefill, the cache repeat for n samples, decode steps and rows
-    leaving the batch."""
-    from transformers.cache_utils import DynamicCache
+    leaving the batch; so does its KV cache (rollout.BucketedLayer: a buffer a multiple of `bucket` long, masked
+    past the cached tokens; 4 makes it grow three times here, 64 never) against transformers' DynamicCache."""
+    from transformers.cache_utils import Cache, DynamicCache
 
     from hardware import load_model
+    from rollout import BucketedLayer
 
     eager, grouped = load_model(tiny_model_dir), load_model(tiny_model_dir)
     grouped.set_attn_implementation("grouped_eager")
@@ -280,7 +283,8 @@ def test_grouped_attention_matches_eager(tiny_model_dir):
     input_ids = torch.randint(3, eager.config.vocab_size, (3, 9), generator=generator)  # (G, P)
     mask = (torch.arange(9)[None] >= 9 - torch.tensor(lengths)[:, None]).long()  # (G, P) left-padded
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    caches = [DynamicCache(config=eager.config), DynamicCache(config=eager.config)]
+    caches = [DynamicCache(config=eager.config), DynamicCache(config=eager.config) if bucket is None
+              else Cache(layers=[BucketedLayer(bucket) for _ in range(eager.config.num_hidden_layers)])]
     with torch.no_grad():
         outs = [m(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=c, use_cache=True)
                 for m, c in zip((eager, grouped), caches)]
@@ -300,6 +304,8 @@ def test_grouped_attention_matches_eager(tiny_model_dir):
             logits = [m(input_ids=token, attention_mask=mask, position_ids=positions, past_key_values=c,
                         use_cache=True).logits for m, c in zip((eager, grouped), caches)]
             assert torch.allclose(logits[0], logits[1], atol=1e-5, rtol=0)
+    if bucket is not None:  # the buffer: the 9 + 8 tokens, rounded up to the bucket
+        assert caches[1].get_seq_length() == 17 and caches[1].layers[0].keys.shape[2] == -(-17 // bucket) * bucket
 
 
 def test_packed_bf16_linears_compute_the_plain_linears(tiny_model_dir, prompts):
