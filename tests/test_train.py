@@ -452,12 +452,12 @@ def padded_tokens(prompts, completions, groups):
     return sum(len(g) * (max(len(prompts[i]) for i in g) + max(len(completions[i]) for i in g)) for g in groups)
 
 
-def test_micro_batch_grouping_sorts_by_length_and_cuts_padding():
+def test_micro_batch_grouping_sorts_longest_first_and_cuts_padding():
     prompts, completions, _ = ppo_batch()
     groups = train.micro_batch_rows(prompts, completions, range(16), 4)
     assert sorted(i for g in groups for i in g) == list(range(16)) and all(len(g) == 4 for g in groups)
     lengths = [len(completions[i]) for g in groups for i in g]
-    assert lengths == sorted(lengths)
+    assert lengths == sorted(lengths, reverse=True) and lengths[0] > lengths[-1]
     in_order = [list(range(a, a + 4)) for a in range(0, 16, 4)]
     assert padded_tokens(prompts, completions, groups) < padded_tokens(prompts, completions, in_order)
 
