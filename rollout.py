@@ -90,24 +90,23 @@ class HFSampler:
         self.model.eval().requires_grad_(False)
         if self.model.config._attn_implementation == "eager":  # CPU (hardware.load_model); SDPA groups heads itself
             self.model.set_attn_implementation("grouped_eager")
+        self.shapes = {name: p.shape for name, p in self.model.named_parameters(remove_duplicate=False)}
         self.packed = self.model.device.type == "cpu" and self.model.dtype == torch.bfloat16 \
             and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-        if self.packed:
-            _pack_linears(self.model)
+        self.packed_only = _pack_linears(self.model) if self.packed else {}  # {weight name: its linear layer}
         eos = self.model.generation_config.eos_token_id  # None, one id, or a list (chat models)
         self.eos_ids = {self.tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
             self.pad_id = min(self.eos_ids)
         self.seed, self.calls = seed, 0
-        self.shapes = {name: p.shape for name, p in self.model.named_parameters(remove_duplicate=False)}
 
     @torch.inference_mode()
     def generate(self, prompts, *, n, max_tokens, temperature=1.0, top_p=1.0, seed=None):
         """G lists of n Completions. Sample k of prompt i draws from its own stream, seed + i * n + k, as
         vLLM seeds it, so a sample does not depend on what else is in the batch. Without a seed each call
         draws fresh samples, still reproducible from the sampler seed."""
-        if any(p.numel() == 0 for p in self.model.parameters()):
+        if self._asleep():
             raise RuntimeError("the HF sampler is asleep: update_weights must give it weights before it samples")
         self.calls += 1
         device = self.model.device
@@ -179,15 +178,31 @@ class HFSampler:
         # lm_head.weight is the embedding matrix itself when tied, so copying either name updates both.
         params = dict(self.model.named_parameters(remove_duplicate=False))
         for name, tensor in named_tensors:
+            if name in self.packed_only:  # kept only in oneDNN's layout: packed straight from the new weight
+                if tensor.shape != self.shapes[name]:
+                    raise ValueError(f"update_weights: {name} has shape {tuple(tensor.shape)}, the sampler's "
+                                     f"{tuple(self.shapes[name])}")
+                layer = self.packed_only[name]
+                layer.packed_weight = _pack(tensor.to(layer.weight.device, layer.weight.dtype))
+                continue
             if params[name].shape != tensor.shape:  # asleep: its storage was given back
                 params[name].data = torch.empty_like(tensor, dtype=params[name].dtype, device=params[name].device)
             params[name].copy_(tensor.to(params[name].device, params[name].dtype))
-        missing = [name for name, p in params.items() if p.shape != self.shapes[name]]
+        missing = [name for name, p in params.items() if (self.packed_only[name].packed_weight is None
+                                                          if name in self.packed_only else
+                                                          p.shape != self.shapes[name])]
         if missing:
             raise ValueError(f"update_weights left {len(missing)} weights of the sleeping sampler empty, "
                              f"e.g. {missing[0]}")
-        if self.packed:  # the packed copies hold the old weights (or none, asleep)
-            _pack_linears(self.model)
+        if self.packed:  # a tied lm_head keeps its plain weight (the embedding): its packed copy is the old one
+            packed_only = set(self.packed_only.values())
+            for layer in self.model.modules():
+                if isinstance(layer, torch.nn.Linear) and layer not in packed_only:
+                    layer.packed_weight = _pack(layer.weight)
+
+    def _asleep(self) -> bool:
+        return any(p.numel() == 0 for name, p in self.model.named_parameters() if name not in self.packed_only) \
+            or any(layer.packed_weight is None for layer in self.packed_only.values())
 
     # Between sampling and the weight sync the sampler's weights are dead: training overwrites the policy
     # they copy, and update_weights writes every one of them again. Giving their memory back lets training
@@ -275,15 +290,26 @@ AttentionMaskInterface.register("grouped_eager", eager_mask)  # additive float m
 
 # SPEED (skippable): bit-identical to the plain linear layers by
 # tests/test_rollout.py::test_packed_bf16_linears_compute_the_plain_linears.
-def _pack_linears(model):
-    """Give every linear layer a copy of its bfloat16 weight in oneDNN's blocked layout, and compute the layer from
-    it. A plain bfloat16 linear on CPU re-lays-out its whole weight on every call, so a decode step's matmuls
-    cost about the same at 1 row as at 64. The parameters stay as they are (state dict, update_weights);
-    update_weights packs again. The copies double the sampler's weight memory."""
-    for module in model.modules():
+def _pack_linears(model) -> dict:
+    """Give every linear layer its bfloat16 weight in oneDNN's blocked layout, and compute the layer from it. A
+    plain bfloat16 linear on CPU re-lays-out its whole weight on every call, so a decode step's matmuls cost about
+    the same at 1 row as at 64. The plain weight is then dead and freed (update_weights packs the new one
+    straight in), except a tied lm_head's, which is the embedding table. Returns {weight name: layer} of the
+    layers whose weight now lives only packed."""
+    embedding = model.get_input_embeddings().weight
+    packed_only = {}
+    for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear):
-            module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach())
+            module.packed_weight = _pack(module.weight)
             module.forward = types.MethodType(_packed_linear_forward, module)
+            if module.weight is not embedding:
+                module.weight.data = torch.empty(0, dtype=module.weight.dtype, device=module.weight.device)
+                packed_only[f"{name}.weight"] = module
+    return packed_only
+
+
+def _pack(weight):
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
 
 
 def _packed_linear_forward(self, x):

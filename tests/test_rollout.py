@@ -308,29 +308,36 @@ def test_grouped_attention_matches_eager(tiny_model_dir, bucket):
         assert caches[1].get_seq_length() == 17 and caches[1].layers[0].keys.shape[2] == -(-17 // bucket) * bucket
 
 
-def test_packed_bf16_linears_compute_the_plain_linears(tiny_model_dir, prompts):
-    """A bfloat16 sampler on CPU computes its linear layers from oneDNN-packed weight copies: the same samples and
-    log-probs, bit for bit, as the plain layers, before and after update_weights (which must repack)."""
+def test_packed_bf16_linears_compute_the_plain_linears(tiny_model_dir, prompts, monkeypatch):
+    """A bfloat16 sampler on CPU computes its linear layers from oneDNN-packed weights and frees the plain ones
+    (all but a tied lm_head's, which is the embedding table): the same samples and log-probs, bit for bit, as a
+    sampler with plain layers, before and after update_weights (which packs the new weights straight in)."""
     sampler = make_sampler("hf", tiny_model_dir, dtype="bfloat16", seed=0)
     if not sampler.packed:
         pytest.skip("this CPU's oneDNN has no bfloat16 support")
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+        plain = make_sampler("hf", tiny_model_dir, dtype="bfloat16", seed=0)
+    assert not plain.packed
+    embedding = sampler.model.get_input_embeddings().weight
+    assert sampler.model.lm_head.weight is embedding and embedding.numel() > 0  # tied: still read as the table
+    linears = [m for m in sampler.model.modules() if isinstance(m, torch.nn.Linear) and m.weight is not embedding]
+    assert linears and all(m.weight.numel() == 0 and m.packed_weight.numel() > 0 for m in linears)
 
-    def unpacked():
-        forwards = {m: m.__dict__.pop("forward") for m in sampler.model.modules() if "forward" in m.__dict__}
-        assert forwards  # the packed path was in use
-        out = sampler.generate(prompts, n=4, max_tokens=16, seed=5)
-        for m, forward in forwards.items():
-            m.forward = forward
-        return out
+    def generate(s):
+        return s.generate(prompts, n=4, max_tokens=16, seed=5)
 
-    before = sampler.generate(prompts, n=4, max_tokens=16, seed=5)
-    assert before == unpacked()
+    before = generate(sampler)
+    assert before == generate(plain)
     trainer = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     torch.manual_seed(1)
     with torch.no_grad():
         for p in trainer.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    sampler.update_weights(trainer.named_parameters())
-    after = sampler.generate(prompts, n=4, max_tokens=16, seed=5)
-    assert after != before and after == unpacked()
+    for s in (sampler, plain):
+        s.update_weights(trainer.named_parameters())
+    after = generate(sampler)
+    assert after != before and after == generate(plain)
+    with pytest.raises(ValueError, match="shape"):  # a packed-only weight is checked as a copy_ would check it
+        sampler.update_weights([("model.layers.0.mlp.up_proj.weight", torch.zeros(3, 3))])
     sampler.close()
