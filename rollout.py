@@ -20,6 +20,7 @@ Departures from a plain `model.generate` call:
 """
 
 import argparse
+import collections
 import importlib.util
 import os
 import shutil
@@ -178,10 +179,10 @@ class HFSampler:
         # lm_head.weight is the embedding matrix itself when tied, so copying either name updates both.
         params = dict(self.model.named_parameters(remove_duplicate=False))
         for name, tensor in named_tensors:
+            if tensor.shape != self.shapes[name]:
+                raise ValueError(f"update_weights: {name} has shape {tuple(tensor.shape)}, the sampler's "
+                                 f"{tuple(self.shapes[name])}")
             if name in self.packed_only:  # kept only in oneDNN's layout: packed straight from the new weight
-                if tensor.shape != self.shapes[name]:
-                    raise ValueError(f"update_weights: {name} has shape {tuple(tensor.shape)}, the sampler's "
-                                     f"{tuple(self.shapes[name])}")
                 layer = self.packed_only[name]
                 layer.packed_weight = _pack(tensor.to(layer.weight.device, layer.weight.dtype))
                 continue
@@ -213,7 +214,7 @@ class HFSampler:
         for p in self.model.parameters():  # a tied lm_head is the embedding's parameter: freed once
             freed += p.numel() * p.element_size()
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
-        for module in self.model.modules():  # and the packed copies of the linear layers (_pack_linears)
+        for module in self.model.modules():  # and the packed linear weights (_pack_linears)
             if getattr(module, "packed_weight", None) is not None:
                 freed += module.packed_weight.numel() * module.packed_weight.element_size()
                 module.packed_weight = None
@@ -262,6 +263,15 @@ class BucketedLayer(DynamicLayer):
     def get_seq_length(self):
         return self.length
 
+    is_croppable = False  # the sampler never crops; DynamicLayer's crop would cut the buffer's empty end
+
+    def crop(self, max_length):
+        raise NotImplementedError("BucketedLayer keeps room past its tokens and does not crop")
+
+    def reset(self):
+        super().reset()
+        self.length = 0
+
     def get_mask_sizes(self, query_length):  # asked before update: the buffer's length once these tokens are in
         return self._buffer_length(self.length + query_length), 0
 
@@ -294,17 +304,18 @@ def _pack_linears(model) -> dict:
     """Give every linear layer its bfloat16 weight in oneDNN's blocked layout, and compute the layer from it. A
     plain bfloat16 linear on CPU re-lays-out its whole weight on every call, so a decode step's matmuls cost about
     the same at 1 row as at 64. The plain weight is then dead and freed (update_weights packs the new one
-    straight in), except a tied lm_head's, which is the embedding table. Returns {weight name: layer} of the
-    layers whose weight now lives only packed."""
+    straight in), except a tied lm_head's, which is the embedding table (or any weight two layers share).
+    Returns {weight name: layer} of the layers whose weight now lives only packed."""
     embedding = model.get_input_embeddings().weight
+    linears = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    users = collections.Counter(id(m.weight) for _, m in linears)  # a weight two layers share stays plain too
     packed_only = {}
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear):
-            module.packed_weight = _pack(module.weight)
-            module.forward = types.MethodType(_packed_linear_forward, module)
-            if module.weight is not embedding:
-                module.weight.data = torch.empty(0, dtype=module.weight.dtype, device=module.weight.device)
-                packed_only[f"{name}.weight"] = module
+    for name, module in linears:
+        module.packed_weight = _pack(module.weight)
+        module.forward = types.MethodType(_packed_linear_forward, module)
+        if module.weight is not embedding and users[id(module.weight)] == 1:
+            module.weight.data = torch.empty(0, dtype=module.weight.dtype, device=module.weight.device)
+            packed_only[f"{name}.weight"] = module
     return packed_only
 
 

@@ -90,7 +90,7 @@ def tensor_bytes(tensors) -> int:
 
 
 def sampler_bytes(sampler) -> int:
-    """The HF sampler's weights, buffers and the packed copies of its linear layers (rollout._pack_linears)."""
+    """The HF sampler's weights, buffers and the packed weights of its linear layers (rollout._pack_linears)."""
     packed = [m.packed_weight for m in sampler.model.modules() if getattr(m, "packed_weight", None) is not None]
     return tensor_bytes(sampler.model.parameters()) + tensor_bytes(sampler.model.buffers()) + tensor_bytes(packed)
 
@@ -382,7 +382,7 @@ def account(r: dict, iso: dict | None) -> list[dict]:
          "VmRSS growth of train.load_reference; size: its tensor bytes"),
         ("sampler's copy (bf16)", ph["load sampler"] - asleep, r["sampler"],
          "VmRSS growth of rollout.make_sampler (tokenizer included) less the weights it freed to sleep "
-         "during training (tensor bytes at the peak); size: its tensor bytes, packed linear copies included"),
+         "during training (tensor bytes at the peak); size: its tensor bytes, packed linear weights included"),
         ("KV cache during sampling", kv_now, r["sampling_most_kv"],
          "key/value tensor bytes after each decode call (forward hook); freed before training"),
         ("sampling peak above the loaded models", None, max(s["peak"] - s["rss_before"] for s in r["sampling"]),

@@ -109,6 +109,8 @@ def test_update_weights_and_sync_check(tiny_model_dir, prompts):
         for p in trainer.parameters():
             p.add_(0.05 * torch.randn_like(p))
     assert sync_check(sampler, trainer, prompts).diff > 0.1  # stale sampler is caught
+    with pytest.raises(ValueError, match="shape"):  # a wrong tensor is refused before it replaces a weight
+        sampler.update_weights([("model.embed_tokens.weight", torch.zeros(3, 3))])
     # named_parameters lists the tied embedding once, as model.embed_tokens.weight.
     sampler.update_weights(trainer.named_parameters())
     assert torch.equal(sampler.model.lm_head.weight, trainer.model.embed_tokens.weight)
@@ -263,12 +265,13 @@ def test_blocked_draw_equals_the_full_cdf(vocab, block):
         assert (p.gather(-1, top[:, None]) > 0).all()
 
 
-@pytest.mark.parametrize("bucket", [None, 4, 64])
+@pytest.mark.parametrize("bucket", [None, 3, 4, 64])
 def test_grouped_attention_matches_eager(tiny_model_dir, bucket):
     """The HF sampler's attention (query heads grouped onto their shared key/value head, no repeat_kv copy) gives
     eager attention's logits through a padded prefill, the cache repeat for n samples, decode steps and rows
     leaving the batch; so does its KV cache (rollout.BucketedLayer: a buffer a multiple of `bucket` long, masked
-    past the cached tokens; 4 makes it grow three times here, 64 never) against transformers' DynamicCache."""
+    past the cached tokens; 3 fits the 9-token prefill exactly, 4 regrows it twice, 64 never) against
+    transformers' DynamicCache."""
     from transformers.cache_utils import Cache, DynamicCache
 
     from hardware import load_model
