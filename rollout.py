@@ -233,10 +233,12 @@ class BucketedLayer(DynamicLayer):
     """One layer's KV cache, kept in a buffer whose length is a multiple of `bucket`, written in place.
     DynamicCache concatenates every layer's whole cache on every decode step (a copy of the cache per token), and
     each step's attention matmuls have a new key length: oneDNN builds and keeps (primitive cache) a kernel per
-    shape, hundreds per sampling call, which stay resident through training. Here the cache grows once per `bucket`
+    shape, so one or more per decode step, which stay resident through training. Here the cache grows once per `bucket`
     tokens and attention always reads the whole buffer, so a call meets a few shapes, seen again on the next call.
     The slots past the cached tokens are zeros, and the attention mask (2D mask padded to the buffer's length by
     transformers) gives them probability exactly 0."""
+
+    is_croppable = False  # the sampler never crops; DynamicLayer's crop would cut the buffer's empty end
 
     def __init__(self, bucket=64):
         super().__init__()
@@ -262,8 +264,6 @@ class BucketedLayer(DynamicLayer):
 
     def get_seq_length(self):
         return self.length
-
-    is_croppable = False  # the sampler never crops; DynamicLayer's crop would cut the buffer's empty end
 
     def crop(self, max_length):
         raise NotImplementedError("BucketedLayer keeps room past its tokens and does not crop")
@@ -298,7 +298,7 @@ AttentionInterface.register("grouped_eager", _grouped_eager_attention)
 AttentionMaskInterface.register("grouped_eager", eager_mask)  # additive float masks, as eager attention takes
 
 
-# SPEED (skippable): bit-identical to the plain linear layers by
+# SPEED and MEMORY (skippable): bit-identical to the plain linear layers by
 # tests/test_rollout.py::test_packed_bf16_linears_compute_the_plain_linears.
 def _pack_linears(model) -> dict:
     """Give every linear layer its bfloat16 weight in oneDNN's blocked layout, and compute the layer from it. A
