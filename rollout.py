@@ -107,7 +107,7 @@ class HFSampler:
         """G lists of n Completions. Sample k of prompt i draws from its own stream, seed + i * n + k, as
         vLLM seeds it, so a sample does not depend on what else is in the batch. Without a seed each call
         draws fresh samples, still reproducible from the sampler seed."""
-        if self._asleep():
+        if self._empty_weights():
             raise RuntimeError("the HF sampler is asleep: update_weights must give it weights before it samples")
         self.calls += 1
         device = self.model.device
@@ -189,9 +189,7 @@ class HFSampler:
             if params[name].shape != tensor.shape:  # asleep: its storage was given back
                 params[name].data = torch.empty_like(tensor, dtype=params[name].dtype, device=params[name].device)
             params[name].copy_(tensor.to(params[name].device, params[name].dtype))
-        missing = [name for name, p in params.items() if (self.packed_only[name].packed_weight is None
-                                                          if name in self.packed_only else
-                                                          p.shape != self.shapes[name])]
+        missing = self._empty_weights()
         if missing:
             raise ValueError(f"update_weights left {len(missing)} weights of the sleeping sampler empty, "
                              f"e.g. {missing[0]}")
@@ -201,9 +199,11 @@ class HFSampler:
                 if isinstance(layer, torch.nn.Linear) and layer not in packed_only:
                     layer.packed_weight = _pack(layer.weight)
 
-    def _asleep(self) -> bool:
-        return any(p.numel() == 0 for name, p in self.model.named_parameters() if name not in self.packed_only) \
-            or any(layer.packed_weight is None for layer in self.packed_only.values())
+    def _empty_weights(self) -> list[str]:
+        """The weights with no storage: every one while asleep, those a sync left out after it."""
+        return [name for name, p in self.model.named_parameters(remove_duplicate=False)
+                if (self.packed_only[name].packed_weight is None if name in self.packed_only
+                    else p.shape != self.shapes[name])]
 
     # Between sampling and the weight sync the sampler's weights are dead: training overwrites the policy
     # they copy, and update_weights writes every one of them again. Giving their memory back lets training
