@@ -184,6 +184,8 @@ def sequence_logprobs(model, input_ids, attention_mask, n_completion: int, tempe
     """
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: count real tokens
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                logits_to_keep=n_completion + 1, use_cache=False)
-    logits = out.logits[:, :-1]  # (B, K, V): position t predicts token t + 1
-    return token_logprobs(logits, input_ids[:, -n_completion:], temperature)  # (B, K)
+                logits_to_keep=n_completion + 1, use_cache=False)  # (B, K + 1, V): position t predicts token t + 1
+    # All K + 1 positions, the last with a dummy target, then its column dropped: the slice logits[:, :-1]
+    # would make token_logprobs copy the (B, K, V) logits to flatten them, and its backward zero-fill them.
+    targets = torch.nn.functional.pad(input_ids[:, -n_completion:], (0, 1))  # (B, K + 1)
+    return token_logprobs(out.logits, targets, temperature)[:, :-1]  # (B, K)

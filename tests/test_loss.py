@@ -222,6 +222,33 @@ def test_sequence_logprobs_matches_unpadded_forward(tiny_model_dir):
             assert torch.allclose(got[i, :len(c)], ref, atol=1e-5)
 
 
+def test_sequence_logprobs_skips_the_slice_copy_bit_for_bit(tiny_model_dir):
+    """sequence_logprobs scores all K + 1 kept positions (the last against a dummy target) and drops the last
+    column, instead of slicing the logits first: the same log-probs and gradients, bit for bit, under bf16."""
+    from hardware import configure_backward, load_model
+
+    model = configure_backward(load_model(tiny_model_dir), bf16=True, checkpointing=False)
+    prompts, completions = [[10, 11, 12, 13], [20, 21]], [[30, 31, 32], [40]]
+    ids, attn, cmask = pad_batch(prompts, completions, pad_id=0)
+    K = cmask.shape[1]
+    results = []
+    for sliced in (True, False):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if sliced:  # the plain way: logits of the K positions that predict the completion
+                position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+                logits = model(input_ids=ids, attention_mask=attn, position_ids=position_ids, logits_to_keep=K + 1,
+                               use_cache=False).logits[:, :-1]
+                logp = token_logprobs(logits, ids[:, -K:], 0.9)
+            else:
+                logp = sequence_logprobs(model, ids, attn, K, temperature=0.9)
+        (logp * cmask).sum().backward()
+        results.append((logp.detach(), [p.grad.clone() for p in model.parameters()]))
+    (logp_a, grads_a), (logp_b, grads_b) = results
+    assert logp_b.shape == (2, K) and torch.equal(logp_a, logp_b)
+    assert all(torch.equal(a, b) for a, b in zip(grads_a, grads_b))
+
+
 def test_eager_attention_matches_sdpa(tiny_model_dir):
     """hardware.load_model picks eager attention on CPU (faster there); loss and gradients equal SDPA's."""
     from transformers import AutoModelForCausalLM
