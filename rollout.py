@@ -512,12 +512,14 @@ class SyncProbe:
 
 
 @torch.no_grad()
-def sync_check(sampler, model, probe_prompts, max_tokens=16) -> SyncProbe:
+def sync_check(sampler, model, probe_prompts, max_tokens=4) -> SyncProbe:
     """Sample a short seeded probe from the sampler and score the same tokens with the trainer's model.
 
     A sampler that silently keeps its old weights is the best-known way a GRPO trainer fails without an
     error (trl#3189); train.py stops the run when the probe's two log-probs disagree or when the
-    trainer's moved and the sampler's did not.
+    trainer's moved and the sampler's did not. Four tokens a prompt by default: each decode step reads all
+    of the sampler's weights, so the probe costs its length, and a sampler on other weights is off from the
+    first token (the tolerance is on the mean over the probe's tokens: config.SYNC_TOLERANCE).
     """
     completions = [group[0] for group in sampler.generate(probe_prompts, n=1, max_tokens=max_tokens, seed=1234)]
     input_ids, attention_mask, completion_mask = pad_batch(probe_prompts, [c.token_ids for c in completions], 0)
