@@ -19,11 +19,15 @@ works in row chunks with a hand-written backward (bench/logprob_memory.py measur
 import torch
 
 LOG_RATIO_LIMIT = 20.0  # exp(20) ~ 5e8: keeps ratio and k3 finite when policies drift far apart
-CHUNK_ELEMENTS = 1 << 25  # float32 elements per chunk (128 MB): bounds token_logprobs' extra memory
+CHUNK_ELEMENTS = 1 << 25  # float32 elements per row chunk (128 MB) on a GPU: bounds token_logprobs' extra memory
+# On CPU 2 MB: a chunk then stays in a core's L2 cache through the passes each chunk makes (cast, logsumexp's,
+# gather; in backward cast, subtract, exp, scale, cast back); a 128 MB chunk goes to memory and back on each
+# pass (bench/logprob_speed.py times both). A GPU keeps the big chunks: every chunk costs a few kernel launches.
+CPU_CHUNK_ELEMENTS = 1 << 19
 
 
-def _chunks(n_rows: int, vocab: int):
-    step = max(1, CHUNK_ELEMENTS // vocab)
+def _chunks(n_rows: int, vocab: int, device: torch.device):
+    step = max(1, (CPU_CHUNK_ELEMENTS if device.type == "cpu" else CHUNK_ELEMENTS) // vocab)
     return [(i, min(i + step, n_rows)) for i in range(0, n_rows, step)]
 
 
@@ -37,7 +41,7 @@ class _TokenLogprobs(torch.autograd.Function):
         flat_targets = targets.reshape(-1)  # (N,)
         lse = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)  # (N,)
         out = torch.empty_like(lse)
-        for a, b in _chunks(flat.shape[0], flat.shape[1]):
+        for a, b in _chunks(flat.shape[0], flat.shape[1], flat.device):
             chunk = flat[a:b].to(torch.float32, copy=True).div_(temperature)  # (n, V) float32, one chunk at a time
             lse[a:b] = torch.logsumexp(chunk, dim=-1)
             out[a:b] = chunk.gather(-1, flat_targets[a:b, None]).squeeze(-1) - lse[a:b]
@@ -53,7 +57,7 @@ class _TokenLogprobs(torch.autograd.Function):
         flat_targets = targets.reshape(-1)
         g = grad_out.reshape(-1).float()
         grad = torch.empty_like(flat)
-        for a, b in _chunks(flat.shape[0], flat.shape[1]):
+        for a, b in _chunks(flat.shape[0], flat.shape[1], flat.device):
             # d logp[y] / d logits = (onehot(y) - softmax(logits / T)) / T
             probs = flat[a:b].to(torch.float32, copy=True).div_(T).sub_(lse[a:b, None]).exp_()  # (n, V)
             probs.mul_(-g[a:b, None] / T)

@@ -21,7 +21,7 @@ def naive_logprobs(logits, targets, temperature=1.0):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_token_logprobs_matches_naive_float32(temperature, monkeypatch):
-    monkeypatch.setattr("loss.CHUNK_ELEMENTS", 50 * 7)  # force several chunks
+    monkeypatch.setattr("loss.CPU_CHUNK_ELEMENTS", 50 * 7)  # force several chunks
     torch.manual_seed(0)
     logits = torch.randn(3, 7, 50) * 3
     targets = torch.randint(0, 50, (3, 7))
@@ -31,8 +31,27 @@ def test_token_logprobs_matches_naive_float32(temperature, monkeypatch):
     assert torch.equal(logits, logits.clone())  # input untouched (chunks are copies)
 
 
+def test_token_logprobs_is_bit_identical_for_every_chunk_size(monkeypatch):
+    """Rows are independent, so the chunk size (CPU_CHUNK_ELEMENTS: cache-sized on CPU) changes no bit of the
+    log-probs or of their gradient, bf16 logits as in training, temperature 1 and not."""
+    torch.manual_seed(2)
+    logits = (torch.randn(3, 7, 50) * 3).bfloat16().requires_grad_()
+    targets, weights = torch.randint(0, 50, (3, 7)), torch.randn(3, 7)
+    results = []
+    for rows in (1, 4, 21, 1000):  # 21 rows: one chunk; 1000: the whole batch at once
+        monkeypatch.setattr("loss.CPU_CHUNK_ELEMENTS", 50 * rows)
+        for temperature in (1.0, 0.7):
+            logp = token_logprobs(logits, targets, temperature)
+            (logp * weights).sum().backward()
+            results.append((rows, temperature, logp.detach(), logits.grad))
+            logits.grad = None
+    for rows, temperature, logp, grad in results:
+        _, _, want_logp, want_grad = next(r for r in results if r[0] == 1000 and r[1] == temperature)
+        assert torch.equal(logp, want_logp) and torch.equal(grad, want_grad), (rows, temperature)
+
+
 def test_token_logprobs_gradient_matches_autograd(monkeypatch):
-    monkeypatch.setattr("loss.CHUNK_ELEMENTS", 40)
+    monkeypatch.setattr("loss.CPU_CHUNK_ELEMENTS", 40)
     torch.manual_seed(1)
     logits = (torch.randn(2, 5, 40, dtype=torch.float64) * 2).requires_grad_()
     targets = torch.randint(0, 40, (2, 5))
