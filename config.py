@@ -69,8 +69,8 @@ class _Args:
                                 "config.SYNC_TOLERANCE")
     grad_checkpointing: bool = arg(False, "recompute each decoder layer in backward instead of keeping its "
                                    "activations (hardware.enable_grad_checkpointing): on in the paper presets; "
-                                   "off for the CPU demo, whose 8 x 88-token micro-batch keeps 1.2 GiB of "
-                                   "activations (0.5 GiB with it), against a second forward per layer")
+                                   "off for the CPU demo, whose 8 x 88-token micro-batch keeps 0.7 GiB of "
+                                   "activations (0.3 GiB with it), against a second forward per layer")
     eval_every: int = arg(0, "greedy held-out score (eval/score in metrics.jsonl) every N steps; 0: only before and "
                           "after training; the paper presets use the official configs' 25")
     eval_examples: int = arg(64, "held-out prompts scored greedily before and after training and every "

@@ -138,15 +138,17 @@ def training_state(shape: Shape, *, ranks: int, unsharded_grads: bool) -> dict:
 
 
 def activations(shape: Shape, *, batch: int, prompt: int, completion: int, compute_bytes: int,
-                checkpointing: bool, attention: str) -> dict:
+                checkpointing: bool, attention: str, chunk_elements: int = CHUNK_ELEMENTS) -> dict:
     """Peak bytes of one micro-batch's forward + backward beyond the training state, by part.
 
     `saved`: what the layers keep from forward to backward (and RoPE's cos/sin); `recompute`: one layer's
     recomputed activations (checkpointing) and the largest gradient its backward makes (attention: eager's
     float32 gradient of the probabilities, SDPA's dq/dk/dv); `weights_bf16`: the bf16 weight being cast;
-    `logits`: the log-prob work.
-    `peak` (their sum) is the largest of forward's end, backward's first steps (logits) and a layer's
-    backward (recompute); `when` names it.
+    `logits`: the log-prob work, in row chunks of `chunk_elements` (loss.CHUNK_ELEMENTS on a GPU;
+    loss.CPU_CHUNK_ELEMENTS on CPU, bench/plan_check.py's measurements); `head_grad`: the lm_head weight's
+    gradient, float32 (a tied one kept until the embedding's backward).
+    `peak` (their sum) is the largest of forward's end, backward's first steps (logits, then the lm_head), a
+    layer's backward (recompute) and its last step (the embedding's gradient); `when` names it.
     """
     h, f, c, S = shape.hidden, shape.intermediate, compute_bytes, prompt + completion
     tokens, kept = batch * S, batch * (completion + 1)  # all positions; those with logits (logits_to_keep)
@@ -173,12 +175,23 @@ def activations(shape: Shape, *, batch: int, prompt: int, completion: int, compu
     final_norm = (8 if checkpointing else 4) * h * tokens + c * h * kept  # final RMSNorm, all positions (input,
     # and its normalised output unless rerun); the lm_head's input on the completion rows
     logits = c * kept * shape.vocab
-    chunk = 2 * 4 * min(kept, max(1, CHUNK_ELEMENTS // shape.vocab)) * shape.vocab  # float32 chunk + a temporary
-    if not checkpointing:  # backward's first steps (logits' gradient twice), then the last layer's backward
+    chunk = 2 * 4 * min(kept, max(1, chunk_elements // shape.vocab)) * shape.vocab  # float32 chunk + a temporary
+    # the lm_head's weight gradient: its matmul's output (bf16 under autocast), cast to float32. A tied weight's
+    # then waits in autograd, through every layer's backward, for the embedding's to be added to it
+    head_grad = 4 * head + (c * head if c < 4 else 0)
+    waiting = 4 * head if shape.tied else 0
+    lm_head = {"weights_bf16": bf16_head, "final_norm": final_norm, "logits": logits, "head_grad": head_grad}
+    # backward's last step: the embedding's dense float32 gradient, and with a tied weight the waiting one and
+    # their sum (measured on CPU in float32; bf16's sum was made in place)
+    embedding = {"head_grad": 4 * head + 2 * waiting}
+    if not checkpointing:  # backward's first steps (logits' gradient twice, then the lm_head's), the last layer's
         saved = shape.layers * lean_layer + shared
         moments = {"backward (logits)": {"saved": saved, "weights_bf16": bf16_head, "final_norm": final_norm,
                                          "logits": 2 * logits + chunk},
-                   "backward (last layer)": {"saved": saved, "weights_bf16": bf16_layer, "recompute": backward_extra}}
+                   "backward (lm_head)": {"saved": saved, **lm_head},
+                   "backward (last layer)": {"saved": saved, "weights_bf16": bf16_layer, "recompute": backward_extra,
+                                             "head_grad": waiting},
+                   "backward (embedding)": embedding}
     else:
         saved = shape.layers * 4 * h * tokens + shared  # each layer's float32 input
         moments = {
@@ -186,11 +199,14 @@ def activations(shape: Shape, *, batch: int, prompt: int, completion: int, compu
                             "logits": logits + chunk},
             "backward (logits)": {"saved": saved, "weights_bf16": bf16_head, "final_norm": final_norm,
                                   "logits": 2 * logits + chunk},
+            "backward (lm_head)": {"saved": saved, **lm_head},
             "backward (a layer)": {"saved": saved, "weights_bf16": bf16_layer,
-                                   "recompute": layer + backward_extra},
+                                   "recompute": layer + backward_extra, "head_grad": waiting},
+            "backward (embedding)": embedding,
         }
     when = max(moments, key=lambda m: sum(moments[m].values()))
-    parts = {"saved": 0, "weights_bf16": 0, "final_norm": 0, "logits": 0, "recompute": 0, **moments[when]}
+    parts = {"saved": 0, "weights_bf16": 0, "final_norm": 0, "logits": 0, "recompute": 0, "head_grad": 0,
+             **moments[when]}
     return {**parts, "peak": sum(parts.values()), "when": when, "moments": moments}
 
 
@@ -260,7 +276,11 @@ def plan(args: dict, *, gpus: int, gpu_gb: float, grad_checkpointing: bool, prom
                                                   else "") + "its backward's largest gradient"),
             ("final norm", act["final_norm"], "float32 on all positions; lm_head input on the kept rows"),
             ("logits + chunks", act["logits"], f"{'2 x ' if 'logits' in act['when'] else ''}({batch} x {K + 1} x "
-             f"{shape.vocab}) {'bf16' if c < 4 else 'float32'} + float32 row chunks"),
+             f"{shape.vocab}) {'bf16' if c < 4 else 'float32'}"
+             f"{' + float32 row chunks' if 'logits' in act['when'] or 'forward' in act['when'] else ''}"),
+            ("lm_head gradient", act["head_grad"], "float32 (+ bf16 as its matmul made it)" if "lm_head" in act["when"]
+             else "the embedding's, float32 (+ a tied lm_head's, and their sum)" if "embedding" in act["when"]
+             else "a tied weight's, waiting for the embedding's" if act["head_grad"] else "none at " + act["when"]),
         ],
         "sync": resident + [("vllm awake", vllm, "woken for the new weights"),
                             ("one full parameter", 4 * shape.embedding, "train.full_weights: the embedding, float32")],

@@ -26,7 +26,7 @@ Departures from the paper's VeRL runs:
 4. The CPU demo (`--task arith`, the default) trains a 135M model with lr 2e-5: the paper's 1e-6 is
    tuned for 1.5B models and does not move a 135M model within a 20-minute run.
 5. The CPU demo runs without gradient checkpointing (`--grad-checkpointing`, on in the paper presets as in
-   the official configs): its micro-batch keeps 1.2 GiB of activations without it and 0.5 GiB with it
+   the official configs): its micro-batch keeps 0.7 GiB of activations without it and 0.3 GiB with it
    (bench/plan_check.py), small beside the demo's resident set, and checkpointing costs a second forward.
 6. The paper presets sample with the official configs' top_p 0.999, the demo with 1.0. Within the nucleus the
    sampler's log-probs are renormalised (rollout.py) while the trainer's span the full vocabulary, so at 0.999

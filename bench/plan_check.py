@@ -122,6 +122,7 @@ def child(cmd: list[str]) -> int:
 def check(models, dtypes, one_process=False) -> list[dict]:
     """Measured vs planned bytes for each model: training state, then activations per dtype x checkpointing.
     `one_process`: measure in this process, one after another (faster; the state comes first, on a clean heap)."""
+    from loss import CPU_CHUNK_ELEMENTS
     from memory_plan import activations, model_shape, training_state
 
     def measure(cmd):
@@ -143,7 +144,7 @@ def check(models, dtypes, one_process=False) -> list[dict]:
             for ckpt in (False, True):
                 act = activations(shape, batch=batch, prompt=prompt, completion=completion,
                                   compute_bytes=2 if dtype == "bfloat16" else 4, checkpointing=ckpt,
-                                  attention="eager")
+                                  attention="eager", chunk_elements=CPU_CHUNK_ELEMENTS)  # measured on CPU
                 measured = measure(["--activations", path, str(batch), str(prompt), str(completion), dtype,
                                   str(int(ckpt))])
                 rows.append(dict(model=name, what=f"activations {batch}x({prompt}+{completion}) {dtype}"
