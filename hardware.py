@@ -250,16 +250,43 @@ def recompute_norms_and_gates_in_backward(model):
     return model
 
 
-def configure_backward(model, *, bf16: bool, checkpointing: bool):
+def configure_backward(model, *, bf16: bool, checkpointing: bool, compiled: bool = False):
     """What the policy keeps for backward, as train.load_models sets it up (before FSDP2 wraps the layers):
     whole layers rerun with `checkpointing`, else the norms and MLP gates; under bf16 autocast, linear
-    weights recast in backward. The benches and tests that measure train.py's backward call this too."""
+    weights recast in backward. With `compiled` (train.py --compile) the layers are compiled instead of
+    given the eager tricks: torch.compile's partitioner picks what backward keeps and recomputes the
+    elementwise ops itself, and the tricks' autograd Functions would only break its graph.
+    The benches and tests that measure train.py's backward call this too."""
     if checkpointing:
         enable_grad_checkpointing(model)
-    else:
+    if compiled:
+        return compile_layers(model)
+    if not checkpointing:
         recompute_norms_and_gates_in_backward(model)
     if bf16:
         recast_linears_in_backward(model)
+    return model
+
+
+# ---- SPEED TRICK (skippable, off by default: train.py --compile); tests/test_grad_checkpointing.py::
+# test_compiled_layers_keep_loss_and_gradients_*, tests/test_train.py::test_compiled_bf16_*
+def compile_layers(model):
+    """torch.compile each decoder layer, with dynamic shapes, in place; returns the model.
+
+    Per layer, not the whole model: every layer runs the same code, so one graph serves all of them (two
+    with the no-grad forward of the reference and the sync probe): about 35 s of compiling on two CPU cores
+    from a cold cache (torch keeps its kernels in /tmp/torchinductor_$USER or $TORCHINDUCTOR_CACHE_DIR for the
+    next run), against minutes for a
+    whole-model graph. Dynamic shapes: each step's sequence lengths differ, and one graph takes them all.
+    The layer is also FSDP2's unit (train.shard), so its hooks stay outside the graph; nn.Module.compile keeps
+    the parameter names, so checkpoints and the weight sync see the same model.
+
+    Not bit-identical: the compiled kernels fuse elementwise ops and round in other places. In float32 it
+    equals the eager layers to float rounding; under bf16 autocast it is as far from a float32 forward and
+    backward as the eager bf16 layers are (the tests named above). On CPU it needs a C++ compiler.
+    """
+    for layer in model.model.layers:
+        layer.compile(dynamic=True)
     return model
 
 

@@ -54,6 +54,7 @@ from checkpoint import CheckpointError, find_checkpoint, load_checkpoint, save_c
 from config import SYNC_TOLERANCE, Args, check_args, estimator_hparams, parse_args, resolve_auto, run_dir  # noqa: F401
 from hardware import (
     ModelLoadError,
+    compile_layers,
     configure_backward,
     keep_freed_memory,
     load_model,
@@ -247,8 +248,11 @@ def load_models(args: Args, ckpt, init_path, device):
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: {str(err).splitlines()[0][:200]}") from None
     # before shard(): FSDP2 must wrap the checkpointed layers. Reruns in backward (whole layers, or the norms
     # and MLP gates) and, under bf16, no autocast weight copies kept from forward to backward
-    configure_backward(model, bf16=args.dtype == "bfloat16", checkpointing=args.grad_checkpointing)
+    configure_backward(model, bf16=args.dtype == "bfloat16", checkpointing=args.grad_checkpointing,
+                       compiled=args.compile)
     ref_model = load_reference(init_path, args, device) if args.beta > 0 else None
+    if ref_model is not None and args.compile:
+        compile_layers(ref_model)
     if dist.is_initialized():
         model = shard(model, device)
         ref_model = shard(ref_model, device) if ref_model is not None else None

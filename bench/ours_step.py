@@ -61,7 +61,8 @@ def run(opts) -> dict:
     args = train.Args(task=opts.task, model=opts.model, M=opts.M, rollout_batch=opts.prompts,
                       micro_batch=opts.micro_batch, minibatches=1, ppo_epochs=1, steps=opts.steps,
                       max_tokens=opts.max_tokens, lr=opts.lr, warmup_steps=0, beta=opts.beta,
-                      dtype=opts.dtype, sampler="hf", eval_examples=0, seed=opts.seed, out_dir=out_dir)
+                      dtype=opts.dtype, sampler="hf", eval_examples=0, seed=opts.seed, out_dir=out_dir,
+                      compile=opts.compile)
     t0 = time.perf_counter()
     train.main(args)
     total = time.perf_counter() - t0
@@ -98,6 +99,7 @@ def main():
     parser.add_argument("--beta", type=float, default=1e-3)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compile", action="store_true", help="train.py --compile")
     parser.add_argument("--expect-prompts", default="", help="JSONL of the prompts each step must get, in order")
     print("RESULT " + json.dumps(run(parser.parse_args())))
 

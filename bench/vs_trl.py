@@ -12,6 +12,7 @@ environment's torch and transformers, so neither side gets a different torch.
 
     python bench/vs_trl.py                                   # 3 repeats x 4 steps per side (~15 min)
     python bench/vs_trl.py --repeats 5 --steps 5
+    python bench/vs_trl.py --compile                         # our side with train.py --compile
     python bench/vs_trl.py --model /tmp/tiny --steps 2 --warmup 1 --repeats 1 --max-tokens 8   # smoke
 
 The first --warmup steps of every run (default 1) are excluded: they pay one-off costs (allocator
@@ -138,6 +139,8 @@ def main():
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compile", action="store_true", help="our side runs train.py --compile (TRL's "
+                        "runs as it does by default, uncompiled); the warm-up step pays the compiling")
     parser.add_argument("--sides", default="ours,trl", help="comma list of ours, trl")
     parser.add_argument("--venv", default=os.path.join(REPO, ".venv-trl"))
     parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed per run")
@@ -157,7 +160,7 @@ def main():
               "--max-tokens", str(opts.max_tokens), "--micro-batch", str(opts.micro_batch), "--lr", str(opts.lr),
               "--seed", str(opts.seed)]
     commands = {"ours": [sys.executable, "bench/ours_step.py", "--model", model_path, "--expect-prompts",
-                         prompts_file, *common]}
+                         prompts_file, *common, *(["--compile"] if opts.compile else [])]}
     if "trl" in sides:
         commands["trl"] = [trl_python(opts.venv), "bench/trl_grpo.py", "--model", model_path, "--prompts-file",
                            prompts_file, *common]

@@ -1,8 +1,12 @@
 """Helper for tests/test_grad_checkpointing.py: loss and gradients of one fixed PPO batch, with and without
-gradient checkpointing, in one process or under `torchrun --nproc_per_node 2` (FSDP2 over gloo on CPU):
+gradient checkpointing and compiled layers, in one process or under `torchrun --nproc_per_node 2` (FSDP2 over
+gloo on CPU):
 
-    python tests/grad_ckpt_worker.py OUT.pt MODEL_DIR REF_DIR
-    torchrun --nproc_per_node 2 tests/grad_ckpt_worker.py OUT.pt MODEL_DIR REF_DIR
+    python tests/grad_ckpt_worker.py OUT.pt MODEL_DIR REF_DIR [MODES]
+    torchrun --nproc_per_node 2 tests/grad_ckpt_worker.py OUT.pt MODEL_DIR REF_DIR [MODES]
+
+MODES: comma list of plain, ckpt (checkpointing), compiled (hardware.compile_layers on the policy and the
+reference), compiled+ckpt; default plain,ckpt.
 
 Each rank takes its half of the batch in two micro-batches, reduce-scatter only after the second (as
 train.ppo_update does), with the token-mean denominator of the whole batch; rank 0 saves the full gradients.
@@ -17,7 +21,7 @@ import torch.distributed as dist
 sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # the repo root
 
 import train  # noqa: E402
-from hardware import enable_grad_checkpointing, load_model  # noqa: E402
+from hardware import compile_layers, enable_grad_checkpointing, load_model  # noqa: E402
 from loss import pad_batch, policy_loss, sequence_logprobs  # noqa: E402
 
 
@@ -30,7 +34,7 @@ def fixed_batch(n=8, seed=0):
     return prompts, completions, torch.randn(n, generator=g)
 
 
-def loss_and_grads(model_dir, ref_dir, checkpointing: bool):
+def loss_and_grads(model_dir, ref_dir, checkpointing: bool, compiled: bool = False):
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     device = torch.device("cpu")
     model = load_model(model_dir, torch.float32, device)
@@ -39,6 +43,9 @@ def loss_and_grads(model_dir, ref_dir, checkpointing: bool):
     model.model.layers[0].register_forward_pre_hook(lambda *_: calls.append(1))  # twice when recomputed
     if checkpointing:
         enable_grad_checkpointing(model)
+    if compiled:
+        compile_layers(model)
+        compile_layers(ref_model)
     if dist.is_initialized():
         model, ref_model = train.shard(model, device), train.shard(ref_model, device)
     prompts, completions, adv = fixed_batch()
@@ -65,11 +72,16 @@ def loss_and_grads(model_dir, ref_dir, checkpointing: bool):
 
 
 if __name__ == "__main__":
-    out_path, model_dir, ref_dir = sys.argv[1:]
+    out_path, model_dir, ref_dir = sys.argv[1:4]
+    modes = sys.argv[4].split(",") if len(sys.argv) > 4 else ["plain", "ckpt"]
     if "RANK" in os.environ:
         dist.init_process_group("gloo")
-    results = {mode: dict(zip(("loss", "grads", "layer0_calls"), loss_and_grads(model_dir, ref_dir, mode == "ckpt")))
-               for mode in ("plain", "ckpt")}
+    results = {}
+    for mode in modes:
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        results[mode] = dict(zip(("loss", "grads", "layer0_calls"),
+                                 loss_and_grads(model_dir, ref_dir, "ckpt" in mode, "compiled" in mode)))
+        results[mode]["graphs"] = torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs  # compiled
     if not dist.is_initialized() or dist.get_rank() == 0:
         torch.save(results, out_path)
     if dist.is_initialized():

@@ -1,4 +1,5 @@
-"""Gradient checkpointing (hardware.enable_grad_checkpointing) leaves the loss and gradients unchanged.
+"""Gradient checkpointing (hardware.enable_grad_checkpointing) leaves the loss and gradients unchanged; so do
+compiled layers (hardware.compile_layers, train.py --compile), to float rounding, with and without it.
 
 float32, the tiny model, PPO loss with a reference KL; in one process and under FSDP2 with
 `torchrun --nproc_per_node 2` (tests/grad_ckpt_worker.py). Each test also checks that the layers really
@@ -39,6 +40,41 @@ def test_checkpointing_keeps_loss_and_gradients_one_process(tiny_model_dir, ref_
                    for c in (False, True))
     assert_same(plain, ckpt)
     assert (plain["layer0_calls"], ckpt["layer0_calls"]) == (2, 4)  # 2 micro-batches; each layer rerun in backward
+
+
+def run_worker(tmp_path, name, modes, ranks, model_dir, ref_dir):
+    worker = os.path.join(ROOT, "tests", "grad_ckpt_worker.py")
+    launcher = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
+                                   if ranks > 1 else [])
+    result = subprocess.run([*launcher, worker, str(tmp_path / f"{name}.pt"), model_dir, ref_dir, modes],
+                            cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return torch.load(tmp_path / f"{name}.pt")
+
+
+def assert_close(eager, compiled):
+    """Compiled kernels round differently: equal to float32 rounding, not bit for bit."""
+    assert compiled["graphs"] >= 1  # the layers ran compiled, not silently eager
+    assert compiled["loss"] == pytest.approx(eager["loss"], rel=1e-5, abs=1e-7)
+    for name, grad in eager["grads"].items():
+        torch.testing.assert_close(compiled["grads"][name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.slow
+def test_compiled_layers_keep_loss_and_gradients_one_process(tiny_model_dir, ref_dir, tmp_path):
+    runs = run_worker(tmp_path, "one", "plain,compiled,compiled+ckpt", 1, tiny_model_dir, ref_dir)
+    assert runs["plain"]["graphs"] == 0
+    assert_close(runs["plain"], runs["compiled"])
+    assert_close(runs["plain"], runs["compiled+ckpt"])
+    assert (runs["compiled"]["layer0_calls"], runs["compiled+ckpt"]["layer0_calls"]) == (2, 4)  # still rerun
+
+
+@pytest.mark.slow
+def test_compiled_layers_keep_loss_and_gradients_under_fsdp2(tiny_model_dir, ref_dir, tmp_path):
+    one = run_worker(tmp_path, "one", "plain", 1, tiny_model_dir, ref_dir)
+    two = run_worker(tmp_path, "two", "compiled,compiled+ckpt", 2, tiny_model_dir, ref_dir)
+    assert_close(one["plain"], two["compiled"])
+    assert_close(one["plain"], two["compiled+ckpt"])
 
 
 def test_checkpointing_rejects_a_model_with_dropout(tiny_model_dir):
