@@ -273,17 +273,17 @@ def configure_backward(model, *, bf16: bool, checkpointing: bool, compiled: bool
 def compile_layers(model):
     """torch.compile each decoder layer, with dynamic shapes, in place; returns the model.
 
-    Per layer, not the whole model: every layer runs the same code, so one graph serves all of them (two
-    with the no-grad forward of the reference and the sync probe): about 35 s of compiling on two CPU cores
-    from a cold cache (torch keeps its kernels in /tmp/torchinductor_$USER or $TORCHINDUCTOR_CACHE_DIR for the
-    next run), against minutes for a
-    whole-model graph. Dynamic shapes: each step's sequence lengths differ, and one graph takes them all.
-    The layer is also FSDP2's unit (train.shard), so its hooks stay outside the graph; nn.Module.compile keeps
-    the parameter names, so checkpoints and the weight sync see the same model.
+    Per layer, not the whole model: every layer runs the same code, so one graph serves all of them (one more
+    each for the no-grad forwards of the reference and of the sync probe): about 30 s of compiling on two CPU
+    cores from a cold cache, where the whole model as one graph took minutes (tried once). torch keeps the
+    kernels in /tmp/torchinductor_$USER, or $TORCHINDUCTOR_CACHE_DIR, for the next run. Dynamic shapes: each
+    step's sequence lengths differ, and one graph takes them all. The layer is also FSDP2's unit (train.shard),
+    so its hooks stay outside the graph; nn.Module.compile keeps the parameter names, so checkpoints and the
+    weight sync see the same model.
 
     Not bit-identical: the compiled kernels fuse elementwise ops and round in other places. In float32 it
-    equals the eager layers to float rounding; under bf16 autocast it is as far from a float32 forward and
-    backward as the eager bf16 layers are (the tests named above). On CPU it needs a C++ compiler.
+    equals the eager layers to float rounding; under bf16 autocast its update is as far from the float32
+    update as the eager layers' is (the tests named above). On CPU it needs a C++ compiler.
     """
     for layer in model.model.layers:
         layer.compile(dynamic=True)

@@ -73,6 +73,14 @@ def test_bad_flags_exit_2_with_one_line(flags, message, tmp_path, capsys):
     assert not out.exists()  # nothing written
 
 
+def test_compile_without_a_cpu_compiler_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no g++, c++ or clang++ to be found
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    test_bad_flags_exit_2_with_one_line(["--compile"], "--compile on CPU needs a C++ compiler", tmp_path, capsys)
+    monkeypatch.undo()
+    assert train.parse_args(["--compile", "--out-dir", str(tmp_path / "run")]).compile  # with one, it is accepted
+
+
 def test_every_loss_agg_and_estimator_hyperparameter_is_a_flag(tmp_path):
     for agg in AGGREGATIONS:
         assert train.parse_args(["--loss-agg", agg, "--out-dir", str(tmp_path / agg)]).loss_agg == agg
