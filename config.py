@@ -73,9 +73,9 @@ class _Args:
                                    "off for the CPU demo, whose 8 x 88-token micro-batch keeps 0.7 GiB of "
                                    "activations (0.3 GiB with it), against a second forward per layer")
     compile: bool = arg(False, "torch.compile each decoder layer of the policy and the reference "
-                        "(hardware.compile_layers): on CPU bench/vs_trl.py's training phase in ~0.8x the time at "
-                        "no more memory, after ~30 s of compiling (cached for later runs); not bit-identical to "
-                        "the eager layers (rounding only)")
+                        "(hardware.compile_layers): on CPU bench/vs_trl.py's training phase in ~0.8x the time, a "
+                        "peak ~0.1 GB higher, after ~30 s of compiling (cached for later runs); not bit-identical "
+                        "to the eager layers (rounding only)")
     eval_every: int = arg(0, "greedy held-out score (eval/score in metrics.jsonl) every N steps; 0: only before and "
                           "after training; the paper presets use the official configs' 25")
     eval_examples: int = arg(64, "held-out prompts scored greedily before and after training and every "

@@ -73,6 +73,7 @@ def test_bad_flags_exit_2_with_one_line(flags, message, tmp_path, capsys):
     assert not out.exists()  # nothing written
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the rule is for CPU runs")
 def test_compile_without_a_cpu_compiler_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no g++, c++ or clang++ to be found
     monkeypatch.setenv("CXX", "no-such-compiler")
