@@ -529,10 +529,17 @@ def ref_dir(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("ref"), seed=1)  # another model: the KL term is not zero
 
 
-def assert_same_update(a, b, tol):
+# Regrouping a sum (other micro-batches) moves a float32 gradient by rounding, ~1e-10 on an element that cancels
+# to ~0; AdamW divides by sqrt(v) + 1e-8, so such an element's step moves by up to ~lr * 1e-10 / 1e-8. Seen: one
+# weight off by 1.45e-5 after 4 steps at lr 1e-3, on an AVX2-only CPU (under 1e-5 on AVX-512 ones). Weights get
+# lr / 10 there; the losses and the pre-clip gradient norm, which AdamW does not rescale, keep `tol`.
+REGROUPED_WEIGHT_ATOL = 1e-4
+
+
+def assert_same_update(a, b, tol, weight_atol=None):
     (sa, ma), (sb, mb) = a, b
     for name in sa:
-        assert torch.allclose(sa[name], sb[name], rtol=tol, atol=tol), name
+        assert torch.allclose(sa[name], sb[name], rtol=tol, atol=tol if weight_atol is None else weight_atol), name
     for key in ("loss/pg", "loss/kl", "grad/norm", "loss/ratio_mean"):
         assert ma[key] == pytest.approx(mb[key], rel=tol, abs=tol), key
 
@@ -540,7 +547,7 @@ def assert_same_update(a, b, tol):
 def test_micro_batch_grouping_keeps_the_update(tiny_model_dir, ref_dir):
     """Micro-batches of 3 (sorted, padded per group) vs the whole minibatch in one pass: the same update."""
     assert_same_update(one_update(tiny_model_dir, ref_dir, micro_batch=3),
-                       one_update(tiny_model_dir, ref_dir, micro_batch=8), tol=1e-5)
+                       one_update(tiny_model_dir, ref_dir, micro_batch=8), tol=1e-5, weight_atol=REGROUPED_WEIGHT_ATOL)
 
 
 @pytest.mark.parametrize("loss_agg", [agg for agg in AGGREGATIONS if agg != "token-mean"])
@@ -548,7 +555,8 @@ def test_every_loss_agg_is_invariant_to_micro_batches(tiny_model_dir, ref_dir, l
     """--loss-agg reaches the loss (the update differs from token-mean's), and micro-batches of 3 (length-sorted,
     each padded on its own) give the same update as the whole minibatch in one pass."""
     whole = one_update(tiny_model_dir, ref_dir, micro_batch=8, loss_agg=loss_agg)
-    assert_same_update(one_update(tiny_model_dir, ref_dir, micro_batch=3, loss_agg=loss_agg), whole, tol=1e-5)
+    assert_same_update(one_update(tiny_model_dir, ref_dir, micro_batch=3, loss_agg=loss_agg), whole, tol=1e-5,
+                       weight_atol=REGROUPED_WEIGHT_ATOL)
     token_mean = one_update(tiny_model_dir, ref_dir, micro_batch=8)
     assert whole[1]["loss/pg"] != pytest.approx(token_mean[1]["loss/pg"], rel=1e-3)
 
