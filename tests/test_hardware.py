@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import huggingface_hub.constants
 import pytest
 
 from hardware import ModelLoadError, load_model, load_tokenizer
@@ -10,7 +11,10 @@ from hardware import ModelLoadError, load_model, load_tokenizer
 @pytest.mark.parametrize("kind", ["missing", "empty", "hub id offline", "config without weights"])
 @pytest.mark.parametrize("load", [load_model, load_tokenizer])
 def test_unloadable_model_is_one_line(kind, load, tmp_path, monkeypatch, tiny_model_dir):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the hub id case fails at once instead of after retries
+    # the hub id case fails at once instead of after ~23 s of retries; huggingface_hub reads the variable once,
+    # at import, so its module constant is what an in-process test can set
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     if kind == "missing":
         path = str(tmp_path / "no-such-model")
     elif kind == "empty":
