@@ -380,7 +380,6 @@ def test_compiled_run_matches_the_plain_run(tiny_model_dir, tmp_path, digits):
     """train.py --compile end to end (policy, reference and the sync probe's no-grad forward compiled), float32:
     the same samples, losses and weights as the eager run to float rounding (tests/test_grad_checkpointing.py
     holds the layers to it, one process and under FSDP2)."""
-
     common = dict(steps=2, beta=1e-3, micro_batch=5)
     plain = train.main(tiny_args(tiny_model_dir, tmp_path / "plain", **common))
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
