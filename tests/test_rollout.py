@@ -164,12 +164,29 @@ def test_embedded_model_offline(tmp_path, monkeypatch):
     assert resolve_model("smollm2-135m") == path  # second call reuses the converted folder
     assert os.path.getmtime(os.path.join(path, "config.json")) == stamp
     assert os.listdir(tmp_path) == ["smollm2-135m"]  # no temporary folder left behind
-    sampler = make_sampler("hf", "smollm2-135m", dtype="bfloat16")
+    # Greedy text in float32: bf16 rounds differently on CPUs with and without bf16 units (native units against
+    # oneDNN's emulation), and its greedy answer changes with it (an AVX-512 Xeon without bf16 wrote no "Paris").
+    sampler = make_sampler("hf", "smollm2-135m", dtype="float32")
     prompt = sampler.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                                                    add_generation_prompt=True, return_dict=False)
     answer = sampler.generate([prompt], n=1, max_tokens=32, temperature=0)[0][0]
     assert "Paris" in answer.text
     sampler.close()
+    # bf16 works too, by what does not hinge on one rounding: the bf16 model's log-probs of the float32 answer
+    # stay near float32's, and the bf16 sampler's log-probs of its own sample near the bf16 trainer's (means
+    # over tokens, with room for bf16 on any CPU).
+    bf16 = make_sampler("hf", "smollm2-135m", dtype="bfloat16")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    ids, attention, mask = pad_batch([prompt], [answer.token_ids], 0)
+    with torch.no_grad():
+        bf16_logp = sequence_logprobs(model, ids, attention, mask.shape[1])[0]  # (K,)
+    assert (bf16_logp - torch.tensor(answer.logprobs)).abs().mean() < 0.1, (bf16_logp, answer.logprobs)
+    probe = bf16.generate([prompt], n=1, max_tokens=16, seed=0)[0][0]  # a bf16 sample, scored by the bf16 trainer
+    ids, attention, mask = pad_batch([prompt], [probe.token_ids], 0)
+    with torch.no_grad():
+        trainer_logp = sequence_logprobs(model, ids, attention, mask.shape[1])[0]
+    assert (trainer_logp - torch.tensor(probe.logprobs)).abs().mean() < 0.1, (trainer_logp, probe.logprobs)
+    bf16.close()
 
 
 def test_draw_follows_the_probabilities_and_never_picks_a_zero():
