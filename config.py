@@ -13,14 +13,14 @@ import math
 import os
 import shutil
 import sys
-from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
+from dataclasses import dataclass, field, fields, make_dataclass, replace
 
 import torch
 
 from advantage import ESTIMATORS, compute_advantages, estimator_params, hyperparameters
-from checkpoint import CheckpointError, find_checkpoint, read_trainer_state
-from hardware import has_bf16_units
 from loss import AGGREGATIONS
+from plumbing.checkpoint import CheckpointError, find_checkpoint, read_trainer_state
+from plumbing.models import has_bf16_units
 
 # --sync-tolerance by training precision: the probe's mean |sampler - trainer| log-prob difference that stops
 # the run. A healthy sampler measured on CPU (bench/sync_tolerance.py; README, "Training for real"): at most
@@ -69,13 +69,11 @@ class _Args:
                                 "trainer's by more than this (mean over probe tokens, nats); 0: by precision, "
                                 "config.SYNC_TOLERANCE")
     grad_checkpointing: bool = arg(False, "recompute each decoder layer in backward instead of keeping its "
-                                   "activations (hardware.enable_grad_checkpointing): on in the paper presets; "
-                                   "off for the CPU demo, whose 8 x 88-token micro-batch keeps 0.7 GiB of "
-                                   "activations (0.3 GiB with it), against a second forward per layer")
-    compile: bool = arg(False, "torch.compile each decoder layer of the policy and the reference "
-                        "(hardware.compile_layers): on CPU bench/vs_trl.py's training phase in ~0.8x the time, a "
-                        "peak ~0.1 GB higher, after ~30 s of compiling (cached for later runs); not bit-identical "
-                        "to the eager layers (rounding only)")
+                                   "activations, at a second forward per layer: on in the paper presets; off for "
+                                   "the CPU demo, whose activations are small (docs/memory_plan.md)")
+    compile: bool = arg(False, "torch.compile each decoder layer of the policy and the reference (speed/compile.py): "
+                        "faster on CPU after a one-off compile, cached for later runs (docs/vs_trl.md); not "
+                        "bit-identical to the eager layers (rounding only)")
     eval_every: int = arg(0, "greedy held-out score (eval/score in metrics.jsonl) every N steps; 0: only before and "
                           "after training; the paper presets use the official configs' 25")
     eval_examples: int = arg(64, "held-out prompts scored greedily before and after training and every "
@@ -85,7 +83,7 @@ class _Args:
     save_every: int = arg(0, "checkpoint every N steps (0: only at the end)")
     resume: str = arg("", "checkpoint folder, or run folder (its newest checkpoint), to continue from")
     wandb: bool = arg(False, "also log to Weights & Biases (if installed)")
-    plan: bool = arg(False, "print one rank's GPU memory plan for these flags (memory_plan.py) and exit; loads "
+    plan: bool = arg(False, "print one rank's GPU memory plan for these flags (tools/memory_plan.py) and exit; loads "
                      "nothing")
     plan_gpus: int = arg(8, "--plan: ranks, one GPU each")
     plan_gpu_gb: float = arg(80.0, "--plan: memory per GPU, GiB")
@@ -202,21 +200,6 @@ def check_args(args: Args) -> str | None:
     return None
 
 
-def print_plan(args: Args) -> int:
-    """--plan: memory_plan.format_plan for these flags on --plan-gpus x --plan-gpu-gb; the exit status."""
-    from memory_plan import format_plan, plan
-
-    try:
-        p = plan(asdict(args), gpus=args.plan_gpus, gpu_gb=args.plan_gpu_gb, grad_checkpointing=args.grad_checkpointing)
-    except ValueError as err:
-        print(f"train.py: error: --plan: {err}", file=sys.stderr)
-        return 2
-    ckpt = "with" if args.grad_checkpointing else "without"
-    print(format_plan(p, f"{args.task} ({args.model}) on {args.plan_gpus} x {args.plan_gpu_gb:g} GiB, {ckpt} "
-                         "gradient checkpointing"))
-    return 0
-
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit status 2, no usage dump
         print(f"train.py: error: {message}", file=sys.stderr)
@@ -236,8 +219,8 @@ def parse_args(argv=None) -> Args:
                                 f"(default {f.default!r}, unless the task's preset sets it)")
     given = vars(parser.parse_args(argv))
     args = Args(**{**PRESETS.get(given.get("task", Args.task), {}), **given})
-    if args.plan:  # before the checks: a plan reads no file and does not care whether the run folder is taken
-        sys.exit(print_plan(args))
+    if args.plan:  # unchecked: a plan reads no file and does not care whether the run folder is taken
+        return args  # train.py prints it (tools/memory_plan.py: print_plan)
     error = check_args(args)
     if error:
         parser.error(error)

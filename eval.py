@@ -26,9 +26,8 @@ import sys
 import torch
 from tqdm import tqdm
 
-import judge
-from hardware import ModelLoadError, load_tokenizer
-from rollout import SamplingError, make_sampler, resolve_model
+from plumbing.models import ModelLoadError, SamplingError, load_tokenizer
+from rollout import make_sampler, resolve_model
 from tasks import DataError, get_task
 
 PASS_THRESHOLD = 0.5  # a reward at or above this counts as a pass (verifier rewards are 0 or 1)
@@ -136,6 +135,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_args(argv=None):
+    from tools import judge  # the LLM judge: loaded by this command line only, never by train.py
+
     parser = _Parser(description="Greedy pass@1 and sampled pass@k of a model on a task.")
     parser.add_argument("--model", required=True, help="HF folder, hub id, checkpoint folder or alias")
     parser.add_argument("--task", required=True, help="task name (see tasks.py)")
@@ -163,6 +164,8 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> dict:
+    from tools import judge
+
     args = parse_args(argv)
     try:
         task = get_task(args.task)

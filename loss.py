@@ -10,8 +10,8 @@ per sequence (the group advantage from advantage.py) broadcast over the sequence
 agg_t is one of AGGREGATIONS (token-mean; seq-mean-token-mean; Dr. GRPO's seq-mean-token-sum-norm);
 a new one is a function (mask, norm_len) -> (token weights, denominator share) added to that dict.
 
-Log-probs are computed without ever holding float32 full-vocabulary log-softmax: `token_logprobs`
-works in row chunks with a hand-written backward (bench/logprob_memory.py measures it).
+Below the loss, the log-probs it takes: `sequence_logprobs` runs the model and `token_logprobs` never holds a
+float32 full-vocabulary log-softmax (row chunks, a hand-written backward; a GPU needs the bound too).
 
     python -m pytest tests/test_loss.py
 """
@@ -19,56 +19,6 @@ works in row chunks with a hand-written backward (bench/logprob_memory.py measur
 import torch
 
 LOG_RATIO_LIMIT = 20.0  # exp(20) ~ 5e8: keeps ratio and k3 finite when policies drift far apart
-CHUNK_ELEMENTS = 1 << 25  # float32 elements per row chunk (128 MB) on a GPU: bounds token_logprobs' extra memory
-# On CPU 2 MB: a chunk then stays in a core's L2 cache through the passes each chunk makes (cast, logsumexp's,
-# gather; in backward cast, subtract, exp, scale, cast back); a 128 MB chunk goes to memory and back on each
-# pass (bench/logprob_speed.py times both). A GPU keeps the big chunks: every chunk costs a few kernel launches.
-CPU_CHUNK_ELEMENTS = 1 << 19
-
-
-def _chunks(n_rows: int, vocab: int, device: torch.device):
-    step = max(1, (CPU_CHUNK_ELEMENTS if device.type == "cpu" else CHUNK_ELEMENTS) // vocab)
-    return [(i, min(i + step, n_rows)) for i in range(0, n_rows, step)]
-
-
-# ---- SPEED TRICK (skippable): equals log_softmax(logits / T)[target]; tests/test_loss.py::test_token_logprobs_*
-class _TokenLogprobs(torch.autograd.Function):
-    """log softmax(logits / T)[target], chunked over rows; saves only the logsumexp for backward."""
-
-    @staticmethod
-    def forward(ctx, logits, targets, temperature):
-        flat = logits.reshape(-1, logits.shape[-1])  # (N, V)
-        flat_targets = targets.reshape(-1)  # (N,)
-        lse = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)  # (N,)
-        out = torch.empty_like(lse)
-        for a, b in _chunks(flat.shape[0], flat.shape[1], flat.device):
-            chunk = flat[a:b].to(torch.float32, copy=True).div_(temperature)  # (n, V) float32, one chunk at a time
-            lse[a:b] = torch.logsumexp(chunk, dim=-1)
-            out[a:b] = chunk.gather(-1, flat_targets[a:b, None]).squeeze(-1) - lse[a:b]
-        ctx.save_for_backward(logits, targets, lse)
-        ctx.temperature = temperature
-        return out.view(targets.shape)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        logits, targets, lse = ctx.saved_tensors
-        T = ctx.temperature
-        flat = logits.reshape(-1, logits.shape[-1])
-        flat_targets = targets.reshape(-1)
-        g = grad_out.reshape(-1).float()
-        grad = torch.empty_like(flat)
-        for a, b in _chunks(flat.shape[0], flat.shape[1], flat.device):
-            # d logp[y] / d logits = (onehot(y) - softmax(logits / T)) / T
-            probs = flat[a:b].to(torch.float32, copy=True).div_(T).sub_(lse[a:b, None]).exp_()  # (n, V)
-            probs.mul_(-g[a:b, None] / T)
-            probs.scatter_add_(-1, flat_targets[a:b, None], (g[a:b] / T)[:, None])
-            grad[a:b] = probs.to(grad.dtype)
-        return grad.view_as(logits), None, None
-
-
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """(B, T, V) logits, (B, T) targets -> (B, T) float32 log-probs under softmax(logits / temperature)."""
-    return _TokenLogprobs.apply(logits, targets, float(temperature))
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
@@ -160,6 +110,59 @@ def policy_loss(logp, old_logp, adv, mask, *, clip_low=0.2, clip_high=0.28, ref_
             "ratio_mean": ((ratio * mask).sum() / n).item(),
         }
     return loss, metrics
+
+
+# ---------------------------------------------------------------- log-probs of the sampled tokens
+CHUNK_ELEMENTS = 1 << 25  # float32 elements per row chunk (128 MB) on a GPU: bounds token_logprobs' extra memory
+# On CPU 2 MB: a chunk then stays in a core's L2 cache through the passes each chunk makes (cast, logsumexp's,
+# gather; in backward cast, subtract, exp, scale, cast back). A GPU keeps the big chunks: each costs kernel launches.
+CPU_CHUNK_ELEMENTS = 1 << 19
+
+
+def _chunks(n_rows: int, vocab: int, device: torch.device):
+    step = max(1, (CPU_CHUNK_ELEMENTS if device.type == "cpu" else CHUNK_ELEMENTS) // vocab)
+    return [(i, min(i + step, n_rows)) for i in range(0, n_rows, step)]
+
+
+# ---- SPEED and MEMORY TRICK (skippable; the GPU path needs it too): equals log_softmax(logits / T)[target];
+# tests/test_loss.py::test_token_logprobs_*
+class _TokenLogprobs(torch.autograd.Function):
+    """log softmax(logits / T)[target], chunked over rows; saves only the logsumexp for backward."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, temperature):
+        flat = logits.reshape(-1, logits.shape[-1])  # (N, V)
+        flat_targets = targets.reshape(-1)  # (N,)
+        lse = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)  # (N,)
+        out = torch.empty_like(lse)
+        for a, b in _chunks(flat.shape[0], flat.shape[1], flat.device):
+            chunk = flat[a:b].to(torch.float32, copy=True).div_(temperature)  # (n, V) float32, one chunk at a time
+            lse[a:b] = torch.logsumexp(chunk, dim=-1)
+            out[a:b] = chunk.gather(-1, flat_targets[a:b, None]).squeeze(-1) - lse[a:b]
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.temperature = temperature
+        return out.view(targets.shape)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        logits, targets, lse = ctx.saved_tensors
+        T = ctx.temperature
+        flat = logits.reshape(-1, logits.shape[-1])
+        flat_targets = targets.reshape(-1)
+        g = grad_out.reshape(-1).float()
+        grad = torch.empty_like(flat)
+        for a, b in _chunks(flat.shape[0], flat.shape[1], flat.device):
+            # d logp[y] / d logits = (onehot(y) - softmax(logits / T)) / T
+            probs = flat[a:b].to(torch.float32, copy=True).div_(T).sub_(lse[a:b, None]).exp_()  # (n, V)
+            probs.mul_(-g[a:b, None] / T)
+            probs.scatter_add_(-1, flat_targets[a:b, None], (g[a:b] / T)[:, None])
+            grad[a:b] = probs.to(grad.dtype)
+        return grad.view_as(logits), None, None
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """(B, T, V) logits, (B, T) targets -> (B, T) float32 log-probs under softmax(logits / temperature)."""
+    return _TokenLogprobs.apply(logits, targets, float(temperature))
 
 
 def pad_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: int):

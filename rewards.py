@@ -53,7 +53,7 @@ import traceback
 from collections import Counter
 from fractions import Fraction
 
-from math_worker import MathWorker
+from plumbing.math_worker import MathWorker
 
 MATH_TIMEOUT_S = 0.8  # wall time for one math-verify call before the worker is killed
 MAX_ANSWER_CHARS = 1000  # math answers: the boxed content, or without a box the tail, that reaches sympy

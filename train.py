@@ -13,8 +13,8 @@ minibatches -> AdamW step -> weights into the sampler -> sampler/trainer agreeme
     python train.py --task gsm8k --resume runs/gsm8k-softmax-s0           # continue from the newest checkpoint
     python train.py --help                            # every flag, with its default (config.py)
 
-Around the loop: config.py (flags, presets), parallel.py (FSDP2 and the collectives), metrics.py (what is
-logged), and the stage files advantage.py, loss.py, rewards.py, rollout.py.
+Around the loop: config.py (flags, presets), the stage files advantage.py, loss.py, rewards.py, rollout.py, and
+plumbing/ (FSDP2 and the collectives, checkpoints, the sync verdict, the run log); speed/ holds what makes it fast.
 
 Departures from the paper's VeRL runs:
 1. The sampler (vLLM, or HF generate on CPU) lives inside every training process and receives the full
@@ -23,15 +23,7 @@ Departures from the paper's VeRL runs:
    AdamW's 1e-6 updates are not rounded away. `--dtype auto` uses it where the hardware has bf16
    matrix units and float32 elsewhere, where bf16 would only add rounding.
 3. A linear warmup over `--warmup-steps` optimizer steps; the paper presets use 0 (VeRL's default).
-4. The CPU demo (`--task arith`, the default) trains a 135M model with lr 2e-5: the paper's 1e-6 is
-   tuned for 1.5B models and does not move a 135M model within a 20-minute run.
-5. The CPU demo runs without gradient checkpointing (`--grad-checkpointing`, on in the paper presets as in
-   the official configs): its micro-batch keeps 0.7 GiB of activations without it and 0.3 GiB with it
-   (bench/plan_check.py), small beside the demo's resident set, and checkpointing costs a second forward.
-6. The paper presets sample with the official configs' top_p 0.999, the demo with 1.0. Within the nucleus the
-   sampler's log-probs are renormalised (rollout.py) while the trainer's span the full vocabulary, so at 0.999
-   sync/rollout_logprob_diff reads up to ~1e-3 by construction; sync/logprob_diff probes without top_p.
-7. The held-out score is taken before and after training, and every `--eval-every` steps as `eval/score` (25
+4. The held-out score is taken before and after training, and every `--eval-every` steps as `eval/score` (25
    in the paper presets: the official configs' test_freq); the official configs also validate at step 0.
 """
 
@@ -49,27 +41,19 @@ from torch.distributed.fsdp import FSDPModule
 from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
-from advantage import compute_advantages
-from checkpoint import CheckpointError, find_checkpoint, load_checkpoint, save_checkpoint
+from advantage import ESTIMATORS, compute_advantages
 from config import SYNC_TOLERANCE, Args, check_args, estimator_hparams, parse_args, resolve_auto, run_dir  # noqa: F401
-from hardware import (
-    ModelLoadError,
-    compile_layers,
-    configure_backward,
-    keep_freed_memory,
-    load_model,
-    load_tokenizer,
-    release_freed_memory,
-    store_linears_bf16,
-)
+from grad_alloc import allocation_metrics
 from loss import loss_denominator, pad_batch, policy_loss, sequence_logprobs
-from metrics import MetricsLog, model_flops_per_token, report_eval, step_metrics
-from parallel import all_reduce_sum, full_weights, gather_rows, per_rank, shard
+from plumbing.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, save_checkpoint
+from plumbing.models import ModelLoadError, SamplingError, load_model, load_tokenizer
+from plumbing.parallel import all_reduce_sum, full_weights, gather_rows, per_rank, shard
+from plumbing.run_log import MetricsLog, model_flops_per_token, report_eval
+from plumbing.sync import SyncError, check_sync
 from rewards import take_error_count
-
-
-class SyncError(RuntimeError):
-    """The sampler no longer computes the trainer's policy: the run stops rather than train on stale samples."""
+from speed.allocator import keep_freed_memory, release_freed_memory
+from speed.backward import configure_backward, store_linears_bf16
+from speed.compile import compile_layers
 
 
 @lru_cache(maxsize=2)
@@ -80,29 +64,6 @@ def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
 def batch_indices(step: int, batch: int, n: int, seed: int) -> list[int]:
     """Prompts of `step`: a seeded permutation of the training set per epoch, read in order (no state)."""
     return [int(epoch_order(seed, pos // n, n)[pos % n]) for pos in range(step * batch, (step + 1) * batch)]
-
-
-# ---------------------------------------------------------------- distributed: torchrun sets RANK, WORLD_SIZE
-# Distributed (init_distributed made a process group), the models are FSDP2-sharded over all ranks
-# (parallel.py), each rank samples its consecutive share of the step's prompts, and every logged number is
-# all-reduced or gathered first. The sync check below stops every rank together.
-def check_sync(probe, before, step: int, tolerance: float, device) -> dict:
-    """Stop the run (SyncError on every rank) unless every rank's sampler now computes its trainer's log-probs.
-
-    Two failures: the probe log-probs disagree by more than `tolerance`, or the trainer's moved since the
-    last check while the sampler's stayed bit-identical (an update that never arrived, too small to exceed
-    the tolerance on its own). Returns the sync metrics, one difference per rank.
-    """
-    moved_alone = probe.trainer_moved_alone(before) if before is not None else 0.0
-    worst_diff, worst_moved = all_reduce_sum([probe.diff, moved_alone], device, op=dist.ReduceOp.MAX)
-    if worst_diff > tolerance:
-        raise SyncError(f"step {step}: the sampler's log-probs differ from the trainer's by {worst_diff:.3g} nats "
-                        f"> --sync-tolerance {tolerance:g}; the weight sync is broken")
-    if worst_moved > 0:
-        raise SyncError(f"step {step}: the trainer's log-probs moved by {worst_moved:.3g} nats and the "
-                        f"sampler's did not change (difference {worst_diff:.3g}, --sync-tolerance {tolerance:g}): "
-                        f"the weight sync never reached the sampler")
-    return {"sync/logprob_diff": worst_diff, **per_rank({"sync/logprob_diff": probe.diff}, device)}
 
 
 # ---------------------------------------------------------------- the PPO update (Section 4)
@@ -198,7 +159,8 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
 
 # ---------------------------------------------------------------- setup
 def init_distributed(args: Args):
-    """(distributed, rank, world, device): under torchrun (RANK is set), one process group over all ranks."""
+    """(distributed, rank, world, device): under torchrun (RANK is set), one process group over all ranks; then the
+    models are FSDP2-sharded, each rank samples its share of prompts, every logged number is all-reduced."""
     cuda = torch.cuda.is_available()
     if not cuda:  # CPU tensors come from malloc: keep their pages instead of faulting them in again
         keep_freed_memory()
@@ -234,7 +196,7 @@ def load_reference(path, args: Args, device):
     ref_model = load_model(path, torch.float32, device).eval().requires_grad_(False)
     if args.dtype == "bfloat16" and not dist.is_initialized():  # FSDP2 wants one dtype per sharded layer
         store_linears_bf16(ref_model)
-    return ref_model
+    return compile_layers(ref_model) if args.compile else ref_model
 
 
 def load_models(args: Args, ckpt, init_path, device):
@@ -246,13 +208,10 @@ def load_models(args: Args, ckpt, init_path, device):
         if ckpt is None:
             raise
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: {str(err).splitlines()[0][:200]}") from None
-    # before shard(): FSDP2 must wrap the checkpointed layers. Reruns in backward (whole layers, or the norms
-    # and MLP gates) and, under bf16, no autocast weight copies kept from forward to backward
+    # what backward keeps (speed/backward.py), before shard(): FSDP2 must wrap the checkpointed layers
     configure_backward(model, bf16=args.dtype == "bfloat16", checkpointing=args.grad_checkpointing,
                        compiled=args.compile)
     ref_model = load_reference(init_path, args, device) if args.beta > 0 else None
-    if ref_model is not None and args.compile:
-        compile_layers(ref_model)
     if dist.is_initialized():
         model = shard(model, device)
         ref_model = shard(ref_model, device) if ref_model is not None else None
@@ -260,8 +219,7 @@ def load_models(args: Args, ckpt, init_path, device):
 
 
 def make_optimizer(model, args: Args):
-    """AdamW over float32 master weights; fused (one kernel per step, tests/test_train.py::
-    test_fused_adamw_matches_default) except on FSDP2's sharded parameters, which keep the default."""
+    """AdamW over float32 master weights; fused (one kernel per step) except on FSDP2's sharded parameters."""
     return torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
                              fused=not dist.is_initialized())
 
@@ -297,10 +255,28 @@ def score(task, examples, groups, args: Args, device) -> dict:
             "errors": all_reduce_sum([take_error_count()], device)[0]}
 
 
+def step_metrics(step: int, args, task, rollout, adv, train_metrics, times, tokens, n_params, n_forwards):
+    """One flat dict, identical on every rank: `rollout` holds the gathered (G, M) rewards, passed, lengths, cut."""
+    prompt_tokens, completion_tokens = tokens
+    n_body, n_head = n_params
+    flops = n_forwards * (2 * n_body * (prompt_tokens + completion_tokens) + 2 * n_head * completion_tokens)
+    rewards, lengths = rollout["rewards"], rollout["lengths"]
+    return {"step": step + 1, "reward/mean": rewards.mean().item(), "reward/std": rewards.std(correction=0).item(),
+            **({"reward/pass_rate": rollout["passed"].mean().item()} if task.has_verifier else {}),
+            "reward/errors": rollout["errors"],  # exceptions the rewards caught and scored 0 (rewards.py)
+            "adv/zero_group_frac": (adv.abs().amax(-1) < 1e-6).float().mean().item(),
+            "response/len_mean": lengths.mean().item(), "response/len_max": lengths.max().item(),
+            "response/trunc_frac": rollout["cut"].mean().item(), **train_metrics,
+            **{f"time/{name}": seconds for name, seconds in times.items()},
+            "perf/tokens_per_s": completion_tokens / times["step"],
+            "perf/tflops": flops / times["step"] / 1e12,  # model FLOPs estimate, all devices
+            # Table 3's allocation, every estimator on these rollouts
+            **allocation_metrics(rewards, lengths, list(ESTIMATORS), **estimator_hparams(args))}
+
+
 # ---------------------------------------------------------------- main
 def main(args: Args) -> dict:
-    error = check_args(args)
-    if error:
+    if error := check_args(args):
         raise ValueError(error)
     from transformers.utils import logging as hf_logging
 
@@ -343,8 +319,7 @@ def main(args: Args) -> dict:
                desc=f"{args.advantage} on {args.task}")
     for step in bar:
         t0 = time.perf_counter()
-        # -- rollout: this rank's share of the step's prompts (every world-th, so that minibatch j holds the
-        # same prompts as in one process), M samples each
+        # -- rollout: M samples for each of this rank's prompts (every world-th: minibatch j as in one process)
         mine = batch_indices(step, args.rollout_batch, len(train_set), args.seed)[rank::world]
         examples, prompts = [train_set[i] for i in mine], [train_ids[i] for i in mine]
         seed = step_seed(args.seed, step, rank * n_local, args.rollout_batch, args.M)  # own stream per sample
@@ -410,14 +385,15 @@ def main(args: Args) -> dict:
 # ---------------------------------------------------------------- command line (flags: config.py)
 if __name__ == "__main__":
     cli_args = parse_args()
-    from rollout import SamplingError
+    if cli_args.plan:  # one rank's GPU memory for these flags, and exit
+        from tools.memory_plan import print_plan
+        sys.exit(print_plan(cli_args))
     from tasks import DataError
 
     try:
         main(cli_args)
-    except (CheckpointError, DataError, ModelLoadError, SamplingError, SyncError) as err:  # missing data or model,
-        # bad checkpoint, diverged policy, stale sampler. The same on every rank but a sampling error: one rank
-        # speaks for all. An unloadable model exits 2, as in eval.py (a usage error); the others 1.
+    except (CheckpointError, DataError, ModelLoadError, SamplingError, SyncError) as err:  # one line each. The same on
+        # every rank but a sampling error, so one rank speaks; an unloadable model exits 2 as in eval.py, others 1.
         if int(os.environ.get("RANK", 0)) == 0 or isinstance(err, SamplingError):
             print(f"train.py: error: {err}", file=sys.stderr)
         sys.exit(2 if isinstance(err, ModelLoadError) else 1)

@@ -1,12 +1,12 @@
 """The CPU demo's micro-batch with and without gradient checkpointing: seconds and peak memory per forward + backward.
 
 SmolLM2-135M (the embedded `smollm2-135m`) under bf16 autocast over float32 weights, eager attention (as
-hardware.load_model picks on CPU), 8 sequences of 40 prompt + 48 completion tokens, loss.sequence_logprobs and
+load_model picks on CPU), 8 sequences of 40 prompt + 48 completion tokens, loss.sequence_logprobs and
 loss.policy_loss as train.ppo_update runs them. Each mode runs in its own process: one warm-up pass, then
 `--repeats` timed passes; the peak is the resident-set high-water mark (VmHWM, reset after the warm-up) above
 the resident set after the warm-up, gradients included in neither, with glibc returning every large block at
 free so that the resident set follows the live tensors. train.py's own allocator setting
-(hardware.keep_freed_memory) keeps freed pages instead, which trades this accuracy for speed.
+(speed/allocator.py: keep_freed_memory) keeps freed pages instead, which trades this accuracy for speed.
 
     python bench/grad_ckpt_demo.py [--repeats 5]
 """
@@ -33,7 +33,7 @@ def run(checkpointing: bool, repeats: int) -> dict:
 
     import torch
 
-    from hardware import enable_grad_checkpointing, load_model
+    from plumbing.models import enable_grad_checkpointing, load_model
 
     # Every block over 64 KiB gets its own mapping, returned at free: the resident set follows the live
     # tensors (as in bench/plan_check.py), so the warm-up's freed heap cannot hide the measured pass's peak.

@@ -4,7 +4,7 @@ One training micro-batch's logits as bench/vs_trl.py makes them: bfloat16, (8, 6
 completion tokens + 1 kept position, SmolLM2's vocabulary). Each repeat times every chunk size once, in turn,
 after one untimed call each; prints median [min-max] over the repeats and each size's ratio to the baseline
 (loss.CHUNK_ELEMENTS, the GPU's size and the CPU's before), and checks that every size gives the same bits.
-glibc keeps freed memory, as train.py sets it on CPU (hardware.keep_freed_memory).
+glibc keeps freed memory, as train.py sets it on CPU (speed/allocator.py: keep_freed_memory).
 
     python bench/logprob_speed.py                     # 2 threads, 5 repeats
     python bench/logprob_speed.py --shape 8 1025 151936 --repeats 3    # a Qwen2.5 vocabulary, longer answers
@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import loss  # noqa: E402
-from hardware import keep_freed_memory  # noqa: E402
+from speed.allocator import keep_freed_memory  # noqa: E402
 
 
 def timed(logits, targets, elements):

@@ -1,6 +1,6 @@
 """Where the peak resident memory of a training step goes, row by row, each row measured.
 
-Our side runs in one fresh process through train.py's own functions (hardware.load_model,
+Our side runs in one fresh process through train.py's own functions (plumbing.models.load_model,
 train.load_reference, train.make_optimizer, rollout.make_sampler, train.ppo_update, the sampler's
 weight sync) on bench/vs_trl.py's work: the embedded SmolLM2-135M-Instruct, `arith` prompts in train.py's
 order, 4 prompts x M = 8, <= 64 new tokens, micro-batches of 8, bf16 autocast over float32 master
@@ -187,7 +187,10 @@ def measure_ours(opts) -> dict:
     record = {"rss_imports": 0}
     import torch
 
-    import hardware
+    import plumbing.models
+    import speed.allocator
+    import speed.backward
+    import speed.compile
     import train
     from advantage import compute_advantages
     from eval import encode_prompts
@@ -195,7 +198,7 @@ def measure_ours(opts) -> dict:
     from tasks import get_task
 
     record["rss_imports"], record["heap_imports"] = rss(), heap()
-    hardware.keep_freed_memory()  # as train.main on CPU, before any model is loaded
+    speed.allocator.keep_freed_memory()  # as train.main on CPU, before any model is loaded
     torch.manual_seed(opts.seed)
     args = train.Args(task=opts.task, model=opts.model, M=opts.M, rollout_batch=opts.prompts,
                       micro_batch=opts.micro_batch, minibatches=1, ppo_epochs=1, steps=opts.steps,
@@ -219,8 +222,9 @@ def measure_ours(opts) -> dict:
     task = get_task(opts.task)
     train_set = task.load("train", seed=opts.seed)
     record["rss_data"] = rss()
-    model = phase("load policy", lambda: hardware.load_model(path, torch.float32, "cpu"))
-    hardware.configure_backward(model, bf16=args.dtype == "bfloat16", checkpointing=args.grad_checkpointing)  # as train
+    model = phase("load policy", lambda: plumbing.models.load_model(path, torch.float32, "cpu"))
+    speed.backward.configure_backward(model, bf16=args.dtype == "bfloat16",
+                                      checkpointing=args.grad_checkpointing)  # as train
     ref_model = phase("load reference", lambda: train.load_reference(path, args, torch.device("cpu")))
     optimizer = train.make_optimizer(model, args)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
@@ -278,7 +282,7 @@ def measure_ours(opts) -> dict:
         groups = sampler.generate(prompts, n=opts.M, max_tokens=opts.max_tokens, seed=opts.seed + step)
         sampling.append({"rss_before": before, "peak": peak_rss(), "rss_after": rss(), "kv_cache": kv["most"]})
         sampler.sleep()  # as train.py: its weights are freed until the sync
-        hardware.release_freed_memory()  # and the heap's free pages handed back before training
+        speed.allocator.release_freed_memory()  # and the heap's free pages handed back before training
         rewards = torch.tensor([[task.reward(c.text, ex) for c in g] for ex, g in zip(picked, groups)])  # (G, M)
         adv = compute_advantages("softmax", rewards, 0.1).reshape(-1)  # (G * M,)
         flat = [(p, c) for p, g in zip(prompts, groups) for c in g]
@@ -311,11 +315,11 @@ def measure_isolated(opts, batch, seq_len, completion_len) -> dict:
     logits, and of one micro-batch's forward with and without autograd saving tensors for backward."""
     import torch
 
-    import hardware
+    import plumbing.models
     from loss import token_logprobs
     from rollout import resolve_model
 
-    model = hardware.load_model(resolve_model(opts.model), torch.float32, "cpu")
+    model = plumbing.models.load_model(resolve_model(opts.model), torch.float32, "cpu")
     vocab = model.get_output_embeddings().weight.shape[0]
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (batch, seq_len), generator=g)  # (B, S)
@@ -375,7 +379,7 @@ def account(r: dict, iso: dict | None) -> list[dict]:
          "VmRSS after importing torch, transformers and the repository's modules"),
         ("tokenizer and task data", r["rss_data"] - r["rss_imports"], None, "VmRSS growth until the first model"),
         ("training state: fp32 weights + grads + AdamW moments", ph["load policy"] + snap["grads"] + snap["moments"],
-         state_bytes, f"weights: VmRSS growth of hardware.load_model ({ph['load policy'] / 1e9:.3f} GB; tensors "
+         state_bytes, f"weights: VmRSS growth of plumbing.models.load_model ({ph['load policy'] / 1e9:.3f} GB; tensors "
          f"{r['weights'] / 1e9:.3f}); grads, moments: tensor bytes at the peak; size: tensor bytes at "
          f"optimizer.step = {state_bytes / r['n_params']:.2f} B x {r['n_params'] / 1e6:.1f}M params"),
         ("reference model (bf16 linears)", ph["load reference"], r["reference"],

@@ -7,7 +7,7 @@ the resident set during a second forward + backward, after a first one has alloc
 warmed every lazy buffer. glibc is told to serve every block over 64 KiB with its own mapping and return it
 at free, so resident memory follows the live tensors instead of the heap's high-water mark. The model is
 built from its config with random weights (memory does not depend on the values); attention is eager, as
-hardware.load_model picks on CPU, and the plan is asked for eager attention too.
+plumbing/models.py: load_model picks on CPU, and the plan is asked for eager attention too.
 
     python bench/plan_check.py                          # tiny model and SmolLM2-135M, bf16 autocast and float32
     python bench/plan_check.py --models smollm2-135m --dtypes bfloat16
@@ -73,8 +73,8 @@ def measure_state(model_dir) -> int:
 def measure_activations(model_dir, batch, prompt, completion, dtype, checkpointing) -> int:
     import torch
 
-    from hardware import configure_backward
     from loss import policy_loss, sequence_logprobs
+    from speed.backward import configure_backward
 
     _map_large_blocks()
     model = _model(model_dir)
@@ -104,7 +104,7 @@ def model_dir(name: str) -> str:
         import tempfile
 
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-        from tiny_model import build_tiny_model
+        from plumbing.tiny_model import build_tiny_model
 
         return build_tiny_model(tempfile.mkdtemp(prefix="plan-check-tiny-"))
     from rollout import resolve_model
@@ -123,7 +123,7 @@ def check(models, dtypes, one_process=False) -> list[dict]:
     """Measured vs planned bytes for each model: training state, then activations per dtype x checkpointing.
     `one_process`: measure in this process, one after another (faster; the state comes first, on a clean heap)."""
     from loss import CPU_CHUNK_ELEMENTS
-    from memory_plan import activations, model_shape, training_state
+    from tools.memory_plan import activations, model_shape, training_state
 
     def measure(cmd):
         if not one_process:

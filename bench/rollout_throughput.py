@@ -4,7 +4,7 @@ The job is one GRPO rollout batch on the embedded SmolLM2-135M-Instruct: 8 promp
 to 128 new tokens, temperature 1, top_p 1 (the paper's rollout settings), bfloat16. Tokens counted
 are completion tokens up to and including EOS; a batch runs until its longest row ends, as in
 training. The plain loop and the HF sampler alternate (best of --repeats each) so a busy machine
-hurts both alike. glibc keeps freed memory, as train.py sets it on CPU (hardware.keep_freed_memory).
+hurts both alike. glibc keeps freed memory, as train.py sets it on CPU (speed/allocator.py: keep_freed_memory).
 The vLLM sampler runs in the vLLM environment (scripts/setup_vllm_cpu.sh) as a subprocess of this script
 when that environment exists.
 
@@ -12,18 +12,20 @@ when that environment exists.
     python bench/rollout_throughput.py --skip-vllm
     python bench/rollout_throughput.py --skip-vllm --baseline-commit 0317ef4 --repeats 5   # A/B vs an older HF sampler
 
-With --baseline-commit, the HF sampler of rollout.py at that commit (loaded from `git show`) runs
-interleaved with today's, in alternating order, and the script prints today's tokens/s over the
+With --baseline-commit, the HF sampler of rollout.py at that commit (with the repo modules it imports, from
+`git archive`) runs interleaved with today's, in alternating order, and the script prints today's tokens/s over the
 baseline's as median [min-max] over the paired repeats, and whether both drew the same tokens.
 """
 
 import argparse
 import importlib.util
+import io
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 
@@ -32,8 +34,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from hardware import keep_freed_memory  # noqa: E402
 from rollout import make_sampler, resolve_model  # noqa: E402
+from speed.allocator import keep_freed_memory  # noqa: E402
 
 QUESTIONS = [f"What is {a} + {b}?" for a, b in [(2, 3), (7, 5), (4, 4), (9, 1), (6, 8), (3, 7), (5, 5), (8, 9)]]
 
@@ -48,17 +50,28 @@ def sampler_run(sampler, prompts, args, keep=None):
 
 
 def baseline_sampler(commit, path):
-    """rollout.py as it was at `commit`, imported from a temporary copy, and its HF sampler on the same model."""
-    source = subprocess.run(["git", "-C", ROOT, "show", f"{commit}:rollout.py"], capture_output=True, text=True)
-    if source.returncode != 0:
-        sys.exit(f"--baseline-commit {commit}: {source.stderr.strip().splitlines()[-1]}")
+    """rollout.py as it was at `commit`, with the repo modules it imports taken from that commit's tree too (so a
+    commit from before a file moved works), and its HF sampler on the same model."""
+    archive = subprocess.run(["git", "-C", ROOT, "archive", commit], capture_output=True)
+    if archive.returncode != 0:
+        sys.exit(f"--baseline-commit {commit}: {archive.stderr.decode().strip().splitlines()[-1]}")
     folder = tempfile.mkdtemp(prefix="rollout-baseline-")
-    file = os.path.join(folder, "rollout_baseline.py")
-    with open(file, "w") as f:
-        f.write(source.stdout)
-    spec = importlib.util.spec_from_file_location("rollout_baseline", file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    tarfile.open(fileobj=io.BytesIO(archive.stdout)).extractall(folder, filter="data")
+
+    def from_repo(module, root):
+        return os.path.abspath(getattr(module, "__file__", None) or "/").startswith(root + os.sep)
+
+    ours = {name: module for name, module in sys.modules.items() if from_repo(module, ROOT)}
+    for name in ours:
+        del sys.modules[name]
+    sys.path.insert(0, folder)
+    try:
+        module = importlib.import_module("rollout")  # the baseline's, importing the baseline's loss, hardware, ...
+    finally:
+        sys.path.remove(folder)
+        for name in [name for name, m in sys.modules.items() if from_repo(m, folder)]:
+            del sys.modules[name]  # the baseline keeps its own modules through its globals
+        sys.modules.update(ours)
     return module.make_sampler("hf", path, dtype="bfloat16", seed=0)
 
 

@@ -84,9 +84,10 @@ def main():
 
     import train
     from eval import encode_prompts
-    from hardware import keep_freed_memory, load_model
     from loss import pad_batch, policy_loss, sequence_logprobs
+    from plumbing.models import load_model
     from rollout import make_sampler, resolve_model
+    from speed.allocator import keep_freed_memory
     from tasks import get_task
 
     keep_freed_memory()  # as train.main does on CPU

@@ -5,7 +5,7 @@
 # the tokenizer is built in code.
 #   1. one GPU, one process (vLLM's in-process engine): 4 steps; prints response tokens/s, MFU, the
 #      trainer's peak GPU memory, the sampler-trainer log-prob difference and what sleep gave back;
-#      and memory_plan.py's planned peak against the measured one;
+#      and tools/memory_plan.py's planned peak against the measured one;
 #   2. with 2 or more GPUs, the same through `torchrun --nproc_per_node <all GPUs>` (one engine per rank,
 #      vLLM's external launcher): prints which GPU holds each rank's memory and fails if two ranks share
 #      a GPU or if a rank's engine did not give its memory back on sleep.
@@ -150,9 +150,9 @@ for ranks in runs:
     for line in open(f"{work}/mem-{ranks}.csv"):
         pid, gpu, mib, rank = line.strip().split(",")
         used[rank, gpu] = max(used[rank, gpu], float(mib) / 1024)
-    # memory_plan.py's per-rank peak for this run's settings, against what nvidia-smi saw: the first GPU
+    # tools/memory_plan.py's per-rank peak for this run's settings, against what nvidia-smi saw: the first GPU
     # run calibrates the plan that the README's preset table rests on.
-    from memory_plan import GiB, plan
+    from tools.memory_plan import GiB, plan
     run_args = dict(model=f"{work}/model", task="arith", M=8, rollout_batch=16 * int(ranks), micro_batch=16,
                     max_tokens=256, dtype="bfloat16", gpu_memory_utilization=0.3, beta=1e-3)
     planned = plan(run_args, gpus=int(ranks), gpu_gb=torch.cuda.get_device_properties(0).total_memory / GiB,
@@ -161,7 +161,7 @@ for ranks in runs:
     for (rank, gpu), gb in sorted(used.items()):
         if gb > 1.0:  # a CUDA context alone is ~0.5 GiB
             holders[gpu].append(rank)
-            print(f"rank {rank}: {gb:.1f} GiB peak on GPU {gpu} (nvidia-smi); memory_plan.py planned {planned:.1f} GiB "
+            print(f"rank {rank}: {gb:.1f} GiB peak on GPU {gpu} (nvidia-smi); tools/memory_plan.py planned {planned:.1f} GiB "
                   f"({100 * (planned - gb) / gb:+.0f}%)")
     for gpu, ranks_there in holders.items():
         if len(ranks_there) > 1:

@@ -40,7 +40,7 @@ class DigitTask:
 def parity(out_path, model_dir, ref_dir, loss_agg="token-mean", dtype="float32", recast="no"):
     """One PPO update (2 epochs x 2 minibatches, micro-batches of 3, KL to a different model) on a fixed batch;
     recast="yes": the policy reruns its norms and MLP gates and recasts its linear weights in backward
-    (hardware.py), as train.load_models does under bf16."""
+    (speed/backward.py), as train.load_models does under bf16."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from transformers import AutoModelForCausalLM
 

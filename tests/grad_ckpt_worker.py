@@ -5,7 +5,7 @@ gloo on CPU):
     python tests/grad_ckpt_worker.py OUT.pt MODEL_DIR REF_DIR [MODES]
     torchrun --nproc_per_node 2 tests/grad_ckpt_worker.py OUT.pt MODEL_DIR REF_DIR [MODES]
 
-MODES: comma list of plain, ckpt (checkpointing), compiled (hardware.compile_layers on the policy and the
+MODES: comma list of plain, ckpt (checkpointing), compiled (speed/compile.py: compile_layers on the policy and the
 reference), compiled+ckpt; default plain,ckpt.
 
 Each rank takes its half of the batch in two micro-batches, reduce-scatter only after the second (as
@@ -21,8 +21,9 @@ import torch.distributed as dist
 sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # the repo root
 
 import train  # noqa: E402
-from hardware import compile_layers, enable_grad_checkpointing, load_model  # noqa: E402
 from loss import pad_batch, policy_loss, sequence_logprobs  # noqa: E402
+from plumbing.models import enable_grad_checkpointing, load_model  # noqa: E402
+from speed.compile import compile_layers  # noqa: E402
 
 
 def fixed_batch(n=8, seed=0):

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from classify import make_problem, ml_loss, pg_loss, rl_loss, train
+from tools.classify import make_problem, ml_loss, pg_loss, rl_loss, train
 
 # The hand case: one example, two classes, logits (0, log 3) -> pi = (1/4, 3/4); the label is class 0.
 # Two rollouts sampled as classes (0, 1) -> rewards (1, 0).

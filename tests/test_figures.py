@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from advantage import compute_advantages
-from figures import mean_abs_advantage, plot_figure1, plot_table3, plot_training_curves
+from tools.figures import mean_abs_advantage, plot_figure1, plot_table3, plot_training_curves
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -35,7 +35,7 @@ def test_curves_two_runs_missing_keys_and_broken_lines(tmp_path):
 
 
 def test_eval_scores_get_their_own_panel_with_a_point_per_evaluation(tmp_path, monkeypatch):
-    import figures
+    from tools import figures
 
     a = tmp_path / "metrics.jsonl"  # --eval-every 2: the score on every second row only
     a.write_text("".join(json.dumps({"step": s, "reward/mean": 0.1 * s, **({"eval/score": 0.5} if s % 2 == 0 else {})})
@@ -83,7 +83,7 @@ def test_mean_abs_advantage_matches_monte_carlo(name, kw):
 
 
 def test_run_table3_averages_steps_with_budget(tmp_path):
-    from figures import run_table3
+    from tools.figures import run_table3
 
     bins = ["0-0.2", "0.2-0.5", "0.5-0.7", "0.7-0.9", "0.9-1"]
     steps = [[10, 20, 30, 40, 0], [30, 20, 10, 40, 0], [0, 0, 0, 0, 0]]  # last step: all groups zero advantage

@@ -126,13 +126,15 @@ def test_train_runs_two_steps_with_all_three_edits(qa_file, tiny_model_dir, tmp_
 
     A fresh process, as for a real fork: train.py builds its flags (config.Args) when it is imported, so an
     edit exec'd into a module this test process already imported would not reach them."""
-    from checkpoint import find_checkpoint, read_trainer_state
+    from plumbing.checkpoint import find_checkpoint, read_trainer_state
 
     fork = tmp_path / "fork"
     fork.mkdir()
-    for name in os.listdir(ROOT):
+    for name in os.listdir(ROOT):  # the stage files, and the folders below and above them
         if name.endswith(".py"):
             shutil.copy(os.path.join(ROOT, name), fork / name)
+        elif name in ("plumbing", "speed", "tools"):
+            shutil.copytree(os.path.join(ROOT, name), fork / name, ignore=shutil.ignore_patterns("__pycache__"))
     for module, code, _, _ in EDITS:
         with open(fork / f"{module.__name__}.py", "a") as f:
             f.write(f"\n\n{code}")

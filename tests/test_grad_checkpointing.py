@@ -1,5 +1,5 @@
-"""Gradient checkpointing (hardware.enable_grad_checkpointing) leaves the loss and gradients unchanged; so do
-compiled layers (hardware.compile_layers, train.py --compile), to float rounding, with and without it.
+"""Gradient checkpointing (plumbing/models.py: enable_grad_checkpointing) leaves the loss and gradients unchanged; so do
+compiled layers (speed/compile.py: compile_layers, train.py --compile), to float rounding, with and without it.
 
 float32, the tiny model, PPO loss with a reference KL; in one process and under FSDP2 with
 `torchrun --nproc_per_node 2` (tests/grad_ckpt_worker.py). Each test also checks that the layers really
@@ -15,14 +15,14 @@ import pytest
 import torch
 from grad_ckpt_worker import loss_and_grads
 
-from hardware import enable_grad_checkpointing, load_model
+from plumbing.models import enable_grad_checkpointing, load_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def ref_dir(tmp_path_factory):
-    from tiny_model import build_tiny_model
+    from plumbing.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("ref"), seed=1)  # a different reference: the KL has a gradient
 

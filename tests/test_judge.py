@@ -14,8 +14,8 @@ import pytest
 from judge_servers import VLLM_PYTHON, ScriptedServer, VLLMServer, free_port
 
 import eval as eval_cli
-import judge
-from judge import Judge, judge_result, parse_criteria, parse_preference, parse_score
+from tools import judge
+from tools.judge import Judge, judge_result, parse_criteria, parse_preference, parse_score
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 POEMS = os.path.join(ROOT, "tests", "fixtures", "poems.jsonl")

@@ -244,7 +244,8 @@ def test_sequence_logprobs_matches_unpadded_forward(tiny_model_dir):
 def test_sequence_logprobs_skips_the_slice_copy_bit_for_bit(tiny_model_dir):
     """sequence_logprobs scores all K + 1 kept positions (the last against a dummy target) and drops the last
     column, instead of slicing the logits first: the same log-probs and gradients, bit for bit, under bf16."""
-    from hardware import configure_backward, load_model
+    from plumbing.models import load_model
+    from speed.backward import configure_backward
 
     model = configure_backward(load_model(tiny_model_dir), bf16=True, checkpointing=False)
     prompts, completions = [[10, 11, 12, 13], [20, 21]], [[30, 31, 32], [40]]
@@ -269,10 +270,10 @@ def test_sequence_logprobs_skips_the_slice_copy_bit_for_bit(tiny_model_dir):
 
 
 def test_eager_attention_matches_sdpa(tiny_model_dir):
-    """hardware.load_model picks eager attention on CPU (faster there); loss and gradients equal SDPA's."""
+    """plumbing/models.py: load_model picks eager attention on CPU (faster there); loss and gradients equal SDPA's."""
     from transformers import AutoModelForCausalLM
 
-    from hardware import load_model
+    from plumbing.models import load_model
 
     eager = load_model(tiny_model_dir)
     sdpa = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa")

@@ -9,9 +9,9 @@ import sys
 import pytest
 import torch
 
-import memory_plan
-from hardware import configure_backward
-from memory_plan import Shape, activations, model_shape, plan
+from speed.backward import configure_backward
+from tools import memory_plan
+from tools.memory_plan import Shape, activations, model_shape, plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -100,8 +100,8 @@ def test_checkpointing_keeps_only_layer_inputs_and_the_verdict_follows_the_gpu()
 
 def test_cli_prints_the_plan_and_refuses_bad_input_in_one_line(tmp_path):
     def run(*flags):
-        return subprocess.run([sys.executable, "memory_plan.py", *flags], cwd=ROOT, capture_output=True, text=True,
-                              timeout=120)
+        return subprocess.run([sys.executable, "-m", "tools.memory_plan", *flags], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
 
     ok = run("--task", "deepmath", "--gpus", "16", "--gpu-gb", "80")
     assert ok.returncode == 0, ok.stderr

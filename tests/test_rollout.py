@@ -1,4 +1,5 @@
-"""rollout.py's HF sampler on the tiny random-weight model, and the embedded SmolLM2 (slow).
+"""rollout.py's HF sampler (its plain loop, and speed/cpu_sampler.py's CPU fast path) on the tiny random-weight
+model, and the embedded SmolLM2 (slow).
 
     python -m pytest tests/test_rollout.py
 """
@@ -12,7 +13,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from loss import pad_batch, sequence_logprobs
-from rollout import SamplingError, draw, make_sampler, resolve_model, sync_check
+from plumbing.models import SamplingError
+from rollout import HFSampler, draw, make_sampler, resolve_model, sync_check
+from speed import cpu_sampler
 
 
 @pytest.fixture(scope="module")
@@ -189,8 +192,9 @@ def test_embedded_model_offline(tmp_path, monkeypatch):
     bf16.close()
 
 
-def test_draw_follows_the_probabilities_and_never_picks_a_zero():
-    """The sampler's inverse-CDF draw (one uniform per row) has multinomial's distribution."""
+@pytest.mark.parametrize("draw", [draw, cpu_sampler.draw], ids=["plain", "blocked"])
+def test_draw_follows_the_probabilities_and_never_picks_a_zero(draw):
+    """The samplers' inverse-CDF draws (one uniform per row) have multinomial's distribution."""
     probs = torch.tensor([0.1, 0.0, 0.45, 0.0, 0.3, 0.15, 0.0]) * 3  # unnormalised, zeros as top-p leaves them
     n = 200_000
     generator = torch.Generator().manual_seed(0)
@@ -207,8 +211,9 @@ def test_draw_follows_the_probabilities_and_never_picks_a_zero():
     assert draw(edge, torch.tensor([0.5, 0.5])).tolist() == [49151, 1234]
 
 
+@pytest.mark.parametrize("draw", [draw, cpu_sampler.draw], ids=["plain", "blocked"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0])
-def test_draw_refuses_a_distribution_that_is_not_finite(bad):
+def test_draw_refuses_a_distribution_that_is_not_finite(bad, draw):
     probs = torch.tensor([[0.2, 0.3, 0.5], [0.0, 0.0, 0.0]])
     probs[1, 1] = bad  # a NaN or inf entry, or a row with no mass at all
     with pytest.raises(SamplingError, match="not finite"):
@@ -254,20 +259,44 @@ def test_finished_rows_leave_the_batch_without_changing_samples(sampler, prompts
             assert alone.token_ids == groups[i][k].token_ids
 
 
-def full_cdf_draw(probs, uniforms):
-    """The plain inverse-CDF draw: one float64 cumulative sum over the whole vocabulary."""
-    cdf = probs.double().cumsum(-1)  # (R, V)
-    u = uniforms.double()[:, None] * cdf[:, -1:]  # (R, 1)
-    u = torch.minimum(u, torch.nextafter(cdf[:, -1:], torch.zeros_like(u)))
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1)
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9), (0.0, 1.0)])
+def test_cpu_fast_path_samples_what_the_plain_loop_samples(tiny_model_dir, prompts, trainer, temperature, top_p):
+    """speed/cpu_sampler.py against rollout.HFSampler's plain loop (DynamicCache, eager attention, the full-CDF
+    draw, every row decoded to the end): the same tokens, log-probs equal to float rounding, on sampled, nucleus
+    and greedy rows, with rows leaving the fast batch; and again after a weight sync."""
+    fast, plain = (HFSampler(tiny_model_dir, dtype="float32", seed=0, fast=use) for use in (True, False))
+    assert fast.fast is not None and plain.fast is None
+
+    def compare():
+        a = fast.generate(prompts, n=16, max_tokens=40, temperature=temperature, top_p=top_p, seed=3)
+        b = plain.generate(prompts, n=16, max_tokens=40, temperature=temperature, top_p=top_p, seed=3)
+        assert [[c.token_ids for c in g] for g in a] == [[c.token_ids for c in g] for g in b]
+        assert [[c.finish_reason for c in g] for g in a] == [[c.finish_reason for c in g] for g in b]
+        for x, y in zip([c for g in a for c in g], [c for g in b for c in g]):
+            assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5, rtol=0)
+        return a
+
+    before = compare()
+    lengths = sorted(len(c.token_ids) for g in before for c in g)
+    if temperature:  # rows left the fast batch while others decoded on
+        assert lengths[len(lengths) // 8] < 35 and lengths[-1] == 40
+    moved = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for p in moved.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    for s in (fast, plain):
+        s.sleep()
+        s.update_weights(moved.named_parameters())
+    assert compare() != before
 
 
 @pytest.mark.parametrize("vocab,block", [(49152, 256), (1000, 64), (777, 256)])
 def test_blocked_draw_equals_the_full_cdf(vocab, block):
-    """draw inverts the CDF block by block; it picks the same token as the full float64 CDF, on peaked and flat
-    softmax rows and on top-p rows full of zeros. Only a uniform within float64 rounding of 1 may pick another
-    token (the two sums differ in their last bits there, and tokens below that rounding cannot move either CDF),
-    and still never a zero."""
+    """The fast draw inverts the CDF block by block; it picks the same token as the plain draw's full float64 CDF,
+    on peaked and flat softmax rows and on top-p rows full of zeros. Only a uniform within float64 rounding of 1
+    may pick another token (the two sums differ in their last bits there, and tokens below that rounding cannot
+    move either CDF), and still never a zero."""
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(512, vocab, generator=generator) * torch.linspace(0.5, 8, 512)[:, None]  # (R, V)
     probs = torch.softmax(logits, -1)
@@ -275,10 +304,10 @@ def test_blocked_draw_equals_the_full_cdf(vocab, block):
     for p in (probs, nucleus):
         for _ in range(4):
             uniforms = torch.rand(512, generator=generator, dtype=torch.float64)
-            assert torch.equal(draw(p, uniforms, block=block), full_cdf_draw(p, uniforms))
+            assert torch.equal(cpu_sampler.draw(p, uniforms, block=block), draw(p, uniforms))
         lowest = torch.zeros(512, dtype=torch.float64)
-        assert torch.equal(draw(p, lowest, block=block), full_cdf_draw(p, lowest))
-        top = draw(p, torch.full((512,), 1 - 2**-53, dtype=torch.float64), block=block)  # (R,)
+        assert torch.equal(cpu_sampler.draw(p, lowest, block=block), draw(p, lowest))
+        top = cpu_sampler.draw(p, torch.full((512,), 1 - 2**-53, dtype=torch.float64), block=block)  # (R,)
         assert (p.gather(-1, top[:, None]) > 0).all()
 
 
@@ -286,13 +315,13 @@ def test_blocked_draw_equals_the_full_cdf(vocab, block):
 def test_grouped_attention_matches_eager(tiny_model_dir, bucket):
     """The HF sampler's attention (query heads grouped onto their shared key/value head, no repeat_kv copy) gives
     eager attention's logits through a padded prefill, the cache repeat for n samples, decode steps and rows
-    leaving the batch; so does its KV cache (rollout.BucketedLayer: a buffer a multiple of `bucket` long, masked
-    past the cached tokens; 3 fits the 9-token prefill exactly, 4 regrows it twice, 64 never) against
+    leaving the batch; so does its KV cache (speed/cpu_sampler.py's BucketedLayer: a buffer a multiple of `bucket`
+    long, masked past the cached tokens; 3 fits the 9-token prefill exactly, 4 regrows it twice, 64 never) against
     transformers' DynamicCache."""
     from transformers.cache_utils import Cache, DynamicCache
 
-    from hardware import load_model
-    from rollout import BucketedLayer
+    from plumbing.models import load_model
+    from speed.cpu_sampler import BucketedLayer
 
     eager, grouped = load_model(tiny_model_dir), load_model(tiny_model_dir)
     grouped.set_attn_implementation("grouped_eager")
@@ -333,19 +362,24 @@ def test_packed_bf16_linears_compute_the_plain_linears(tiny_model_dir, prompts, 
     (all but a tied lm_head's, which is the embedding table): the same samples and log-probs, bit for bit, as a
     sampler with plain layers, before and after update_weights (which packs the new weights straight in)."""
     sampler = make_sampler("hf", tiny_model_dir, dtype="bfloat16", seed=0)
-    if not sampler.packed:
-        pytest.skip("this CPU's oneDNN has no bfloat16 support")
     with monkeypatch.context() as patch:
         patch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
         plain = make_sampler("hf", tiny_model_dir, dtype="bfloat16", seed=0)
-    assert not plain.packed
+    assert not plain.fast.packed
+
+    def generate(s):
+        return s.generate(prompts, n=4, max_tokens=16, seed=5)
+
+    supported = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert sampler.fast.packed == supported
+    if not supported:  # this CPU's oneDNN has no bf16 kernels (AVX2 only): the fast path keeps plain layers
+        assert not any(getattr(m, "packed_weight", None) is not None for m in sampler.model.modules())
+        assert generate(sampler) == generate(plain)
+        return
     embedding = sampler.model.get_input_embeddings().weight
     assert sampler.model.lm_head.weight is embedding and embedding.numel() > 0  # tied: still read as the table
     linears = [m for m in sampler.model.modules() if isinstance(m, torch.nn.Linear) and m.weight is not embedding]
     assert linears and all(m.weight.numel() == 0 and m.packed_weight.numel() > 0 for m in linears)
-
-    def generate(s):
-        return s.generate(prompts, n=4, max_tokens=16, seed=5)
 
     before = generate(sampler)
     assert before == generate(plain)

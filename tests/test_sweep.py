@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-import sweep
+from tools import sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T975 = {1: 12.706204736174698, 2: 4.302652729749464, 4: 2.7764451051977987, 9: 2.2621571628540993,
@@ -220,13 +220,14 @@ def test_bad_spec_is_one_line_and_exit_2(tmp_path, capsys, fake_train, extra, me
 
 
 def test_cli_bad_spec_exits_2_with_one_line(tmp_path):
-    result = subprocess.run([sys.executable, "sweep.py", *sweep_argv(tmp_path, "--config", "x=--M 0")], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+    argv = [sys.executable, "-m", "tools.sweep", *sweep_argv(tmp_path, "--config", "x=--M 0")]
+    result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.strip().splitlines() == [
         "sweep.py: error: configuration 'x': --M, --rollout-batch, --micro-batch, --minibatches, --ppo-epochs, "
         "--steps and --max-tokens must be >= 1"]
-    missing = subprocess.run([sys.executable, "sweep.py"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    missing = subprocess.run([sys.executable, "-m", "tools.sweep"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=60)
     assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
         "sweep.py: error: the following arguments are required: --out"]
 
@@ -235,8 +236,8 @@ def test_cli_bad_spec_exits_2_with_one_line(tmp_path):
 def test_smoke_grid_end_to_end(tmp_path):
     """The CI smoke grid: 4 tiny-model runs, a rerun that launches nothing, a resumed and a restarted run
     that reproduce their scores, and the summary's arithmetic recomputed from the run folders."""
-    result = subprocess.run([sys.executable, "sweep.py", "--smoke", "--out", str(tmp_path / "smoke")], cwd=ROOT,
-                            capture_output=True, text=True, timeout=600)
+    argv = [sys.executable, "-m", "tools.sweep", "--smoke", "--out", str(tmp_path / "smoke")]
+    result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "sweep.py --smoke: ok" in result.stdout
     summary = json.load(open(tmp_path / "smoke" / "summary.json"))

@@ -17,7 +17,9 @@ import pytest
 import torch
 from dist_train import DigitTask
 
-import hardware
+import speed.allocator
+import speed.backward
+import speed.compile
 import tasks
 import train
 from advantage import estimator_params
@@ -410,7 +412,7 @@ def torchrun(*job):
 @pytest.mark.slow
 @pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean"])  # a per-sequence denominator too
 def test_one_update_under_torchrun_2_equals_one_process(tiny_model_dir, tmp_path, loss_agg):
-    from tiny_model import build_tiny_model
+    from plumbing.tiny_model import build_tiny_model
 
     ref_dir = build_tiny_model(tmp_path / "ref", seed=1)  # a different reference: the KL term has a gradient
     single = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "dist_train.py"), "parity",
@@ -435,7 +437,7 @@ def test_recast_and_recompute_under_fsdp2_are_bit_identical(tiny_model_dir, tmp_
     """Under FSDP2 (2 ranks, bf16 autocast) the weight a linear layer saves is the gathered float32 parameter,
     which FSDP2 frees after forward and gathers again for backward, and the norms and gates rerun inside
     FSDP2's layers: the update is still the plain one, bit for bit."""
-    from tiny_model import build_tiny_model
+    from plumbing.tiny_model import build_tiny_model
 
     ref_dir = build_tiny_model(tmp_path / "ref", seed=1)
     runs = {}
@@ -503,15 +505,15 @@ def one_update(model_dir, ref_dir, micro_batch, fused=False, ref_bf16=False, dty
     prompts, completions, adv = ppo_batch()
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if recast:
-        hardware.recast_linears_in_backward(model)
+        speed.backward.recast_linears_in_backward(model)
     if recompute:
-        hardware.recompute_norms_and_gates_in_backward(model)
+        speed.backward.recompute_norms_and_gates_in_backward(model)
     ref = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval().requires_grad_(False)
     if ref_bf16:
-        hardware.store_linears_bf16(ref)
+        speed.backward.store_linears_bf16(ref)
     if compiled:
-        hardware.compile_layers(model)
-        hardware.compile_layers(ref)
+        speed.compile.compile_layers(model)
+        speed.compile.compile_layers(ref)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, fused=fused)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     metrics = train.ppo_update(model, ref, optimizer, scheduler, prompts, completions,
@@ -521,7 +523,7 @@ def one_update(model_dir, ref_dir, micro_batch, fused=False, ref_bf16=False, dty
 
 @pytest.fixture(scope="module")
 def ref_dir(tmp_path_factory):
-    from tiny_model import build_tiny_model
+    from plumbing.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("ref"), seed=1)  # another model: the KL term is not zero
 
@@ -570,7 +572,7 @@ def test_bf16_reference_is_exact(tiny_model_dir, ref_dir):
     from loss import pad_batch, sequence_logprobs
 
     ref = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval()
-    small = hardware.store_linears_bf16(AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval())
+    small = speed.backward.store_linears_bf16(AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval())
     dtypes = {name: p.dtype for name, p in small.named_parameters()}
     assert dtypes["model.layers.0.self_attn.q_proj.weight"] == dtypes["model.layers.1.mlp.down_proj.weight"] \
         == torch.bfloat16
@@ -607,7 +609,7 @@ def test_compiled_bf16_update_is_as_close_to_float32_as_the_eager_one(tiny_model
 
 @pytest.fixture(scope="module")
 def bias_model_dir(tmp_path_factory):
-    from tiny_model import build_tiny_model
+    from plumbing.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("bias"), attention_bias=True)  # q/k/v/o with biases, as Qwen2
 
@@ -633,13 +635,13 @@ def test_recast_linears_in_backward_is_bit_identical(tiny_model_dir, bias_model_
     plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     linear_bytes = sum(2 * m.weight.numel() for m in plain.modules() if isinstance(m, torch.nn.Linear))
     assert saved_weight_casts(plain) >= linear_bytes  # autocast keeps every layer's bf16 weight
-    assert saved_weight_casts(hardware.recast_linears_in_backward(plain)) == 0
+    assert saved_weight_casts(speed.backward.recast_linears_in_backward(plain)) == 0
 
 
 @pytest.mark.parametrize("bias", [False, True])
 def test_backward_keeps_one_cast_per_input_and_reruns_down_projs_input(tiny_model_dir, bias_model_dir, ref_dir,
                                                                         bias):
-    """train.py's bf16 backward (hardware.configure_backward) against the norm/gate rerun alone: no weight
+    """train.py's bf16 backward (speed.backward.configure_backward) against the norm/gate rerun alone: no weight
     cast saved, one bf16 cast of each norm's output where q/k/v and gate/up each kept their own (3 x 2 B x
     hidden per token per layer less), and no down_proj input (2 B x intermediate); the same update."""
     from transformers import AutoModelForCausalLM
@@ -649,8 +651,8 @@ def test_backward_keeps_one_cast_per_input_and_reruns_down_projs_input(tiny_mode
     def load():
         return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
 
-    rerun = saved_bytes(hardware.recompute_norms_and_gates_in_backward(load()), torch.bfloat16)
-    lean = saved_bytes(hardware.configure_backward(load(), bf16=True, checkpointing=False), torch.bfloat16)
+    rerun = saved_bytes(speed.backward.recompute_norms_and_gates_in_backward(load()), torch.bfloat16)
+    lean = saved_bytes(speed.backward.configure_backward(load(), bf16=True, checkpointing=False), torch.bfloat16)
     model, (prompts, completions, _) = load(), ppo_batch()
     cfg, tokens = model.config, len(prompts) * (max(map(len, prompts)) + max(map(len, completions)))
     weight_casts = sum(2 * m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
@@ -692,7 +694,7 @@ def test_recompute_norms_and_gates_is_bit_identical(tiny_model_dir, ref_dir, dty
                        plain, tol=0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     before = saved_bytes(model, getattr(torch, dtype))
-    after = saved_bytes(hardware.recompute_norms_and_gates_in_backward(model), getattr(torch, dtype))
+    after = saved_bytes(speed.backward.recompute_norms_and_gates_in_backward(model), getattr(torch, dtype))
     cfg, (prompts, completions, _) = model.config, ppo_batch()
     tokens = len(prompts) * (max(map(len, prompts)) + max(map(len, completions)))  # padded (B, P + K)
     c = 2 if dtype == "bfloat16" else 4
@@ -705,7 +707,7 @@ def test_bf16_reference_releases_the_weights_file(ref_dir):
     """from_pretrained leaves the float32 tensors in a mapping of model.safetensors; after the bf16 cast no
     tensor may stay in it, or the mapping, and every file page the cast read, stays resident."""
     probe = (
-        "import gc, sys, torch, hardware\n"
+        "import gc, sys, torch, speed.backward\n"
         "from transformers import AutoModelForCausalLM\n"
         "def mapped():\n"
         "    return sum('model.safetensors' in line for line in open('/proc/self/maps'))\n"
@@ -716,7 +718,7 @@ def test_bf16_reference_releases_the_weights_file(ref_dir):
         "        module.to(torch.bfloat16)\n"
         "gc.collect()\n"
         "cast_only = mapped()\n"
-        "hardware.store_linears_bf16(model)\n"
+        "speed.backward.store_linears_bf16(model)\n"
         "gc.collect()\n"
         "print(loaded, cast_only, mapped())\n"
     )
@@ -729,7 +731,7 @@ def test_bf16_reference_releases_the_weights_file(ref_dir):
 def test_keep_freed_memory_stops_refaulting_large_blocks():
     """After keep_freed_memory, a freed 64 MB tensor's pages are reused instead of faulted in again (glibc)."""
     probe = (
-        "import resource, sys, torch, hardware\n"
+        "import resource, sys, torch, speed.allocator\n"
         "def faults():\n"
         "    for _ in range(3):\n"
         "        torch.empty(16 << 20).fill_(1.0)  # 64 MB, freed at once\n"
@@ -738,7 +740,7 @@ def test_keep_freed_memory_stops_refaulting_large_blocks():
         "        torch.empty(16 << 20).fill_(1.0)\n"
         "    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before\n"
         "default = faults()\n"
-        "ok = hardware.keep_freed_memory()\n"
+        "ok = speed.allocator.keep_freed_memory()\n"
         "faults()  # the heap grows to hold the block once\n"
         "print(ok, default, faults())\n"
     )
@@ -754,16 +756,16 @@ def test_keep_freed_memory_stops_refaulting_large_blocks():
 def test_release_freed_memory_hands_kept_pages_back():
     """Under keep_freed_memory a freed 256 MB tensor stays resident; release_freed_memory gives its pages back."""
     probe = (
-        "import sys, torch, hardware\n"
+        "import sys, torch, speed.allocator\n"
         "def rss():\n"
         "    return int(open('/proc/self/statm').read().split()[1]) * 4096\n"
-        "hardware.keep_freed_memory()\n"
+        "speed.allocator.keep_freed_memory()\n"
         "keep = torch.ones(1 << 20)  # a live block above the freed one: the heap's top cannot just shrink\n"
         "big = torch.ones(64 << 20)  # 256 MB, every page touched\n"
         "pin = torch.ones(1 << 20)\n"
         "del big\n"
         "kept = rss()\n"
-        "ok = hardware.release_freed_memory()\n"
+        "ok = speed.allocator.release_freed_memory()\n"
         "print(ok, kept - rss())\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True)

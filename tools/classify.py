@@ -16,8 +16,8 @@ One step with fresh on-policy samples is the exact policy gradient, so no PPO ra
 needed. With tau -> 0 the softmax loss's expected gradient is ((1 - (1 - p)^(n-1)) / p) grad p
 (Eq. 5), which tends to the ML gradient grad log p = grad p / p as the rollout count n grows.
 
-    python classify.py          # full sweep, 2 seeds: 1m46s CPU time; 5m11s wall on 2 busy shared cores
-    python classify.py --seeds 0 --rollouts 8 --steps 300   # quick look
+    python -m tools.classify          # full sweep, 2 seeds (docs/classify.md)
+    python -m tools.classify --seeds 0 --rollouts 8 --steps 300   # quick look
 
 Departures from the paper:
 1. A synthetic teacher problem and an MLP instead of ImageNet and a ResNet-50, to run on CPU in

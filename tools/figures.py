@@ -9,9 +9,9 @@
 3. `plot_table3`: Table 3 as stacked bars, one bar per estimator, from measured shares
    (grad_alloc.allocation_table), never from the paper's numbers.
 
-    python figures.py figure1 --out docs/figure1.png
-    python figures.py curves runs/softmax/metrics.jsonl runs/grpo/metrics.jsonl --labels softmax grpo
-    python figures.py table3 --from-json shares.json --out docs/table3.png    # {"grpo": [5 shares], ...}
+    python -m tools.figures figure1 --out docs/figure1.png
+    python -m tools.figures curves runs/softmax/metrics.jsonl runs/grpo/metrics.jsonl --labels softmax grpo
+    python -m tools.figures table3 --from-json shares.json --out docs/table3.png    # {"grpo": [5 shares], ...}
 
 Departures from the paper:
 1. Figure 1's weights are drawn divided by their value at p = 1/2. Only the shape of omega(p) matters

@@ -8,12 +8,12 @@ held-out pass@1 before / after training and the gain; the area under the trainin
 length and truncation fraction (also averaged over steps). Against a named baseline configuration it
 reports the paired differences over the seeds both ran (paired t-interval and a paired bootstrap).
 
-    python sweep.py --out runs/sweep-estimators --seeds 0-9 --baseline grpo --common "--steps 6 --lr 5e-5" \\
+    python -m tools.sweep --out runs/sweep-estimators --seeds 0-9 --baseline grpo --common "--steps 6 --lr 5e-5" \\
         --config "softmax=--advantage softmax --tau 0.1" --config "grpo=--advantage grpo" \\
         --config "rloo@0-4=--advantage rloo"                # NAME[@SEEDS]=FLAGS; @SEEDS narrows --seeds
-    python sweep.py --out runs/sweep-table5 --seeds 0-4 --common "--steps 6 --lr 5e-5" \\
+    python -m tools.sweep --out runs/sweep-table5 --seeds 0-4 --common "--steps 6 --lr 5e-5" \\
         --grid tau=0.1,0.3,0.5,1.0,10 --grid M=4,8 --baseline "tau=0.1 M=8"      # cross product
-    python sweep.py --smoke --out /tmp/smoke            # tiny random model: resume and arithmetic checks
+    python -m tools.sweep --smoke --out /tmp/smoke            # tiny random model: resume and arithmetic checks
 
 Files: OUT/summary.json, OUT/summary.md (the table), OUT/curves.png (pass rate with 95% bands),
 OUT/summary.png (intervals and paired differences). Runs live in RUNS/ (default OUT/../sweep-runs), one folder
@@ -45,7 +45,7 @@ import sys
 import time
 from dataclasses import asdict
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo
 METRICS = [  # (summary key, what), in table order
     ("before", "held-out pass@1 before"),
     ("after", "held-out pass@1 after"),
@@ -186,7 +186,7 @@ def run_name(args: dict, seed: int) -> str:
 
 def run_state(path: str) -> str:
     """'done' (eval.json has "after"), 'checkpoint' (resumable), 'partial' (killed before a checkpoint), 'new'."""
-    from checkpoint import find_checkpoint
+    from plumbing.checkpoint import find_checkpoint
 
     try:
         with open(os.path.join(path, "eval.json")) as f:
@@ -461,8 +461,7 @@ def sweep(opts) -> dict:
 
 def smoke(opts) -> int:
     """The grid on the tiny random model, then resume checks and the summary's arithmetic recomputed by hand."""
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from tiny_model import build_tiny_model
+    from plumbing.tiny_model import build_tiny_model
 
     opts.runs_dir = os.path.join(opts.out, "runs")
     shutil.rmtree(opts.runs_dir, ignore_errors=True)  # every smoke starts from nothing: it counts launches

@@ -11,7 +11,7 @@ under each judge and those rankings are correlated too.
 
     python eval.py --model runs/poetry/checkpoint-200 --task poetry --data-file poems.jsonl \
         --judge-url http://127.0.0.1:8000/v1 --judge-model Qwen/Qwen3-30B-A3B-Thinking-2507
-    python judge.py runs/*/eval_poetry_test.json --judge-url URL --judge-model A --judge-model B
+    python -m tools.judge runs/*/eval_poetry_test.json --judge-url URL --judge-model A --judge-model B
 
 A rerun with the same eval file skips every judgment already there for the same judge and prompt.
 

@@ -1,62 +1,21 @@
-"""The machine at hand: the attention kernel, bf16 units, what backward keeps and the CPU allocator.
+"""What backward keeps from forward, made smaller: the policy's and the frozen reference's memory tricks.
 
-Apart from has_bf16_units, which picks bf16 autocast for `train.py --dtype auto`, nothing here changes a
-number the algorithm computes: each choice is held equal to the plain version by a test (named in the
-SPEED TRICK or MEMORY TRICK line above it), and the README's "Measured" section says what each bought.
-A model that cannot be loaded raises ModelLoadError, one line naming the model, --model and HF_HUB_OFFLINE.
+The plain version is bf16 autocast over float32 weights with nothing changed: each linear layer keeps its bf16
+weight cast for backward, each norm and MLP gate keeps its intermediates, and the reference is stored in
+float32. Each trick below computes the same bits as that plain version; the test named in its banner holds it.
+`configure_backward` is the one line train.py calls (train.load_models), before FSDP2 wraps the layers.
 
-    python -m pytest tests/test_loss.py tests/test_train.py -k "eager or bf16 or freed_memory or cast or recompute"
+    python -m pytest tests/test_train.py -k "bf16 or cast or recompute"
 """
 
 import itertools
-import os
 import weakref
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
-
-class ModelLoadError(OSError):
-    """A one-line, user-facing model problem: no such folder, no weights, or no hub to download from."""
-
-
-def model_load_error(path, err: BaseException) -> ModelLoadError:
-    """The one line for a model `path` that cannot be loaded: names it, --model and HF_HUB_OFFLINE."""
-    lines = str(err).strip().splitlines()
-    reason = f"{type(err).__name__}: {lines[0] if lines else ''}"[:300]
-    where = ("a local folder, but not a loadable model" if os.path.isdir(str(path)) else
-             "not a local folder, and not on the Hugging Face Hub or in its local cache")
-    return ModelLoadError(f"cannot load model {str(path)!r}: {where} ({reason}). Pass --model with a Hugging Face "
-                          "model folder, a checkpoint folder written by train.py or the alias smollm2-135m; a hub id "
-                          "needs network access, or HF_HUB_OFFLINE=1 and the model in the local cache")
-
-
-# ---- SPEED TRICK (skippable): eager attention on CPU; tests/test_loss.py::test_eager_attention_matches_sdpa
-def load_model(path, dtype=torch.float32, device="cpu"):
-    """from_pretrained on `device` with the attention kernel that is fastest there; ModelLoadError when it can't.
-
-    On CPU, eager attention (matmul + softmax): for these short sequences torch's CPU flash-attention
-    kernel costs more than the attention it computes. SDPA elsewhere. The two agree to float rounding.
-    """
-    from transformers import AutoModelForCausalLM  # here, so `train.py --bad-flag` answers before transformers loads
-
-    device = torch.device(device)
-    attention = "eager" if device.type == "cpu" else "sdpa"
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attention)
-    except (OSError, ValueError) as err:  # missing files, no network, invalid repo id, unreadable weights
-        raise model_load_error(path, err) from None
-    return model.to(device)
-
-
-def load_tokenizer(path):
-    """AutoTokenizer.from_pretrained(path), with the same one-line ModelLoadError as load_model."""
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as err:
-        raise model_load_error(path, err) from None
+from plumbing.models import enable_grad_checkpointing
+from speed.compile import compile_layers
 
 
 # ---- SPEED TRICK (skippable): bf16 storage of a frozen model; tests/test_train.py::test_bf16_reference_is_exact
@@ -160,9 +119,8 @@ def recast_linears_in_backward(model):
 
     Under bf16 autocast each linear layer's forward casts its float32 weight to bf16 and autograd keeps
     that copy until the layer's backward: 2 bytes per parameter for the whole model from forward to
-    backward, every micro-batch (0.27 GB for SmolLM2-135M; 2.9 GiB per rank for Qwen2.5-1.5B under FSDP2,
-    where the gathered weights are cast). Recasting in backward costs one more cast per layer and changes
-    no number: the forward and the gradients (bias included) are bit-identical to autocast's
+    backward, every micro-batch (under FSDP2, of the gathered weights). Recasting in backward costs one more
+    cast per layer and changes no number: the forward and the gradients (bias included) are bit-identical to autocast's
     (tests/test_train.py::test_recast_linears_in_backward_is_bit_identical). Layers reading the same input
     share its bf16 cast (_bf16_input). Elsewhere (float32, no grad) the layer runs its plain forward.
     In place; returns the model.
@@ -235,8 +193,8 @@ def recompute_norms_and_gates_in_backward(model):
     They are elementwise and cheap to rerun, but autograd keeps their intermediates for backward: an RMSNorm
     keeps its float32 normalised output and 1/rms beside its input (4 bytes x (hidden + 1) per token more,
     twice a layer), the gate keeps act_fn(gate) beside gate and up (2 bytes x intermediate per token under
-    bf16). Rerunning them (torch.utils.checkpoint on these few ops, not on the layer) keeps about a fifth of
-    SmolLM2-135M's activations off the peak (memory_plan.py counts what stays) and changes no number: the
+    bf16). Rerunning them (torch.utils.checkpoint on these few ops, not on the layer) keeps a share of the
+    activations off the peak (tools/memory_plan.py counts what stays) and changes no number: the
     rerun computes the same ops on the same inputs (tests/test_train.py::
     test_recompute_norms_and_gates_is_bit_identical). Where down_proj also recasts in backward (bf16 autocast,
     recast_linears_in_backward), down_proj's input act_fn(gate) * up is rerun too (_GatedDownRecast). For a
@@ -266,99 +224,3 @@ def configure_backward(model, *, bf16: bool, checkpointing: bool, compiled: bool
     if bf16:
         recast_linears_in_backward(model)
     return model
-
-
-# ---- SPEED TRICK (skippable, off by default: train.py --compile); tests/test_grad_checkpointing.py::
-# test_compiled_layers_keep_loss_and_gradients_*, tests/test_train.py::test_compiled_bf16_*
-def compile_layers(model):
-    """torch.compile each decoder layer, with dynamic shapes, in place; returns the model.
-
-    Per layer, not the whole model: every layer runs the same code, so one graph serves all of them (one more
-    each for the no-grad forwards of the reference and of the sync probe): about 30 s of compiling on two CPU
-    cores from a cold cache, where the whole model as one graph took minutes (tried once). torch keeps the
-    kernels in /tmp/torchinductor_$USER, or $TORCHINDUCTOR_CACHE_DIR, for the next run. Dynamic shapes: each
-    step's sequence lengths differ, and one graph takes them all. The layer is also FSDP2's unit (train.shard),
-    so its hooks stay outside the graph; nn.Module.compile keeps the parameter names, so checkpoints and the
-    weight sync see the same model.
-
-    Not bit-identical: the compiled kernels fuse elementwise ops and round in other places. In float32 it
-    equals the eager layers to float rounding; under bf16 autocast its update is as far from the float32
-    update as the eager layers' is (the tests named above). On CPU it needs a C++ compiler.
-    """
-    for layer in model.model.layers:
-        layer.compile(dynamic=True)
-    return model
-
-
-def enable_grad_checkpointing(model):
-    """Recompute each decoder layer in backward instead of keeping its activations, in place.
-
-    Only each layer's input stays saved from forward to backward; the backward of a layer reruns its
-    forward first (memory_plan.py counts both). use_reentrant=False is the form that works with inputs
-    that need no gradient and under FSDP2, whose hooks then run again inside the recompute and gather
-    the layer's shards once more. Hugging Face checkpoints only in train mode, and from_pretrained
-    returns eval mode, so this switches the model to train mode: Llama and Qwen2 have no dropout
-    (attention_dropout 0), which is checked, so train mode changes no number. Call it before
-    train.shard. Equal to the plain forward/backward to 1e-5 in float32, one process and under FSDP2
-    (tests/test_grad_checkpointing.py).
-    """
-    dropout = getattr(model.config, "attention_dropout", 0.0)
-    if dropout:
-        raise ValueError(f"gradient checkpointing needs train mode, which would turn on attention dropout {dropout}")
-    # The KV cache stays off without touching model.config (it is saved with every checkpoint): a
-    # checkpointed layer drops use_cache itself, and loss.sequence_logprobs passes use_cache=False.
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return model.train()
-
-
-# ---- SPEED TRICK (skippable): glibc keeps freed memory; only the allocator changes, no number computed
-# (tests/test_train.py::test_keep_freed_memory_stops_refaulting_large_blocks checks that the pages are reused)
-def keep_freed_memory() -> bool:
-    """Ask glibc to serve large blocks from its heap and never hand freed memory back to the OS.
-
-    By default every block over the mmap threshold is a fresh mapping, so each micro-batch's logits and
-    log-prob chunks (50-100 MB each) are page-faulted and zeroed anew, and the kernel's page faulting
-    becomes a large share of an update step. Reusing the heap's pages avoids that; the cost is that the
-    heap never shrinks, so resident memory stays at its high-water mark.
-    A no-op (False) where the C library is not glibc.
-    """
-    import ctypes
-
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return False
-    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # malloc.h
-    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
-
-
-# ---- MEMORY TRICK (skippable): free heap pages back to the OS once a step; only the allocator changes
-# (tests/test_train.py::test_release_freed_memory_hands_kept_pages_back)
-def release_freed_memory() -> bool:
-    """Hand the pages of glibc's free blocks back to the OS now (malloc_trim); False where not glibc.
-
-    keep_freed_memory's heap otherwise keeps every page it ever touched, and what sampling frees (the
-    sampler's weights, KV cache, logits) does not fit training's allocations, which then take new pages
-    beside it: resident memory creeps up step after step. train.py calls this once a step, after the
-    sampler sleeps. The cost is page faults: training touches its pages afresh each step (measured in
-    the README's memory breakdown), instead of only the first time.
-    """
-    import ctypes
-
-    try:
-        malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return False
-    malloc_trim(0)
-    return True
-
-
-def has_bf16_units() -> bool:
-    """bf16 pays off on GPUs and on CPUs with bf16 matrix units (AMX or AVX512-BF16)."""
-    if torch.cuda.is_available():
-        return torch.cuda.is_bf16_supported()
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:  # not Linux: no cheap way to tell, and float32 is never wrong
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags

@@ -1,11 +1,11 @@
-"""hardware.py: a model that cannot be loaded is one line naming it, --model and HF_HUB_OFFLINE."""
+"""plumbing/models.py: a model that cannot be loaded is one line naming it, --model and HF_HUB_OFFLINE."""
 
 from pathlib import Path
 
 import huggingface_hub.constants
 import pytest
 
-from hardware import ModelLoadError, load_model, load_tokenizer
+from plumbing.models import ModelLoadError, load_model, load_tokenizer
 
 
 @pytest.mark.parametrize("kind", ["missing", "empty", "hub id offline", "config without weights"])

@@ -1,9 +1,9 @@
 """One rank's GPU memory at the peak of a train.py run, by arithmetic on the model's shape (no weights loaded).
 
-    python memory_plan.py --task deepmath --gpus 16 --gpu-gb 80            # Table B.1's DeepMath preset on A100s
-    python memory_plan.py --task meetingbank --gpus 16 --gpu-gb 139 --no-grad-checkpointing
-    python memory_plan.py --task arith --gpus 1 --gpu-gb 24 --prompt-tokens 40   # any preset of train.py
-    python memory_plan.py --table                     # every paper preset on its Table B.1/B.2 GPUs (README)
+    python -m tools.memory_plan --task deepmath --gpus 16 --gpu-gb 80            # Table B.1's DeepMath preset on A100s
+    python -m tools.memory_plan --task meetingbank --gpus 16 --gpu-gb 139 --no-grad-checkpointing
+    python -m tools.memory_plan --task arith --gpus 1 --gpu-gb 24 --prompt-tokens 40   # any preset of train.py
+    python -m tools.memory_plan --table                     # every paper preset on its Table B.1/B.2 GPUs (README)
 
 A step has three phases, and the plan adds up what one rank holds in each (GiB = 2^30 bytes):
 - rollout: vLLM awake (its `gpu_memory_utilization` share: weights, KV cache, activations) beside the
@@ -23,7 +23,7 @@ What train.py does that sets these numbers (read from its code, not guessed):
 2. The reference is float32 and sharded under FSDP2 (train.load_reference keeps bf16 linears only in one
    process, where store_linears_bf16 applies).
 3. bf16 autocast over float32 weights, with the policy's linear layers recasting their weight in backward
-   (hardware.recast_linears_in_backward): no bf16 copy of a weight lives from forward to backward, only
+   (speed/backward.py: recast_linears_in_backward): no bf16 copy of a weight lives from forward to backward, only
    the one weight a layer is casting at that moment (the largest: the lm_head, or a layer's h x f matrix).
 4. The residual stream stays float32 (float32 embedding + bf16 branch outputs), RMSNorm computes in float32.
 5. Logits exist only for the K + 1 completion positions (`logits_to_keep`); loss.token_logprobs saves them
@@ -40,7 +40,7 @@ keys and values are repeated for grouped-query attention, c = 2 bytes under bf16
     MLP: gate, silu(gate), up, silu(gate) * up                           4cf  (3cf: silu(gate) rerun)
 plus, once for all layers, RoPE's cos/sin (8 x head_dim per token) and, for SDPA, the (B, 1, S, S) padding
 mask. A layer's backward adds its largest gradient: eager's float32 gradient of the probabilities
-(4 x heads x S per token), SDPA's dq, dk, dv. With gradient checkpointing (hardware.enable_grad_checkpointing)
+(4 x heads x S per token), SDPA's dq, dk, dv. With gradient checkpointing (enable_grad_checkpointing)
 only each layer's float32 input (4h per token) is kept, and backward recomputes one layer at a time.
 bench/plan_check.py measures these formulas against CPU peaks.
 """
@@ -50,7 +50,7 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from loss import CHUNK_ELEMENTS
 
@@ -165,9 +165,9 @@ def activations(shape: Shape, *, batch: int, prompt: int, completion: int, compu
         shared += c * tokens * S  # the (B, 1, S, S) padding mask, which SDPA's memory-efficient kernel saves
     layer = per_token * tokens  # one decoder layer's saved activations, plain forward
     # Without checkpointing train.py reruns the norms and the MLP gate in backward
-    # (hardware.recompute_norms_and_gates_in_backward): no normalised outputs (2 x 4h), no act_fn(gate) (cf);
+    # (speed/backward.py: recompute_norms_and_gates_in_backward): no normalised outputs (2 x 4h), no act_fn(gate) (cf);
     # under bf16 also no down_proj input (cf, rerun with the gate) and one bf16 cast of each norm's output
-    # shared by the layers that read it (q/k/v, gate/up: 3ch less; hardware._bf16_input)
+    # shared by the layers that read it (q/k/v, gate/up: 3ch less; speed/backward.py: _bf16_input)
     lean_layer = layer - (8 * h + c * f + (3 * c * h + c * f if c < 4 else 0)) * tokens
     head = shape.embedding  # the lm_head weight (tied or not), cast like any linear
     bf16_head = 2 * head if c < 4 else 0  # the lm_head's weight, cast for its forward and again in backward
@@ -348,6 +348,19 @@ def main(argv=None) -> int:
         return 2
     ckpt = "with" if cli.grad_checkpointing else "without"
     print(format_plan(p, f"{cli.task} on {cli.gpus} x {cli.gpu_gb:g} GiB, {ckpt} gradient checkpointing"))
+    return 0
+
+
+def print_plan(args) -> int:
+    """train.py --plan: format_plan for these flags on --plan-gpus x --plan-gpu-gb; the exit status."""
+    try:
+        p = plan(asdict(args), gpus=args.plan_gpus, gpu_gb=args.plan_gpu_gb, grad_checkpointing=args.grad_checkpointing)
+    except ValueError as err:
+        print(f"train.py: error: --plan: {err}", file=sys.stderr)
+        return 2
+    ckpt = "with" if args.grad_checkpointing else "without"
+    print(format_plan(p, f"{args.task} ({args.model}) on {args.plan_gpus} x {args.plan_gpu_gb:g} GiB, {ckpt} "
+                         "gradient checkpointing"))
     return 0
 
 

@@ -1,5 +1,5 @@
-"""The numbers train.py logs: the per-step metrics dict (one flat dict with slash names), metrics.jsonl and
-Weights & Biases on rank 0, and eval.json with the held-out score before and after training.
+"""Where train.py's numbers go: metrics.jsonl and Weights & Biases on rank 0, and eval.json with the held-out
+score before and after training (train.step_metrics makes the per-step dict).
 
     python train.py --steps 5 && head -1 runs/arith-softmax-s0/metrics.jsonl
 """
@@ -7,10 +7,6 @@ Weights & Biases on rank 0, and eval.json with the held-out score before and aft
 import json
 import os
 from dataclasses import asdict
-
-from advantage import ESTIMATORS
-from config import Args, estimator_hparams
-from grad_alloc import allocation_metrics
 
 
 def model_flops_per_token(model) -> tuple[int, int]:
@@ -21,30 +17,11 @@ def model_flops_per_token(model) -> tuple[int, int]:
     return n_body, n_head
 
 
-def step_metrics(step: int, args, task, rollout, adv, train_metrics, times, tokens, n_params, n_forwards):
-    """One flat dict, identical on every rank: `rollout` holds the gathered (G, M) rewards, passed, lengths, cut."""
-    prompt_tokens, completion_tokens = tokens
-    n_body, n_head = n_params
-    flops = n_forwards * (2 * n_body * (prompt_tokens + completion_tokens) + 2 * n_head * completion_tokens)
-    rewards, lengths = rollout["rewards"], rollout["lengths"]
-    return {"step": step + 1, "reward/mean": rewards.mean().item(), "reward/std": rewards.std(correction=0).item(),
-            **({"reward/pass_rate": rollout["passed"].mean().item()} if task.has_verifier else {}),
-            "reward/errors": rollout["errors"],  # exceptions the rewards caught and scored 0 (rewards.py)
-            "adv/zero_group_frac": (adv.abs().amax(-1) < 1e-6).float().mean().item(),
-            "response/len_mean": lengths.mean().item(), "response/len_max": lengths.max().item(),
-            "response/trunc_frac": rollout["cut"].mean().item(), **train_metrics,
-            **{f"time/{name}": seconds for name, seconds in times.items()},
-            "perf/tokens_per_s": completion_tokens / times["step"],
-            "perf/tflops": flops / times["step"] / 1e12,  # model FLOPs estimate, all devices
-            # Table 3's allocation, every estimator on these rollouts
-            **allocation_metrics(rewards, lengths, list(ESTIMATORS), **estimator_hparams(args))}
-
-
 class MetricsLog:
     """metrics.jsonl, and Weights & Biases with --wandb, written by rank 0. On resume, lines logged after the
     checkpoint are dropped: they belong to steps that run again."""
 
-    def __init__(self, out_dir: str, start_step: int, args: Args, master: bool):
+    def __init__(self, out_dir: str, start_step: int, args, master: bool):
         self.path, self.master, self.wandb = os.path.join(out_dir, "metrics.jsonl"), master, None
         if not master:
             return
@@ -71,7 +48,7 @@ class MetricsLog:
 
     def finish(self, out_dir: str):
         if self.master and os.path.exists(self.path):
-            from figures import plot_training_curves
+            from tools.figures import plot_training_curves
 
             print(f"curves: {plot_training_curves([self.path], os.path.join(out_dir, 'curves.png'))}")
         if self.wandb:
