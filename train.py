@@ -47,8 +47,8 @@ from grad_alloc import allocation_metrics
 from loss import loss_denominator, pad_batch, policy_loss, sequence_logprobs
 from plumbing.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, save_checkpoint
 from plumbing.models import ModelLoadError, SamplingError, load_model, load_tokenizer
-from plumbing.parallel import all_reduce_sum, full_weights, gather_rows, per_rank, shard
-from plumbing.run_log import MetricsLog, model_flops_per_token, report_eval
+from plumbing.parallel import all_reduce_sum, full_weights, gather_rows, shard
+from plumbing.run_log import MetricsLog, PhaseMemory, model_flops_per_token, report_eval
 from plumbing.sync import SyncError, check_sync
 from rewards import take_error_count
 from speed.allocator import keep_freed_memory, release_freed_memory
@@ -212,9 +212,9 @@ def load_models(args: Args, ckpt, init_path, device):
     configure_backward(model, bf16=args.dtype == "bfloat16", checkpointing=args.grad_checkpointing,
                        compiled=args.compile)
     ref_model = load_reference(init_path, args, device) if args.beta > 0 else None
-    if dist.is_initialized():
-        model = shard(model, device)
-        ref_model = shard(ref_model, device) if ref_model is not None else None
+    if dist.is_initialized():  # FSDP2; under bf16 it gathers and computes the layers in bf16 (plumbing/parallel.py)
+        model = shard(model, device, bf16=args.dtype == "bfloat16")
+        ref_model = shard(ref_model, device, bf16=args.dtype == "bfloat16") if ref_model is not None else None
     return tokenizer, model, ref_model
 
 
@@ -314,21 +314,23 @@ def main(args: Args) -> dict:
         evals["before"] = evaluate_held_out(sampler, task, test_set, args, rank, world, device)
         report_eval(evals, out_dir, task, len(test_set), master)
 
-    metrics, n_local = {}, args.rollout_batch // world
+    metrics, n_local, memory = {}, args.rollout_batch // world, PhaseMemory(device)
     bar = tqdm(range(start_step, args.steps), initial=start_step, total=args.steps, disable=not master,
                desc=f"{args.advantage} on {args.task}")
     for step in bar:
         t0 = time.perf_counter()
+        memory.start()
         # -- rollout: M samples for each of this rank's prompts (every world-th: minibatch j as in one process)
         mine = batch_indices(step, args.rollout_batch, len(train_set), args.seed)[rank::world]
         examples, prompts = [train_set[i] for i in mine], [train_ids[i] for i in mine]
         seed = step_seed(args.seed, step, rank * n_local, args.rollout_batch, args.M)  # own stream per sample
         groups = sampler.generate(prompts, n=args.M, max_tokens=args.max_tokens, temperature=args.temperature,
                                   top_p=args.top_p, seed=seed)  # G_local lists of M completions
-        freed = sampler.sleep()  # its weights are dead until the sync: their memory goes to training
+        memory.sleep(sampler)  # its weights are dead until the sync: their memory goes to training
         if not cuda:  # and sampling's free pages back to the OS, so training starts from a compact heap
             release_freed_memory()
         t1 = time.perf_counter()
+        memory.end("rollout")
         # -- reward and advantages: gathered over ranks, so batch-level baselines see the whole batch
         rollout = score(task, examples, groups, args, device)  # each (G, M)
         adv_all = compute_advantages(args.advantage, rollout["rewards"], **estimator_hparams(args))  # Eq. (1)
@@ -339,22 +341,19 @@ def main(args: Args) -> dict:
         train_metrics = ppo_update(model, ref_model, optimizer, scheduler, [p for p, _ in flat],
                                    [c.token_ids for _, c in flat], [c.logprobs for _, c in flat], adv, args, pad_id)
         t3 = time.perf_counter()
+        memory.end("train")
         # -- weight sync and check: the sampler must now compute the trainer's log-probs
-        if cuda:  # training's cached blocks back to the driver, else vLLM's wake finds them taken (memory_plan.py)
-            torch.cuda.empty_cache()
-        sampler.wake()
-        sampler.update_weights(full_weights(model))
+        sampler.update_weights(full_weights(model))  # streamed; wakes a sleeping engine in two steps around it
         with autocast:
             probe, before = sync_check(sampler, model, probe_prompts), probe
         t4 = time.perf_counter()
+        memory.end("sync")
         # -- log and checkpoint: the same numbers on every rank, written by rank 0
         tokens = all_reduce_sum([sum(map(len, prompts)) * args.M, sum(len(c.token_ids) for g in groups for c in g)],
                                 device)  # prompt, completion
         times = {"rollout": t1 - t0, "reward": t2 - t1, "train": t3 - t2, "sync": t4 - t3, "step": t4 - t0}
         metrics = step_metrics(step, args, task, rollout, adv_all, train_metrics, times, tokens, n_params, n_forwards)
-        if cuda:  # what each rank's sampler gave back on sleep, and its trainer's peak (scripts/gpu_check.sh)
-            metrics.update(per_rank({"mem/sleep_freed_gb": freed / 1e9,
-                                     "mem/trainer_peak_gb": torch.cuda.max_memory_reserved(device) / 1e9}, device))
+        metrics.update(memory.metrics())  # each rank's own GPU memory, per phase (CUDA only)
         if test_set and args.eval_every and (step + 1) % args.eval_every == 0:  # absolute steps: resume keeps them
             t5 = time.perf_counter()
             metrics["eval/score"] = evaluate_held_out(sampler, task, test_set, args, rank, world, device)

@@ -295,7 +295,6 @@ def measure_ours(opts) -> dict:
         training.append(peak_rss())
         state.phase = f"step {step + 1}: weight sync"
         reset_peak()
-        sampler.wake()
         sampler.update_weights(train.full_weights(model))
         watcher()
         syncing.append(peak_rss())

@@ -8,6 +8,10 @@ import json
 import os
 from dataclasses import asdict
 
+import torch
+
+from plumbing.parallel import per_rank
+
 
 def model_flops_per_token(model) -> tuple[int, int]:
     """(body, head) parameter counts: 2 FLOPs per parameter and token forward; the head only where logits are."""
@@ -53,6 +57,41 @@ class MetricsLog:
             print(f"curves: {plot_training_curves([self.path], os.path.join(out_dir, 'curves.png'))}")
         if self.wandb:
             self.wandb.finish()
+
+
+class PhaseMemory:
+    """What one rank's GPU memory did in a step, as the rank measured it (CUDA only; on CPU nothing): the torch
+    allocator's peak in each phase (reset as the phase starts), and the device memory in use just before and just
+    after the sampler sleeps, whose difference is the engine's share. scripts/gpu_check.sh checks them."""
+
+    def __init__(self, device):
+        self.device, self.on = device, device.type == "cuda"
+        self.values = {"mem/device": float(device.index or 0)} if self.on else {}
+
+    def _used_gb(self) -> float:
+        free, total = torch.cuda.mem_get_info(self.device)
+        return (total - free) / 1e9
+
+    def start(self):
+        if self.on:
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def sleep(self, sampler) -> int:
+        """sampler.sleep(), with the device's used memory around it."""
+        before = self._used_gb() if self.on else 0.0
+        freed = sampler.sleep()
+        if self.on:
+            self.values.update({"mem/used_before_sleep_gb": before, "mem/used_after_sleep_gb": self._used_gb()})
+        return freed
+
+    def end(self, phase: str):
+        """The phase's peak, and a fresh count for the next one."""
+        if self.on:
+            self.values[f"mem/peak_gb/{phase}"] = torch.cuda.max_memory_allocated(self.device) / 1e9
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def metrics(self) -> dict:
+        return per_rank(self.values, self.device) if self.on else {}
 
 
 def report_eval(evals: dict, out_dir: str, task, n: int, master: bool):

@@ -59,7 +59,9 @@ def parity(out_path, model_dir, ref_dir, loss_agg="token-mean", dtype="float32",
         train.configure_backward(model, bf16=True, checkpointing=False)
     ref_model = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval().requires_grad_(False)
     if dist.is_initialized():
-        model, ref_model = train.shard(model, torch.device("cpu")), train.shard(ref_model, torch.device("cpu"))
+        bf16 = dtype == "bfloat16"  # FSDP2's mixed precision, as train.load_models shards under bf16
+        model = train.shard(model, torch.device("cpu"), bf16=bf16)
+        ref_model = train.shard(ref_model, torch.device("cpu"), bf16=bf16)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     flat = [(prompts[i], c) for i in mine for c in completions[i]]

@@ -7,6 +7,7 @@ model, and the embedded SmolLM2 (slow).
 import math
 import os
 import time
+import weakref
 
 import pytest
 import torch
@@ -395,3 +396,97 @@ def test_packed_bf16_linears_compute_the_plain_linears(tiny_model_dir, prompts, 
     with pytest.raises(ValueError, match="shape"):  # a packed-only weight is checked as a copy_ would check it
         sampler.update_weights([("model.layers.0.mlp.up_proj.weight", torch.zeros(3, 3))])
     sampler.close()
+
+
+# ---- the weight sync: streamed, and a sleeping engine woken in two steps around it (rollout.VLLMSampler)
+
+def gathered(model, alive_before):
+    """plumbing.parallel.full_weights as FSDP2 runs it: each parameter gathered afresh (here a copy) only when
+    asked for. Before gathering one, it records how many of the earlier ones are still alive."""
+    earlier = []
+    for name, p in model.named_parameters():
+        alive_before.append(sum(ref() is not None for ref in earlier))
+        full = p.detach().clone()
+        earlier.append(weakref.ref(full))
+        yield name, full
+        del full
+
+
+class FakeEngine:
+    """The calls VLLMSampler makes on vllm.LLM, recorded in order; reload_weights reads its iterator one tensor at a
+    time and keeps none, as vLLM's loader does layer by layer."""
+
+    def __init__(self):
+        self.calls, self.loaded = [], {}
+
+    def sleep(self, level):
+        self.calls.append(f"sleep({level})")
+
+    def wake_up(self, tags=None):
+        self.calls.append(f"wake_up({tags})")
+
+    def collective_rpc(self, method, kwargs):
+        self.calls.append(method)
+        for name, tensor in kwargs["weights_iterator"]:
+            self.loaded[name] = tuple(tensor.shape)
+            del tensor
+
+    def apply_model(self, fn):
+        self.calls.append("apply_model")
+
+    def reset_prefix_cache(self):
+        self.calls.append("reset_prefix_cache")
+
+
+def fake_vllm_sampler(on_gpu):
+    from rollout import VLLMSampler
+
+    sampler = VLLMSampler.__new__(VLLMSampler)  # no engine built: FakeEngine stands in for vllm.LLM
+    sampler.llm, sampler.on_gpu, sampler.asleep = FakeEngine(), on_gpu, False
+    return sampler
+
+
+def test_the_weight_sync_holds_one_gathered_parameter_at_a_time(tiny_model_dir, trainer):
+    """Both samplers consume the sync's iterator as it comes: when a parameter is gathered, no earlier gathered
+    parameter is still alive (a sampler that listed them first would hold the whole model at once)."""
+    names = [name for name, _ in trainer.named_parameters()]
+    hf = make_sampler("hf", tiny_model_dir, dtype="float32", seed=0)
+    for sampler in (hf, fake_vllm_sampler(on_gpu=False)):
+        alive = []
+        sampler.update_weights(gathered(trainer, alive))
+        assert len(alive) == len(names) > 10 and max(alive) == 0, alive
+    listing = []  # the check can fail: consuming the iterator into a list keeps every earlier one alive
+    held = list(gathered(trainer, listing))
+    assert max(listing) == len(names) - 1 and held
+    assert sync_check(hf, trainer, [[5, 6, 7]]).diff < 1e-4  # and the streamed weights did arrive
+    hf.close()
+    with pytest.raises(ValueError, match="no tensors"):  # an empty sync is refused before the engine is touched
+        engine = fake_vllm_sampler(on_gpu=True)
+        engine.update_weights(iter([]))
+    assert engine.llm.calls == []
+
+
+def test_a_sleeping_engine_wakes_in_two_steps_around_the_sync(trainer, monkeypatch):
+    """On a GPU: weights first (after the allocator's cache is emptied), the streamed reload, the cache emptied
+    again, then the KV cache; nothing else between. On CPU (no sleep mode) the same calls wake nothing."""
+    events = []
+    free = iter([10e9, 25e9])  # device memory free before and after sleep
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (next(free), 80e9))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("empty_cache"))
+    gpu = fake_vllm_sampler(on_gpu=True)
+    gpu.llm.calls = events
+    assert gpu.sleep() == 15e9 and gpu.asleep
+    gpu.update_weights(gathered(trainer, []))
+    assert events == ["sleep(1)", "empty_cache", "wake_up(['weights'])", "reload_weights", "empty_cache",
+                      "wake_up(['kv_cache'])", "reset_prefix_cache"]
+    assert set(gpu.llm.loaded) == {name for name, _ in trainer.named_parameters()} and not gpu.asleep
+    events.clear()
+    gpu.update_weights(gathered(trainer, []))  # awake already: a sync wakes nothing
+    assert events == ["reload_weights", "reset_prefix_cache"]
+    cpu = fake_vllm_sampler(on_gpu=False)
+    cpu.llm.calls = events
+    events.clear()
+    assert cpu.sleep() == 0 and not cpu.asleep
+    cpu.update_weights(gathered(trainer, []))
+    cpu.wake()
+    assert events == ["reload_weights", "apply_model", "reset_prefix_cache"]  # apply_model: the tied lm_head repack

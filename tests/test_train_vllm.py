@@ -41,8 +41,8 @@ print("DIFF", probe.diff, sum(map(len, probe.token_ids)))
 """
 
 
-def run(args, tmp_path, torchrun=False):
-    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"] if torchrun else []
+def run(args, tmp_path, torchrun=0):
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(torchrun)] if torchrun else []
     result = subprocess.run([VLLM_PYTHON, *launcher, os.path.join(ROOT, "tests", "dist_train.py"), *args],
                             cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-5000:])
@@ -57,12 +57,13 @@ def checkpoint_reproduces_trainer_logprobs(ckpt):
     assert int(tokens) > 3 and float(diff) < TOLERANCE
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_train_with_the_vllm_sampler(tiny_model_dir, tmp_path, ranks):
+@pytest.mark.parametrize("ranks,torchrun", [(1, False), (1, True), (2, True)],
+                         ids=["one process", "torchrun 1", "torchrun 2"])  # torchrun 1: the external launcher too
+def test_train_with_the_vllm_sampler(tiny_model_dir, tmp_path, ranks, torchrun):
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "run"
-    result = run(["e2e", str(out), tiny_model_dir, "vllm"], tmp_path, torchrun=ranks == 2)
+    result = run(["e2e", str(out), tiny_model_dir, "vllm"], tmp_path, torchrun=ranks if torchrun else 0)
     assert "Invalid process group" not in result.stderr  # the engine shut down before the process group
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]  # written by rank 0 alone
     assert [r["step"] for r in rows] == [1, 2, 3]

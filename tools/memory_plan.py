@@ -11,7 +11,8 @@ A step has three phases, and the plan adds up what one rank holds in each (GiB =
 - train: vLLM asleep (level 1: KV cache dropped, weights copied to CPU), gradients, FSDP2's gathered layers,
   and one micro-batch's activations and log-prob work (the largest micro-batch: longest prompt + longest
   completion, `--micro-batch` sequences);
-- sync: vLLM awake again while `train.full_weights` gathers one full float32 parameter at a time.
+- sync: vLLM's weights woken alone while `full_weights` streams one full float32 parameter at a time into
+  their reload; the KV cache wakes after it (rollout.VLLMSampler.update_weights), which is the rollout phase again.
 A fixed CUDA_OVERHEAD covers the CUDA context, NCCL and cuBLAS workspaces and allocator slack.
 
 What train.py does that sets these numbers (read from its code, not guessed):
@@ -22,9 +23,10 @@ What train.py does that sets these numbers (read from its code, not guessed):
    whole model's float32 gradient (4 bytes per parameter, not divided).
 2. The reference is float32 and sharded under FSDP2 (train.load_reference keeps bf16 linears only in one
    process, where store_linears_bf16 applies).
-3. bf16 autocast over float32 weights, with the policy's linear layers recasting their weight in backward
-   (speed/backward.py: recast_linears_in_backward): no bf16 copy of a weight lives from forward to backward, only
-   the one weight a layer is casting at that moment (the largest: the lm_head, or a layer's h x f matrix).
+3. Under FSDP2 with bf16, mixed precision (plumbing/parallel.shard): each layer is gathered in bf16, 2 bytes per
+   parameter. In one process, bf16 autocast over float32 weights, with the policy's linear layers recasting their
+   weight in backward (speed/backward.py: recast_linears_in_backward): no bf16 copy of a weight lives from
+   forward to backward, only the one weight a layer is casting at that moment (the lm_head, or an h x f matrix).
 4. The residual stream stays float32 (float32 embedding + bf16 branch outputs), RMSNorm computes in float32.
 5. Logits exist only for the K + 1 completion positions (`logits_to_keep`); loss.token_logprobs saves them
    and, in backward, writes a gradient of the same size, which slicing off the last position copies once
@@ -253,7 +255,7 @@ def plan(args: dict, *, gpus: int, gpu_gb: float, grad_checkpointing: bool, prom
     act = activations(shape, batch=batch, prompt=prompt, completion=K, compute_bytes=c,
                       checkpointing=grad_checkpointing, attention="sdpa")
     root = 4 * (shape.embedding * (1 if shape.tied else 2) + shape.hidden)
-    gathered = (root + 2 * 4 * shape.layer_params) if ranks > 1 else 0
+    gathered = (root + 2 * 4 * shape.layer_params) * (c / 4) if ranks > 1 else 0  # bf16: FSDP2's mixed precision
     grads_how = ("whole model, float32: FSDP2 keeps unsharded gradients between micro-batches"
                  if ranks > 1 and accumulates else f"float32 / {ranks}")
     resident = [("params", state["params"], f"float32 / {ranks}"),
@@ -267,11 +269,12 @@ def plan(args: dict, *, gpus: int, gpu_gb: float, grad_checkpointing: bool, prom
             ("vllm asleep", VLLM_ASLEEP, "level 1: KV cache dropped, weights on CPU (a constant)"),
             ("grads", state["grads"], grads_how),
             ("fsdp2 gathered", gathered,
-             "root (embedding) + 2 decoder layers, float32" if ranks > 1 else "one process: none"),
+             f"root (embedding) + 2 decoder layers, {'bf16' if c < 4 else 'float32'}" if ranks > 1
+             else "one process: none"),
             ("activations", act["saved"], f"{batch} x ({prompt} + {K}) tokens, "
              + ("layer inputs only (checkpointing)" if grad_checkpointing else "every layer's saved tensors")),
-            ("bf16 weight cast", act["weights_bf16"], "the one weight being cast at " + act["when"]
-             if c < 4 else "float32: none"),
+            ("bf16 weight cast", act["weights_bf16"] if ranks == 1 else 0, "float32: none" if c == 4 else
+             "FSDP2 gathers bf16 weights: none" if ranks > 1 else "the one weight being cast at " + act["when"]),
             ("layer backward", act["recompute"], ("one layer's recomputed activations + " if grad_checkpointing
                                                   else "") + "its backward's largest gradient"),
             ("final norm", act["final_norm"], "float32 on all positions; lm_head input on the kept rows"),
@@ -282,8 +285,9 @@ def plan(args: dict, *, gpus: int, gpu_gb: float, grad_checkpointing: bool, prom
              else "the embedding's, float32 (+ a tied lm_head's, and their sum)" if "embedding" in act["when"]
              else "a tied weight's, waiting for the embedding's" if act["head_grad"] else "none at " + act["when"]),
         ],
-        "sync": resident + [("vllm awake", vllm, "woken for the new weights"),
-                            ("one full parameter", 4 * shape.embedding, "train.full_weights: the embedding, float32")],
+        "sync": resident + [("vllm weights", 2 * n, "woken alone for the reload; its KV cache wakes after"),
+                            ("one full parameter", 4 * shape.embedding,
+                             "full_weights, streamed: the largest, the embedding, float32")],
     }
     rows = [(phase, item, size, how) for phase, items in phases.items() for item, size, how in items]
     totals = {phase: sum(size for _, size, _ in items) for phase, items in phases.items()}
