@@ -11,7 +11,9 @@ swaps only the advantage computation and nothing else.
 Adding an estimator is one edit here: write `def my_advantages(rewards, *, alpha: float = 0.5)` and add
 it to ESTIMATORS. Parameters after `rewards` that have a default are its hyperparameters:
 `compute_advantages` passes each estimator the ones it declares, and `estimator_params()` lists them
-(default and type) so command lines can offer one flag per hyperparameter (`--alpha`). Advantages are
+(default and type) so command lines can offer one flag per hyperparameter (`--alpha`). A hyperparameter
+declares its valid values in the signature, `alpha: Annotated[float, POSITIVE] = 0.5` (Range), which the
+estimator checks and train.py's command line enforces before anything loads. Advantages are
 constants in the loss (Eq. 10): every estimator returns a tensor without gradient history.
 
 `population_weight` computes the exact finite-M prompt weight omega_M(p) for binary rewards by
@@ -26,6 +28,8 @@ import math
 import numbers
 import types
 import typing
+from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 
@@ -44,21 +48,50 @@ def _as_groups(rewards: torch.Tensor, name: str) -> torch.Tensor:
     return rewards
 
 
-def positive_real(value, name: str, where: str) -> float:
-    """`value` as a float when it is one real number > 0: a Python or numpy scalar, or a one-element tensor."""
+def _real(value):
+    """`value` as a float when it is one real number (Python or numpy scalar, one-element tensor), else None."""
     if isinstance(value, torch.Tensor) and value.numel() == 1 and value.dtype != torch.bool and not value.is_complex():
         value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{where}: {name} must be one real number (float, int, numpy scalar or one-element "
-                         f"tensor), got {type(value).__name__} {value!r}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{where}: {name} must be finite and > 0, got {value!r}")
-    return float(value)
+    return None if isinstance(value, bool) or not isinstance(value, numbers.Real) else float(value)
 
 
-def softmax_advantages(rewards: torch.Tensor, tau: float = 0.1) -> torch.Tensor:
+@dataclass(frozen=True)
+class Range:
+    """A hyperparameter's valid values, declared in its estimator's signature: `tau: Annotated[float, POSITIVE]`.
+
+    Finite real numbers >= low, and None too when `optional`. The estimator refuses anything else (ValueError),
+    and train.py's command line checks every hyperparameter against it before anything loads (config.check_args).
+    """
+    low: float = -math.inf
+    optional: bool = False
+    means: str = "finite"  # what the range says, for the messages and --help
+
+    def problem(self, value) -> str | None:
+        """None when `value` is in the range, else "must be ..., got VALUE"."""
+        if value is None and self.optional:
+            return None
+        real = _real(value)
+        if real is None:
+            return (f"must be one real number (float, int, numpy scalar or one-element tensor), got "
+                    f"{type(value).__name__} {value!r}")
+        return None if math.isfinite(real) and real >= self.low else f"must be {self.means}, got {value!r}"
+
+    def check(self, value, name: str, where: str) -> float | None:
+        if (problem := self.problem(value)) is not None:
+            raise ValueError(f"{where}: {name} {problem}")
+        return None if value is None else _real(value)
+
+
+# Rewards are float32, so a hyperparameter below float32's smallest normal number rounds to 0 in r / tau or
+# std + eps, and the advantages become NaN: "> 0" means at least that.
+POSITIVE = Range(low=torch.finfo(torch.float32).tiny, means="finite and > 0 (at least 1.2e-38, float32's smallest "
+                 "normal number: a smaller value rounds to 0)")
+FINITE_OR_NONE = Range(optional=True, means="finite, or None")
+
+
+def softmax_advantages(rewards: torch.Tensor, tau: Annotated[float, POSITIVE] = 0.1) -> torch.Tensor:
     """SoftmaxGRPO, Eq. (1): A_i = M * softmax(R / tau)_i - 1. Sums to zero in every group."""
-    tau = positive_real(tau, "tau", "softmax_advantages")
+    tau = POSITIVE.check(tau, "tau", "softmax_advantages")
     rewards = _as_groups(rewards, "softmax_advantages")
     M = rewards.shape[-1]
     # Subtracting the group max leaves the softmax unchanged and keeps exp() <= 1, so r / tau up
@@ -68,13 +101,15 @@ def softmax_advantages(rewards: torch.Tensor, tau: float = 0.1) -> torch.Tensor:
     return M * w - 1  # Eq. (1): A_i
 
 
-def grpo_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def grpo_advantages(rewards: torch.Tensor, eps: Annotated[float, POSITIVE] = 1e-6) -> torch.Tensor:
     """GRPO: z-score within the group, (R - mean) / (std + eps); a constant group gives zeros.
 
     Uses the population std (divide by M, not M - 1). For a fixed M the two differ by the constant
     factor sqrt(M / (M - 1)), which only rescales the step size; the population std makes the
-    large-M prompt weight exactly 1 / sqrt(p (1 - p)) (Table 1) and keeps M = 1 defined.
+    large-M prompt weight exactly 1 / sqrt(p (1 - p)) (Table 1) and keeps M = 1 defined. eps > 0 keeps a
+    constant group's 0 / 0 away; a negative eps would flip every advantage's sign.
     """
+    eps = POSITIVE.check(eps, "eps", "grpo_advantages")
     rewards = _as_groups(rewards, "grpo_advantages")
     mean = rewards.mean(-1, keepdim=True)
     std = rewards.std(-1, keepdim=True, correction=0)
@@ -97,19 +132,22 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     return rewards - others_mean
 
 
-def maxrl_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """MaxRL: (R - mean) / mean, zero in groups whose mean is (numerically) zero."""
+def maxrl_advantages(rewards: torch.Tensor, eps: Annotated[float, POSITIVE] = 1e-6) -> torch.Tensor:
+    """MaxRL: (R - mean) / mean, zero in groups whose mean is (numerically) zero: |mean| <= eps."""
+    eps = POSITIVE.check(eps, "eps", "maxrl_advantages")
     rewards = _as_groups(rewards, "maxrl_advantages")
     mean = rewards.mean(-1, keepdim=True)
     safe = torch.where(mean.abs() > eps, mean, torch.ones_like(mean))
     return torch.where(mean.abs() > eps, (rewards - mean) / safe, torch.zeros_like(rewards))
 
 
-def reinforce_advantages(rewards: torch.Tensor, baseline: float | None = None) -> torch.Tensor:
+def reinforce_advantages(rewards: torch.Tensor,
+                         baseline: Annotated[float | None, FINITE_OR_NONE] = None) -> torch.Tensor:
     """REINFORCE: reward minus a baseline that does not depend on the group.
 
     The baseline is the batch mean (over all prompts and rollouts) unless a constant is given.
     """
+    baseline = FINITE_OR_NONE.check(baseline, "baseline", "reinforce_advantages")
     rewards = _as_groups(rewards, "reinforce_advantages")
     return rewards - (rewards.mean() if baseline is None else baseline)
 
@@ -129,6 +167,17 @@ def hyperparameters(fn) -> dict[str, inspect.Parameter]:
     """An estimator's hyperparameters: its parameters after `rewards` that have a default."""
     params = list(inspect.signature(fn).parameters.values())[1:]
     return {p.name: p for p in params if p.default is not inspect.Parameter.empty}
+
+
+def hyperparameter_ranges() -> dict[str, Range]:
+    """{hyperparameter: its Range} over all ESTIMATORS, from their signatures; finite when none is declared."""
+    out = {}
+    for fn in ESTIMATORS.values():
+        hints = typing.get_type_hints(fn, include_extras=True)
+        for name in hyperparameters(fn):
+            declared = [m for m in getattr(hints.get(name), "__metadata__", ()) if isinstance(m, Range)]
+            out.setdefault(name, declared[0] if declared else Range(optional=True))
+    return out
 
 
 def estimator_params() -> dict[str, tuple[object, type]]:

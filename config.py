@@ -13,13 +13,20 @@ import math
 import os
 import shutil
 import sys
+import tempfile
 from dataclasses import dataclass, field, fields, make_dataclass, replace
 
 import torch
 
-from advantage import ESTIMATORS, compute_advantages, estimator_params, hyperparameters
+from advantage import ESTIMATORS, compute_advantages, estimator_params, hyperparameter_ranges, hyperparameters
 from loss import AGGREGATIONS
-from plumbing.checkpoint import CheckpointError, find_checkpoint, read_trainer_state
+from plumbing.checkpoint import (
+    CheckpointError,
+    find_checkpoint,
+    model_file_error,
+    newer_checkpoints,
+    read_trainer_state,
+)
 from plumbing.models import has_bf16_units
 
 # --sync-tolerance by training precision: the probe's mean |sampler - trainer| log-prob difference that stops
@@ -82,6 +89,8 @@ class _Args:
     out_dir: str = arg("", "run folder (default runs/TASK-ADVANTAGE-sSEED)")
     save_every: int = arg(0, "checkpoint every N steps (0: only at the end)")
     resume: str = arg("", "checkpoint folder, or run folder (its newest checkpoint), to continue from")
+    resume_changed: bool = arg(False, "with --resume: continue although --task, --advantage, --M or the estimator's "
+                               "hyperparameters differ from the checkpoint's (a deliberate change; --model never may)")
     wandb: bool = arg(False, "also log to Weights & Biases (if installed)")
     plan: bool = arg(False, "print one rank's GPU memory plan for these flags (tools/memory_plan.py) and exit; loads "
                      "nothing")
@@ -139,6 +148,67 @@ def run_dir(args: Args) -> str:
     return os.path.dirname(os.path.abspath(ckpt)) if ckpt else f"runs/{args.task}-{args.advantage}-s{args.seed}"
 
 
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def number_error(args: Args) -> str | None:
+    """NaN in any float flag, or a hyperparameter outside its estimator's declared Range (advantage.py), as one
+    line. Every estimator's, not only --advantage's: train.py logs all of them each step (grad_alloc.py)."""
+    for f in fields(Args):
+        value = getattr(args, f.name)
+        if f.type is float and isinstance(value, float) and math.isnan(value):
+            return f"{flag(f.name)} must be a number, got nan"
+    for name, valid in hyperparameter_ranges().items():
+        if (problem := valid.problem(getattr(args, name))) is not None:
+            return f"{flag(name)} {problem}"
+    return None
+
+
+RESUME_KEEPS = ("task", "advantage", "M")  # and the estimator's own hyperparameters (--tau for softmax)
+
+
+def resume_error(args: Args, ckpt: str, saved: dict, step: int) -> str | None:
+    """Why resuming `ckpt` (saved with args `saved`) would lose or mix runs, as one line, or None.
+
+    An older checkpoint resumed in its own run folder would overwrite the newer ones and cut metrics.jsonl
+    (a fork into another --out-dir leaves the run alone); a changed --advantage, --M or estimator
+    hyperparameter would continue one run as another.
+    """
+    run = os.path.dirname(os.path.abspath(ckpt))
+    newer = newer_checkpoints(ckpt, step)
+    if newer and os.path.realpath(run_dir(args)) == os.path.realpath(run):
+        return (f"--resume {ckpt}: {run} holds newer checkpoints ({', '.join(newer)}), which resuming an older one "
+                f"there would overwrite; resume {run} (its newest), or fork into a new run with --out-dir NEW")
+    advantage = saved.get("advantage", args.advantage)
+    own = hyperparameters(ESTIMATORS[advantage]) if advantage in ESTIMATORS else {}
+    for name in () if args.resume_changed else (*RESUME_KEEPS, *own):
+        if name in saved and saved[name] != getattr(args, name):
+            return (f"checkpoint {ckpt} was trained with {flag(name)} {saved[name]}, not {getattr(args, name)}; "
+                    f"pass {flag(name)} {saved[name]} to resume it, --resume-changed to change it, or start a new run")
+    return None
+
+
+def out_dir_error(out: str) -> str | None:
+    """Why the run folder `out` cannot be written, as one line, or None: checked before the model loads, by
+    creating (and removing) a file in it or in its nearest existing parent, which is then where train.py
+    creates it."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        return f"--out-dir {out} is a file, not a folder"
+    parent = os.path.abspath(out)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"--out-dir {out}: {parent} is a file, not a folder"
+    try:
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=".write-check-")
+        os.close(fd)
+        os.remove(probe)
+    except OSError as err:
+        return f"--out-dir {out}: cannot write in {parent} ({err.strerror})"
+    return None
+
+
 def check_args(args: Args) -> str | None:
     """The first problem with `args` as one line, or None; reads nothing but small files."""
     from tasks import get_task
@@ -147,6 +217,8 @@ def check_args(args: Args) -> str | None:
         task = get_task(args.task)
     except ValueError as err:
         return str(err)
+    if error := number_error(args):
+        return error
     world = int(os.environ.get("WORLD_SIZE", 1))
     rules = [
         (args.advantage in ESTIMATORS, f"--advantage must be one of {', '.join(ESTIMATORS)}"),
@@ -155,18 +227,21 @@ def check_args(args: Args) -> str | None:
          "or pass --sampler hf (much slower)"),
         (args.reward in ("exact", "sim"), "--reward must be exact or sim"),
         (args.reward == "sim" or task.has_verifier, f"task {args.task} has no verifier: use --reward sim"),
-        (math.isfinite(args.tau) and args.tau > 0, "--tau must be a finite number > 0"),
         (args.loss_agg in AGGREGATIONS, f"--loss-agg must be one of {', '.join(AGGREGATIONS)}"),
         (min(args.M, args.rollout_batch, args.micro_batch, args.minibatches, args.ppo_epochs, args.steps,
              args.max_tokens) >= 1, "--M, --rollout-batch, --micro-batch, --minibatches, --ppo-epochs, "
                                     "--steps and --max-tokens must be >= 1"),
+        (args.M >= 2, f"--M must be >= 2, got {args.M}: a group advantage compares a prompt's samples, and in a "
+                      "group of one every advantage is 0"),
         (args.rollout_batch % (world * args.minibatches) == 0,
          f"--rollout-batch ({args.rollout_batch}) must divide evenly by ranks x minibatches ({world} x "
          f"{args.minibatches})"),
-        (args.lr > 0 and args.max_grad_norm > 0, "--lr and --max-grad-norm must be > 0"),
-        (min(args.warmup_steps, args.save_every, args.eval_every, args.eval_examples, args.weight_decay,
-             args.beta) >= 0,
-         "--warmup-steps, --save-every, --eval-every, --eval-examples, --weight-decay and --beta must be >= 0"),
+        (math.isfinite(args.lr) and args.lr > 0 and args.max_grad_norm > 0,
+         "--lr must be finite and > 0, --max-grad-norm > 0"),
+        (min(args.warmup_steps, args.save_every, args.eval_every, args.eval_examples) >= 0,
+         "--warmup-steps, --save-every, --eval-every and --eval-examples must be >= 0"),
+        (math.isfinite(args.weight_decay) and args.weight_decay >= 0 and math.isfinite(args.beta) and args.beta >= 0,
+         "--weight-decay and --beta must be finite and >= 0"),
         (args.temperature > 0 and 0 < args.top_p <= 1, "--temperature must be > 0 and --top-p in (0, 1]"),
         (0 <= args.clip_low < 1 and args.clip_high >= 0, "--clip-low must be in [0, 1), --clip-high >= 0"),
         (args.dtype in ("auto", "bfloat16", "float32"), "--dtype must be auto, bfloat16 or float32"),
@@ -190,13 +265,20 @@ def check_args(args: Args) -> str | None:
         if ckpt is None:
             return f"--resume {args.resume}: no checkpoint there"
         try:
-            saved = read_trainer_state(ckpt)["args"]
+            state = read_trainer_state(ckpt)
+            saved, step = state["args"], int(state.get("step", 0))
         except CheckpointError as err:
             return str(err)
-        if (saved["task"], saved["model"]) != (args.task, args.model):
+        if saved["model"] != args.model or (saved["task"] != args.task and not args.resume_changed):
             return (f"checkpoint {ckpt} is from task {saved['task']} / model {saved['model']}, not task "
                     f"{args.task} / model {args.model}; pass the same --task and --model to resume")
+        if error := resume_error(args, ckpt, saved, step):
+            return error
+    if os.path.isdir(args.model) and (error := model_file_error(args.model)):
+        return f"--model {args.model}: {error}"
     out = run_dir(args)
+    if error := out_dir_error(out):
+        return error
     taken = os.path.isdir(out) and any(f == "metrics.jsonl" or f.startswith("checkpoint-") for f in os.listdir(out))
     if taken and not args.resume:
         return f"{out} already holds a run: continue it with --resume {out}, or pick another --out-dir"

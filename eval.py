@@ -3,7 +3,9 @@
 A model, an alias such as `smollm2-135m`, or a checkpoint folder written by train.py is scored with
 the same sampler (rollout.py), chat-template prompts and rewards (tasks.py) as training; train.py's
 before/after evaluation calls `evaluate`. The JSON output holds the summary and, for every example,
-the prompt, completion, extracted answer and reward.
+the prompt, completion, extracted answer and reward. Its location is checked writable before anything
+loads; the summary is printed first, then the file is written through a temporary file and a rename, so
+a full disk never truncates an earlier result.
 
     python eval.py --model smollm2-135m --task arith --limit 100
     python eval.py --model runs/arith/checkpoint-50 --task gsm8k --samples 8   # + pass@1,2,4,8
@@ -22,10 +24,12 @@ import importlib.util
 import json
 import os
 import sys
+import tempfile
 
 import torch
 from tqdm import tqdm
 
+from plumbing.checkpoint import model_file_error
 from plumbing.models import ModelLoadError, SamplingError, load_tokenizer
 from rollout import make_sampler, resolve_model
 from tasks import DataError, get_task
@@ -115,6 +119,10 @@ def evaluate(sampler, task, examples, *, samples=0, max_tokens=256, batch_size=6
     return {"summary": summary, "examples": records}
 
 
+def _first(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+
+
 def mean(values) -> float:
     values = list(values)
     return sum(values) / len(values) if values else 0.0  # an empty evaluation gives zeros, not an error
@@ -163,10 +171,47 @@ def parse_args(argv=None):
     return args
 
 
+def output_error(out: str) -> str | None:
+    """Why the result cannot be written to `out`, as one line, or None: checked before anything loads, by
+    creating (and removing) a file beside it, so a read-only folder costs a second, not an evaluation."""
+    folder = os.path.dirname(os.path.abspath(out))
+    if os.path.isdir(out):
+        return f"--out {out} is a folder; pass a file path"
+    if not os.path.isdir(folder):
+        return f"cannot write {out}: its folder {folder} does not exist (or is a file); pass --out PATH"
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".eval-write-check-")
+        os.close(fd)
+        os.remove(probe)
+    except OSError as err:
+        return f"cannot write {out}: {folder} is not writable ({err.strerror}); pass --out PATH"
+    return None
+
+
+def write_json(result: dict, out: str) -> None:
+    """`result` into `out` through a temporary file and a rename: a failed write (a full disk) leaves an earlier
+    `out` whole and no partial file behind."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(out)), prefix=f".{os.path.basename(out)}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(result, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    except BaseException:
+        os.remove(tmp)
+        raise
+
+
 def main(argv=None) -> dict:
     from tools import judge
 
     args = parse_args(argv)
+    out = args.out or os.path.join(args.model if os.path.isdir(args.model) else ".",
+                                   f"eval_{args.task}_{args.split}.json")  # by default beside the model
+    if error := output_error(out) or (os.path.isdir(args.model) and model_file_error(args.model)):
+        print(f"eval.py: error: {error}", file=sys.stderr)
+        sys.exit(2)
     try:
         task = get_task(args.task)
         examples = task.load(args.split, data_file=args.data_file, limit=args.limit, seed=args.seed)
@@ -203,19 +248,22 @@ def main(argv=None) -> dict:
     finally:
         sampler.close()
     result["summary"] = {"model": args.model, "split": args.split, **result["summary"]}
-    out = args.out or os.path.join(args.model if os.path.isdir(args.model) else ".",
-                                   f"eval_{args.task}_{args.split}.json")
     if judges:  # reuses the judgments an earlier run left in `out`, and saves new ones there as they come
         try:
             judge.judge_result(result, judges, out, concurrency=args.judge_concurrency)
         except judge.JudgeError as err:
             print(f"eval.py: error: {err}", file=sys.stderr)
             sys.exit(1)
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(format_summary(result["summary"]))
+    print(format_summary(result["summary"]))  # first: the result is never only on a disk that failed
     if judges:
         print(judge.format_judge_summary(result["judge_summary"]))
+    try:
+        write_json(result, out)
+    except OSError as err:
+        kept = f"; the earlier {out} is intact" if os.path.exists(out) else ""
+        print(f"eval.py: error: cannot write {out} ({err.strerror or _first(err)}): the summary above is the "
+              f"result{kept}", file=sys.stderr)
+        sys.exit(1)
     print(f"wrote {out}")
     return result
 

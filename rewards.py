@@ -32,7 +32,9 @@ How this departs from, or pins down, the paper:
    Only the first MAX_WORDS words of each side enter the LCS (a lower bound on adversarially long
    text; real completions are far shorter).
 3. Countdown accepts the last \\boxed{} of the answer, else its last non-empty line, optionally
-   ending in "= target"; unicode and LaTeX operators are mapped to + - * /; unary minus is allowed.
+   ending in "= target"; unicode and LaTeX operators are mapped to + - * /; unary minus and unary plus
+   are allowed (`+5-3` is 5 - 3, as Python and TinyZero's eval-based checker read it). Text that does not
+   parse as an expression (`(3+3)*4*`, `3 3 4 1`, an unbalanced `)`) is a wrong answer: 0, not a reward error.
 4. Verdicts the paper leaves open, decided here (tests/test_rewards.py):
    - a think-then-answer completion with <think> and no </think> is a reasoning trace cut off by the
      token limit: it has no answer and scores 0, even when the trace happens to contain the gold;
@@ -139,6 +141,38 @@ def last_boxed(text: str, limit: int = 2000) -> str | None:
     return None
 
 
+# What may part two boxes of one answer: "\\boxed{1} and \\boxed{2}", "\\boxed{(2, 2)} \\quad \\text{and} ..."
+_BOX_SEPARATOR = re.compile(r"(?:[\s,;$&]|\\quad|\\qquad|\\[,;]|\\text\{\s*(?:and|or|,)\s*\}|\band\b|\bor\b)*")
+
+
+def _box_at(text: str, start: int, limit: int):
+    """(content, index past its closing brace) of the \\boxed{ at `start`, or None when it does not close."""
+    begin, depth = start + len("\\boxed{"), 1
+    for i in range(begin, min(len(text), begin + limit)):
+        depth += (text[i] == "{") - (text[i] == "}")
+        if depth == 0:
+            return text[begin:i].strip(), i + 1
+    return None
+
+
+def last_boxes(text: str, limit: int = 2000) -> list[str]:
+    """The contents of the answer's last run of boxes: the last \\boxed{} (last_boxed's), and the boxes before it
+    that only separators part from it (commas, "and", "or", \\quad, \\text{and}). math-verify reads several boxes
+    as one set; a box that words part from the last ("\\boxed{2}, so the answer is \\boxed{3}") is working."""
+    start = text.rfind("\\boxed{")
+    last = _box_at(text, start, limit) if start >= 0 else None
+    if last is None:
+        return []
+    run = [last[0]]
+    while (before := text.rfind("\\boxed{", 0, start)) >= 0:
+        box = _box_at(text, before, limit)
+        if box is None or box[1] > start or not _BOX_SEPARATOR.fullmatch(text[box[1]:start]):
+            break
+        run.insert(0, box[0])
+        start = before
+    return run
+
+
 def _depth(text: str) -> int:
     """Deepest bracket nesting, counting unmatched closers too (a cut-off tail is all closers)."""
     depth = deepest = 0
@@ -164,11 +198,13 @@ def math_answer(completion) -> str:
     A number followed by unit words in the box is the number; the unicode minus is "-" (departure 4).
     """
     answer = final_answer(completion).replace("\u2212", "-")
-    boxed = last_boxed(answer, limit=MAX_ANSWER_CHARS)
-    if boxed is None:
+    boxes = last_boxes(answer, limit=MAX_ANSWER_CHARS)
+    if not boxes:
         return answer[-MAX_ANSWER_CHARS:]
-    units = _UNIT_WORDS.fullmatch(boxed)
-    return "\\boxed{" + (units.group(1) if units else boxed) + "}"
+    boxes = [units.group(1) if (units := _UNIT_WORDS.fullmatch(box)) else box for box in boxes]
+    if sum(map(len, boxes)) > MAX_ANSWER_CHARS:  # a run too long for sympy: its last box alone
+        boxes = boxes[-1:]
+    return "\\boxed{" + ", ".join(boxes) + "}"  # several boxes: one set, as math-verify reads them
 
 
 @_reward
@@ -190,7 +226,7 @@ class _DivisionByZero(Exception):
 
 
 _ALLOWED_NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant,
-                  ast.Add, ast.Sub, ast.Mult, ast.Div, ast.USub)
+                  ast.Add, ast.Sub, ast.Mult, ast.Div, ast.USub, ast.UAdd)
 
 
 def countdown_expression(completion) -> str:
@@ -211,7 +247,7 @@ def _evaluate(node) -> Fraction:
     if isinstance(node, ast.Constant):
         return Fraction(node.value)
     if isinstance(node, ast.UnaryOp):
-        return -_evaluate(node.operand)
+        return -_evaluate(node.operand) if isinstance(node.op, ast.USub) else _evaluate(node.operand)
     left, right = _evaluate(node.left), _evaluate(node.right)
     if isinstance(node.op, ast.Add):
         return left + right
@@ -235,12 +271,13 @@ def countdown_reward(completion, numbers, target) -> float:
             return 0.0
     if len(expr) > MAX_EXPR_CHARS or not re.fullmatch(r"[0-9+\-*/() ]+", expr) or _depth(expr) > 16:
         return 0.0  # characters whitelisted before the parser sees them: no names, calls, dots
-    tree = ast.parse(expr, mode="eval")
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError:  # "(3+3)*4*", "3 3 4 1", "(3+3)*4*1)": model text that is no expression, a wrong answer
+        return 0.0
     nodes = list(ast.walk(tree))
     if not all(isinstance(node, _ALLOWED_NODES) for node in nodes):
         return 0.0  # Pow, FloorDiv, Mod, tuples, ...
-    if any(isinstance(node, ast.UnaryOp) and not isinstance(node.op, ast.USub) for node in nodes):
-        return 0.0
     used = [node.value for node in nodes if isinstance(node, ast.Constant)]
     if any(type(value) is not int for value in used) or Counter(used) != Counter(numbers):
         return 0.0  # each supplied integer exactly once, checked before any arithmetic

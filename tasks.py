@@ -46,6 +46,7 @@ Choices the paper leaves open, and departures:
 
 import hashlib
 import itertools
+import json
 import os
 import random
 import re
@@ -71,6 +72,10 @@ SYSTEM = "You are a helpful assistant. " + FORMAT_RULE
 POETRY_SYSTEM = "You are a helpful assistant that writes poetry. " + FORMAT_RULE
 BOXED = "Please reason step by step, and put your final answer within \\boxed{}."
 TEST_PERCENT = 10  # held-out share when a dataset has no test split
+# A row (a JSON line, or one field of a hub or parquet row) longer than this is refused at load: about 250k
+# tokens at ~4 characters per token, beyond the context of any model this trains (Qwen2.5: 32k, 131k with
+# YaRN). A 50 MB line would otherwise be tokenised whole and sized into the sampler.
+MAX_ROW_CHARS = 1_000_000
 
 
 class DataError(ValueError):
@@ -107,6 +112,8 @@ def _boxed_or_answer(completion: str) -> str:
 
 # ---------------------------------------------------------------- hub-backed tasks: one row -> Example
 def _gsm8k(row: dict) -> Example:
+    if "####" not in str(row["answer"]):
+        raise ValueError("its answer has no final '#### N'")
     reasoning, _, answer = str(row["answer"]).rpartition("####")
     gold = answer.strip().replace(",", "")
     reasoning = re.sub(r"<<[^>]*>>", "", reasoning).strip()  # drop calculator notes "<<48/2=24>>"
@@ -224,6 +231,56 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0] if text else ''}"[:300]
 
 
+def _empty(value) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip()) or (
+        isinstance(value, (list, tuple, dict)) and not value)
+
+
+def _row_problem(row: dict, required) -> str | None:
+    """What is wrong with one row's `required` fields (absent, empty, absurdly long), or None."""
+    lacking = [name for name in required if _empty(row.get(name))]
+    if lacking:
+        return f"lacks a value for {', '.join(map(repr, lacking))}"
+    long = [name for name in required if isinstance(row[name], str) and len(row[name]) > MAX_ROW_CHARS]
+    if long:
+        return (f"has a {long[0]!r} of {len(row[long[0]]):,} characters, over the {MAX_ROW_CHARS:,} a row may "
+                "hold (tasks.MAX_ROW_CHARS)")
+    return None
+
+
+def _line_problem(raw: bytes, required) -> str | None:
+    """What is wrong with one line of a JSON Lines file, or None."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return f"is not UTF-8 text (byte 0x{raw[err.start]:02x} at byte {err.start + 1} of the line)"
+    if len(text) > MAX_ROW_CHARS:  # before parsing: a 50 MB line costs a read, not a parse
+        return f"is {len(text):,} characters long, over the {MAX_ROW_CHARS:,} a row may hold (tasks.MAX_ROW_CHARS)"
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as err:
+        return f"is not valid JSON ({err.msg} at column {err.colno})"
+    return "is not a JSON object" if not isinstance(row, dict) else _row_problem(row, required)
+
+
+def check_jsonl(path: str, required, task: str, hint: str = "") -> list[int]:
+    """Line numbers of the rows of a JSON Lines file (blank lines are skipped, as datasets does). DataError, one
+    line naming the first bad line and how many are bad, when any line is not UTF-8, not one JSON object,
+    longer than MAX_ROW_CHARS, or lacks a value for a `required` field."""
+    lines, first, bad = [], None, 0
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            lines.append(number)
+            if (problem := _line_problem(raw, required)) is not None:
+                first, bad = first or f"line {number} {problem}", bad + 1
+    if bad:
+        raise DataError(f"--data-file {path}: {first}; {bad} of {len(lines)} rows are bad ({task} needs "
+                        f"{', '.join(required)} in every row){hint}")
+    return lines
+
+
 @dataclass(kw_only=True)
 class Task:
     """A task, built with keywords: hub-backed (hub_id, columns, make_example) or procedural (generate)."""
@@ -239,6 +296,12 @@ class Task:
     hub_test_split: str | None = None  # the hub's own test split; None -> held-out by prompt
     generate: Callable[[str, int, int], list[Example]] | None = None  # procedural tasks
     hint: str = ""  # appended to the missing-columns error
+    may_be_empty: tuple[str, ...] = ()  # columns that must exist but may be empty; the others need a value
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        """The columns every row needs a value in: a row without its answer must not train against "None"."""
+        return tuple(column for column in self.columns if column not in self.may_be_empty)
 
     @property
     def has_verifier(self) -> bool:
@@ -255,12 +318,28 @@ class Task:
                 raise DataError(f"{self.name} is generated procedurally and takes no --data-file")
             default = 5000 if split == "train" else 500
             return self.generate(split, default if limit is None else limit, seed)
-        rows, whole = self._rows(split, data_file)
+        rows, whole, lines = self._rows(split, data_file)
+        source = data_file.replace("{split}", split) if data_file else self.hub_id
         missing = [column for column in self.columns if column not in rows.column_names]
         if missing:
-            source = data_file or self.hub_id
             raise DataError(f"{source} lacks column(s) {', '.join(missing)} needed by {self.name} "
                             f"(it has: {', '.join(rows.column_names)}){self.hint}")
+        try:
+            return self._examples(rows, whole, lines, split, limit, seed, source)
+        except UnicodeDecodeError as err:  # parquet or .json strings that are not UTF-8, met as they are read
+            raise DataError(f"{source}: not UTF-8 text ({_one_line(err)})") from None
+
+    def _examples(self, rows, whole, lines, split, limit, seed, source) -> list[Example]:
+        def where(i):
+            return f"line {lines[i]}" if lines else f"row {i + 1}"
+
+        if lines is None:  # a JSON Lines file was checked line by line as it was read (check_jsonl)
+            problems = [(i, problem) for i, values in enumerate(zip(*(rows[c] for c in self.required)))
+                        if (problem := _row_problem(dict(zip(self.required, values)), self.required))]
+            if problems:
+                raise DataError(f"{source}: {where(problems[0][0])} {problems[0][1]}; {len(problems)} of "
+                                f"{len(rows)} rows are bad ({self.name} needs {', '.join(self.required)} in every "
+                                "row)")
         digests = [_digest(*values) for values in zip(*(rows[column] for column in self.key))]
         seen, uids = {}, []
         for digest in digests:  # a repeated prompt keeps its split and gets "#1", "#2", ...
@@ -274,15 +353,15 @@ class Task:
             try:
                 example = self.make_example(row)
             except Exception as err:
-                raise DataError(f"{data_file or self.hub_id}: row {i} is not a valid {self.name} "
-                                f"example ({_one_line(err)})") from None
+                raise DataError(f"{source}: {where(i)} is not a valid {self.name} example ({_one_line(err)})") from None
             example.reference = str(row.get("reference") or example.reference)
             example.uid = uids[i]
             examples.append(example)
         return examples
 
     def _rows(self, split: str, data_file: str | None):
-        """(datasets.Dataset, whether it already is exactly `split`) from a file or the hub."""
+        """(datasets.Dataset, whether it already is exactly `split`, each row's line number in a JSON Lines file
+        or None) from a file or the hub."""
         import datasets  # slow import, only needed for hub-backed tasks
 
         if data_file:
@@ -293,8 +372,9 @@ class Task:
                 raise DataError(f"--data-file {path}: expected a .jsonl, .json or .parquet file")
             if not os.path.isfile(path):
                 raise DataError(f"--data-file {path}: no such file")
+            lines = check_jsonl(path, self.required, self.name, self.hint) if path.lower().endswith(".jsonl") else None
             try:
-                return datasets.load_dataset(kind, data_files=path, split="train"), path != data_file
+                return datasets.load_dataset(kind, data_files=path, split="train"), path != data_file, lines
             except Exception as err:
                 raise DataError(f"--data-file {path}: cannot read it ({_one_line(err)})") from None
         advice = (f"pass --data-file FILE (.jsonl or .parquet with columns "
@@ -309,7 +389,7 @@ class Task:
             rows = datasets.load_dataset(self.hub_id, self.hub_config, split=hub_split)
         except Exception as err:
             raise DataError(f"cannot load {self.hub_id} ({_one_line(err)}): {advice}") from None
-        return rows, self.hub_test_split is not None
+        return rows, self.hub_test_split is not None, None
 
     def reward(self, completion: str, example: Example, kind: str = "exact") -> float:
         """kind "exact": the task's 0/1 verifier; kind "sim": similarity to the demonstration."""
@@ -346,7 +426,7 @@ TASKS: dict[str, Task] = {task.name: task for task in [
          answer=countdown_expression),
     Task(name="deepmath", hub_id="zwhe99/DeepMath-103K",
          columns=("question", "final_answer", "r1_solution_1", "r1_solution_2", "r1_solution_3"),
-         key=("question",), make_example=_deepmath,
+         may_be_empty=("r1_solution_1", "r1_solution_2", "r1_solution_3"), key=("question",), make_example=_deepmath,
          verifier=lambda completion, ex: math_reward(completion, ex.gold), answer=_boxed_or_answer),
     Task(name="poetry", hub_id="jnb666/poems", columns=("instruction", "poem"),
          key=("instruction",), make_example=_poetry,

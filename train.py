@@ -45,7 +45,7 @@ from advantage import ESTIMATORS, compute_advantages
 from config import SYNC_TOLERANCE, Args, check_args, estimator_hparams, parse_args, resolve_auto, run_dir  # noqa: F401
 from grad_alloc import allocation_metrics
 from loss import loss_denominator, pad_batch, policy_loss, sequence_logprobs
-from plumbing.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, save_checkpoint
+from plumbing.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, remove_orphans, save_checkpoint
 from plumbing.models import ModelLoadError, SamplingError, load_model, load_tokenizer
 from plumbing.parallel import all_reduce_sum, full_weights, gather_rows, shard
 from plumbing.run_log import MetricsLog, PhaseMemory, model_flops_per_token, report_eval
@@ -288,6 +288,7 @@ def main(args: Args) -> dict:
     hf_logging.disable_progress_bar()
     distributed, rank, world, device = init_distributed(args)
     master = rank == 0
+    remove_orphans(out_dir, master)  # what killed saves left, with a note
     task, train_set, test_set = load_data(args, master)
     ckpt, init_path = find_checkpoint(args.resume) if args.resume else None, resolve_model(args.model)
     tokenizer, model, ref_model = load_models(args, ckpt, init_path, device)

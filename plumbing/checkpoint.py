@@ -6,11 +6,19 @@ scheduler, every rank's RNG states, the run's arguments). It is written into a t
 renamed into place, and trainer_state.pt is what marks it complete, so a killed save never leaves a
 half-written checkpoint behind. A damaged or foreign checkpoint raises CheckpointError with one line.
 
+Checkpoints are shared, so loading one must not run code: both .pt files are read with
+torch.load(weights_only=True), which builds tensors, numbers, strings, lists and dicts and refuses every
+other object (CheckpointError, one line). The RNG states are stored in those types (numpy's as a plain
+list); checkpoints written before that hold numpy's state as an array, and load with exactly the four
+numpy names that rebuild one (NUMPY_RNG_GLOBALS).
+
     python train.py --resume runs/arith-softmax-s0          # continue from the newest checkpoint
 """
 
 import os
+import pickle
 import random
+import re
 import shutil
 import tempfile
 from dataclasses import asdict
@@ -24,6 +32,78 @@ class CheckpointError(Exception):
     """A checkpoint that cannot be used; the message is one line for the user."""
 
 
+# What np.random.get_state()'s uint32 array needs to unpickle, and nothing more: trainer_state.pt files
+# written before the RNG states were stored as lists hold one (tests/test_bad_input.py).
+NUMPY_RNG_GLOBALS = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType]
+
+
+def safe_load(ckpt: str, name: str):
+    """torch.load(ckpt/name) with weights_only=True: a file that needs any other object is refused, unbuilt."""
+    try:
+        with torch.serialization.safe_globals(NUMPY_RNG_GLOBALS if name == "trainer_state.pt" else []):
+            return torch.load(os.path.join(ckpt, name), weights_only=True)
+    except pickle.UnpicklingError as err:
+        needs = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        if needs:
+            raise CheckpointError(f"checkpoint {ckpt}: {name} needs {needs.group(1)} to load, and loading "
+                                  "anything but tensors, numbers, strings, lists and dicts could run code; "
+                                  "refused") from None
+        raise CheckpointError(f"checkpoint {ckpt} is corrupt: cannot read {name} (not a torch.save file "
+                              "of tensors, numbers, strings, lists and dicts)") from None
+    except Exception as err:
+        raise CheckpointError(f"checkpoint {ckpt} is corrupt: cannot read {name} ({type(err).__name__})") from None
+
+
+def rng_state() -> dict:
+    """This process's RNG states as tensors, tuples and lists of numbers: they load under weights_only=True."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"python": random.getstate(), "numpy": [kind, keys.tolist(), pos, has_gauss, gauss],
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(rng: dict):
+    kind, keys, pos, has_gauss, gauss = rng["numpy"]  # a list, or an array in older checkpoints
+    random.setstate(rng["python"])
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(rng["torch"])
+    if torch.cuda.is_available() and rng["cuda"] is not None:
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def model_file_error(folder: str) -> str | None:
+    """Why a *.safetensors file in `folder` cannot load (empty, truncated, a damaged header), as one line, or None.
+
+    Reads each file's header only (its first 8 bytes say how long the header is), so it costs milliseconds
+    before a model load that would otherwise end in a traceback from inside safetensors.
+    """
+    import json
+    import struct
+
+    for name in sorted(f for f in os.listdir(folder) if f.endswith(".safetensors")):
+        path, why = os.path.join(folder, name), None
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(8)
+            length = struct.unpack("<Q", head)[0] if len(head) == 8 else None
+            if length is None:
+                why = f"{size} bytes: empty or cut short"
+            elif 8 + length > size or length > 100_000_000:
+                why = "a damaged header"
+            else:
+                try:
+                    header = json.loads(f.read(length))
+                    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+                except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+                    why = "a damaged header"
+                else:
+                    if 8 + length + end != size:
+                        why = f"{size:,} bytes where its header describes {8 + length + end:,}: cut short or damaged"
+        if why:
+            return f"model file {path} is corrupt ({why}); save or download the model again"
+    return None
+
+
 def find_checkpoint(path: str) -> str | None:
     """`path` itself if it is a checkpoint, else the newest complete checkpoint-STEP inside it."""
     if os.path.isfile(os.path.join(path, "trainer_state.pt")):
@@ -33,47 +113,94 @@ def find_checkpoint(path: str) -> str | None:
     return os.path.join(path, max(done, key=lambda d: int(d[11:]))) if done else None
 
 
+def newer_checkpoints(ckpt: str, step: int) -> list[str]:
+    """The complete checkpoints beside `ckpt` (of step `step`) with a later step: resuming `ckpt` in place would
+    overwrite them with another trajectory."""
+    run = os.path.dirname(os.path.abspath(ckpt))
+    return sorted(d for d in os.listdir(run) if d.startswith("checkpoint-") and d[11:].isdigit() and int(d[11:]) > step
+                  and os.path.isfile(os.path.join(run, d, "trainer_state.pt")))
+
+
 def read_trainer_state(ckpt: str) -> dict:
     missing = [f for f in ("config.json", "optimizer.pt") if not os.path.isfile(os.path.join(ckpt, f))]
     if missing:
         raise CheckpointError(f"checkpoint {ckpt} is incomplete: missing {', '.join(missing)}")
-    try:
-        return torch.load(os.path.join(ckpt, "trainer_state.pt"), weights_only=False)
-    except Exception as err:
-        raise CheckpointError(f"checkpoint {ckpt} is corrupt: cannot read trainer_state.pt "
-                              f"({type(err).__name__})") from None
+    state = safe_load(ckpt, "trainer_state.pt")
+    if not isinstance(state, dict) or not isinstance(state.get("args"), dict):
+        raise CheckpointError(f"checkpoint {ckpt} is corrupt: trainer_state.pt holds no run arguments")
+    return state
+
+
+def _tensor_bytes(obj) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(map(_tensor_bytes, obj.values()))
+    return sum(map(_tensor_bytes, obj)) if isinstance(obj, (list, tuple)) else 0
+
+
+def remove_orphans(out_dir: str, master: bool = True) -> list[str]:
+    """Remove the .tmp-checkpoint-* folders that killed saves left in `out_dir` (they can fill a disk), on rank 0
+    only, and say so in one note; their names."""
+    if not master or not os.path.isdir(out_dir):
+        return []
+    names = sorted(d for d in os.listdir(out_dir) if d.startswith(".tmp-checkpoint-"))
+    for name in names:
+        shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
+    if names:
+        print(f"note: removed {len(names)} unfinished checkpoint save(s) a killed run left in {out_dir}: "
+              f"{', '.join(names)}")
+    return names
 
 
 def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args):
     """out_dir/checkpoint-STEP: an HF folder (from_pretrained, vLLM) + optimizer.pt + trainer_state.pt.
 
     Written into a temporary folder and renamed into place, so a killed save never leaves a
-    half-written checkpoint-STEP behind; trainer_state.pt is what marks a checkpoint complete.
+    half-written checkpoint-STEP behind; trainer_state.pt is what marks a checkpoint complete. A save
+    that fails (a full disk) removes its temporary folder and raises CheckpointError on every rank, one
+    line naming the save, the bytes it needed and the last good checkpoint, which it left intact.
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_state, optim_state = get_state_dict(model, optimizer, options=options)  # full tensors on rank 0
-    rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-           "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+    rng = rng_state()
     rngs = [rng]
     if dist.is_initialized():
         rngs = [None] * dist.get_world_size()
         dist.all_gather_object(rngs, rng)
+    error = None
     if not dist.is_initialized() or dist.get_rank() == 0:
-        tmp = tempfile.mkdtemp(dir=out_dir, prefix=f".tmp-checkpoint-{step:06d}-")
-        model.save_pretrained(tmp, state_dict=model_state)
-        tokenizer.save_pretrained(tmp)
-        torch.save(optim_state, os.path.join(tmp, "optimizer.pt"))
-        torch.save({"step": step, "data_position": step * args.rollout_batch, "scheduler": scheduler.state_dict(),
-                    "rng": rngs, "args": asdict(args)}, os.path.join(tmp, "trainer_state.pt"))
         final = os.path.join(out_dir, f"checkpoint-{step:06d}")
-        if os.path.exists(final):  # move the old one aside first: a rename cannot replace a folder
-            os.rename(final, tmp + "-old")
-        os.rename(tmp, final)
-        shutil.rmtree(tmp + "-old", ignore_errors=True)
-    if dist.is_initialized():
-        dist.barrier()
+        last_good = find_checkpoint(out_dir)
+        tmp = tempfile.mkdtemp(dir=out_dir, prefix=f".tmp-checkpoint-{step:06d}-")
+        try:
+            model.save_pretrained(tmp, state_dict=model_state)
+            tokenizer.save_pretrained(tmp)
+            torch.save(optim_state, os.path.join(tmp, "optimizer.pt"))
+            torch.save({"step": step, "data_position": step * args.rollout_batch,
+                        "scheduler": scheduler.state_dict(), "rng": rngs, "args": asdict(args)},
+                       os.path.join(tmp, "trainer_state.pt"))
+        except Exception as err:  # ENOSPC as OSError, or torch.save's RuntimeError "unexpected pos"
+            shutil.rmtree(tmp, ignore_errors=True)
+            reason = getattr(err, "strerror", None) or (str(err).strip().splitlines() or [type(err).__name__])[0]
+            needed = _tensor_bytes(model_state) + _tensor_bytes(optim_state)
+            error = (f"saving checkpoint {final} failed ({reason[:200]}): it needs about {needed / 1e9:.2f} GB and "
+                     f"{shutil.disk_usage(out_dir).free / 1e9:.2f} GB are free; its partial folder is removed, and "
+                     + (f"the last good checkpoint, {last_good}, is intact" if last_good else "no earlier checkpoint "
+                        "exists"))
+        else:
+            if os.path.exists(final):  # move the old one aside first: a rename cannot replace a folder
+                os.rename(final, tmp + "-old")
+            os.rename(tmp, final)
+            shutil.rmtree(tmp + "-old", ignore_errors=True)
+    if dist.is_initialized():  # every rank learns rank 0's verdict (and waits for its save)
+        verdict = [error]
+        dist.broadcast_object_list(verdict, src=0)
+        error = verdict[0]
+    if error:
+        raise CheckpointError(error)
 
 
 def load_checkpoint(ckpt, model, optimizer, scheduler, rank) -> int:
@@ -81,16 +208,8 @@ def load_checkpoint(ckpt, model, optimizer, scheduler, rank) -> int:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     state = read_trainer_state(ckpt)
-    try:
-        optim_state = torch.load(os.path.join(ckpt, "optimizer.pt"), weights_only=False)
-    except Exception as err:
-        raise CheckpointError(f"checkpoint {ckpt} is corrupt: unreadable optimizer.pt ({type(err).__name__})") from None
+    optim_state = safe_load(ckpt, "optimizer.pt")
     set_optimizer_state_dict(model, optimizer, optim_state, options=StateDictOptions(full_state_dict=True))
     scheduler.load_state_dict(state["scheduler"])
-    rng = state["rng"][rank if rank < len(state["rng"]) else 0]  # another world size: rank 0's
-    random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
-    torch.set_rng_state(rng["torch"])
-    if torch.cuda.is_available() and rng["cuda"] is not None:
-        torch.cuda.set_rng_state_all(rng["cuda"])
+    set_rng_state(state["rng"][rank if rank < len(state["rng"]) else 0])  # another world size: rank 0's
     return state["step"]

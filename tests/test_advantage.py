@@ -12,6 +12,8 @@ from advantage import (
     drgrpo_advantages,
     estimator_params,
     grpo_advantages,
+    hyperparameter_ranges,
+    hyperparameters,
     maxrl_advantages,
     population_weight,
     reinforce_advantages,
@@ -88,7 +90,7 @@ def test_other_estimators_hand_values():
     r = torch.tensor([[1.0, 0.0, 0.0, 1.0]])
     assert torch.allclose(drgrpo_advantages(r), torch.tensor([[0.5, -0.5, -0.5, 0.5]]))
     # population std of {1, 0, 0, 1} is 0.5
-    assert torch.allclose(grpo_advantages(r, eps=0.0), torch.tensor([[1.0, -1.0, -1.0, 1.0]]))
+    assert torch.allclose(grpo_advantages(r, eps=1e-12), torch.tensor([[1.0, -1.0, -1.0, 1.0]]))
     assert torch.equal(grpo_advantages(torch.ones(1, 4)), torch.zeros(1, 4))
     # others' mean for a success: 1/3; for a failure: 2/3
     assert torch.allclose(rloo_advantages(r), torch.tensor([[2 / 3, -2 / 3, -2 / 3, 2 / 3]]))
@@ -225,3 +227,29 @@ def test_conflicting_hyperparameter_defaults_are_refused(monkeypatch):
     monkeypatch.setitem(ESTIMATORS, "other", lambda rewards, tau=0.7: rewards)
     with pytest.raises(ValueError, match="'tau' defaults to 0.7"):
         estimator_params()
+
+
+@pytest.mark.parametrize("name, value", [
+    ("eps", -1.0), ("eps", 0.0), ("eps", float("nan")), ("eps", float("inf")), ("eps", 1e-300),
+    ("tau", 1e-300), ("tau", -0.1), ("baseline", float("nan")), ("baseline", float("inf")), ("baseline", "0.5"),
+])
+def test_every_estimator_refuses_a_hyperparameter_outside_its_declared_range(name, value):
+    """eps -1 would flip GRPO's advantages; eps or tau that round to 0 in float32 would make them NaN."""
+    valid = hyperparameter_ranges()[name]
+    assert valid.problem(value) is not None
+    users = [est for est, fn in ESTIMATORS.items() if name in hyperparameters(fn)]
+    assert users
+    for est in users:
+        with pytest.raises(ValueError, match=f"{name} must be"):
+            ESTIMATORS[est](torch.tensor([[1.0, 0.0, 0.0, 1.0]]), **{name: value})
+
+
+def test_declared_ranges_accept_the_defaults_and_small_float32_values():
+    ranges = hyperparameter_ranges()
+    assert set(ranges) == set(estimator_params())
+    for name, (default, _) in estimator_params().items():
+        assert ranges[name].problem(default) is None
+    assert ranges["tau"].problem(1e-30) is None and ranges["baseline"].problem(None) is None
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0]])
+    assert torch.isfinite(softmax_advantages(r, tau=1e-30)).all()  # the smallest accepted values stay finite
+    assert torch.isfinite(grpo_advantages(torch.ones(1, 4), eps=torch.finfo(torch.float32).tiny)).all()

@@ -3,6 +3,7 @@
 import itertools
 import json
 import math
+import os
 from dataclasses import dataclass, field
 
 import pytest
@@ -172,3 +173,58 @@ def test_cli_unloadable_model_one_line_exit_2(kind, tmp_path, capsys, monkeypatc
     assert exit_info.value.code == 2 and len(stderr.strip().splitlines()) == 1
     assert stderr.startswith(f"eval.py: error: cannot load model {str(model)!r}")
     assert "--model" in stderr and "HF_HUB_OFFLINE" in stderr and "Traceback" not in stderr
+
+
+# ---- the result file: checked writable before anything loads, printed first, written atomically (issue 29)
+
+def test_an_unwritable_output_is_refused_before_anything_loads(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    import tempfile
+
+    import eval as eval_module
+
+    (tmp_path / "a_file").write_text("x")
+    cases = [(tmp_path, "is a folder"), (tmp_path / "a_file" / "out.json", "does not exist (or is a file)"),
+             (tmp_path / "no" / "out.json", "does not exist")]
+    for out, message in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--model", tiny_model_dir, "--task", "arith", "--out", str(out)])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.count("\n") == 1 and message in err, err
+
+    def read_only(*args, **kwargs):  # a read-only model folder (the default --out); chmod does not stop root
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    monkeypatch.setattr(eval_module, "get_task", lambda name: pytest.fail("loaded the task before the check"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", tiny_model_dir, "--task", "arith"])  # writes beside the model by default
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1
+    assert f"cannot write {tiny_model_dir}/eval_arith_test.json: {tiny_model_dir} is not writable" in err
+
+
+def test_a_full_disk_keeps_the_earlier_result_and_prints_the_summary(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    import errno
+
+    out = tmp_path / "eval.json"
+    flags = ["--model", tiny_model_dir, "--task", "arith", "--limit", "2", "--max-tokens", "2", "--sampler", "hf",
+             "--out", str(out)]
+    main(flags)
+    earlier = out.read_bytes()
+    capsys.readouterr()
+    real_dump = json.dump
+
+    def fills_the_disk(obj, f, **kwargs):
+        f.write(json.dumps(obj)[:4096])  # what a full disk left: the first 4 KiB
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(json, "dump", fills_the_disk)
+    with pytest.raises(SystemExit) as exit_info:
+        main(flags)
+    monkeypatch.setattr(json, "dump", real_dump)
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert exit_info.value.code == 1 and lines[-1].startswith("eval.py: error: cannot write ")
+    assert "No space left on device" in lines[-1] and "is intact" in lines[-1] and "Traceback" not in captured.err
+    assert "pass@1 (greedy)" in captured.out  # the result reached the screen before the disk failed
+    assert out.read_bytes() == earlier and sorted(os.listdir(tmp_path)) == ["eval.json"]  # no partial file left

@@ -365,3 +365,41 @@ def test_eval_judge_against_vllm_server(tiny_model_dir, tmp_path):
         third = json.load(open(out))
         assert third["examples"][0]["judge"] == first["examples"][0]["judge"]
         assert set(third["examples"][1]["judge"]["tiny-judge"]) == {"score", "pairwise"}
+
+
+@pytest.mark.parametrize("content_type, body", [("application/json", b"<html>not json</html>"),
+                                                ("text/html", b"<html>a login page</html>"),
+                                                ("application/json", b'{"data": 3}')])
+def test_a_models_listing_that_is_not_json_is_one_line(content_type, body, tmp_path, capsys):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    try:
+        with pytest.raises(judge.JudgeError, match="answered GET /models with no OpenAI model list") as info:
+            Judge(url, "m").check()
+        assert "\n" not in str(info.value)
+        path = tmp_path / "eval_poetry_test.json"
+        path.write_text(json.dumps(poetry_result()))
+        before = path.read_bytes()
+        with pytest.raises(SystemExit) as exit_info:
+            judge.main([str(path), "--judge-url", url, "--judge-model", "m", "--judge-retries", "0"])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 1 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+        assert path.read_bytes() == before
+    finally:
+        server.shutdown()
+        server.server_close()

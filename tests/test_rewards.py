@@ -88,6 +88,8 @@ def test_math_reward_recovers_after_a_hanging_expression():
     ("Working...\n(44 + 19) + 35", [44, 19, 35], 98),  # last line of the answer
     ("95 - 11 - 56.", [95, 11, 56], 28),
     ("-(3 - 8) * 4 + 4", [3, 8, 4, 4], 24),  # unary minus
+    ("+5-3", [5, 3], 2),  # unary plus: 5 - 3, as Python and TinyZero's eval-based checker read it
+    ("(+8) * 3", [8, 3], 24),
 ])
 def test_countdown_reward_positive(completion, numbers, target):
     assert countdown_reward(completion, numbers, target) == 1.0
@@ -109,6 +111,17 @@ def test_countdown_reward_positive(completion, numbers, target):
 ])
 def test_countdown_reward_negative(completion, numbers, target):
     assert countdown_reward(completion, numbers, target) == 0.0
+
+
+@pytest.mark.parametrize("completion", ["(3+3)*4*", "3 3 4 1", "(3+3)*4*1)", "((3+3)*4*1", "3 + 3 + 4 1", "03 * 8",
+                                        "<think>t</think> \\boxed{(3+3)*}"])
+def test_unparseable_countdown_text_is_a_wrong_answer_not_a_reward_error(completion):
+    """ast.parse raised on these: they were counted in reward/errors, printed a traceback, raised under strict
+    mode (the tests run strict: tests/conftest.py). Text that is no expression is a wrong answer."""
+    rewards.take_error_count()
+    assert rewards.STRICT  # would raise here if the reward still raised
+    assert countdown_reward(completion, [3, 3, 4, 1], 24) == 0.0
+    assert rewards.take_error_count() == 0
 
 
 # ---------------------------------------------------------------- arith, format
@@ -330,3 +343,22 @@ def test_hostile_text_raises_nothing_even_in_strict_mode(monkeypatch):
     assert countdown_reward("(" * 40 + "1" + ")" * 40, [1], 1) == 0.0
     assert math_reward("\\boxed{" * 300, "1") == 0.0
     assert math_reward(b"\xff\xfe", "1") == 0.0
+
+
+@pytest.mark.parametrize("completion, gold, want, as_math_verify", [
+    (r"The solutions are \boxed{1} and \boxed{2} and \boxed{3}.", r"\{1,2,3\}", 1.0, True),  # math-verify's cases
+    (r"\boxed{(2, 2)} \quad \text{and} \quad \boxed{(6, 2)}", "(2,2),(6,2)", 1.0, True),
+    (r"$\boxed{-1}$, $\boxed{4}$", r"\{-1, 4\}", 1.0, True),
+    (r"\boxed{1} and \boxed{2}", "2", 0.0, True),  # two boxes are a set of two, not the last one alone
+    # words part them: the earlier box is working, not answer (math-verify would read the set {2, 3})
+    (r"First \boxed{2}, so the answer is \boxed{3}", "3", 1.0, False),
+    (r"\boxed{5 apples} or \boxed{7}", r"\{5, 7\}", 1.0, False),  # unit words go from each box of the run
+])
+def test_answers_split_over_several_boxes_are_one_set_as_math_verify_reads_them(completion, gold, want,
+                                                                                   as_math_verify):
+    from math_verify import parse, verify
+
+    assert math_reward(completion, gold) == want
+    if as_math_verify:
+        assert float(verify(parse("\\boxed{" + gold + "}"), parse(completion))) == want
+    assert rewards.last_boxes(r"\boxed{1}, \boxed{2}") == ["1", "2"] and rewards.last_boxes(r"\boxed{2") == []

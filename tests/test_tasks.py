@@ -183,7 +183,7 @@ def test_data_errors_are_one_line(tmp_path, monkeypatch):
     assert ".parquet" in one_line_error(lambda: get_task("gsm8k").load(data_file=str(tmp_path / "x.csv")))
     broken = tmp_path / "broken.jsonl"
     broken.write_text("{not json\n")
-    assert "cannot read" in one_line_error(lambda: get_task("gsm8k").load(data_file=str(broken)))
+    assert "line 1 is not valid JSON" in one_line_error(lambda: get_task("gsm8k").load(data_file=str(broken)))
     poems_only = tmp_path / "poems.jsonl"
     poems_only.write_text(json.dumps({"poem": "Roses", "author": "anon"}) + "\n")
     message = one_line_error(lambda: get_task("poetry").load(data_file=str(poems_only)))
@@ -231,8 +231,9 @@ def test_bad_rows_and_repeated_prompts(tmp_path):
     uids += [e.uid for e in get_task("countdown").load("test", data_file=str(path))]
     assert len(uids) == 3 and len(set(uids)) == 3  # same prompt, same split, distinct ids
     path.write_text(json.dumps({"nums": ["x"], "target": 3}) + "\n")
-    assert "row 0" in one_line_error(lambda: get_task("countdown").load("train", data_file=str(path))
-                                     + get_task("countdown").load("test", data_file=str(path)))
+    message = one_line_error(lambda: get_task("countdown").load("train", data_file=str(path))
+                             + get_task("countdown").load("test", data_file=str(path)))
+    assert "line 1 is not a valid countdown example" in message
 
 
 def test_task_is_built_with_keywords_and_one_entry_adds_one():

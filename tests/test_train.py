@@ -145,7 +145,9 @@ def test_reward_errors_are_counted_and_summed_per_step(monkeypatch, capsys):
 def test_cli_bad_flag_prints_one_line_before_loading_anything():
     result = cli("--tau", "-0.5")
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == ["train.py: error: --tau must be a finite number > 0"]
+    assert result.stderr.strip().splitlines() == [
+        "train.py: error: --tau must be finite and > 0 (at least 1.2e-38, float32's smallest normal number: a "
+        "smaller value rounds to 0), got -0.5"]
 
 
 def test_preset_then_explicit_flags_win(tmp_path):

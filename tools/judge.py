@@ -253,6 +253,10 @@ class Judge:
             return  # some OpenAI-compatible servers have no /models listing: the first request will tell
         except openai.APIError as err:
             raise JudgeError(f"judge server at {self.url} refused the model listing ({_first_line(err)})") from None
+        except (ValueError, TypeError, AttributeError) as err:  # an answer that is no JSON model list (a web page)
+            raise JudgeError(f"the judge server at {self.url} answered GET /models with no OpenAI model list "
+                             f"({type(err).__name__}: {_first_line(err)}); is --judge-url an OpenAI-compatible "
+                             "/v1 endpoint?") from None
         if self.model not in served:
             raise JudgeError(f"the judge server at {self.url} does not serve {self.model!r} "
                              f"(it serves: {', '.join(served) or 'nothing'})")

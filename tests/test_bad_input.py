@@ -1,0 +1,396 @@
+"""Bad input to train.py and eval.py, as a new user gives it: one line, exit 1 or 2, nothing lost, nothing run.
+
+Each case asserts the exit code, that stderr is one line (no traceback), and that every file present
+before the command is byte-identical after it (issue 29).
+
+    python -m pytest tests/test_bad_input.py -q
+"""
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from plumbing import checkpoint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def snapshot(*roots) -> dict:
+    """{path: bytes} of every file under `roots`."""
+    files = {}
+    for root in map(str, roots):
+        for folder, _, names in os.walk(root):
+            for name in names:
+                path = os.path.join(folder, name)
+                with open(path, "rb") as f:
+                    files[path] = f.read()
+    return files
+
+
+def run(script, *flags, env=None):
+    return subprocess.run([sys.executable, script, *map(str, flags)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+
+
+def assert_one_line(result, code, *words):
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == code, result.stderr[-3000:]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+def fake_checkpoint(run_dir, step, state):
+    path = run_dir / f"checkpoint-{step:06d}"
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    torch.save({}, path / "optimizer.pt")
+    torch.save(state, path / "trainer_state.pt")
+    return path
+
+
+# ---- item 8: a checkpoint cannot run code
+
+class WritesAFile:
+    """Unpickling this calls exec, which writes `path`: what a malicious trainer_state.pt would do."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return exec, (f"open({self.path!r}, 'w').write('ran')",)
+
+
+def test_a_checkpoint_whose_unpickling_runs_code_is_refused_and_never_runs(tiny_model_dir, tmp_path):
+    marker = tmp_path / "ran.txt"
+    ckpt = fake_checkpoint(tmp_path / "shared_run", 1, {"step": 1, "args": {"task": "arith"},
+                                                        "rng": [WritesAFile(marker)]})
+    before = snapshot(tmp_path)
+    result = run("train.py", "--resume", ckpt, "--model", tiny_model_dir, "--out-dir", tmp_path / "out")
+    line = assert_one_line(result, 2, "train.py: error: ", str(ckpt), "trainer_state.pt", "exec", "refused")
+    assert "could run code" in line
+    assert not marker.exists() and not (tmp_path / "out").exists()
+    assert snapshot(tmp_path) == before
+
+
+def test_optimizer_pt_that_needs_an_object_is_refused(tmp_path):
+    marker = tmp_path / "ran.txt"
+    ckpt = fake_checkpoint(tmp_path / "run", 1, {"step": 1, "args": {}})
+    torch.save({"state": WritesAFile(marker)}, ckpt / "optimizer.pt")
+    with pytest.raises(checkpoint.CheckpointError, match="optimizer.pt needs exec to load") as info:
+        checkpoint.safe_load(str(ckpt), "optimizer.pt")
+    assert "\n" not in str(info.value) and not marker.exists()
+
+
+def test_rng_states_are_saved_as_plain_types_and_restore_exactly(tmp_path):
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    state = checkpoint.rng_state()
+    torch.save({"rng": [state]}, tmp_path / "t.pt")
+    loaded = torch.load(tmp_path / "t.pt", weights_only=True)["rng"][0]  # no allow-list needed
+    expected = random.random(), np.random.rand(), torch.rand(1)
+    random.seed(9), np.random.seed(9), torch.manual_seed(9)
+    checkpoint.set_rng_state(loaded)
+    assert (random.random(), np.random.rand(), torch.rand(1)) == expected
+
+
+def test_an_older_checkpoint_with_numpy_rng_arrays_still_loads(tmp_path):
+    np.random.seed(5)
+    old = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(), "cuda": None}
+    expected = np.random.rand()
+    ckpt = fake_checkpoint(tmp_path / "run", 1, {"step": 1, "args": {"task": "arith"}, "rng": [old]})
+    state = checkpoint.read_trainer_state(str(ckpt))
+    np.random.seed(0)
+    checkpoint.set_rng_state(state["rng"][0])
+    assert np.random.rand() == expected
+
+
+def test_a_corrupt_or_empty_trainer_state_is_corrupt_not_refused(tmp_path):
+    ckpt = fake_checkpoint(tmp_path / "run", 1, {})
+    for data in (b"not a torch file", b""):
+        (ckpt / "trainer_state.pt").write_bytes(data)
+        with pytest.raises(checkpoint.CheckpointError, match="is corrupt: cannot read trainer_state.pt"):
+            checkpoint.read_trainer_state(str(ckpt))
+
+
+# ---- item 2: estimator hyperparameters and other numbers are validated before anything loads
+
+@pytest.mark.parametrize("flags, message", [
+    (["--advantage", "grpo", "--eps", "-1"], "--eps must be finite and > 0"),  # flipped every advantage
+    (["--advantage", "grpo", "--eps", "nan"], "--eps must be a number, got nan"),
+    (["--advantage", "softmax", "--eps", "-1"], "--eps must be finite and > 0"),  # logged for every estimator
+    (["--tau", "1e-300"], "--tau must be finite and > 0 (at least 1.2e-38"),  # 0 in float32: NaN advantages
+    (["--tau", "-0.5"], "--tau must be finite and > 0"),
+    (["--tau", "inf"], "--tau must be finite and > 0"),
+    (["--advantage", "reinforce", "--baseline", "inf"], "--baseline must be finite"),
+    (["--beta", "nan"], "--beta must be a number, got nan"),  # was silently 0
+    (["--beta", "inf"], "--weight-decay and --beta must be finite"),
+    (["--weight-decay", "nan"], "--weight-decay must be a number, got nan"),  # was a traceback
+    (["--lr", "nan"], "--lr must be a number"),
+    (["--lr", "inf"], "--lr must be finite"),
+    (["--temperature", "nan"], "--temperature must be a number"),
+    (["--M", "1"], "--M must be >= 2, got 1"),  # every advantage 0
+])
+def test_bad_numbers_are_one_line_and_exit_2(flags, message, tmp_path, capsys):
+    import train
+
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        train.parse_args([*flags, "--out-dir", str(out)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err.count("\n") == 1 and err.startswith("train.py: error: ") and message in err, err
+    assert not out.exists()
+
+
+def test_a_negative_eps_stops_at_the_command_line(tmp_path):
+    result = run("train.py", "--advantage", "grpo", "--eps", "-1", "--out-dir", tmp_path / "run")
+    assert_one_line(result, 2, "train.py: error: --eps must be finite and > 0", "got -1.0")
+    assert not (tmp_path / "run").exists()
+
+
+# ---- item 1: rows without their answer, bad JSON lines, non-UTF-8 and absurdly long rows are refused at load
+
+def gsm8k_rows(n):
+    return [{"question": f"What is {a} plus 1?", "answer": f"{a} + 1 = {a + 1}\n#### {a + 1}"} for a in range(n)]
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
+    return path
+
+
+@pytest.mark.parametrize("script", ["train.py", "eval.py"])
+def test_rows_without_their_answer_are_refused_at_load(script, tiny_model_dir, tmp_path):
+    rows = gsm8k_rows(21)
+    for row in rows[2::3]:  # every third row lacks its answer: it trained against the gold answer "None"
+        del row["answer"]
+    data = write_jsonl(tmp_path / "gsm8k.jsonl", rows)
+    before = snapshot(tmp_path)
+    flags = ["--out-dir", tmp_path / "run"] if script == "train.py" else ["--out", tmp_path / "out.json"]
+    result = run(script, "--task", "gsm8k", "--model", tiny_model_dir, "--data-file", data, *flags)
+    assert_one_line(result, 1 if script == "train.py" else 2, f"{script}: error: --data-file {data}: line 3 lacks "
+                    "a value for 'answer'; 7 of 21 rows are bad")
+    assert snapshot(tmp_path) == before
+
+
+def test_a_non_utf8_data_file_is_one_line_in_train(tiny_model_dir, tmp_path):
+    data = tmp_path / "latin1.jsonl"
+    data.write_bytes(b'{"question": "What is 1 plus 1?", "answer": "#### 2"}\n'
+                     b'{"question": "Caf\xe9 costs 3, tea 2: total?", "answer": "#### 5"}\n')
+    before = snapshot(tmp_path)
+    result = run("train.py", "--task", "gsm8k", "--model", tiny_model_dir, "--data-file", data,
+                 "--out-dir", tmp_path / "run")
+    assert_one_line(result, 1, "train.py: error: ", "line 2 is not UTF-8 text (byte 0xe9", "1 of 2 rows are bad")
+    assert snapshot(tmp_path) == before
+
+
+def test_a_50_mb_line_is_refused_in_seconds(tiny_model_dir, tmp_path):
+    import time
+
+    rows = gsm8k_rows(5)
+    rows[3]["question"] = "What is " + "1 + " * 12_500_000 + "1?"  # one 50 MB line
+    data = write_jsonl(tmp_path / "huge.jsonl", rows)
+    start = time.perf_counter()
+    result = run("train.py", "--task", "gsm8k", "--model", tiny_model_dir, "--data-file", data,
+                 "--out-dir", tmp_path / "run")
+    assert_one_line(result, 1, "line 4 is 50,000,0", "characters long, over the 1,000,000 a row may hold")
+    assert time.perf_counter() - start < 60 and not (tmp_path / "run").exists()
+
+
+def test_bad_lines_name_their_line_number(tmp_path):
+    from tasks import DataError, get_task
+
+    cases = [("{not json", "line 2 is not valid JSON (Expecting property name"),
+             ("[1, 2]", "line 2 is not a JSON object"),
+             ({"question": "  ", "answer": "#### 1"}, "line 2 lacks a value for 'question'"),
+             ({"question": "q", "answer": None}, "line 2 lacks a value for 'answer'"),
+             ({"question": "What is 2?", "answer": "2"}, "line 2 is not a valid gsm8k example (ValueError: its "
+                                                         "answer has no final '#### N')")]
+    for bad, message in cases:
+        data = write_jsonl(tmp_path / "d.jsonl", [gsm8k_rows(1)[0], bad, "", *gsm8k_rows(3)])
+        with pytest.raises(DataError) as info:
+            get_task("gsm8k").load("train", data_file=str(data)) + get_task("gsm8k").load("test", data_file=str(data))
+        assert message in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+
+def test_parquet_rows_without_a_value_are_refused_with_their_row(tmp_path):
+    import datasets
+
+    from tasks import DataError, get_task
+
+    rows = gsm8k_rows(6)
+    rows[4]["answer"] = ""
+    path = tmp_path / "g.parquet"
+    datasets.Dataset.from_list(rows).to_parquet(str(path))
+    with pytest.raises(DataError, match=r"row 5 lacks a value for 'answer'; 1 of 6 rows are bad"):
+        get_task("gsm8k").load("train", data_file=str(path))
+
+
+def test_deepmath_solutions_may_be_empty_but_its_answer_may_not(tmp_path):
+    from tasks import DataError, get_task
+
+    row = {"question": "What is 2 + 2?", "final_answer": "4", "r1_solution_1": "", "r1_solution_2": "<think>a"
+           "</think> 4", "r1_solution_3": None}
+    data = write_jsonl(tmp_path / "d.jsonl", [row] * 3)
+    task = get_task("deepmath")
+    assert len(task.load("train", data_file=str(data)) + task.load("test", data_file=str(data))) == 3
+    write_jsonl(data, [row, {**row, "final_answer": ""}])
+    with pytest.raises(DataError, match="line 2 lacks a value for 'final_answer'; 1 of 2 rows"):
+        task.load("train", data_file=str(data))
+
+
+# ---- item 5: resuming never touches a newer trajectory, and never continues one run as another
+
+def run_with_checkpoints(run_dir, model, steps=(1, 2, 3, 4), **saved):
+    args = {"task": "arith", "model": str(model), "advantage": "softmax", "M": 8, "tau": 0.1, "eps": 1e-6, **saved}
+    for step in steps:
+        fake_checkpoint(run_dir, step, {"step": step, "args": args})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in steps))
+    return run_dir
+
+
+def test_resuming_an_older_checkpoint_in_its_run_is_refused_and_the_run_untouched(tiny_model_dir, tmp_path):
+    run_dir = run_with_checkpoints(tmp_path / "run", tiny_model_dir)
+    before = snapshot(tmp_path)
+    result = run("train.py", "--model", tiny_model_dir, "--resume", run_dir / "checkpoint-000001")
+    assert_one_line(result, 2, "train.py: error: --resume ", "holds newer checkpoints (checkpoint-000002, "
+                    "checkpoint-000003, checkpoint-000004)", "--out-dir NEW")
+    assert snapshot(tmp_path) == before
+
+
+def test_an_older_checkpoint_may_fork_into_a_new_run_folder(tiny_model_dir, tmp_path):
+    from config import check_args
+    from train import Args
+
+    run_with_checkpoints(tmp_path / "run", tiny_model_dir)
+    args = Args(model=tiny_model_dir, resume=str(tmp_path / "run" / "checkpoint-000001"), out_dir=str(tmp_path / "new"))
+    assert check_args(args) is None
+    assert check_args(Args(model=tiny_model_dir, resume=str(tmp_path / "run"))) is None  # the newest: continue
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--M", "4"], "was trained with --M 8, not 4; pass --M 8 to resume it"),
+    (["--advantage", "grpo"], "was trained with --advantage softmax, not grpo"),
+    (["--tau", "0.3"], "was trained with --tau 0.1, not 0.3"),
+])
+def test_changing_the_algorithm_on_resume_is_refused_naming_the_flag(flags, message, tiny_model_dir, tmp_path,
+                                                                     capsys):
+    import train
+
+    run_dir = run_with_checkpoints(tmp_path / "run", tiny_model_dir, steps=(2,))
+    before = snapshot(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        train.parse_args(["--model", tiny_model_dir, "--resume", str(run_dir), *flags])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and message in err, err
+    assert snapshot(tmp_path) == before
+    assert train.parse_args(["--model", tiny_model_dir, "--resume", str(run_dir), "--eps", "0.5"]).eps == 0.5  # grpo's
+    meant = train.parse_args(["--model", tiny_model_dir, "--resume", str(run_dir), "--resume-changed", *flags])
+    assert meant.resume_changed and snapshot(tmp_path) == before  # a change the flag says is meant goes ahead
+    with pytest.raises(SystemExit):  # but never onto another model
+        train.parse_args(["--model", str(tmp_path), "--resume", str(run_dir), "--resume-changed", *flags])
+
+
+# ---- item 7: a full disk during a checkpoint save
+
+@pytest.mark.parametrize("failure", ["ENOSPC", "unexpected pos"])
+def test_a_full_disk_during_a_save_is_one_line_and_leaves_the_last_checkpoint_intact(failure, tiny_model_dir,
+                                                                                      tmp_path, monkeypatch):
+    import errno
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import train
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    args = train.Args(model=tiny_model_dir, out_dir=str(tmp_path))
+    optimizer = train.make_optimizer(model, args)
+    scheduler = train.make_scheduler(optimizer, args)
+    checkpoint.save_checkpoint(str(tmp_path), 2, model, optimizer, scheduler, tokenizer, args)
+    before = snapshot(tmp_path)
+    real_save = torch.save
+
+    def fills_the_disk(obj, path, *a, **kw):  # a few bytes reach the disk, then it is full
+        with open(path, "wb") as f:
+            f.write(b"PK\x03\x04 partial")
+        if failure == "ENOSPC":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 4736 vs 4624")
+
+    monkeypatch.setattr(torch, "save", fills_the_disk)
+    with pytest.raises(checkpoint.CheckpointError) as info:
+        checkpoint.save_checkpoint(str(tmp_path), 4, model, optimizer, scheduler, tokenizer, args)
+    monkeypatch.setattr(torch, "save", real_save)
+    message = str(info.value)
+    assert "\n" not in message and f"saving checkpoint {tmp_path}/checkpoint-000004 failed" in message
+    assert ("No space left on device" if failure == "ENOSPC" else "unexpected pos") in message
+    assert "GB and" in message and f"the last good checkpoint, {tmp_path}/checkpoint-000002, is intact" in message
+    assert snapshot(tmp_path) == before and sorted(os.listdir(tmp_path)) == ["checkpoint-000002"]  # no .tmp left
+    assert checkpoint.find_checkpoint(str(tmp_path)).endswith("checkpoint-000002")
+
+
+def test_orphaned_temporary_saves_are_removed_and_named(tmp_path):
+    (tmp_path / ".tmp-checkpoint-000030-abc").mkdir()
+    (tmp_path / ".tmp-checkpoint-000030-abc" / "model.safetensors").write_bytes(b"x" * 100)
+    good = fake_checkpoint(tmp_path, 20, {"step": 20, "args": {}})
+    kept = snapshot(good)
+    assert checkpoint.remove_orphans(str(tmp_path)) == [".tmp-checkpoint-000030-abc"]
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-000020"] and snapshot(good) == kept
+    assert checkpoint.remove_orphans(str(tmp_path / "no-such-run")) == []
+
+
+# ---- tracebacks where one line belongs: the run folder, a damaged model file
+
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_an_out_dir_that_cannot_be_a_folder_is_one_line_before_the_model_loads(where, tmp_path):
+    (tmp_path / "a_file").write_text("x")
+    out = tmp_path / "a_file" if where == "a file" else tmp_path / "a_file" / "run"
+    before = snapshot(tmp_path)
+    result = run("train.py", "--model", tmp_path / "no-model-needed", "--out-dir", out)  # refused before any load
+    assert_one_line(result, 2, "train.py: error: --out-dir ", "is a file, not a folder")
+    assert snapshot(tmp_path) == before
+
+
+def test_an_unwritable_out_dir_is_one_line(tmp_path, monkeypatch, capsys):
+    import tempfile
+
+    import train
+
+    def read_only(*args, **kwargs):  # a read-only folder; chmod does not stop root, so the probe is refused here
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    with pytest.raises(SystemExit) as exit_info:
+        train.parse_args(["--out-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1
+    assert f"--out-dir {tmp_path / 'run'}: cannot write in {tmp_path} (Permission denied)" in err
+
+
+@pytest.fixture(params=["empty", "truncated", "garbage"])
+def damaged_model(request, tiny_model_dir, tmp_path):
+    import shutil
+
+    folder = tmp_path / request.param
+    shutil.copytree(tiny_model_dir, folder)
+    weights = folder / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes({"empty": b"", "truncated": data[:len(data) // 2], "garbage": b"garbage!" * 4}[request.param])
+    return folder
+
+
+@pytest.mark.parametrize("script", ["train.py", "eval.py"])
+def test_a_damaged_model_file_is_one_line(script, damaged_model, tmp_path):
+    before = snapshot(tmp_path)
+    flags = ["--out-dir", tmp_path / "run"] if script == "train.py" else ["--out", tmp_path / "out.json"]
+    result = run(script, "--model", damaged_model, "--task", "arith", *flags)
+    assert_one_line(result, 2, f"{script}: error: ", f"model file {damaged_model}/model.safetensors is corrupt")
+    assert snapshot(tmp_path) == before
