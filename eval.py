@@ -52,12 +52,19 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - fail
 
 
-def encode_prompts(tokenizer, examples) -> list[list[int]]:
-    """Chat-template token ids of each example's prompt, ending with the assistant turn's header."""
+def encode_prompts(tokenizer, examples, max_len: int | None = None) -> list[list[int]]:
+    """Chat-template token ids of each example's prompt, ending with the assistant turn's header. With `max_len`
+    (the context the model has left beside the completion), a longer prompt is a DataError naming its row."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("the tokenizer has no chat template; use an instruct/chat model")
-    return [list(tokenizer.apply_chat_template(ex.prompt, add_generation_prompt=True, tokenize=True,
-                                               return_dict=False)) for ex in examples]
+    ids = [list(tokenizer.apply_chat_template(ex.prompt, add_generation_prompt=True, tokenize=True,
+                                              return_dict=False)) for ex in examples]
+    too_long = [i for i, p in enumerate(ids) if max_len is not None and len(p) > max_len]
+    if too_long:
+        i = too_long[0]
+        raise DataError(f"row {i} ({getattr(examples[i], 'uid', '')}): its prompt is {len(ids[i])} tokens, more than "
+                        f"the {max_len} the model's context leaves beside --max-tokens ({len(too_long)} such rows)")
+    return ids
 
 
 def _valid_prompt(prompt) -> bool:

@@ -364,6 +364,7 @@ class Task:
         or None) from a file or the hub."""
         import datasets  # slow import, only needed for hub-backed tasks
 
+        datasets.disable_progress_bars()  # a bar per split on stderr, where an error should be the only line
         if data_file:
             path = data_file.replace("{split}", split)
             kind = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}.get(

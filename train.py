@@ -161,6 +161,8 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
 def init_distributed(args: Args):
     """(distributed, rank, world, device): under torchrun (RANK is set), one process group over all ranks; then the
     models are FSDP2-sharded, each rank samples its share of prompts, every logged number is all-reduced."""
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()  # no "Loading weights" bar per model on every rank
     cuda = torch.cuda.is_available()
     if not cuda:  # CPU tensors come from malloc: keep their pages instead of faulting them in again
         keep_freed_memory()
@@ -278,14 +280,11 @@ def step_metrics(step: int, args, task, rollout, adv, train_metrics, times, toke
 def main(args: Args) -> dict:
     if error := check_args(args):
         raise ValueError(error)
-    from transformers.utils import logging as hf_logging
-
     from eval import encode_prompts
     from rollout import make_sampler, resolve_model, step_seed, sync_check
 
     # ---- setup: derived values, processes, data, models, sampler, log, held-out score before training
     out_dir, cuda, args = run_dir(args), torch.cuda.is_available(), resolve_auto(args)
-    hf_logging.disable_progress_bar()
     distributed, rank, world, device = init_distributed(args)
     master = rank == 0
     remove_orphans(out_dir, master)  # what killed saves left, with a note
@@ -298,7 +297,8 @@ def main(args: Args) -> dict:
     start_step = load_checkpoint(ckpt, model, optimizer, scheduler, rank) if ckpt else 0
     n_params = model_flops_per_token(model)
     n_forwards = 1 + 3 * args.ppo_epochs + (ref_model is not None) + (not reuses_training_logprobs(args))
-    train_ids, test_ids = encode_prompts(tokenizer, train_set), encode_prompts(tokenizer, test_set)
+    room = model.config.max_position_embeddings - args.max_tokens  # the longest prompt the context holds
+    train_ids, test_ids = (encode_prompts(tokenizer, rows, max_len=room) for rows in (train_set, test_set))
     max_prompt = max(len(p) for p in train_ids + test_ids)
     sampler = make_sampler(args.sampler, ckpt or init_path, dtype=args.dtype, max_model_len=max_prompt +
                            args.max_tokens, seed=args.seed + rank, gpu_memory_utilization=args.gpu_memory_utilization,

@@ -204,6 +204,19 @@ def test_a_50_mb_line_is_refused_in_seconds(tiny_model_dir, tmp_path):
     assert time.perf_counter() - start < 60 and not (tmp_path / "run").exists()
 
 
+def test_a_prompt_longer_than_the_models_context_is_one_line_naming_its_row(tiny_model_dir, tmp_path):
+    """Under the character bound but over the tiny model's 1,024-position context (with --max-tokens beside it):
+    refused before any sampling, naming the row."""
+    rows = gsm8k_rows(5)
+    rows[2]["question"] = "What is " + "1 + " * 300 + "1?"  # ~1,200 characters: one token each
+    data = write_jsonl(tmp_path / "long.jsonl", rows)
+    before = snapshot(tmp_path)
+    result = run("train.py", "--task", "gsm8k", "--model", tiny_model_dir, "--data-file", data, "--max-tokens", "16",
+                 "--out-dir", tmp_path / "run")
+    assert_one_line(result, 1, "train.py: error: row ", "tokens, more than the 1008 the model's context leaves")
+    assert snapshot(tmp_path) == before and not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
 def test_bad_lines_name_their_line_number(tmp_path):
     from tasks import DataError, get_task
 
