@@ -30,10 +30,9 @@ from plumbing.checkpoint import (
 from plumbing.models import has_bf16_units
 
 # --sync-tolerance by training precision: the probe's mean |sampler - trainer| log-prob difference that stops
-# the run. A healthy sampler measured on CPU (bench/sync_tolerance.py; README, "Training for real"): at most
-# 1.2e-5 nats in float32 (HF and vLLM samplers), at most 0.068 in bfloat16, where the sampler computes in
-# bf16 and the trainer under autocast. A sampler on other weights moves every token; one that never
-# received an update is caught separately (its log-probs stay bit-identical while the trainer's move).
+# the run, far above what a healthy sampler measures (bench/sync_tolerance.py; docs/training.md) and far below
+# what a sampler on other weights shows, since it moves every token. One that never received an update is caught
+# separately (its log-probs stay bit-identical while the trainer's move).
 SYNC_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.5}
 
 
@@ -44,7 +43,7 @@ def arg(default, help):
 @dataclass
 class _Args:
     task: str = arg("arith", "task name (tasks.py); also picks the preset of PRESETS")
-    model: str = arg("smollm2-135m", "initial policy: HF folder, hub id or embedded alias (rollout.resolve_model)")
+    model: str = arg("smollm2-135m", "initial policy: HF folder, hub id or embedded alias (plumbing/models.py)")
     data_file: str = arg("", "local data file for the task instead of the hub dataset")
     reward: str = arg("exact", "exact: the task's verifier; sim: similarity to the demonstration (B.5)")
     advantage: str = arg("softmax", f"group advantage estimator: {', '.join(ESTIMATORS)}")
@@ -70,7 +69,7 @@ class _Args:
                         "token-mean, Dr. GRPO's seq-mean-token-sum-norm (length max-tokens)")
     dtype: str = arg("auto", "bfloat16 (autocast over float32 master weights), float32, or auto: bfloat16 where "
                      "the hardware has bf16 matrix units (GPUs, CPUs with AVX512-BF16/AMX), else float32")
-    sampler: str = arg("auto", "auto (vllm on a GPU when installed, else hf), hf or vllm")
+    sampler: str = arg("auto", "auto (vllm on a GPU, where it must be installed; hf on CPU), hf or vllm")
     gpu_memory_utilization: float = arg(0.3, "vLLM's share of GPU memory")
     sync_tolerance: float = arg(0.0, "stop when, after a weight sync, the sampler's probe log-probs differ from the "
                                 "trainer's by more than this (mean over probe tokens, nats); 0: by precision, "
@@ -282,6 +281,10 @@ def check_args(args: Args) -> str | None:
     taken = os.path.isdir(out) and any(f == "metrics.jsonl" or f.startswith("checkpoint-") for f in os.listdir(out))
     if taken and not args.resume:
         return f"{out} already holds a run: continue it with --resume {out}, or pick another --out-dir"
+    ckpt = find_checkpoint(args.resume) if args.resume else None
+    if taken and ckpt and os.path.realpath(out) != os.path.realpath(os.path.dirname(os.path.abspath(ckpt))):
+        return (f"--out-dir {out} already holds another run: resuming {ckpt} there would overwrite it; pick a new "
+                "--out-dir to fork into")
     return None
 
 

@@ -42,8 +42,8 @@ class HFSampler:
         self.model = load_model(model_path, getattr(torch, dtype), device).eval().requires_grad_(False)
         self.shapes = {name: p.shape for name, p in self.model.named_parameters(remove_duplicate=False)}
         # SPEED: on CPU, speed/cpu_sampler.py's decode loop and packed weights (the same samples as _decode)
-        self.fast = cpu_sampler.FastPath(self.model) if (self.model.device.type == "cpu" if fast is None else fast) \
-            else None
+        use_fast = self.model.device.type == "cpu" if fast is None else fast  # `fast`: the tests' choice
+        self.fast = cpu_sampler.FastPath(self.model) if use_fast else None
         eos = self.model.generation_config.eos_token_id  # None, one id, or a list (chat models)
         self.eos_ids = {self.tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
@@ -225,9 +225,9 @@ class VLLMSampler:
 
     def update_weights(self, named_tensors):
         """Streamed: vLLM's reload reads the iterator one tensor at a time, so the sync holds one gathered parameter
-        beside the engine. A sleeping engine wakes in two steps around it (verl's order; vllm#15254): the cache of
-        torch's allocator emptied, its weights, the reload, the cache emptied again, its KV cache. On CPU there is
-        no sleep mode."""
+        (or one fused layer's few: q/k/v, gate/up) beside the engine. A sleeping engine wakes in two steps around it
+        (verl's order; vllm#15254): the allocator's cache emptied, its weights, the reload, the cache emptied, its
+        KV cache. On CPU there is no sleep mode."""
         weights = iter(named_tensors)
         head = [next(weights, None)]  # peeked, to refuse an empty sync; popped when the reload reads it
         if head[0] is None:  # reload_weights without weights re-reads the checkpoint: a silent undo
@@ -258,6 +258,7 @@ class VLLMSampler:
     def wake(self):
         """For an engine that samples again without a sync (update_weights wakes it otherwise)."""
         if self.asleep:
+            torch.cuda.empty_cache()  # training's cached blocks back to the driver first, as in update_weights
             self.llm.wake_up()
             self.asleep = False
 

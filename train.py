@@ -19,15 +19,13 @@ plumbing/ (FSDP2 and the collectives, checkpoints, the sync verdict, the run log
 Departures from the paper's VeRL runs:
 1. The sampler (vLLM, or HF generate on CPU) lives inside every training process and receives the full
    weights after each step; there is no separate rollout worker group.
-2. bfloat16 autocast over float32 master weights (VeRL: FSDP bf16 mixed precision); either way
-   AdamW's 1e-6 updates are not rounded away. `--dtype auto` uses it where the hardware has bf16
-   matrix units and float32 elsewhere, where bf16 would only add rounding.
+2. bf16 over float32 master weights: under FSDP2 VeRL's mixed precision (layers gathered in bf16), in one process
+   autocast; AdamW's 1e-6 updates are not rounded away. `--dtype auto` picks bf16 where the hardware has bf16 units.
 3. A linear warmup over `--warmup-steps` optimizer steps; the paper presets use 0 (VeRL's default).
 4. The held-out score is taken before and after training, and every `--eval-every` steps as `eval/score` (25
    in the paper presets: the official configs' test_freq); the official configs also validate at step 0.
 """
 
-import json
 import os
 import random
 import sys
@@ -48,7 +46,7 @@ from loss import loss_denominator, pad_batch, policy_loss, sequence_logprobs
 from plumbing.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, remove_orphans, save_checkpoint
 from plumbing.models import ModelLoadError, SamplingError, load_model, load_tokenizer
 from plumbing.parallel import all_reduce_sum, full_weights, gather_rows, shard
-from plumbing.run_log import MetricsLog, PhaseMemory, model_flops_per_token, report_eval
+from plumbing.run_log import MetricsLog, PhaseMemory, model_flops_per_token, read_evals, report_eval
 from plumbing.sync import SyncError, check_sync
 from rewards import take_error_count
 from speed.allocator import keep_freed_memory, release_freed_memory
@@ -300,7 +298,8 @@ def main(args: Args) -> dict:
     room = model.config.max_position_embeddings - args.max_tokens  # the longest prompt the context holds
     train_ids, test_ids = (encode_prompts(tokenizer, rows, max_len=room) for rows in (train_set, test_set))
     max_prompt = max(len(p) for p in train_ids + test_ids)
-    sampler = make_sampler(args.sampler, ckpt or init_path, dtype=args.dtype, max_model_len=max_prompt +
+    memory = PhaseMemory(device)  # per phase, this rank's GPU memory (CUDA only), the engine's told apart
+    sampler = memory.build(make_sampler, args.sampler, ckpt or init_path, dtype=args.dtype, max_model_len=max_prompt +
                            args.max_tokens, seed=args.seed + rank, gpu_memory_utilization=args.gpu_memory_utilization,
                            device=device)  # its own copy of the policy, in this process
     probe_prompts = train_ids[:4]  # the same probe at every check: a sampler that never updates repeats itself
@@ -309,13 +308,12 @@ def main(args: Args) -> dict:
         probe = sync_check(sampler, model, probe_prompts)
     check_sync(probe, None, start_step, args.sync_tolerance, device)  # the sampler loaded the same weights
     log = MetricsLog(out_dir, start_step, args, master)
-    eval_path = os.path.join(out_dir, "eval.json")
-    evals = json.load(open(eval_path)) if ckpt and os.path.exists(eval_path) else {}
+    evals = read_evals(out_dir) if ckpt else {}  # a resumed run keeps its "before" score
     if test_set and start_step == 0:
         evals["before"] = evaluate_held_out(sampler, task, test_set, args, rank, world, device)
         report_eval(evals, out_dir, task, len(test_set), master)
 
-    metrics, n_local, memory = {}, args.rollout_batch // world, PhaseMemory(device)
+    metrics, n_local = {}, args.rollout_batch // world
     bar = tqdm(range(start_step, args.steps), initial=start_step, total=args.steps, disable=not master,
                desc=f"{args.advantage} on {args.task}")
     for step in bar:

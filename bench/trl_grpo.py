@@ -29,7 +29,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", required=True, help="HF model folder (rollout.resolve_model's output)")
+    parser.add_argument("--model", required=True, help="HF model folder (plumbing.models.resolve_model's output)")
     parser.add_argument("--prompts-file", required=True, help="JSONL: prompt, prompt_ids, gold, reference, meta, uid")
     parser.add_argument("--task", default="arith")
     parser.add_argument("--steps", type=int, default=3)

@@ -34,7 +34,8 @@ class CheckpointError(Exception):
 
 # What np.random.get_state()'s uint32 array needs to unpickle, and nothing more: trainer_state.pt files
 # written before the RNG states were stored as lists hold one (tests/test_bad_input.py).
-NUMPY_RNG_GLOBALS = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType]
+_NUMPY_CORE = getattr(np, "_core", None) or np.core  # numpy 2 renamed np.core (requirements.txt allows 1.26)
+NUMPY_RNG_GLOBALS = [_NUMPY_CORE.multiarray._reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType]
 
 
 def safe_load(ckpt: str, name: str):

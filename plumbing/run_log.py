@@ -60,13 +60,22 @@ class MetricsLog:
 
 
 class PhaseMemory:
-    """What one rank's GPU memory did in a step, as the rank measured it (CUDA only; on CPU nothing): the torch
-    allocator's peak in each phase (reset as the phase starts), and the device memory in use just before and just
-    after the sampler sleeps, whose difference is the engine's share. scripts/gpu_check.sh checks them."""
+    """What one rank's GPU memory did in a step, as the rank measured it (CUDA only; on CPU nothing): the trainer's
+    peak in each phase (the torch allocator's, reset as the phase starts, less what the engine allocated through
+    it, which its sleep frees behind torch's back), and the device memory in use just before and just after the
+    sampler sleeps, whose difference is the engine's share. scripts/gpu_check.sh checks them."""
 
     def __init__(self, device):
-        self.device, self.on = device, device.type == "cuda"
+        self.device, self.on, self.engine = device, device.type == "cuda", 0
         self.values = {"mem/device": float(device.index or 0)} if self.on else {}
+
+    def build(self, make_sampler, *args, **kwargs):
+        """make_sampler(...), counting what the engine allocates through torch's allocator (vLLM's memory pool)."""
+        before = torch.cuda.memory_allocated(self.device) if self.on else 0
+        sampler = make_sampler(*args, **kwargs)
+        self.engine = torch.cuda.memory_allocated(self.device) - before if self.on else 0
+        self.values.update({"mem/engine_gb": self.engine / 1e9} if self.on else {})
+        return sampler
 
     def _used_gb(self) -> float:
         free, total = torch.cuda.mem_get_info(self.device)
@@ -87,11 +96,29 @@ class PhaseMemory:
     def end(self, phase: str):
         """The phase's peak, and a fresh count for the next one."""
         if self.on:
-            self.values[f"mem/peak_gb/{phase}"] = torch.cuda.max_memory_allocated(self.device) / 1e9
+            self.values[f"mem/peak_gb/{phase}"] = (torch.cuda.max_memory_allocated(self.device) - self.engine) / 1e9
             torch.cuda.reset_peak_memory_stats(self.device)
 
     def metrics(self) -> dict:
         return per_rank(self.values, self.device) if self.on else {}
+
+
+def read_evals(out_dir: str) -> dict:
+    """eval.json of a run being resumed ({} when it has none); a damaged one is a one-line CheckpointError."""
+    from plumbing.checkpoint import CheckpointError
+
+    path = os.path.join(out_dir, "eval.json")
+    try:
+        with open(path) as f:
+            evals = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{path} is damaged ({type(err).__name__}): delete it to resume without the "
+                              "held-out score from before training") from None
+    if not isinstance(evals, dict):
+        raise CheckpointError(f"{path} is damaged (not a JSON object): delete it to resume without it")
+    return evals
 
 
 def report_eval(evals: dict, out_dir: str, task, n: int, master: bool):
@@ -99,8 +126,10 @@ def report_eval(evals: dict, out_dir: str, task, n: int, master: bool):
     if not master:
         return
     name = "greedy pass@1" if task.has_verifier else "greedy similarity reward"
-    with open(os.path.join(out_dir, "eval.json"), "w") as f:
+    path = os.path.join(out_dir, "eval.json")
+    with open(path + ".tmp", "w") as f:  # then a rename: a full disk never leaves half a file
         json.dump(evals, f)
+    os.replace(path + ".tmp", path)
     if "after" in evals:
         print(f"held-out {name}: before {evals.get('before', float('nan')):.3f}, after {evals['after']:.3f} "
               f"({n} prompts)")

@@ -119,7 +119,8 @@ def recast_linears_in_backward(model):
 
     Under bf16 autocast each linear layer's forward casts its float32 weight to bf16 and autograd keeps
     that copy until the layer's backward: 2 bytes per parameter for the whole model from forward to
-    backward, every micro-batch (under FSDP2, of the gathered weights). Recasting in backward costs one more
+    backward, every micro-batch (one process; under bf16 FSDP2 the gathered weights are bf16 already and this
+    trick does nothing). Recasting in backward costs one more
     cast per layer and changes no number: the forward and the gradients (bias included) are bit-identical to autocast's
     (tests/test_train.py::test_recast_linears_in_backward_is_bit_identical). Layers reading the same input
     share its bf16 cast (_bf16_input). Elsewhere (float32, no grad) the layer runs its plain forward.

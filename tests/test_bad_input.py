@@ -407,3 +407,32 @@ def test_a_damaged_model_file_is_one_line(script, damaged_model, tmp_path):
     result = run(script, "--model", damaged_model, "--task", "arith", *flags)
     assert_one_line(result, 2, f"{script}: error: ", f"model file {damaged_model}/model.safetensors is corrupt")
     assert snapshot(tmp_path) == before
+
+
+def test_resuming_into_another_runs_folder_is_refused(tiny_model_dir, tmp_path):
+    """A fork goes into a new folder; one that already holds a run (its metrics.jsonl, its checkpoints) is kept."""
+    from config import check_args
+    from train import Args
+
+    run_with_checkpoints(tmp_path / "run", tiny_model_dir)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "metrics.jsonl").write_text('{"step": 1}\n')
+    error = check_args(Args(model=tiny_model_dir, resume=str(tmp_path / "run"), out_dir=str(tmp_path / "other")))
+    assert error is not None and "already holds another run" in error and "\n" not in error
+    assert check_args(Args(model=tiny_model_dir, resume=str(tmp_path / "run"), out_dir=str(tmp_path / "new"))) is None
+
+
+def test_a_damaged_eval_json_on_resume_is_one_line(tmp_path):
+    """train.py reads a resumed run's eval.json for its "before" score: a cut-off file is a one-line error."""
+    from plumbing.run_log import read_evals, report_eval
+
+    assert read_evals(str(tmp_path)) == {}
+    (tmp_path / "eval.json").write_text('{"before": 0.4')  # a full disk cut it
+    with pytest.raises(checkpoint.CheckpointError, match="eval.json is damaged"):
+        read_evals(str(tmp_path))
+
+    class Task:
+        has_verifier = True
+
+    report_eval({"before": 0.25}, str(tmp_path), Task(), 8, master=True)  # written whole, through a rename
+    assert read_evals(str(tmp_path)) == {"before": 0.25} and sorted(os.listdir(tmp_path)) == ["eval.json"]

@@ -286,8 +286,8 @@ def plan(args: dict, *, gpus: int, gpu_gb: float, grad_checkpointing: bool, prom
              else "a tied weight's, waiting for the embedding's" if act["head_grad"] else "none at " + act["when"]),
         ],
         "sync": resident + [("vllm weights", 2 * n, "woken alone for the reload; its KV cache wakes after"),
-                            ("one full parameter", 4 * shape.embedding,
-                             "full_weights, streamed: the largest, the embedding, float32")],
+                            ("one full parameter", 6 * shape.embedding,
+                             "full_weights, streamed: the largest, the embedding, float32, + vLLM's bf16 build")],
     }
     rows = [(phase, item, size, how) for phase, items in phases.items() for item, size, how in items]
     totals = {phase: sum(size for _, size, _ in items) for phase, items in phases.items()}
