@@ -46,6 +46,11 @@ class _Args:
     model: str = arg("smollm2-135m", "initial policy: HF folder, hub id or embedded alias (plumbing/models.py)")
     data_file: str = arg("", "local data file for the task instead of the hub dataset")
     reward: str = arg("exact", "exact: the task's verifier; sim: similarity to the demonstration (B.5)")
+    reward_weights: str = arg("", "weighted reward terms instead of --reward alone, e.g. format=0.35,sim=0.65 "
+                              "(rewards.py: REWARD_TERMS, plus exact, the task's verifier); each logged as "
+                              "reward/TERM")
+    demo_file: str = arg("", "countdown --reward sim: a local copy of HuggingFaceTB/Countdown-Task-GOLD's "
+                         "demonstrations (same columns), joined to the puzzles by nums and target")
     advantage: str = arg("softmax", f"group advantage estimator: {', '.join(ESTIMATORS)}")
     M: int = arg(8, "rollouts per prompt (group size)")
     rollout_batch: int = arg(4, "prompts per step, over all ranks")
@@ -65,6 +70,13 @@ class _Args:
     clip_low: float = arg(0.2, "PPO clip: ratio >= 1 - clip_low")
     clip_high: float = arg(0.28, "PPO clip: ratio <= 1 + clip_high")
     beta: float = arg(1e-3, "reference KL coefficient (k3); 0 skips the reference model")
+    is_correction: str = arg("none", "token-tis: weight each token's policy-gradient term by min(pi_old / "
+                             "pi_sampler, --is-cap), detached (truncated importance sampling for the gap between "
+                             "the sampler's and the trainer's log-probs); none: the paper's runs")
+    is_cap: float = arg(2.0, "--is-correction token-tis: the cap C on pi_old / pi_sampler")
+    mask_truncated: bool = arg(False, "completions cut at --max-tokens get no loss weight and leave the loss "
+                               "denominator (DAPO's overlong filtering); they still count in their group's "
+                               "advantages")
     loss_agg: str = arg("token-mean", f"loss aggregation (loss.py): {', '.join(AGGREGATIONS)}; the paper's is "
                         "token-mean, Dr. GRPO's seq-mean-token-sum-norm (length max-tokens)")
     dtype: str = arg("auto", "bfloat16 (autocast over float32 master weights), float32, or auto: bfloat16 where "
@@ -87,6 +99,11 @@ class _Args:
     seed: int = arg(0, "seed of data order and sampling")
     out_dir: str = arg("", "run folder (default runs/TASK-ADVANTAGE-sSEED)")
     save_every: int = arg(0, "checkpoint every N steps (0: only at the end)")
+    keep_checkpoints: int = arg(0, "after each successful save keep only the newest K checkpoints (0: all); the "
+                                "paper presets keep 2, as the official configs' max_actor_ckpt_to_keep")
+    log_completions: int = arg(8, "each step, append up to N samples (prompt, completion, reward, advantage, ...) "
+                               "to completions.jsonl in the run folder, and every evaluation's generations to "
+                               "eval-STEP.jsonl (0: neither)")
     resume: str = arg("", "checkpoint folder, or run folder (its newest checkpoint), to continue from")
     resume_changed: bool = arg(False, "with --resume: continue although --task, --advantage, --M or the estimator's "
                                "hyperparameters differ from the checkpoint's (a deliberate change; --model never may)")
@@ -128,7 +145,8 @@ def estimator_hparams(args: Args) -> dict:
 
 PAPER = dict(model="Qwen/Qwen2.5-1.5B", lr=1e-6, warmup_steps=0, micro_batch=4, save_every=100,
              eval_examples=500,  # Tables B.1-B.2: shared rows; then the official configs' (base.yaml) ...
-             top_p=0.999, eval_every=25, grad_checkpointing=True)  # ... top_p, test_freq, gradient checkpointing
+             top_p=0.999, eval_every=25, grad_checkpointing=True,  # ... top_p, test_freq, gradient checkpointing,
+             keep_checkpoints=2)  # ... and max_actor_ckpt_to_keep
 PRESETS = {  # explicit flags override these
     "arith": {},  # the defaults above: the CPU demo
     "countdown24": dict(max_tokens=128),
@@ -137,6 +155,8 @@ PRESETS = {  # explicit flags override these
     "deepmath": dict(PAPER, tau=0.3, M=16, rollout_batch=512, micro_batch=8, steps=3220, max_tokens=1024),
     "poetry": dict(PAPER, tau=0.3, M=8, rollout_batch=64, steps=1350, max_tokens=1024, reward="sim"),  # B.2
     "meetingbank": dict(PAPER, tau=0.3, M=8, rollout_batch=512, steps=3220, max_tokens=4096, reward="sim"),
+    "openthoughts": dict(PAPER, tau=0.3, M=8, rollout_batch=512, steps=3220, max_tokens=6144, reward="sim",
+                         reward_weights="format=0.35,sim=0.65"),  # the official openthoughts reward
 }
 
 
@@ -210,7 +230,7 @@ def out_dir_error(out: str) -> str | None:
 
 def check_args(args: Args) -> str | None:
     """The first problem with `args` as one line, or None; reads nothing but small files."""
-    from tasks import get_task
+    from tasks import get_task, reward_weights
 
     try:
         task = get_task(args.task)
@@ -225,7 +245,10 @@ def check_args(args: Args) -> str | None:
          "--sampler auto on a GPU samples with vLLM, which is not installed: pip install -r requirements-vllm.txt, "
          "or pass --sampler hf (much slower)"),
         (args.reward in ("exact", "sim"), "--reward must be exact or sim"),
-        (args.reward == "sim" or task.has_verifier, f"task {args.task} has no verifier: use --reward sim"),
+        (args.is_correction in ("none", "token-tis"), "--is-correction must be none or token-tis"),
+        (math.isfinite(args.is_cap) and args.is_cap > 0, "--is-cap must be finite and > 0"),
+        (args.reward == "sim" or task.has_verifier or args.reward_weights,
+         f"task {args.task} has no verifier: use --reward sim"),
         (args.loss_agg in AGGREGATIONS, f"--loss-agg must be one of {', '.join(AGGREGATIONS)}"),
         (min(args.M, args.rollout_batch, args.micro_batch, args.minibatches, args.ppo_epochs, args.steps,
              args.max_tokens) >= 1, "--M, --rollout-batch, --micro-batch, --minibatches, --ppo-epochs, "
@@ -237,8 +260,9 @@ def check_args(args: Args) -> str | None:
          f"{args.minibatches})"),
         (math.isfinite(args.lr) and args.lr > 0 and args.max_grad_norm > 0,
          "--lr must be finite and > 0, --max-grad-norm > 0"),
-        (min(args.warmup_steps, args.save_every, args.eval_every, args.eval_examples) >= 0,
-         "--warmup-steps, --save-every, --eval-every and --eval-examples must be >= 0"),
+        (min(args.warmup_steps, args.save_every, args.eval_every, args.eval_examples, args.keep_checkpoints,
+             args.log_completions) >= 0, "--warmup-steps, --save-every, --eval-every, --eval-examples, "
+                                         "--keep-checkpoints and --log-completions must be >= 0"),
         (math.isfinite(args.weight_decay) and args.weight_decay >= 0 and math.isfinite(args.beta) and args.beta >= 0,
          "--weight-decay and --beta must be finite and >= 0"),
         (args.temperature > 0 and 0 < args.top_p <= 1, "--temperature must be > 0 and --top-p in (0, 1]"),
@@ -255,6 +279,13 @@ def check_args(args: Args) -> str | None:
     for ok, message in rules:
         if not ok:
             return message
+    try:  # --reward-weights' terms and weights, or --reward alone (tasks.py: reward_weights)
+        weights = reward_weights(task, args.reward, args.reward_weights)
+    except ValueError as err:
+        return str(err)
+    if args.demo_file and ("sim" not in weights or not os.path.isfile(args.demo_file)):
+        return (f"--demo-file {args.demo_file} does not exist" if "sim" in weights else "--demo-file is read only "
+                "for a similarity reward: --reward sim, or a sim term in --reward-weights")
     try:  # the estimator checks its own hyperparameters (advantage.py) on a dummy group
         compute_advantages(args.advantage, torch.zeros(1, 2), **estimator_hparams(args))
     except ValueError as err:

@@ -9,6 +9,7 @@ a full disk never truncates an earlier result.
 
     python eval.py --model smollm2-135m --task arith --limit 100
     python eval.py --model runs/arith/checkpoint-50 --task gsm8k --samples 8   # + pass@1,2,4,8
+    python eval.py --model runs/countdown/checkpoint-50 --task countdown --reward sim --demo-file gold.parquet
     python eval.py --model runs/poetry/checkpoint-200 --task poetry --data-file poems.jsonl \
         --judge-url http://127.0.0.1:8000/v1 --judge-model Qwen/Qwen3-30B-A3B-Thinking-2507   # Table 4
 
@@ -164,6 +165,8 @@ def parse_args(argv=None):
     parser.add_argument("--reward", default="exact", choices=["exact", "sim"], help="verifier or similarity")
     parser.add_argument("--sampler", default=None, choices=["hf", "vllm"], help="default: vllm on a GPU, else hf")
     parser.add_argument("--data-file", default=None, help="local data file for the task (passed to task.load)")
+    parser.add_argument("--demo-file", default=None, help="countdown --reward sim: a local copy of "
+                        "HuggingFaceTB/Countdown-Task-GOLD's demonstrations (same columns), joined to the puzzles")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="JSON path (default: <model dir or .>/eval_<task>_<split>.json)")
     judge.add_judge_args(parser)
@@ -221,7 +224,8 @@ def main(argv=None) -> dict:
         sys.exit(2)
     try:
         task = get_task(args.task)
-        examples = task.load(args.split, data_file=args.data_file, limit=args.limit, seed=args.seed)
+        examples = task.load(args.split, data_file=args.data_file, limit=args.limit, seed=args.seed,
+                             demos=args.reward == "sim", demo_file=args.demo_file)  # countdown: joined (tasks.py)
     except (ValueError, DataError) as err:
         print(f"eval.py: error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -4,6 +4,10 @@
     L_pg  = agg_t[ max(-A * rho_t, -A * clip(rho_t, 1 - clip_low, 1 + clip_high)) ]
     L     = L_pg + beta * agg_t[ k3(pi_theta, pi_ref) ]
 
+    --is-correction token-tis (not in the paper's runs) weights each token's term of L_pg by
+    w_t = min(pi_old(z_t) / pi_sampler(z_t), C), detached: truncated importance sampling for the gap between the
+    sampler's and the trainer's probabilities of the tokens the sampler drew.
+
 with the asymmetric clip range [0.20, 0.28], no dual clip, the reference KL as a separate loss term
 (k3 estimator), and token-mean aggregation, as in the paper's runs (Appendix B.1). A is one number
 per sequence (the group advantage from advantage.py) broadcast over the sequence's tokens.
@@ -37,16 +41,21 @@ def token_mean(mask, norm_len):
     return mask, mask.sum()
 
 
+def sequences(mask):
+    """The number of sequences with a token in the loss: --mask-truncated zeroes whole rows of the mask."""
+    return mask.amax(-1).sum()
+
+
 def seq_mean_token_mean(mask, norm_len):
     """Each sequence's token mean, averaged over the minibatch's sequences."""
-    return mask / mask.sum(-1, keepdim=True).clamp(min=1), mask.new_tensor(mask.shape[0])
+    return mask / mask.sum(-1, keepdim=True).clamp(min=1), sequences(mask)
 
 
 def seq_mean_token_sum_norm(mask, norm_len):
     """Dr. GRPO: token sum / (number of sequences x a constant length), so long answers are not discounted."""
     if norm_len is None:
         raise ValueError("loss aggregation seq-mean-token-sum-norm needs norm_len (the maximum completion length)")
-    return mask, mask.new_tensor(mask.shape[0] * norm_len)
+    return mask, sequences(mask) * norm_len
 
 
 AGGREGATIONS = {
@@ -75,15 +84,25 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean",
     None uses this batch's own, for a batch that is the whole minibatch.
     """
     weights, share = _aggregation(agg)(mask.to(values.dtype), norm_len)  # (B, T), ()
-    return (values * weights).sum() / (share if denominator is None else denominator)
+    denominator = torch.as_tensor(share if denominator is None else denominator, dtype=values.dtype,
+                                  device=values.device)
+    return (values * weights).sum() / denominator.where(denominator > 0, 1)  # every row masked: a loss of 0
+
+
+def tis_weights(old_logp, sampler_logp, cap):
+    """Truncated importance weights w_t = min(pi_old / pi_sampler, C) per token (B, T), detached: they correct
+    which tokens were drawn, and no gradient should flow into the correction itself."""
+    log_w = (old_logp - sampler_logp).detach().clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    return torch.exp(log_w).clamp(max=cap)
 
 
 def policy_loss(logp, old_logp, adv, mask, *, clip_low=0.2, clip_high=0.28, ref_logp=None,
-                beta=1e-3, agg="token-mean", denominator=None, norm_len=None):
+                beta=1e-3, agg="token-mean", denominator=None, norm_len=None, sampler_logp=None, is_cap=None):
     """PPO clipped surrogate + beta * k3 reference KL (Section 4). Returns (loss, metrics).
 
     logp, old_logp, ref_logp, mask: (B, T); adv: (B,) per-sequence advantages. `agg`, `denominator` and
-    `norm_len` go to `aggregate`.
+    `norm_len` go to `aggregate`. With `is_cap`, each token's policy-gradient term is weighted by
+    tis_weights(old_logp, sampler_logp, is_cap) (--is-correction token-tis).
     """
     mask = mask.to(logp.dtype)
     adv = adv.to(logp.dtype)[:, None]  # (B, 1): broadcast over the sequence's tokens
@@ -92,6 +111,9 @@ def policy_loss(logp, old_logp, adv, mask, *, clip_low=0.2, clip_high=0.28, ref_
     pg_unclipped = -adv * ratio
     pg_clipped = -adv * ratio.clamp(1 - clip_low, 1 + clip_high)  # asymmetric [0.20, 0.28], no dual clip
     pg = torch.maximum(pg_unclipped, pg_clipped)  # (B, T)
+    if is_cap is not None:
+        is_weight = tis_weights(old_logp, sampler_logp, is_cap)  # w_t = min(pi_old / pi_sampler, C)
+        pg = pg * is_weight
     pg_loss = aggregate(pg, mask, agg, denominator, norm_len)
     loss, kl = pg_loss, torch.zeros((), dtype=logp.dtype, device=logp.device)
     if ref_logp is not None and beta != 0:
@@ -109,6 +131,10 @@ def policy_loss(logp, old_logp, adv, mask, *, clip_low=0.2, clip_high=0.28, ref_
             "clip_frac_high": ((high * mask).sum() / n).item(),
             "ratio_mean": ((ratio * mask).sum() / n).item(),
         }
+        if is_cap is not None:  # the uncapped pi_old / pi_sampler, and how often C caps it
+            raw = torch.exp((old_logp - sampler_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+            metrics["is_ratio_mean"] = ((raw * mask).sum() / n).item()
+            metrics["is_clip_frac"] = (((raw > is_cap).to(mask.dtype) * mask).sum() / n).item()
     return loss, metrics
 
 
@@ -127,24 +153,31 @@ def _chunks(n_rows: int, vocab: int, device: torch.device):
 # ---- SPEED and MEMORY TRICK (skippable; the GPU path needs it too): equals log_softmax(logits / T)[target];
 # tests/test_loss.py::test_token_logprobs_*
 class _TokenLogprobs(torch.autograd.Function):
-    """log softmax(logits / T)[target], chunked over rows; saves only the logsumexp for backward."""
+    """log softmax(logits / T)[target], chunked over rows; saves only the logsumexp for backward. With
+    `entropy`, also each position's entropy H = lse - sum_v p_v z_v (z = logits / T) from the same chunks, without
+    a gradient (policy/entropy is watched, not trained); otherwise an empty tensor."""
 
     @staticmethod
-    def forward(ctx, logits, targets, temperature):
+    def forward(ctx, logits, targets, temperature, entropy):
         flat = logits.reshape(-1, logits.shape[-1])  # (N, V)
         flat_targets = targets.reshape(-1)  # (N,)
         lse = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)  # (N,)
         out = torch.empty_like(lse)
+        ent = torch.empty_like(lse) if entropy else lse.new_empty(0)
         for a, b in _chunks(flat.shape[0], flat.shape[1], flat.device):
             chunk = flat[a:b].to(torch.float32, copy=True).div_(temperature)  # (n, V) float32, one chunk at a time
             lse[a:b] = torch.logsumexp(chunk, dim=-1)
             out[a:b] = chunk.gather(-1, flat_targets[a:b, None]).squeeze(-1) - lse[a:b]
+            if entropy:  # H = lse - sum_v softmax(z)_v z_v; one more chunk-sized buffer
+                ent[a:b] = lse[a:b] - torch.linalg.vecdot((chunk - lse[a:b, None]).exp_(), chunk)
         ctx.save_for_backward(logits, targets, lse)
         ctx.temperature = temperature
-        return out.view(targets.shape)
+        ent = ent.view(targets.shape) if entropy else ent
+        ctx.mark_non_differentiable(ent)
+        return out.view(targets.shape), ent
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, grad_entropy):
         logits, targets, lse = ctx.saved_tensors
         T = ctx.temperature
         flat = logits.reshape(-1, logits.shape[-1])
@@ -157,12 +190,14 @@ class _TokenLogprobs(torch.autograd.Function):
             probs.mul_(-g[a:b, None] / T)
             probs.scatter_add_(-1, flat_targets[a:b, None], (g[a:b] / T)[:, None])
             grad[a:b] = probs.to(grad.dtype)
-        return grad.view_as(logits), None, None
+        return grad.view_as(logits), None, None, None
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """(B, T, V) logits, (B, T) targets -> (B, T) float32 log-probs under softmax(logits / temperature)."""
-    return _TokenLogprobs.apply(logits, targets, float(temperature))
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, entropy: bool = False):
+    """(B, T, V) logits, (B, T) targets -> (B, T) float32 log-probs under softmax(logits / temperature); with
+    `entropy`, the pair (log-probs, (B, T) entropies of those distributions, no gradient)."""
+    logp, ent = _TokenLogprobs.apply(logits, targets, float(temperature), entropy)
+    return (logp, ent) if entropy else logp
 
 
 def pad_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
@@ -183,8 +218,10 @@ def pad_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: in
     return input_ids, attention_mask, attention_mask[:, P:].float()
 
 
-def sequence_logprobs(model, input_ids, attention_mask, n_completion: int, temperature: float = 1.0):
-    """Log-probs (B, K) of the last K = n_completion tokens of input_ids under `model`.
+def sequence_logprobs(model, input_ids, attention_mask, n_completion: int, temperature: float = 1.0,
+                      entropy: bool = False):
+    """Log-probs (B, K) of the last K = n_completion tokens of input_ids under `model` (and with `entropy`, the
+    (B, K) entropies of the distributions they are drawn from: token_logprobs).
 
     Calls the model's own forward (so FSDP2's hooks run) with `logits_to_keep`, so logits exist
     only for the K + 1 positions that predict completion tokens, never for the prompt.
@@ -195,4 +232,7 @@ def sequence_logprobs(model, input_ids, attention_mask, n_completion: int, tempe
     # All K + 1 positions, the last with a dummy target, then its column dropped: the slice logits[:, :-1]
     # would make token_logprobs copy the (B, K, V) logits to flatten them, and its backward zero-fill them.
     targets = torch.nn.functional.pad(input_ids[:, -n_completion:], (0, 1))  # (B, K + 1)
+    if entropy:
+        logp, ent = token_logprobs(out.logits, targets, temperature, entropy=True)
+        return logp[:, :-1], ent[:, :-1]  # (B, K) each
     return token_logprobs(out.logits, targets, temperature)[:, :-1]  # (B, K)

@@ -14,6 +14,8 @@ the test suite runs that way (tests/conftest.py).
     integer_reward(completion, gold)       last integer or boxed integer (the `arith` demo task)
     similarity_reward(completion, reference)   r_sim = 0.6 F1_SQuAD + 0.4 ROUGE-L F1 (Appendix B.5)
     format_reward(completion)              1 for exactly one non-empty <think>...</think> + an answer
+    REWARD_TERMS                           --reward-weights' terms by name, each (completion, example) -> float;
+                                           "exact", the task's verifier, is tasks.Task.reward's own
 
 Tests: python -m pytest tests/test_rewards.py -q
 
@@ -53,7 +55,9 @@ import sys
 import threading
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from fractions import Fraction
+from typing import Any
 
 from plumbing.math_worker import MathWorker
 
@@ -351,3 +355,13 @@ def format_reward(completion) -> float:
     thought, closed, _ = rest.partition("</think>")
     return float(closed != "" and not before.strip() and bool(thought.strip())
                  and bool(final_answer(text)))
+
+
+# ---------------------------------------------------------------- reward terms (--reward-weights)
+# r = sum_k w_k r_k over the terms --reward-weights names (train.py: score); "exact", the task's verifier, is not
+# here: Task.reward scores it. A term takes (completion, example) and may read example.reference, .gold, .meta.
+# A fork adds one with one line below this dict: REWARD_TERMS["brevity"] = brevity_reward (README, "Fork it").
+REWARD_TERMS: dict[str, Callable[[str, Any], float]] = {
+    "sim": lambda completion, example: similarity_reward(completion, example.reference),  # Appendix B.5
+    "format": lambda completion, example: format_reward(completion),  # the official OpenThoughts run: 0.35 of it
+}

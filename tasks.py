@@ -1,20 +1,23 @@
 """Tasks: data, prompts, demonstrations and rewards (SoftmaxGRPO Section 5.1, Appendix B.3).
 
-    name         data: hub id (or --data-file with the same columns)             --reward exact    sim
-    gsm8k        openai/gsm8k "main": question, answer ("... #### 72")           math-verify       yes
-    countdown    Jiayi-Pan/Countdown-Tasks-3to4: nums, target                    expression check  *
-    deepmath     zwhe99/DeepMath-103K: question, final_answer, r1_solution_1..3  math-verify       yes
-    poetry       --data-file: instruction, poem (jnb666/poems has poems only)    refused           yes
-    meetingbank  microsoft/MeetingBank-LLMCompressed: prompt, compressed_prompt  refused           yes
-    arith        procedural "What is 7 + 5?" (the CPU demo)                      last integer      yes
-    countdown24  procedural 24-game puzzles: four integers 1-13, solvable        expression check  yes
+    name          data: hub id (or --data-file with the same columns)              --reward exact    sim
+    gsm8k         openai/gsm8k "main": question, answer ("... #### 72")            math-verify       yes
+    countdown     Jiayi-Pan/Countdown-Tasks-3to4: nums, target                     expression check  joined*
+    deepmath      zwhe99/DeepMath-103K: question, final_answer, r1_solution_1..3   math-verify       yes
+    poetry        --data-file: instruction, poem (jnb666/poems has poems only)     refused           yes
+    meetingbank   microsoft/MeetingBank-LLMCompressed: prompt, compressed_prompt   refused           yes
+    openthoughts  open-thoughts/OpenThoughts3-1.2M: conversations [{from, value}]  refused           yes
+    arith         procedural "What is 7 + 5?" (the CPU demo)                       last integer      yes
+    countdown24   procedural 24-game puzzles: four integers 1-13, solvable         expression check  yes
 
 A new task is one more `Task(...)` entry in TASKS, built with keywords (see the README's "Fork it").
 
-    from tasks import get_task
+    from tasks import get_task, reward_weights
     task = get_task("gsm8k")
     examples = task.load("train", data_file=None, limit=1000, seed=0)   # DataError when offline
-    task.reward(completion_text, examples[0], kind="exact")
+    task.reward(completion_text, examples[0], kind="exact")   # or "sim", or any term of rewards.REWARD_TERMS
+    reward_weights(task, "exact", "exact=1,format=0.1")       # --reward-weights: {"exact": 1.0, "format": 0.1}
+    get_task("countdown").load("train", demos=True)           # puzzles joined to Countdown-Task-GOLD (*)
 
 Tests: python -m pytest tests/test_tasks.py -q
 
@@ -32,12 +35,23 @@ Choices the paper leaves open, and departures:
    notes removed, "#### N" written as \\boxed{N}); the paper's HAD653/gsm8k-cot-120b is not joined
    (its columns could not be checked offline). DeepMath uses the shortest of the three R1
    solutions with its thinking removed (the reward compares final answers). MeetingBank has no
-   summaries, so GPT-4's compressed transcript (`compressed_prompt`) is the reference. countdown24
-   uses a brute-force solution. * Countdown-Tasks-3to4 has none; the paper took them from
-   HuggingFaceTB/Countdown-Task-GOLD (verified_Qwen2.5-7B-Instruct), so --reward sim stops with a
-   DataError there. A `reference` column in any --data-file replaces the task's own demonstration.
+   summaries, so GPT-4's compressed transcript (`compressed_prompt`) is the reference. OpenThoughts
+   uses the gpt turn that answers the first human turn, its thinking removed as for DeepMath (a turn
+   whose <think> never closes is a bad row); its preset trains on 0.35 format + 0.65 sim
+   (--reward-weights), as the official run does. countdown24 uses a brute-force solution. A `reference`
+   column in any --data-file replaces the task's own demonstration.
+   * Countdown-Tasks-3to4 has none. With `demos=True` (train.py and eval.py pass it when the reward
+   uses sim) each puzzle is joined to a demonstration of HuggingFaceTB/Countdown-Task-GOLD,
+   configuration verified_Qwen2.5-7B-Instruct, as the paper's (or --demo-file's: the same columns nums,
+   target, messages), by its target and its numbers sorted: their order does not change which
+   expressions solve it. The reference is the answer of the demonstration's last assistant turn (thinking
+   and <answer> tags removed, as the official reward reads it); several for one puzzle: the shortest.
+   Puzzles without one are dropped with a one-line note, and a DataError stops a load where none has
+   one. The official prepare_data.py trains on GOLD's own rows; this keeps the puzzles of the task's data
+   that GOLD solves. A --data-file with a `reference` column is not joined.
 4. Splits: gsm8k uses the hub's test split. Hub datasets without one, and any single --data-file,
-   get a deterministic held-out 10% by a hash of the prompt. A --data-file containing "{split}"
+   get a deterministic held-out 10% by a hash of the prompt (OpenThoughts: of its human turn, so a
+   question asked more than once stays in one split). A --data-file containing "{split}"
    (data/gsm8k-{split}.jsonl) is read whole, one file per split.
 5. Procedural tasks: train streams cycle over their problems in seeded order (default 5000
    examples); test returns each held-out problem once, at most 500 (arith: 64 problems;
@@ -47,6 +61,7 @@ Choices the paper leaves open, and departures:
 import hashlib
 import itertools
 import json
+import math
 import os
 import random
 import re
@@ -57,13 +72,13 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from rewards import (
+    REWARD_TERMS,
     countdown_expression,
     countdown_reward,
     final_answer,
     integer_reward,
     last_boxed,
     math_reward,
-    similarity_reward,
 )
 
 FORMAT_RULE = ("First think through the task inside <think> </think> tags, "
@@ -143,6 +158,50 @@ def _meetingbank(row: dict) -> Example:
     user = ("Summarize this city council meeting transcript concisely and informatively.\n\n"
             f"{row['prompt']}")
     return Example(_chat(user), None, str(row["compressed_prompt"]))
+
+
+def _openthoughts_turns(conversation) -> tuple[str, str]:
+    """(first human turn, the gpt turn answering it) of an OpenThoughts3 conversation [{"from", "value"}, ...]."""
+    if not isinstance(conversation, list) or not all(isinstance(turn, dict) for turn in conversation):
+        raise ValueError("its conversations is not a list of {from, value} turns")
+    speakers = [turn.get("from") for turn in conversation]
+    if "human" not in speakers:
+        raise ValueError("its conversations has no human turn")
+    asked = speakers.index("human")
+    if "gpt" not in speakers[asked:]:
+        raise ValueError("its conversations has no gpt turn after the human one")
+    answered = speakers.index("gpt", asked)
+    return str(conversation[asked].get("value") or ""), str(conversation[answered].get("value") or "")
+
+
+def _openthoughts(row: dict) -> Example:
+    question, response = _openthoughts_turns(row["conversations"])
+    if not question.strip():
+        raise ValueError("its human turn is empty")
+    reference = final_answer(response)  # the similarity reward compares answers: the thinking is removed
+    if not reference:
+        raise ValueError("its gpt turn has no answer (it is empty, or its <think> never closes)")
+    return Example(_chat(question), None, reference)
+
+
+def _countdown_puzzle(row: dict) -> tuple:
+    """What joins a Countdown puzzle to its demonstration: the numbers sorted (their order does not change which
+    expressions solve it) and the target."""
+    return tuple(sorted(int(n) for n in row["nums"])), int(row["target"])
+
+
+def _gold_demonstration(row: dict) -> tuple[tuple, str]:
+    """(puzzle, reference) of a Countdown-Task-GOLD row: the answer of its last assistant turn."""
+    if not isinstance(row["messages"], list):
+        raise ValueError("its messages is not a list of {role, content} turns")
+    said = [turn.get("content") for turn in row["messages"]
+            if isinstance(turn, dict) and turn.get("role") == "assistant"]
+    if not said:
+        raise ValueError("its messages have no assistant turn")
+    reference = final_answer(str(said[-1] or ""))  # thinking and <answer> tags removed: what the reward compares
+    if not reference:
+        raise ValueError("its assistant turn has no answer after its thinking")
+    return _countdown_puzzle(row), reference
 
 
 # ---------------------------------------------------------------- procedural tasks
@@ -263,7 +322,7 @@ def _line_problem(raw: bytes, required) -> str | None:
     return "is not a JSON object" if not isinstance(row, dict) else _row_problem(row, required)
 
 
-def check_jsonl(path: str, required, task: str, hint: str = "") -> list[int]:
+def check_jsonl(path: str, required, task: str, hint: str = "", flag: str = "--data-file") -> list[int]:
     """Line numbers of the rows of a JSON Lines file (blank lines are skipped, as datasets does). DataError, one
     line naming the first bad line and how many are bad, when any line is not UTF-8, not one JSON object,
     longer than MAX_ROW_CHARS, or lacks a value for a `required` field."""
@@ -276,9 +335,72 @@ def check_jsonl(path: str, required, task: str, hint: str = "") -> list[int]:
             if (problem := _line_problem(raw, required)) is not None:
                 first, bad = first or f"line {number} {problem}", bad + 1
     if bad:
-        raise DataError(f"--data-file {path}: {first}; {bad} of {len(lines)} rows are bad ({task} needs "
+        raise DataError(f"{flag} {path}: {first}; {bad} of {len(lines)} rows are bad ({task} needs "
                         f"{', '.join(required)} in every row){hint}")
     return lines
+
+
+def _datasets():
+    import datasets  # slow import, only needed for hub-backed tasks
+
+    datasets.disable_progress_bars()  # a bar per split on stderr, where an error should be the only line
+    return datasets
+
+
+def _read_file(path: str, flag: str, required, task: str, hint: str = ""):
+    """(datasets.Dataset, each row's line number, or None unless JSON Lines) of a local file given with `flag`."""
+    kind = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}.get(os.path.splitext(path)[1].lower())
+    if kind is None:
+        raise DataError(f"{flag} {path}: expected a .jsonl, .json or .parquet file")
+    if not os.path.isfile(path):
+        raise DataError(f"{flag} {path}: no such file")
+    lines = check_jsonl(path, required, task, hint, flag) if path.lower().endswith(".jsonl") else None
+    try:
+        return _datasets().load_dataset(kind, data_files=path, split="train"), lines
+    except Exception as err:
+        raise DataError(f"{flag} {path}: cannot read it ({_one_line(err)})") from None
+
+
+def _read_hub(hub_id: str, config: str | None, split: str, advice: str):
+    """One split of a hub dataset; DataError, one line ending in `advice`, when it cannot be had."""
+    if not _hub_reachable():
+        raise DataError(f"cannot reach the Hugging Face Hub to load {hub_id}: {advice}, "
+                        "or set HF_HUB_OFFLINE=1 to use a cached copy")
+    try:
+        return _datasets().load_dataset(hub_id, config, split=split)
+    except Exception as err:
+        raise DataError(f"cannot load {hub_id} ({_one_line(err)}): {advice}") from None
+
+
+def _where(lines: list[int] | None, i: int) -> str:
+    return f"line {lines[i]}" if lines else f"row {i + 1}"
+
+
+def _check_rows(rows, lines, columns, required, source: str, who: str, hint: str = "") -> None:
+    """DataError, one line, when `rows` lack one of `columns`, or a row lacks a value in a `required` one (a JSON
+    Lines file was checked line by line as it was read: check_jsonl)."""
+    missing = [column for column in columns if column not in rows.column_names]
+    if missing:
+        raise DataError(f"{source} lacks column(s) {', '.join(missing)} needed by {who} "
+                        f"(it has: {', '.join(rows.column_names)}){hint}")
+    if lines is None:
+        problems = [(i, problem) for i, values in enumerate(zip(*(rows[c] for c in required)))
+                    if (problem := _row_problem(dict(zip(required, values)), required))]
+        if problems:
+            raise DataError(f"{source}: {_where(lines, problems[0][0])} {problems[0][1]}; {len(problems)} of "
+                            f"{len(rows)} rows are bad ({who} needs {', '.join(required)} in every row)")
+
+
+@dataclass(kw_only=True)
+class Demonstrations:
+    """A task's demonstrations for the similarity reward, kept in another dataset and joined to its rows by puzzle
+    (countdown: Countdown-Task-GOLD's; departure 3)."""
+
+    hub_id: str
+    hub_config: str | None = None
+    columns: tuple[str, ...]  # every row of it needs a value in each (the hub's, and --demo-file's)
+    read: Callable[[dict], tuple[tuple, str]]  # one of its rows -> (puzzle, reference)
+    puzzle: Callable[[dict], tuple]  # a task row's `key` columns -> the same puzzle
 
 
 @dataclass(kw_only=True)
@@ -289,6 +411,7 @@ class Task:
     hub_id: str | None = None  # dataset id for datasets.load_dataset (None: --data-file only, or procedural)
     columns: tuple[str, ...] = ()  # required in hub rows and --data-file rows
     key: tuple[str, ...] = ()  # columns that identify a prompt (uid and held-out split)
+    key_text: Callable[[dict], str] | None = None  # when only part of them does: {column: value} -> that part
     make_example: Callable[[dict], Example] | None = None
     verifier: Callable[[str, Example], float] | None = None
     answer: Callable[[str], str] = final_answer  # what `extract` reports
@@ -297,6 +420,7 @@ class Task:
     generate: Callable[[str, int, int], list[Example]] | None = None  # procedural tasks
     hint: str = ""  # appended to the missing-columns error
     may_be_empty: tuple[str, ...] = ()  # columns that must exist but may be empty; the others need a value
+    demos: Demonstrations | None = None  # where the similarity reward's demonstrations are, if not in the rows
 
     @property
     def required(self) -> tuple[str, ...]:
@@ -305,14 +429,24 @@ class Task:
 
     @property
     def has_verifier(self) -> bool:
-        """Tasks without one (poetry, meetingbank) train on the similarity reward only."""
+        """Tasks without one (poetry, meetingbank, openthoughts) train on the similarity reward only."""
         return self.verifier is not None
 
-    def load(self, split: str = "train", *, data_file: str | None = None,
-             limit: int | None = None, seed: int = 0) -> list[Example]:
-        """Examples of `split` ("train" or "test"), shuffled by `seed`, at most `limit`."""
+    def load(self, split: str = "train", *, data_file: str | None = None, limit: int | None = None, seed: int = 0,
+             demos: bool = False, demo_file: str | None = None) -> list[Example]:
+        """Examples of `split` ("train" or "test"), shuffled by `seed`, at most `limit`.
+
+        `demos`: the reward uses sim, so a task whose rows have no demonstrations (countdown) joins them from its
+        `demos` dataset, or from `demo_file` (--demo-file), leaving out the puzzles that have none (departure 3).
+        """
         if split not in ("train", "test"):
             raise DataError(f"{self.name}: split must be 'train' or 'test', not {split!r}")
+        if demo_file and self.demos is None:
+            raise DataError(f"--demo-file {demo_file}: {self.name} takes no --demo-file (its demonstrations are its "
+                            "own; a 'reference' column in --data-file replaces them)")
+        if demo_file and not demos:
+            raise DataError(f"--demo-file {demo_file} is read only when the reward uses sim (--reward sim, or a sim "
+                            "term in --reward-weights)")
         if self.generate is not None:
             if data_file:
                 raise DataError(f"{self.name} is generated procedurally and takes no --data-file")
@@ -320,32 +454,41 @@ class Task:
             return self.generate(split, default if limit is None else limit, seed)
         rows, whole, lines = self._rows(split, data_file)
         source = data_file.replace("{split}", split) if data_file else self.hub_id
-        missing = [column for column in self.columns if column not in rows.column_names]
-        if missing:
-            raise DataError(f"{source} lacks column(s) {', '.join(missing)} needed by {self.name} "
-                            f"(it has: {', '.join(rows.column_names)}){self.hint}")
+        join = demos and self.demos is not None and "reference" not in rows.column_names  # a file's own win
         try:
-            return self._examples(rows, whole, lines, split, limit, seed, source)
+            _check_rows(rows, lines, self.columns, self.required, source, self.name, self.hint)
+            found = self._demonstrations(demo_file) if join else None
+            return self._examples(rows, whole, lines, split, limit, seed, source, found)
         except UnicodeDecodeError as err:  # parquet or .json strings that are not UTF-8, met as they are read
             raise DataError(f"{source}: not UTF-8 text ({_one_line(err)})") from None
 
-    def _examples(self, rows, whole, lines, split, limit, seed, source) -> list[Example]:
-        def where(i):
-            return f"line {lines[i]}" if lines else f"row {i + 1}"
-
-        if lines is None:  # a JSON Lines file was checked line by line as it was read (check_jsonl)
-            problems = [(i, problem) for i, values in enumerate(zip(*(rows[c] for c in self.required)))
-                        if (problem := _row_problem(dict(zip(self.required, values)), self.required))]
-            if problems:
-                raise DataError(f"{source}: {where(problems[0][0])} {problems[0][1]}; {len(problems)} of "
-                                f"{len(rows)} rows are bad ({self.name} needs {', '.join(self.required)} in every "
-                                "row)")
-        digests = [_digest(*values) for values in zip(*(rows[column] for column in self.key))]
+    def _examples(self, rows, whole, lines, split, limit, seed, source, found=None) -> list[Example]:
+        """`found`: ({puzzle: reference}, where from) to join, or None."""
+        digests, puzzles = [], []
+        for i, values in enumerate(zip(*(rows[column] for column in self.key))):
+            named = dict(zip(self.key, values))
+            try:
+                digests.append(_digest(*values) if self.key_text is None else _digest(self.key_text(named)))
+                puzzles += [self.demos.puzzle(named)] if found else []
+            except Exception as err:
+                raise DataError(f"{source}: {_where(lines, i)} is not a valid {self.name} example "
+                                f"({_one_line(err)})") from None
         seen, uids = {}, []
         for digest in digests:  # a repeated prompt keeps its split and gets "#1", "#2", ...
             seen[digest] = seen.get(digest, -1) + 1
             uids.append(f"{self.name}-{digest[:12]}" + (f"#{seen[digest]}" if seen[digest] else ""))
         keep = [i for i, d in enumerate(digests) if whole or _in_test(d) == (split == "test")]
+        if found:  # before the limit: --limit N gives N puzzles that have a demonstration
+            references, demo_source = found
+            joined = [i for i in keep if puzzles[i] in references]
+            if keep and not joined:
+                raise DataError(f"none of the {len(keep)} {self.name} {split} puzzles of {source} has a demonstration "
+                                f"in {demo_source} (joined by target and sorted numbers): pass --demo-file FILE "
+                                "with theirs")
+            if len(joined) < len(keep):
+                print(f"note: {len(keep) - len(joined)} of {len(keep)} {self.name} {split} puzzles have no "
+                      f"demonstration in {demo_source}: left out", flush=True)
+            keep = joined
         random.Random(seed).shuffle(keep)
         keep = keep[:limit] if limit is not None else keep
         examples = []
@@ -353,8 +496,9 @@ class Task:
             try:
                 example = self.make_example(row)
             except Exception as err:
-                raise DataError(f"{source}: {where(i)} is not a valid {self.name} example ({_one_line(err)})") from None
-            example.reference = str(row.get("reference") or example.reference)
+                raise DataError(f"{source}: {_where(lines, i)} is not a valid {self.name} example "
+                                f"({_one_line(err)})") from None
+            example.reference = str(row.get("reference") or (found[0][puzzles[i]] if found else example.reference))
             example.uid = uids[i]
             examples.append(example)
         return examples
@@ -362,48 +506,55 @@ class Task:
     def _rows(self, split: str, data_file: str | None):
         """(datasets.Dataset, whether it already is exactly `split`, each row's line number in a JSON Lines file
         or None) from a file or the hub."""
-        import datasets  # slow import, only needed for hub-backed tasks
-
-        datasets.disable_progress_bars()  # a bar per split on stderr, where an error should be the only line
         if data_file:
             path = data_file.replace("{split}", split)
-            kind = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}.get(
-                os.path.splitext(path)[1].lower())
-            if kind is None:
-                raise DataError(f"--data-file {path}: expected a .jsonl, .json or .parquet file")
-            if not os.path.isfile(path):
-                raise DataError(f"--data-file {path}: no such file")
-            lines = check_jsonl(path, self.required, self.name, self.hint) if path.lower().endswith(".jsonl") else None
-            try:
-                return datasets.load_dataset(kind, data_files=path, split="train"), path != data_file, lines
-            except Exception as err:
-                raise DataError(f"--data-file {path}: cannot read it ({_one_line(err)})") from None
-        advice = (f"pass --data-file FILE (.jsonl or .parquet with columns "
-                  f"{', '.join(self.columns)})")
+            rows, lines = _read_file(path, "--data-file", self.required, self.name, self.hint)
+            return rows, path != data_file, lines
+        advice = f"pass --data-file FILE (.jsonl or .parquet with columns {', '.join(self.columns)})"
         if self.hub_id is None:
             raise DataError(f"{self.name} has no hub dataset: {advice}")
-        if not _hub_reachable():
-            raise DataError(f"cannot reach the Hugging Face Hub to load {self.hub_id}: {advice}, "
-                            "or set HF_HUB_OFFLINE=1 to use a cached copy")
         hub_split = self.hub_test_split if split == "test" and self.hub_test_split else "train"
+        return _read_hub(self.hub_id, self.hub_config, hub_split, advice), self.hub_test_split is not None, None
+
+    def _demonstrations(self, demo_file: str | None) -> tuple[dict[tuple, str], str]:
+        """({puzzle: reference}, where from) of `demo_file`, or else of the `demos` hub dataset."""
+        demos, who = self.demos, f"a {self.name} demonstration"
+        if demo_file:
+            rows, lines = _read_file(demo_file, "--demo-file", demos.columns, who)
+            source = f"--demo-file {demo_file}"
+        else:
+            advice = f"pass --demo-file FILE (.jsonl or .parquet with columns {', '.join(demos.columns)})"
+            rows, lines = _read_hub(demos.hub_id, demos.hub_config, "train", advice), None
+            source = f"{demos.hub_id} ({demos.hub_config})"
+        references = {}
         try:
-            rows = datasets.load_dataset(self.hub_id, self.hub_config, split=hub_split)
-        except Exception as err:
-            raise DataError(f"cannot load {self.hub_id} ({_one_line(err)}): {advice}") from None
-        return rows, self.hub_test_split is not None, None
+            _check_rows(rows, lines, demos.columns, demos.columns, source, who)
+            for i, row in enumerate(rows.select_columns(list(demos.columns))):
+                try:
+                    puzzle, reference = demos.read(row)
+                except Exception as err:
+                    raise DataError(f"{source}: {_where(lines, i)} is not a valid {self.name} demonstration "
+                                    f"({_one_line(err)})") from None
+                if puzzle not in references or len(reference) < len(references[puzzle]):  # several: the shortest
+                    references[puzzle] = reference
+        except UnicodeDecodeError as err:
+            raise DataError(f"{source}: not UTF-8 text ({_one_line(err)})") from None
+        return references, source
 
     def reward(self, completion: str, example: Example, kind: str = "exact") -> float:
-        """kind "exact": the task's 0/1 verifier; kind "sim": similarity to the demonstration."""
+        """One reward term of a completion: "exact", the task's 0/1 verifier; "sim", similarity to the
+        demonstration (Appendix B.5); any other term of rewards.REWARD_TERMS ("format", or a fork's own)."""
         if kind == "exact":
             if not self.has_verifier:
                 raise ValueError(f"{self.name} has no verifier: use --reward sim")
             return self.verifier(completion, example)
-        if kind == "sim":
-            if not example.reference:
-                raise DataError(f"{self.name} example {example.uid} has no demonstration for "
-                                "--reward sim: pass --data-file with a 'reference' column")
-            return similarity_reward(completion, example.reference)
-        raise ValueError(f"unknown reward kind {kind!r}: use 'exact' or 'sim'")
+        if kind == "sim" and not example.reference:
+            joined = "load the task with demos=True (train.py and eval.py do for sim), or " if self.demos else ""
+            raise DataError(f"{self.name} example {example.uid} has no demonstration for --reward sim: {joined}pass "
+                            "--data-file with a 'reference' column")
+        if kind in REWARD_TERMS:
+            return REWARD_TERMS[kind](completion, example)
+        raise ValueError(f"unknown reward kind {kind!r}: use one of {', '.join(('exact', *REWARD_TERMS))}")
 
     def extract(self, completion: str) -> str:
         """The answer the verifier looks at (for eval output), at most 500 characters."""
@@ -424,7 +575,10 @@ TASKS: dict[str, Task] = {task.name: task for task in [
     Task(name="countdown", hub_id="Jiayi-Pan/Countdown-Tasks-3to4",
          columns=("nums", "target"), key=("nums", "target"), make_example=_countdown,
          verifier=lambda completion, ex: countdown_reward(completion, ex.meta["numbers"], ex.meta["target"]),
-         answer=countdown_expression),
+         answer=countdown_expression,
+         demos=Demonstrations(hub_id="HuggingFaceTB/Countdown-Task-GOLD", hub_config="verified_Qwen2.5-7B-Instruct",
+                              columns=("nums", "target", "messages"), read=_gold_demonstration,
+                              puzzle=_countdown_puzzle)),
     Task(name="deepmath", hub_id="zwhe99/DeepMath-103K",
          columns=("question", "final_answer", "r1_solution_1", "r1_solution_2", "r1_solution_3"),
          may_be_empty=("r1_solution_1", "r1_solution_2", "r1_solution_3"), key=("question",), make_example=_deepmath,
@@ -435,6 +589,9 @@ TASKS: dict[str, Task] = {task.name: task for task in [
               "with an LLM: pass them with --data-file (columns instruction, poem)"),
     Task(name="meetingbank", hub_id="microsoft/MeetingBank-LLMCompressed",
          columns=("prompt", "compressed_prompt"), key=("prompt",), make_example=_meetingbank),
+    Task(name="openthoughts", hub_id="open-thoughts/OpenThoughts3-1.2M", columns=("conversations",),
+         key=("conversations",), key_text=lambda row: _openthoughts_turns(row["conversations"])[0],
+         make_example=_openthoughts),
     Task(name="arith", generate=_arith,
          verifier=lambda completion, ex: integer_reward(completion, ex.gold), answer=_last_integer),
     Task(name="countdown24", generate=_countdown24,
@@ -448,3 +605,42 @@ def get_task(name: str) -> Task:
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}: choose one of {', '.join(TASKS)}")
     return TASKS[name]
+
+
+def reward_weights(task: Task, reward: str, text: str) -> dict[str, float]:
+    """{term: weight} of --reward-weights ("format=0.35,sim=0.65"), or {reward: 1.0} when it is empty.
+
+    The reward is r = sum_k w_k r_k (train.py: score). ValueError, one line naming the flag, for a piece that is not
+    TERM=WEIGHT, a weight that is not a finite number, a term given twice, an unknown term, "exact" on a task without
+    a verifier, no term at all, or every weight 0. A negative weight is a penalty; a 0 logs its term
+    (reward/TERM) without training on it.
+    """
+    valid = ("exact", *REWARD_TERMS)
+    if not text.strip():
+        if reward == "exact" and not task.has_verifier:
+            raise ValueError(f"task {task.name} has no verifier: use --reward sim")
+        return {reward: 1.0}
+    weights = {}
+    for piece in filter(str.strip, text.split(",")):  # "exact=1," : a trailing comma is no term
+        term, equals, value = (part.strip() for part in piece.partition("="))
+        if not equals or not term:
+            raise ValueError(f"--reward-weights: {piece.strip()!r} is not TERM=WEIGHT (e.g. format=0.35,sim=0.65)")
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = math.nan
+        if not math.isfinite(weight):
+            raise ValueError(f"--reward-weights: the weight of {term} must be a finite number, not {value!r}")
+        if term in weights:
+            raise ValueError(f"--reward-weights: {term} is given twice")
+        if term not in valid:
+            raise ValueError(f"--reward-weights: unknown term {term!r}: choose from {', '.join(valid)}")
+        if term == "exact" and not task.has_verifier:
+            raise ValueError(f"--reward-weights: task {task.name} has no verifier, so no exact term: choose from "
+                             f"{', '.join(valid[1:])}")
+        weights[term] = weight
+    if not weights:
+        raise ValueError(f"--reward-weights {text!r} names no term: give TERM=WEIGHT, e.g. format=0.35,sim=0.65")
+    if not any(weights.values()):
+        raise ValueError("--reward-weights: every weight is 0, so every reward would be 0")
+    return weights

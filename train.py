@@ -27,10 +27,9 @@ Departures from the paper's VeRL runs:
 """
 
 import os
-import random
 import sys
 import time
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import numpy as np
 import torch
@@ -45,11 +44,11 @@ from grad_alloc import allocation_metrics
 from loss import loss_denominator, pad_batch, policy_loss, sequence_logprobs
 from plumbing.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, remove_orphans, save_checkpoint
 from plumbing.models import ModelLoadError, SamplingError, load_model, load_tokenizer
-from plumbing.parallel import all_reduce_sum, full_weights, gather_rows, shard
-from plumbing.run_log import MetricsLog, PhaseMemory, model_flops_per_token, read_evals, report_eval
+from plumbing.parallel import all_reduce_sum, full_weights, gather_rows, init_distributed, shard
+from plumbing.run_log import MetricsLog, PhaseMemory, SampleLog, model_flops_per_token, read_evals, report_eval
 from plumbing.sync import SyncError, check_sync
 from rewards import take_error_count
-from speed.allocator import keep_freed_memory, release_freed_memory
+from speed.allocator import release_freed_memory
 from speed.backward import configure_backward, store_linears_bf16
 from speed.compile import compile_layers
 
@@ -83,11 +82,14 @@ def reuses_training_logprobs(args: Args) -> bool:
 
 
 SHARED_DENOMINATOR = ("pg_loss", "kl")  # policy_loss divides by the whole minibatch's denominator: shares add up
-TOKEN_MEANS = ("clip_frac_low", "clip_frac_high", "ratio_mean")  # each micro-batch's token mean: weight by tokens
+TOKEN_MEANS = ("clip_frac_low", "clip_frac_high", "ratio_mean", "entropy")  # each micro-batch's token mean
+IS_MEANS = ("is_ratio_mean", "is_clip_frac")  # --is-correction token-tis
 
 
-def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sampler_logps, adv, args, pad_id):
+def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sampler_logps, adv, args, pad_id,
+               truncated=()):
     """PPO epochs over minibatches of this rank's sequences, one optimizer step per minibatch (Section 4).
+    `truncated` marks the completions cut at --max-tokens: --mask-truncated takes them out of the loss.
 
     Loss denominator (`--loss-agg`, loss.AGGREGATIONS; token-mean in Appendix B.1): summed over every
     micro-batch of the optimizer minibatch on all ranks before the first backward, so neither the micro-batch
@@ -106,6 +108,8 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
             input_ids, attention_mask, mask = pad_batch([prompts[i] for i in idx], [completions[i] for i in idx],
                                                         pad_id)  # (B, P+K) x2, (B, K)
             sampler_logp = pad_sequence([torch.tensor(sampler_logps[i]) for i in idx], batch_first=True)  # (B, K)
+            if args.mask_truncated and truncated:  # zero loss weight, out of every denominator (loss.py)
+                mask = mask * torch.tensor([not truncated[i] for i in idx], dtype=mask.dtype)[:, None]
             micro.append(dict(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
                               mask=mask.to(device), adv=adv[idx].to(device), sampler_logp=sampler_logp.to(device)))
         minibatches.append(micro)
@@ -115,7 +119,9 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
             inputs = (mb["input_ids"], mb["attention_mask"], mb["mask"].shape[1], args.temperature)
             mb["ref_logp"] = sequence_logprobs(ref_model, *inputs) if ref_model is not None else None
             mb["old_logp"] = None if on_policy else sequence_logprobs(model, *inputs)
-    sums = dict.fromkeys([*SHARED_DENOMINATOR, *TOKEN_MEANS, "tokens", "sampler_diff", "grad_norm"], 0.0)
+    is_cap = args.is_cap if args.is_correction == "token-tis" else None
+    means = (*TOKEN_MEANS, *IS_MEANS) if is_cap else TOKEN_MEANS
+    sums = dict.fromkeys([*SHARED_DENOMINATOR, *means, "tokens", "sampler_diff", "grad_norm"], 0.0)
     for epoch in range(args.ppo_epochs):
         for micro in minibatches:
             denominator = torch.stack([loss_denominator(mb["mask"], args.loss_agg, args.max_tokens)
@@ -126,17 +132,19 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
                 if sharded:  # FSDP2: reduce-scatter the gradients once per minibatch, after its last micro-batch
                     model.set_requires_gradient_sync(i == len(micro) - 1)
                 with autocast:
-                    logp = sequence_logprobs(model, mb["input_ids"], mb["attention_mask"], mb["mask"].shape[1],
-                                             args.temperature)  # (B, K) float32
+                    logp, entropy = sequence_logprobs(model, mb["input_ids"], mb["attention_mask"],
+                                                      mb["mask"].shape[1], args.temperature, entropy=True)  # (B, K)
                 old_logp = logp.detach() if on_policy else mb["old_logp"]
                 loss, m = policy_loss(logp, old_logp, mb["adv"], mb["mask"], clip_low=args.clip_low,
                                       clip_high=args.clip_high, ref_logp=mb["ref_logp"], beta=args.beta,
-                                      agg=args.loss_agg, denominator=denominator, norm_len=args.max_tokens)
+                                      agg=args.loss_agg, denominator=denominator, norm_len=args.max_tokens,
+                                      sampler_logp=mb["sampler_logp"], is_cap=is_cap)
                 (loss * world).backward()
                 n = mb["mask"].sum().item()
+                m["entropy"] = ((entropy * mb["mask"]).sum() / max(n, 1)).item()  # policy/entropy, per token
                 for key in SHARED_DENOMINATOR:
                     sums[key] += m[key]
-                for key in TOKEN_MEANS:
+                for key in means:
                     sums[key] += m[key] * n
                 sums["tokens"] += n
                 if epoch == 0:  # sampler vs trainer log-probs of the same tokens, before any update
@@ -150,41 +158,23 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
     total = dict(zip(sums, all_reduce_sum(list(sums.values()), device)))
     updates, tokens = args.ppo_epochs * len(minibatches), max(total["tokens"], 1)
     return {**{f"loss/{key.removesuffix('_loss')}": total[key] / updates for key in SHARED_DENOMINATOR},
-            **{f"loss/{key}": total[key] / tokens for key in TOKEN_MEANS},
+            **{f"loss/{key}": total[key] / tokens for key in means if key != "entropy"},
+            "policy/entropy": total["entropy"] / tokens,
             "grad/norm": total["grad_norm"] / (updates * world),  # the same on every rank: undo the sum
             "lr": lr, "sync/rollout_logprob_diff": total["sampler_diff"] * args.ppo_epochs / tokens}
 
 
 # ---------------------------------------------------------------- setup
-def init_distributed(args: Args):
-    """(distributed, rank, world, device): under torchrun (RANK is set), one process group over all ranks; then the
-    models are FSDP2-sharded, each rank samples its share of prompts, every logged number is all-reduced."""
-    from transformers.utils import logging as hf_logging
-    hf_logging.disable_progress_bar()  # no "Loading weights" bar per model on every rank
-    cuda = torch.cuda.is_available()
-    if not cuda:  # CPU tensors come from malloc: keep their pages instead of faulting them in again
-        keep_freed_memory()
-    distributed = "RANK" in os.environ
-    if distributed:
-        dist.init_process_group("nccl" if cuda else "gloo")
-    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    return distributed, rank, world, device
-
-
 def load_data(args: Args, master: bool = True):
     """The task, its training rows and at most --eval-examples held-out rows (said in one line when none)."""
-    from tasks import get_task
+    from tasks import get_task, reward_weights
 
     task = get_task(args.task)
-    train_set = task.load("train", data_file=args.data_file or None, seed=args.seed)
-    test_set = task.load("test", data_file=args.data_file or None, limit=args.eval_examples,
-                         seed=args.seed) if args.eval_examples else []
+    sim = "sim" in reward_weights(task, args.reward, args.reward_weights)  # Countdown-Sim joins GOLD's demos
+    demos = dict(demos=True, demo_file=args.demo_file or None) if sim else {}
+    train_set = task.load("train", data_file=args.data_file or None, seed=args.seed, **demos)
+    test_set = task.load("test", data_file=args.data_file or None, limit=args.eval_examples, seed=args.seed,
+                         **demos) if args.eval_examples else []
     if args.eval_examples and not test_set and master:
         print(f"note: --data-file {args.data_file} leaves no held-out rows (tasks.py holds out ~10% by prompt "
               "hash): no evaluation before, during (--eval-every) or after training, no eval.json")
@@ -229,29 +219,37 @@ def make_scheduler(optimizer, args: Args):
         optimizer, lambda s: min(1.0, (s + 1) / args.warmup_steps) if args.warmup_steps else 1.0)
 
 
-def evaluate_held_out(sampler, task, test_set, args: Args, rank: int, world: int, device) -> float:
-    """Greedy pass@1 (similarity without a verifier) over the held-out prompts, split over ranks; any step."""
+def evaluate_held_out(sampler, task, test_set, args: Args, rank: int, world: int, device, samples, step) -> float:
+    """Greedy pass@1 (similarity without a verifier) over the held-out prompts, split over ranks; any step. The
+    generations go to eval-STEP.jsonl (SampleLog)."""
     from eval import evaluate
 
-    summary = evaluate(sampler, task, test_set[rank::world], max_tokens=args.max_tokens, seed=args.seed,
-                       reward_kind="exact" if task.has_verifier else "sim", progress=rank == 0)["summary"]
+    result = evaluate(sampler, task, test_set[rank::world], max_tokens=args.max_tokens, seed=args.seed,
+                      reward_kind="exact" if task.has_verifier else "sim", progress=rank == 0)
+    samples.write_eval(step, result["examples"])
+    summary = result["summary"]
     score, n = all_reduce_sum([summary.get("pass@1", summary.get("sim_reward", 0.0)) * summary["n"],
                                summary["n"]], device)
     return score / max(n, 1)
 
 
 def score(task, examples, groups, args: Args, device) -> dict:
-    """This rank's groups scored, then gathered: rewards, verifier passes, lengths, truncations, each (G, M)."""
-    rewards = torch.tensor([[task.reward(c.text, ex, kind=args.reward) for c in g]
-                            for ex, g in zip(examples, groups)])  # (G_local, M)
-    passed = torch.zeros_like(rewards)  # verifier passes, for reward/pass_rate
-    if task.has_verifier:
-        passed = rewards if args.reward == "exact" else torch.tensor(
-            [[task.reward(c.text, ex, kind="exact") for c in g] for ex, g in zip(examples, groups)])
+    """This rank's groups scored, then gathered: rewards, verifier passes, lengths, truncations and each reward
+    term, each (G, M). The reward is --reward's term, or the weighted sum of --reward-weights' terms."""
+    from tasks import reward_weights
+
+    def table(term):  # (G_local, M): one reward term of every sample
+        return torch.tensor([[task.reward(c.text, ex, kind=term) for c in g] for ex, g in zip(examples, groups)])
+
+    weights = reward_weights(task, args.reward, args.reward_weights)  # {term: weight}
+    terms = {term: table(term) for term in weights}
+    rewards = sum(weight * terms[term] for term, weight in weights.items())  # r = sum_k w_k r_k
+    passed = terms["exact"] if "exact" in terms else table("exact") if task.has_verifier else 0 * rewards
     lengths = torch.tensor([[len(c.token_ids) for c in g] for g in groups], dtype=torch.float32)  # (G_local, M)
     cut = torch.tensor([[c.finish_reason == "length" for c in g] for g in groups], dtype=torch.float32)
     return {"rewards": gather_rows(rewards, device), "passed": gather_rows((passed >= 0.5).float(), device),
             "lengths": gather_rows(lengths, device), "cut": gather_rows(cut, device),
+            "terms": {term: gather_rows(terms[term], device) for term in weights},
             "errors": all_reduce_sum([take_error_count()], device)[0]}
 
 
@@ -263,6 +261,7 @@ def step_metrics(step: int, args, task, rollout, adv, train_metrics, times, toke
     rewards, lengths = rollout["rewards"], rollout["lengths"]
     return {"step": step + 1, "reward/mean": rewards.mean().item(), "reward/std": rewards.std(correction=0).item(),
             **({"reward/pass_rate": rollout["passed"].mean().item()} if task.has_verifier else {}),
+            **{f"reward/{term}": values.mean().item() for term, values in rollout["terms"].items()},
             "reward/errors": rollout["errors"],  # exceptions the rewards caught and scored 0 (rewards.py)
             "adv/zero_group_frac": (adv.abs().amax(-1) < 1e-6).float().mean().item(),
             "response/len_mean": lengths.mean().item(), "response/len_max": lengths.max().item(),
@@ -283,7 +282,7 @@ def main(args: Args) -> dict:
 
     # ---- setup: derived values, processes, data, models, sampler, log, held-out score before training
     out_dir, cuda, args = run_dir(args), torch.cuda.is_available(), resolve_auto(args)
-    distributed, rank, world, device = init_distributed(args)
+    distributed, rank, world, device = init_distributed(args.seed)
     master = rank == 0
     remove_orphans(out_dir, master)  # what killed saves left, with a note
     task, train_set, test_set = load_data(args, master)
@@ -308,9 +307,11 @@ def main(args: Args) -> dict:
         probe = sync_check(sampler, model, probe_prompts)
     check_sync(probe, None, start_step, args.sync_tolerance, device)  # the sampler loaded the same weights
     log = MetricsLog(out_dir, start_step, args, master)
+    samples = SampleLog(out_dir, start_step, args.log_completions, master)  # completions.jsonl, eval-STEP.jsonl
+    held_out = partial(evaluate_held_out, sampler, task, test_set, args, rank, world, device, samples)  # (step)
     evals = read_evals(out_dir) if ckpt else {}  # a resumed run keeps its "before" score
     if test_set and start_step == 0:
-        evals["before"] = evaluate_held_out(sampler, task, test_set, args, rank, world, device)
+        evals["before"] = held_out(0)
         report_eval(evals, out_dir, task, len(test_set), master)
 
     metrics, n_local = {}, args.rollout_batch // world
@@ -338,7 +339,8 @@ def main(args: Args) -> dict:
         # -- train
         flat = [(p, c) for p, g in zip(prompts, groups) for c in g]
         train_metrics = ppo_update(model, ref_model, optimizer, scheduler, [p for p, _ in flat],
-                                   [c.token_ids for _, c in flat], [c.logprobs for _, c in flat], adv, args, pad_id)
+                                   [c.token_ids for _, c in flat], [c.logprobs for _, c in flat], adv, args, pad_id,
+                                   truncated=[c.finish_reason == "length" for _, c in flat])
         t3 = time.perf_counter()
         memory.end("train")
         # -- weight sync and check: the sampler must now compute the trainer's log-probs
@@ -352,10 +354,11 @@ def main(args: Args) -> dict:
                                 device)  # prompt, completion
         times = {"rollout": t1 - t0, "reward": t2 - t1, "train": t3 - t2, "sync": t4 - t3, "step": t4 - t0}
         metrics = step_metrics(step, args, task, rollout, adv_all, train_metrics, times, tokens, n_params, n_forwards)
+        samples.write(step + 1, task, examples, groups, rollout, adv_all, rank)
         metrics.update(memory.metrics())  # each rank's own GPU memory, per phase (CUDA only)
         if test_set and args.eval_every and (step + 1) % args.eval_every == 0:  # absolute steps: resume keeps them
             t5 = time.perf_counter()
-            metrics["eval/score"] = evaluate_held_out(sampler, task, test_set, args, rank, world, device)
+            metrics["eval/score"] = held_out(step + 1)
             metrics["time/eval"] = time.perf_counter() - t5
         try:  # the step's metrics reach the log either way; a failed check saves no checkpoint
             metrics.update(check_sync(probe, before, step + 1, args.sync_tolerance, device))
@@ -363,12 +366,11 @@ def main(args: Args) -> dict:
             log.write(metrics)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
         if args.save_every and (step + 1) % args.save_every == 0 or step + 1 == args.steps:
-            save_checkpoint(out_dir, step + 1, model, optimizer, scheduler, tokenizer, args)
+            save_checkpoint(out_dir, step + 1, model, optimizer, scheduler, tokenizer, args)  # --keep-checkpoints
 
     # ---- the end: held-out score after training, curves, cleanup
     if test_set:  # a score of the last step is this one: the same weights, greedy
-        evals["after"] = metrics["eval/score"] if "eval/score" in metrics else evaluate_held_out(
-            sampler, task, test_set, args, rank, world, device)
+        evals["after"] = metrics["eval/score"] if "eval/score" in metrics else held_out(args.steps)
         metrics.update({f"eval/{k}": v for k, v in evals.items()})
         report_eval(evals, out_dir, task, len(test_set), master)
     log.finish(out_dir)

@@ -1,4 +1,5 @@
-"""Peak extra memory of loss.token_logprobs against the naive log_softmax(...).gather(...).
+"""Peak extra memory of loss.token_logprobs (alone, and with the per-token entropy train.py logs as policy/entropy)
+against the naive log_softmax(...).gather(...).
 
 Each method runs in its own process on bfloat16 logits of shape (8, 1024, 151936) (Qwen2.5's
 vocabulary); the peak resident memory above the logits themselves is read from the kernel
@@ -36,8 +37,11 @@ def measure(method: str, shape) -> dict:
     with torch.no_grad():
         if method == "naive":
             out = torch.log_softmax(logits.float(), -1).gather(-1, targets[..., None]).squeeze(-1)
-        else:
+        elif method == "chunked":
             out = token_logprobs(logits, targets)
+        else:  # as the training forward calls it: log-probs and entropies from the same chunks
+            out, entropy = token_logprobs(logits, targets, entropy=True)
+            out = out + 0 * entropy
     extra = (_rss_kib("VmHWM:") - base) * 1024
     return {"method": method, "extra_bytes": extra, "logits_bytes": logits.numel() * 2,
             "checksum": float(out.double().sum())}
@@ -46,13 +50,13 @@ def measure(method: str, shape) -> dict:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shape", type=int, nargs=3, default=[8, 1024, 151936])
-    parser.add_argument("--method", choices=["naive", "chunked"], help=argparse.SUPPRESS)
+    parser.add_argument("--method", choices=["naive", "chunked", "entropy"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.method:  # child process
         print(json.dumps(measure(args.method, args.shape)))
         return
     results = {}
-    for method in ["naive", "chunked"]:
+    for method in ["naive", "chunked", "entropy"]:
         cmd = [sys.executable, __file__, "--method", method, "--shape", *map(str, args.shape)]
         results[method] = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     gib = 2**30
@@ -62,6 +66,7 @@ def main():
         print(f"{method:<8} peak extra memory {r['extra_bytes'] / gib:6.2f} GiB "
               f"= {r['extra_bytes'] / logits_bytes:.3f} x logits")
     print(f"ratio chunked / naive: {results['chunked']['extra_bytes'] / results['naive']['extra_bytes']:.3f}")
+    print(f"ratio entropy / naive: {results['entropy']['extra_bytes'] / results['naive']['extra_bytes']:.3f}")
     naive_sum, chunked_sum = results["naive"]["checksum"], results["chunked"]["checksum"]
     print(f"checksums agree: {abs(naive_sum - chunked_sum) < 1e-2 * abs(naive_sum)}")
 

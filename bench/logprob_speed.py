@@ -1,4 +1,5 @@
-"""Seconds of loss.token_logprobs' forward and backward on CPU, by row-chunk size, against the GPU's chunk size.
+"""Seconds of loss.token_logprobs' forward and backward on CPU, by row-chunk size, against the GPU's chunk size;
+and at the CPU's chunk size with the per-token entropy the training forward also computes (policy/entropy).
 
 One training micro-batch's logits as bench/vs_trl.py makes them: bfloat16, (8, 65, 49152) (8 sequences, 64
 completion tokens + 1 kept position, SmolLM2's vocabulary). Each repeat times every chunk size once, in turn,
@@ -24,10 +25,10 @@ import loss  # noqa: E402
 from speed.allocator import keep_freed_memory  # noqa: E402
 
 
-def timed(logits, targets, elements):
+def timed(logits, targets, elements, entropy=False):
     loss.CPU_CHUNK_ELEMENTS = elements
     t0 = time.perf_counter()
-    logp = loss.token_logprobs(logits, targets)
+    logp = loss.token_logprobs(logits, targets, entropy=True)[0] if entropy else loss.token_logprobs(logits, targets)
     t1 = time.perf_counter()
     logp.sum().backward()
     t2 = time.perf_counter()
@@ -49,13 +50,15 @@ def main():
     targets = torch.randint(0, V, (B, T), generator=g)
     sizes = {"baseline: loss.CHUNK_ELEMENTS": loss.CHUNK_ELEMENTS, "loss.CPU_CHUNK_ELEMENTS": loss.CPU_CHUNK_ELEMENTS}
     sizes.update({f"{1 << k} elements": 1 << k for k in (18, 20, 22) if (1 << k) not in sizes.values()})
-    outputs = {name: timed(logits, targets, n)[2:] for name, n in sizes.items()}  # untimed: allocations, bits
+    entropy = "CPU chunks + entropy (train.py's)"  # the training forward also returns policy/entropy
+    sizes[entropy] = loss.CPU_CHUNK_ELEMENTS
+    outputs = {name: timed(logits, targets, n, name == entropy)[2:] for name, n in sizes.items()}  # untimed
     want = outputs["baseline: loss.CHUNK_ELEMENTS"]
     same = {name: torch.equal(out[0], want[0]) and torch.equal(out[1], want[1]) for name, out in outputs.items()}
     times = {name: [] for name in sizes}
     for _ in range(opts.repeats):
         for name, n in sizes.items():
-            times[name].append(timed(logits, targets, n)[:2])
+            times[name].append(timed(logits, targets, n, name == entropy)[:2])
     print(f"logits {B}x{T}x{V} bf16, {opts.threads} threads, {opts.repeats} repeats: median [min-max] seconds")
     base = [f + b for f, b in times["baseline: loss.CHUNK_ELEMENTS"]]
     for name, n in sizes.items():

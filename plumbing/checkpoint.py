@@ -5,6 +5,8 @@ is) plus optimizer.pt (full, unsharded optimizer state) and trainer_state.pt (st
 scheduler, every rank's RNG states, the run's arguments). It is written into a temporary folder and
 renamed into place, and trainer_state.pt is what marks it complete, so a killed save never leaves a
 half-written checkpoint behind. A damaged or foreign checkpoint raises CheckpointError with one line.
+With --keep-checkpoints K, each successful save is followed by prune_checkpoints, which deletes all but the
+newest K complete checkpoints (the paper presets keep 2, as the official configs' max_actor_ckpt_to_keep).
 
 Checkpoints are shared, so loading one must not run code: both .pt files are read with
 torch.load(weights_only=True), which builds tensors, numbers, strings, lists and dicts and refuses every
@@ -105,21 +107,25 @@ def model_file_error(folder: str) -> str | None:
     return None
 
 
+def complete_checkpoints(run: str) -> list[str]:
+    """The names of the complete checkpoint-STEP folders in `run` (trainer_state.pt marks one), oldest step first."""
+    done = [d for d in os.listdir(run) if d.startswith("checkpoint-") and d[11:].isdigit()
+            and os.path.isfile(os.path.join(run, d, "trainer_state.pt"))] if os.path.isdir(run) else []
+    return sorted(done, key=lambda d: int(d[11:]))
+
+
 def find_checkpoint(path: str) -> str | None:
     """`path` itself if it is a checkpoint, else the newest complete checkpoint-STEP inside it."""
     if os.path.isfile(os.path.join(path, "trainer_state.pt")):
         return path
-    done = [d for d in os.listdir(path) if d.startswith("checkpoint-") and d[11:].isdigit()
-            and os.path.isfile(os.path.join(path, d, "trainer_state.pt"))] if os.path.isdir(path) else []
-    return os.path.join(path, max(done, key=lambda d: int(d[11:]))) if done else None
+    done = complete_checkpoints(path)
+    return os.path.join(path, done[-1]) if done else None
 
 
 def newer_checkpoints(ckpt: str, step: int) -> list[str]:
     """The complete checkpoints beside `ckpt` (of step `step`) with a later step: resuming `ckpt` in place would
     overwrite them with another trajectory."""
-    run = os.path.dirname(os.path.abspath(ckpt))
-    return sorted(d for d in os.listdir(run) if d.startswith("checkpoint-") and d[11:].isdigit() and int(d[11:]) > step
-                  and os.path.isfile(os.path.join(run, d, "trainer_state.pt")))
+    return [d for d in complete_checkpoints(os.path.dirname(os.path.abspath(ckpt))) if int(d[11:]) > step]
 
 
 def read_trainer_state(ckpt: str) -> dict:
@@ -141,16 +147,16 @@ def _tensor_bytes(obj) -> int:
 
 
 def remove_orphans(out_dir: str, master: bool = True) -> list[str]:
-    """Remove the .tmp-checkpoint-* folders that killed saves left in `out_dir` (they can fill a disk), on rank 0
-    only, and say so in one note; their names."""
+    """Remove the .tmp-checkpoint-* folders that killed saves or deletions (prune_checkpoints) left in `out_dir`
+    (they can fill a disk), on rank 0 only, and say so in one note; their names."""
     if not master or not os.path.isdir(out_dir):
         return []
     names = sorted(d for d in os.listdir(out_dir) if d.startswith(".tmp-checkpoint-"))
     for name in names:
         shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
     if names:
-        print(f"note: removed {len(names)} unfinished checkpoint save(s) a killed run left in {out_dir}: "
-              f"{', '.join(names)}")
+        print(f"note: removed {len(names)} unfinished checkpoint save(s) or deletion(s) a killed run left in "
+              f"{out_dir}: {', '.join(names)}")
     return names
 
 
@@ -160,7 +166,8 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args)
     Written into a temporary folder and renamed into place, so a killed save never leaves a
     half-written checkpoint-STEP behind; trainer_state.pt is what marks a checkpoint complete. A save
     that fails (a full disk) removes its temporary folder and raises CheckpointError on every rank, one
-    line naming the save, the bytes it needed and the last good checkpoint, which it left intact.
+    line naming the save, the bytes it needed and the last good checkpoint, which it left intact. A save
+    that succeeded is followed by prune_checkpoints(out_dir, args.keep_checkpoints) on rank 0.
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
@@ -196,12 +203,45 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args)
                 os.rename(final, tmp + "-old")
             os.rename(tmp, final)
             shutil.rmtree(tmp + "-old", ignore_errors=True)
+            prune_checkpoints(out_dir, getattr(args, "keep_checkpoints", 0))  # --keep-checkpoints K
     if dist.is_initialized():  # every rank learns rank 0's verdict (and waits for its save)
         verdict = [error]
         dist.broadcast_object_list(verdict, src=0)
         error = verdict[0]
     if error:
         raise CheckpointError(error)
+
+
+def prune_checkpoints(out_dir: str, keep: int, master: bool = True) -> list[str]:
+    """Delete all but the newest `keep` complete checkpoints in `out_dir` (0: delete nothing), on rank 0 only; the
+    names deleted. save_checkpoint calls it right after a save succeeded (a failed one raises before it).
+
+    Only complete checkpoint-STEP folders count and go, newest by step kept: a failed save leaves no new one, so
+    the last good checkpoint always stays, and the checkpoint a --resume started from goes only once `keep` newer
+    ones exist. .tmp-checkpoint-* and incomplete folders are not checkpoints and are left alone. Each is renamed
+    to a .tmp-checkpoint-* name before its files go: a kill mid-delete then leaves a folder that find_checkpoint
+    never picks and remove_orphans clears at the next start, not a half-deleted checkpoint-STEP that still holds
+    its trainer_state.pt. The other ranks never read the run folder, so they need not wait for this.
+    """
+    if keep < 0:
+        raise ValueError(f"keep_checkpoints must be >= 0 (0: keep all), got {keep}")
+    if not master or keep == 0:
+        return []
+    deleted = []
+    for name in complete_checkpoints(out_dir)[:-keep]:
+        path = os.path.join(out_dir, name)
+        if os.path.islink(path):  # a link to a checkpoint kept elsewhere: not this run's to delete
+            continue
+        trash = tempfile.mkdtemp(dir=out_dir, prefix=f".tmp-{name}-deleted-")
+        try:
+            os.rename(path, trash)  # atomic, and replaces the empty folder mkdtemp made
+        except OSError as err:  # a checkpoint that cannot go costs disk, not the run
+            os.rmdir(trash)
+            print(f"note: could not delete old checkpoint {path} ({err.strerror or type(err).__name__}); kept")
+            continue
+        shutil.rmtree(trash, ignore_errors=True)
+        deleted.append(name)
+    return deleted
 
 
 def load_checkpoint(ckpt, model, optimizer, scheduler, rank) -> int:

@@ -5,9 +5,15 @@ group) each is the single-process identity.
     torchrun --nproc_per_node 2 tests/dist_train.py parity OUT.pt MODEL_DIR REF_DIR   # equals one process
 """
 
+import os
+import random
+
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
+
+from speed.allocator import keep_freed_memory
 
 
 def all_reduce_sum(values: list[float], device, op=dist.ReduceOp.SUM) -> list[float]:
@@ -24,6 +30,15 @@ def gather_rows(t: torch.Tensor, device) -> torch.Tensor:
     parts = [torch.empty_like(t, device=device) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, t.to(device))
     return torch.cat(parts).cpu()
+
+
+def gather_objects(items: list) -> list:
+    """Each rank's list of picklable items -> their rank-major concatenation, on every rank."""
+    if not dist.is_initialized():
+        return list(items)
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, list(items))
+    return [item for part in parts for item in part]
 
 
 def per_rank(values: dict[str, float], device) -> dict[str, float]:
@@ -56,3 +71,24 @@ def full_weights(model):
     sharded = isinstance(model, FSDPModule)  # shard() ran: each parameter is an FSDP2 DTensor shard
     for name, param in model.named_parameters():
         yield name, (param.full_tensor() if sharded else param).detach()
+
+
+def init_distributed(seed: int):
+    """(distributed, rank, world, device): under torchrun (RANK is set), one process group over all ranks; then the
+    models are FSDP2-sharded, each rank samples its share of prompts, every logged number is all-reduced."""
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()  # no "Loading weights" bar per model on every rank
+    cuda = torch.cuda.is_available()
+    if not cuda:  # CPU tensors come from malloc: keep their pages instead of faulting them in again
+        keep_freed_memory()
+    distributed = "RANK" in os.environ
+    if distributed:
+        dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return distributed, rank, world, device

@@ -10,7 +10,7 @@ from dataclasses import asdict
 
 import torch
 
-from plumbing.parallel import per_rank
+from plumbing.parallel import gather_objects, per_rank
 
 
 def model_flops_per_token(model) -> tuple[int, int]:
@@ -19,6 +19,68 @@ def model_flops_per_token(model) -> tuple[int, int]:
     n_body = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel() - (
         0 if model.config.tie_word_embeddings else n_head)
     return n_body, n_head
+
+
+def keep_steps(path: str, last_step: int):
+    """Drop the lines of the JSON Lines file `path` (if any) logged for steps after `last_step`: on resume those
+    steps run again, and their rows must not appear twice."""
+    if os.path.exists(path):
+        lines = [line for line in open(path) if json.loads(line)["step"] <= last_step]
+        with open(path, "w") as f:
+            f.writelines(lines)
+
+
+def write_jsonl(path: str, rows: list[dict], mode: str = "w"):
+    """Rows as JSON Lines; a new file is written beside and renamed into place, so it is never half there."""
+    target = path + ".tmp" if mode == "w" else path
+    with open(target, mode) as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+    if mode == "w":
+        os.replace(target, path)
+
+
+def user_text(prompt) -> str:
+    """The last user message of a chat prompt: what the sample answers, without the system message."""
+    return next((m["content"] for m in reversed(prompt) if m.get("role") == "user"), "") if isinstance(
+        prompt, list) else str(prompt)
+
+
+class SampleLog:
+    """Rollouts a person can read: up to `n` samples of each step, gathered from all ranks (rank-major: rank 0's
+    first, whole groups of M when n allows) and appended by rank 0 to completions.jsonl; every evaluation's greedy
+    generations in eval-STEP.jsonl. n = 0 writes neither. On resume, the rows of steps that run again go."""
+
+    def __init__(self, out_dir: str, start_step: int, n: int, master: bool):
+        self.out_dir, self.n, self.master = out_dir, n, master
+        self.path = os.path.join(out_dir, "completions.jsonl")
+        if master and n:
+            os.makedirs(out_dir, exist_ok=True)
+            keep_steps(self.path, start_step)
+
+    def write(self, step: int, task, examples, groups, rollout: dict, adv, rank: int):
+        """Step `step`'s first n samples. rollout's (G, M) tensors and adv (G, M) are gathered, rank-major."""
+        if not self.n:
+            return
+        rows, first = [], rank * len(groups)  # this rank's first group in the gathered tensors
+        for g, (example, group) in enumerate(zip(examples, groups)):
+            for k, c in enumerate(group[:self.n - len(rows)]):
+                rows.append({"step": step, "uid": example.uid, "prompt": user_text(example.prompt),
+                             "completion": c.text, "reward": rollout["rewards"][first + g, k].item(),
+                             "passed": bool(rollout["passed"][first + g, k]) if task.has_verifier else None,
+                             "advantage": adv[first + g, k].item(), "length": len(c.token_ids),
+                             "finish_reason": c.finish_reason})
+        rows = gather_objects(rows)[:self.n]
+        if self.master:
+            write_jsonl(self.path, rows, mode="a")
+
+    def write_eval(self, step: int, records: list[dict]):
+        """One evaluation's records (eval.evaluate's, this rank's share), all ranks', in eval-STEP.jsonl."""
+        if not self.n:
+            return
+        rows = [{"step": step, **{k: v for k, v in r.items() if k != "reference"}, "prompt": user_text(r["prompt"])}
+                for r in gather_objects(records)]
+        if self.master:
+            write_jsonl(os.path.join(self.out_dir, f"eval-{step:06d}.jsonl"), rows)
 
 
 class MetricsLog:
@@ -30,10 +92,7 @@ class MetricsLog:
         if not master:
             return
         os.makedirs(out_dir, exist_ok=True)
-        if os.path.exists(self.path):
-            lines = [line for line in open(self.path) if json.loads(line)["step"] <= start_step]
-            with open(self.path, "w") as f:
-                f.writelines(lines)
+        keep_steps(self.path, start_step)
         if args.wandb:
             try:
                 import wandb

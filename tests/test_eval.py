@@ -127,8 +127,28 @@ def test_cli_writes_json(tiny_model_dir, tmp_path, capsys):
     assert "pass@1 (greedy)" in capsys.readouterr().out
 
 
+def test_cli_countdown_sim_joins_the_demo_file(tiny_model_dir, tmp_path, capsys):
+    """--reward sim on countdown: the puzzles of --data-file with a demonstration in --demo-file (tasks.py)."""
+    puzzles = [{"nums": [8, 3, 3, 8], "target": 24}, {"nums": [1, 2, 3], "target": 6}]
+    for split in ("train", "test"):
+        (tmp_path / f"puzzles-{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in puzzles))
+    demos = tmp_path / "gold.jsonl"
+    demos.write_text(json.dumps({"nums": [3, 8, 3, 8], "target": 24, "messages": [
+        {"role": "user", "content": "Make 24."},
+        {"role": "assistant", "content": "<think>8 / (1/3) is 24</think>\n<answer>8 / (3 - 8 / 3)</answer>"}]}) + "\n")
+    out = tmp_path / "eval.json"
+    main(["--model", tiny_model_dir, "--task", "countdown", "--reward", "sim", "--data-file",
+          str(tmp_path / "puzzles-{split}.jsonl"), "--demo-file", str(demos), "--max-tokens", "4", "--sampler", "hf",
+          "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert data["summary"]["n"] == 1 and data["summary"]["reward_kind"] == "sim"
+    assert [r["reference"] for r in data["examples"]] == ["8 / (3 - 8 / 3)"]
+    assert "note: 1 of 2 countdown test puzzles have no demonstration" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--task", "arith"], "--model"),
+    (["--model", "x", "--task", "countdown", "--demo-file", "gold.jsonl"], "read only when the reward uses sim"),
     (["--model", "x", "--task", "arith", "--samples", "-1"], "--samples"),
     (["--model", "x", "--task", "arith", "--limit", "0"], "--limit"),
     (["--model", "x", "--task", "no-such-task"], "no-such-task"),

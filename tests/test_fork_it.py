@@ -1,8 +1,9 @@
-"""The README's "Fork it" edits, performed exactly as written: a new estimator, a new task, a new aggregation.
+"""The README's "Fork it" edits, performed exactly as written: a new estimator, a new task, a new aggregation, a
+new reward term.
 
 Each code block below is the README's, character for character (test_readme_shows_exactly_this_code
 checks it), and is executed in its stage module's namespace, which is what pasting it into that file
-does. The stage functions must then pick the new entry up, and train.py must train two steps with all three.
+does. The stage functions must then pick the new entry up, and train.py must train two steps with all four.
 """
 
 import json
@@ -17,6 +18,7 @@ from test_loss import assert_invariant_to_micro_batches_and_ranks
 
 import advantage
 import loss
+import rewards
 import tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,14 +47,24 @@ TASKS["qa"] = Task(name="qa", columns=("problem", "answer"), key=("problem",), m
 AGGREGATION = '''\
 def seq_mean_token_sum(mask, norm_len):
     """Each sequence's token sum, averaged over the minibatch's sequences: long answers weigh more."""
-    return mask, mask.new_tensor(mask.shape[0])
+    return mask, sequences(mask)  # the rows with a token: --mask-truncated empties the cut ones
 
 
 AGGREGATIONS["seq-mean-token-sum"] = seq_mean_token_sum
 '''
 
+REWARD_TERM = '''\
+@_reward
+def brevity_reward(completion, example) -> float:
+    """1 for an answer of at most 50 words, falling to 0 at 250: a length term to weigh against the others."""
+    return min(1.0, max(0.0, (250 - len(final_answer(completion).split())) / 200))
+
+
+REWARD_TERMS["brevity"] = brevity_reward
+'''
+
 EDITS = [(advantage, ESTIMATOR, "ESTIMATORS", "floorgrpo"), (tasks, TASK, "TASKS", "qa"),
-         (loss, AGGREGATION, "AGGREGATIONS", "seq-mean-token-sum")]
+         (loss, AGGREGATION, "AGGREGATIONS", "seq-mean-token-sum"), (rewards, REWARD_TERM, "REWARD_TERMS", "brevity")]
 
 
 @pytest.fixture
@@ -119,10 +131,22 @@ def test_the_new_aggregation_is_picked_up_and_invariant(forked):
     assert_invariant_to_micro_batches_and_ranks("seq-mean-token-sum")
 
 
+def test_the_new_reward_term_is_picked_up(forked):
+    from tasks import get_task, reward_weights
+
+    task = get_task("arith")
+    assert reward_weights(task, "exact", "exact=1,brevity=0.1") == {"exact": 1.0, "brevity": 0.1}  # --reward-weights
+    example = task.load("test", limit=1)[0]
+    assert task.reward("<think>add</think> 12", example, kind="brevity") == 1.0  # 1 word
+    assert task.reward("<think>add</think> " + "word " * 150, example, kind="brevity") == pytest.approx(0.5)
+    assert task.reward("word " * 400, example, kind="brevity") == 0.0
+
+
 @pytest.mark.slow
-def test_train_runs_two_steps_with_all_three_edits(qa_file, tiny_model_dir, tmp_path):
-    """The three blocks pasted at the end of copies of their files (below each registry), then the README's
-    flags on the command line: --advantage floorgrpo --std-floor, --task qa, --loss-agg seq-mean-token-sum.
+def test_train_runs_two_steps_with_all_four_edits(qa_file, tiny_model_dir, tmp_path):
+    """The four blocks pasted at the end of copies of their files (below each registry), then the README's
+    flags on the command line: --advantage floorgrpo --std-floor, --task qa, --loss-agg seq-mean-token-sum,
+    --reward-weights exact=1,brevity=0.1.
 
     A fresh process, as for a real fork: train.py builds its flags (config.Args) when it is imported, so an
     edit exec'd into a module this test process already imported would not reach them."""
@@ -141,7 +165,8 @@ def test_train_runs_two_steps_with_all_three_edits(qa_file, tiny_model_dir, tmp_
     run = tmp_path / "run"
     result = subprocess.run([sys.executable, "train.py", "--task", "qa", "--data-file", qa_file, "--advantage",
                              "floorgrpo", "--std-floor", "0.2", "--loss-agg", "seq-mean-token-sum", "--model",
-                             tiny_model_dir, "--M", "4", "--rollout-batch", "4", "--micro-batch", "8", "--steps", "2",
+                             tiny_model_dir, "--reward-weights", "exact=1,brevity=0.1", "--M", "4", "--rollout-batch",
+                             "4", "--micro-batch", "8", "--steps", "2",
                              "--max-tokens", "4", "--warmup-steps", "0", "--eval-examples", "0", "--dtype", "float32",
                              "--out-dir", str(run)], cwd=fork, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -150,6 +175,7 @@ def test_train_runs_two_steps_with_all_three_edits(qa_file, tiny_model_dir, tmp_
     assert [m["step"] for m in metrics] == [1, 2]
     assert all(torch.isfinite(torch.tensor(m["loss/pg"])) for m in metrics)
     assert all("alloc/floorgrpo/0.9-1" in m for m in metrics)  # the new estimator reached grad_alloc too
+    assert all(0.0 <= m["reward/brevity"] <= 1.0 and "reward/exact" in m for m in metrics)  # each term logged
     saved = read_trainer_state(find_checkpoint(str(run)))["args"]
     assert (saved["task"], saved["advantage"], saved["std_floor"], saved["loss_agg"]) == \
         ("qa", "floorgrpo", 0.2, "seq-mean-token-sum")
@@ -158,5 +184,5 @@ def test_train_runs_two_steps_with_all_three_edits(qa_file, tiny_model_dir, tmp_
 def test_readme_shows_exactly_this_code():
     readme = open(os.path.join(ROOT, "README.md")).read()
     section = readme.split("## Fork it", 1)[1].split("\n## ", 1)[0]
-    for block in (ESTIMATOR, TASK, AGGREGATION):
+    for block in (ESTIMATOR, TASK, AGGREGATION, REWARD_TERM):
         assert f"```python\n{block}```" in section

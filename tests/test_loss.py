@@ -11,6 +11,7 @@ from loss import (
     pad_batch,
     policy_loss,
     sequence_logprobs,
+    tis_weights,
     token_logprobs,
 )
 
@@ -290,3 +291,94 @@ def test_eager_attention_matches_sdpa(tiny_model_dir):
     (lp_e, loss_e, g_e), (lp_s, loss_s, g_s) = grads
     assert torch.allclose(lp_e, lp_s, atol=1e-5) and torch.allclose(loss_e, loss_s, rtol=1e-5)
     assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(g_e, g_s))
+
+
+# ---- policy/entropy, --is-correction token-tis, --mask-truncated
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_entropy_from_the_log_prob_pass_equals_categorical(temperature, monkeypatch):
+    """policy/entropy comes out of token_logprobs' chunks (several here), equal to torch's Categorical entropy of
+    softmax(logits / T), with no gradient; the log-probs and their gradient are those of the plain call."""
+    monkeypatch.setattr("loss.CPU_CHUNK_ELEMENTS", 50 * 4)
+    torch.manual_seed(3)
+    logits = (torch.randn(3, 7, 50) * 3).requires_grad_()
+    targets = torch.randint(0, 50, (3, 7))
+    logp, entropy = token_logprobs(logits, targets, temperature, entropy=True)
+    expected = torch.distributions.Categorical(logits=logits.detach() / temperature).entropy()
+    assert entropy.shape == (3, 7) and not entropy.requires_grad
+    assert torch.allclose(entropy, expected, atol=1e-5) and entropy.std() > 0.05  # not a constant
+    assert torch.equal(logp, token_logprobs(logits, targets, temperature))
+    (grad,) = torch.autograd.grad(logp.sum(), logits)
+    (plain,) = torch.autograd.grad(token_logprobs(logits, targets, temperature).sum(), logits)
+    assert torch.equal(grad, plain)
+
+
+def pg_case():
+    torch.manual_seed(4)
+    logp = (torch.randn(2, 3) * 0.1 - 1).requires_grad_()
+    old = logp.detach() + torch.randn(2, 3) * 0.05
+    return logp, old, torch.tensor([1.0, -0.5]), torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+
+
+def test_token_tis_with_identical_log_probs_is_todays_loss():
+    """pi_old = pi_sampler: every weight is 1 (C >= 1), so the loss and its gradient are those without the
+    correction."""
+    logp, old, adv, mask = pg_case()
+    plain, _ = policy_loss(logp, old, adv, mask, beta=0.0)
+    corrected, m = policy_loss(logp, old, adv, mask, beta=0.0, sampler_logp=old.clone(), is_cap=2.0)
+    assert corrected.item() == plain.item() and m["is_ratio_mean"] == 1.0 and m["is_clip_frac"] == 0.0
+    assert torch.equal(torch.autograd.grad(corrected, logp)[0], torch.autograd.grad(plain, logp)[0])
+
+
+def test_token_tis_weights_by_hand_and_carry_no_gradient():
+    """w_t = min(pi_old / pi_sampler, C), computed by hand: ratios 2, 0.5, 4 with C = 3 give weights 2, 0.5, 3.
+    The weight multiplies each token's policy-gradient term; it is detached, so the gradient with respect to
+    logp is w_t times the uncorrected one, and no gradient reaches pi_old or pi_sampler through it."""
+    logp = torch.log(torch.tensor([[0.5, 0.4, 0.2]])).requires_grad_()
+    old = logp.detach().clone().requires_grad_()  # on-policy: rho = 1, no clip active
+    sampler = old.detach() - torch.log(torch.tensor([[2.0, 0.5, 4.0]]))
+    mask, adv = torch.ones(1, 3), torch.tensor([1.0])
+    weights = tis_weights(old, sampler, 3.0)
+    assert torch.allclose(weights, torch.tensor([[2.0, 0.5, 3.0]])) and not weights.requires_grad
+    loss, m = policy_loss(logp, old, adv, mask, beta=0.0, sampler_logp=sampler, is_cap=3.0)
+    assert loss.item() == pytest.approx(-(2.0 + 0.5 + 3.0) / 3)  # -A * rho * w, token mean
+    assert m["is_ratio_mean"] == pytest.approx((2 + 0.5 + 4) / 3) and m["is_clip_frac"] == pytest.approx(1 / 3)
+    plain, _ = policy_loss(logp, old, adv, mask, beta=0.0)
+    g_logp, g_old = torch.autograd.grad(loss, (logp, old))
+    g_plain, g_old_plain = torch.autograd.grad(plain, (logp, old))
+    assert torch.allclose(g_logp, g_plain * weights)
+    assert torch.allclose(g_old, g_old_plain * weights)  # only through rho = pi / pi_old, scaled: none through w
+
+
+@pytest.mark.parametrize("agg", list(AGGREGATIONS))
+def test_masked_rows_give_the_loss_of_the_batch_without_them(agg):
+    """--mask-truncated zeroes whole rows of the mask: the loss and its gradient are those of the batch without
+    those rows, under every aggregation (they leave the denominator too), and differ from the unmasked loss."""
+    torch.manual_seed(5)
+    logp = (torch.randn(5, 6) * 0.1 - 1).requires_grad_()
+    old, ref = logp.detach() + torch.randn(5, 6) * 0.05, logp.detach() + torch.randn(5, 6) * 0.05
+    adv, mask = torch.randn(5), (torch.rand(5, 6) > 0.2).float()
+    mask[:, 0] = 1
+    keep = torch.tensor([True, False, True, True, False])
+    masked = mask * keep[:, None]
+
+    def loss(rows, m):
+        value, _ = policy_loss(logp[rows], old[rows], adv[rows], m, ref_logp=ref[rows], beta=0.1, agg=agg,
+                               denominator=loss_denominator(m, agg, 6), norm_len=6)
+        return value
+
+    everything = torch.arange(5)
+    with_mask, without_rows = loss(everything, masked), loss(keep.nonzero().squeeze(-1), mask[keep])
+    assert with_mask.item() == pytest.approx(without_rows.item(), rel=1e-6)
+    g_mask, g_rows = (torch.autograd.grad(value, logp)[0] for value in (with_mask, without_rows))
+    assert torch.allclose(g_mask, g_rows) and torch.all(g_mask[~keep] == 0)
+    assert with_mask.item() != pytest.approx(loss(everything, mask).item(), rel=1e-3)
+
+
+def test_every_row_masked_is_a_loss_of_zero_not_nan():
+    logp, old, adv, mask = pg_case()
+    for agg in AGGREGATIONS:
+        zero = torch.zeros_like(mask)
+        value, _ = policy_loss(logp, old, adv, zero, beta=0.0, agg=agg, denominator=loss_denominator(zero, agg, 3),
+                               norm_len=3)
+        assert value.item() == 0.0, agg

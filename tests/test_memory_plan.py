@@ -140,3 +140,14 @@ def test_lm_head_and_embedding_moments_agree_with_measured_cpu_peaks_on_smollm2(
     assert [row["what"] for row in rows][1:] == ["activations 8x(40+48) float32", "activations 8x(40+48) float32 ckpt"]
     for row in rows:
         assert abs(row["error"]) < 0.10, row
+
+
+def test_every_paper_preset_has_its_prompt_length_and_hardware():
+    from config import PRESETS, Args
+
+    assert set(PRESETS) <= set(memory_plan.PROMPT_TOKENS)
+    assert set(memory_plan.PAPER_HARDWARE) == set(PRESETS) - {"arith", "countdown24"}  # the demos have no paper GPUs
+    args = {**Args().__dict__, **PRESETS["openthoughts"], "task": "openthoughts"}  # Table B.2's transfer run
+    p = plan(args, gpus=16, gpu_gb=139, grad_checkpointing=True)
+    assert "longest prompt 2048 tokens, completion 6144" in " ".join(p.assumptions)  # official openthoughts.yaml
+    assert p.fits

@@ -146,6 +146,21 @@ def test_format_reward():
     assert format_reward("</think> 12 <think>a") == 0.0
 
 
+def test_reward_terms_take_the_completion_and_the_example():
+    """--reward-weights' terms: each (completion, example) -> float, reading what it needs from the example."""
+    from types import SimpleNamespace
+
+    assert set(rewards.REWARD_TERMS) == {"sim", "format"}  # "exact" is each task's verifier (tasks.Task.reward)
+    example = SimpleNamespace(reference="The council approved the lease.", gold=None, meta={})
+    sim, fmt = rewards.REWARD_TERMS["sim"], rewards.REWARD_TERMS["format"]
+    assert sim("<think>x</think>The council approved the lease.", example) == 1.0
+    completion = "<think>x</think>The council approved it."  # pred [council, approved, it] vs 4 reference words
+    assert sim(completion, example) == pytest.approx(similarity_reward(completion, example.reference))
+    assert 0.0 < sim(completion, example) < 1.0
+    assert fmt(completion, example) == 1.0 and fmt("The council approved it.", example) == 0.0
+    assert sim("anything", SimpleNamespace(reference="", gold=None, meta={})) == 0.0  # no demonstration, no reward
+
+
 # ---------------------------------------------------------------- similarity (Appendix B.5)
 def test_similarity_identical_and_disjoint():
     text = "The council approved the lease for five years."

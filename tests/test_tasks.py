@@ -1,6 +1,7 @@
 """Tasks: loaders on fixture files (through the hub code path and --data-file), prompts, splits, rewards."""
 
 import json
+import re
 from pathlib import Path
 
 import datasets
@@ -43,7 +44,8 @@ def fake_hub(monkeypatch):
 
 
 def test_registry():
-    assert set(tasks.TASKS) == {"gsm8k", "countdown", "deepmath", "poetry", "meetingbank", "arith", "countdown24"}
+    assert set(tasks.TASKS) == {"gsm8k", "countdown", "deepmath", "poetry", "meetingbank", "openthoughts", "arith",
+                                "countdown24"}
     assert get_task("gsm8k").hub_id == "openai/gsm8k"
     with pytest.raises(ValueError, match="choose one of gsm8k, countdown"):
         get_task("mnist")
@@ -252,3 +254,262 @@ def test_task_is_built_with_keywords_and_one_entry_adds_one():
         assert get_task("parity").extract("<think>hm</think> yes") == "yes"  # the default answer extractor
     finally:
         del TASKS["parity"]
+
+
+# ---------------------------------------------------------------- OpenThoughts3 (the paper's transfer run)
+def turn(speaker, text):
+    return {"from": speaker, "value": text}
+
+
+def openthoughts_row(question, answer, thinking="Let me think."):
+    return {"difficulty": 3, "source": "invented", "domain": "science",
+            "conversations": [turn("human", question), turn("gpt", f"<think>\n{thinking}\n</think>\n\n{answer}")]}
+
+
+def openthoughts_rows():
+    rows = [openthoughts_row(f"Name the chemical symbol of element {n}.", f"Element {n} has symbol E{n}.")
+            for n in range(1, 25)]
+    rows.append(openthoughts_row("Name the chemical symbol of element 1.", "It is H.", thinking="Hydrogen."))
+    return rows  # the last asks the first question again, with another answer
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
+    return str(path)
+
+
+def test_openthoughts_examples_from_a_local_file_and_the_hub(tmp_path, monkeypatch):
+    path = write_jsonl(tmp_path / "openthoughts.jsonl", openthoughts_rows())
+    task = get_task("openthoughts")
+    examples = task.load("train", data_file=path) + task.load("test", data_file=path)
+    assert len(examples) == 25 and not task.has_verifier
+    first = [e for e in examples if e.prompt[-1]["content"] == "Name the chemical symbol of element 1."]
+    assert sorted(e.reference for e in first) == ["Element 1 has symbol E1.", "It is H."]  # thinking removed
+    assert first[0].uid.split("#")[0] == first[1].uid.split("#")[0]  # one question: one split, "#1" apart
+    assert len({e.uid for e in examples}) == 25
+    example = first[0]
+    assert example.gold is None and "<think>" in example.prompt[0]["content"]  # the think-then-answer system message
+    assert task.reward(f"<think>x</think>{example.reference}", example, kind="sim") == 1.0
+    assert task.reward("<think>x</think>Fluorine.", example, kind="format") == 1.0  # a REWARD_TERMS term
+    with pytest.raises(ValueError, match="openthoughts has no verifier"):
+        task.reward("x", example, kind="exact")
+
+    # the hub's rows (parquet: conversations as a list of {from, value} structs) give the same examples
+    parquet = tmp_path / "openthoughts.parquet"
+    datasets.Dataset.from_list(openthoughts_rows()).to_parquet(str(parquet))
+    real, calls = datasets.load_dataset, []
+
+    def load_dataset(path, name=None, split=None, **kwargs):
+        if path != "open-thoughts/OpenThoughts3-1.2M":
+            return real(path, name, split=split, **kwargs)
+        calls.append((path, name, split))
+        return real("parquet", data_files=str(parquet), split="train")
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.setattr(tasks, "_hub_reachable", lambda timeout=3.0: True)
+    hub = task.load("train") + task.load("test")
+    assert calls == [("open-thoughts/OpenThoughts3-1.2M", None, "train")] * 2
+    assert sorted((e.uid, e.reference) for e in hub) == sorted((e.uid, e.reference) for e in examples)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"conversations": [turn("gpt", "<think>a</think> b")]},
+     "line 2 is not a valid openthoughts example (ValueError: its conversations has no human turn)"),
+    ({"conversations": [turn("human", "Why?"), turn("human", "Well?")]}, "has no gpt turn after the human one"),
+    ({"conversations": []}, "line 2 lacks a value for 'conversations'"),
+    ({"difficulty": 1}, "line 2 lacks a value for 'conversations'"),
+    ({"conversations": [turn("human", "Why?"), turn("gpt", "<think>cut off by the token limit")]},
+     "line 2 is not a valid openthoughts example (ValueError: its gpt turn has no answer"),
+    ("[1, 2]", "line 2 is not a JSON object"),
+])
+def test_openthoughts_bad_rows_are_one_line_naming_their_line(tmp_path, bad, message):
+    path = write_jsonl(tmp_path / "o.jsonl", [openthoughts_row("Why is the sky blue?", "Rayleigh scattering."), bad])
+    task = get_task("openthoughts")
+    assert message in one_line_error(lambda: task.load("train", data_file=path) + task.load("test", data_file=path))
+
+
+def test_openthoughts_conversations_that_are_not_turns_are_refused(tmp_path):
+    path = write_jsonl(tmp_path / "o.jsonl", [{"conversations": "Why is the sky blue?"}] * 2)
+    assert "line 1 is not a valid openthoughts example (ValueError: its conversations is not a list" in \
+        one_line_error(lambda: get_task("openthoughts").load("train", data_file=path))
+
+
+# ---------------------------------------------------------------- Countdown-Sim: demonstrations joined from GOLD
+PUZZLES = [([8, 3, 3, 8], 24), ([1, 2, 3], 6), ([4, 7, 9], 19), ([2, 5, 10, 1], 11), ([6, 6, 6], 42)]
+
+
+def gold_row(nums, target, answer, thinking="Try products first."):
+    return {"nums": nums, "target": target, "messages": [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": f"Using the numbers {nums}, create an equation that equals {target}."},
+        {"role": "assistant", "content": f"<think>{thinking}</think>\n<answer>{answer}</answer>"}]}
+
+
+@pytest.fixture
+def countdown_files(tmp_path):
+    """A puzzles --data-file, and a GOLD-shaped --demo-file solving three of its five puzzles, two of them with
+    their numbers in another order, one twice."""
+    puzzles = write_jsonl(tmp_path / "puzzles.jsonl", [{"nums": n, "target": t} for n, t in PUZZLES])
+    demos = write_jsonl(tmp_path / "gold.jsonl", [
+        gold_row([3, 8, 8, 3], 24, "8 / (3 - 8 / 3)"),
+        gold_row([1, 2, 3], 6, "(1 + 2) * 3 - 3 + 3 - 1 * 1 + 1"),  # a longer second one for the same puzzle
+        gold_row([3, 2, 1], 6, "1 + 2 + 3"),
+        gold_row([9, 7, 4], 19, "9 + 7 + 4 - 1 + 0"),
+        gold_row([9, 9, 9], 999, "not a puzzle of the data file"),
+    ])
+    return puzzles, demos
+
+
+def load_both(task, **kwargs):
+    return task.load("train", **kwargs) + task.load("test", **kwargs)
+
+
+def test_countdown_sim_joins_demonstrations_by_target_and_sorted_numbers(countdown_files, capsys):
+    puzzles, demos = countdown_files
+    task = get_task("countdown")
+    joined = load_both(task, data_file=puzzles, demos=True, demo_file=demos)
+    by_puzzle = {(tuple(e.meta["numbers"]), e.meta["target"]): e for e in joined}
+    assert set(by_puzzle) == {((8, 3, 3, 8), 24), ((1, 2, 3), 6), ((4, 7, 9), 19)}  # the numbers as the puzzle has them
+    assert by_puzzle[(8, 3, 3, 8), 24].reference == "8 / (3 - 8 / 3)"  # the answer only: no thinking, no tags
+    assert by_puzzle[(1, 2, 3), 6].reference == "1 + 2 + 3"  # several for one puzzle: the shortest
+    notes = re.findall(r"note: (\d+) of \d+ countdown (?:train|test) puzzles have no demonstration in --demo-file "
+                       r".*gold.jsonl: left out", capsys.readouterr().out)
+    assert sum(map(int, notes)) == 2  # one line per split that leaves puzzles out
+    example = by_puzzle[(8, 3, 3, 8), 24]
+    assert task.reward("<think>hm</think> 8 / (3 - 8 / 3)", example, kind="sim") == 1.0
+    assert task.reward("<think>hm</think> 8 / (3 - 8 / 3)", example, kind="exact") == 1.0  # the verifier is kept
+    assert [e.uid for e in joined] == [e.uid for e in load_both(task, data_file=puzzles) if e.uid in
+                                       {j.uid for j in joined}]  # same puzzles, same ids and order as without
+    assert len(task.load("train", data_file=puzzles, demos=True, demo_file=demos, limit=1)) == 1
+    with pytest.raises(DataError, match="no demonstration for --reward sim: load the task with demos=True"):
+        task.reward("x", load_both(task, data_file=puzzles)[0], kind="sim")  # loaded without them
+
+
+def test_countdown_sim_reads_gold_from_the_hub_with_its_configuration(countdown_files, monkeypatch):
+    puzzles, demos = countdown_files
+    real, calls = datasets.load_dataset, []
+
+    def load_dataset(path, name=None, split=None, **kwargs):
+        if path != "HuggingFaceTB/Countdown-Task-GOLD":
+            return real(path, name, split=split, **kwargs)
+        calls.append((path, name, split))
+        return real("json", data_files=demos, split="train")
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.setattr(tasks, "_hub_reachable", lambda timeout=3.0: True)
+    task = get_task("countdown")
+    assert len(load_both(task, data_file=puzzles, demos=True)) == 3
+    assert calls[0] == ("HuggingFaceTB/Countdown-Task-GOLD", "verified_Qwen2.5-7B-Instruct", "train")
+    assert len(task.load("train", data_file=puzzles)) + len(task.load("test", data_file=puzzles)) == 5  # exact: all
+    assert len(calls) == 2  # ... and GOLD is not read without demos
+    monkeypatch.setattr(tasks, "_hub_reachable", lambda timeout=3.0: False)
+    message = one_line_error(lambda: task.load("train", data_file=puzzles, demos=True))
+    assert "HuggingFaceTB/Countdown-Task-GOLD" in message and "--demo-file FILE" in message
+
+
+def test_countdown_sim_parquet_demo_file(countdown_files, tmp_path):
+    puzzles, demos = countdown_files
+    parquet = tmp_path / "gold.parquet"
+    datasets.load_dataset("json", data_files=demos, split="train").to_parquet(str(parquet))
+    task = get_task("countdown")
+    from_parquet = load_both(task, data_file=puzzles, demos=True, demo_file=str(parquet))
+    assert sorted(e.reference for e in from_parquet) == sorted(
+        e.reference for e in load_both(task, data_file=puzzles, demos=True, demo_file=demos))
+
+
+def test_countdown_sim_without_any_match_or_with_bad_demonstrations_is_one_line(countdown_files, tmp_path):
+    puzzles, _ = countdown_files
+    task = get_task("countdown")
+
+    def load(rows):
+        demos = write_jsonl(tmp_path / "demos.jsonl", rows)
+        return one_line_error(lambda: load_both(task, data_file=puzzles, demos=True, demo_file=demos))
+
+    message = load([gold_row([9, 9, 9], 999, "9 * 111")])
+    assert "none of the" in message and "has a demonstration in --demo-file" in message
+    no_answer = gold_row([1, 2, 3], 6, "x")
+    no_answer["messages"] = no_answer["messages"][:2]
+    assert ("--demo-file " + str(tmp_path / "demos.jsonl") + ": line 2 is not a valid countdown demonstration "
+            "(ValueError: its messages have no assistant turn)") in load([gold_row([1, 2, 3], 6, "1+2+3"), no_answer])
+    cut = gold_row([1, 2, 3], 6, "x")
+    cut["messages"][-1]["content"] = "<think>cut off by the token limit"
+    assert "line 1 is not a valid countdown demonstration (ValueError: its assistant turn has no answer" in load([cut])
+    assert "line 2 lacks a value for 'messages'" in load([gold_row([1, 2, 3], 6, "1+2+3"), {"nums": [1], "target": 1}])
+    assert "line 1 is not a valid countdown demonstration (ValueError: invalid literal" in \
+        load([gold_row(["x", 2, 3], 6, "1+2+3")])
+    assert "line 1 is not valid JSON" in load(["{not json"])
+    parquet = tmp_path / "no_messages.parquet"
+    datasets.Dataset.from_list([{"nums": [1, 2, 3], "target": 6}]).to_parquet(str(parquet))
+    message = one_line_error(lambda: task.load("train", data_file=puzzles, demos=True, demo_file=str(parquet)))
+    assert "lacks column(s) messages needed by a countdown demonstration" in message
+
+
+def test_demo_file_is_refused_where_it_would_not_be_read(countdown_files, tmp_path):
+    puzzles, demos = countdown_files
+    message = one_line_error(lambda: get_task("countdown").load("train", data_file=puzzles, demo_file=demos))
+    assert "read only when the reward uses sim" in message  # demos=False: the reward is the verifier's
+    assert "takes no --demo-file" in one_line_error(lambda: get_task("gsm8k").load("train", demos=True,
+                                                                                   demo_file=demos))
+    assert "takes no --demo-file" in one_line_error(lambda: get_task("countdown24").load("train", demos=True,
+                                                                                         demo_file=demos))
+    # a --data-file with its own `reference` column is not joined (and needs no GOLD)
+    own = write_jsonl(tmp_path / "own.jsonl", [{"nums": [1, 2, 3], "target": 6, "reference": "3 * 2 * 1"}] * 3)
+    examples = load_both(get_task("countdown"), data_file=own, demos=True, demo_file=str(tmp_path / "absent.jsonl"))
+    assert [e.reference for e in examples] == ["3 * 2 * 1"] * 3
+
+
+# ---------------------------------------------------------------- --reward-weights
+def test_reward_weights_parse_and_default():
+    from tasks import reward_weights
+
+    gsm8k, poetry = get_task("gsm8k"), get_task("poetry")
+    assert reward_weights(gsm8k, "exact", "") == {"exact": 1.0}
+    assert reward_weights(poetry, "sim", "  ") == {"sim": 1.0}
+    assert reward_weights(poetry, "sim", " format = 0.35 , sim=0.65,") == {"format": 0.35, "sim": 0.65}
+    assert reward_weights(gsm8k, "sim", "exact=1,format=-0.5") == {"exact": 1.0, "format": -0.5}  # a penalty
+    assert reward_weights(gsm8k, "exact", "exact=1,sim=0") == {"exact": 1.0, "sim": 0.0}  # sim logged, not trained
+
+
+@pytest.mark.parametrize("task, text, message", [
+    ("gsm8k", "exact", "--reward-weights: 'exact' is not TERM=WEIGHT"),
+    ("gsm8k", "=1", "--reward-weights: '=1' is not TERM=WEIGHT"),
+    ("gsm8k", "exact=one", "--reward-weights: the weight of exact must be a finite number, not 'one'"),
+    ("gsm8k", "exact=nan", "must be a finite number, not 'nan'"),
+    ("gsm8k", "exact=1e999", "must be a finite number, not '1e999'"),
+    ("gsm8k", "exact=", "must be a finite number, not ''"),
+    ("gsm8k", "sim=1,sim=2", "--reward-weights: sim is given twice"),
+    ("gsm8k", "judge=1", "--reward-weights: unknown term 'judge': choose from exact, sim, format"),
+    ("poetry", "exact=1,sim=1", "--reward-weights: task poetry has no verifier, so no exact term"),
+    ("gsm8k", ",", "--reward-weights ',' names no term"),
+    ("gsm8k", "exact=0,sim=0", "--reward-weights: every weight is 0"),
+])
+def test_reward_weights_errors_are_one_line(task, text, message):
+    from tasks import reward_weights
+
+    with pytest.raises(ValueError) as info:
+        reward_weights(get_task(task), "exact", text)
+    text = str(info.value)
+    assert text.startswith("--reward-weights") and message in text and "\n" not in text, text
+
+
+def test_reward_weights_default_refuses_exact_without_a_verifier():
+    from tasks import reward_weights
+
+    with pytest.raises(ValueError, match="task poetry has no verifier: use --reward sim"):
+        reward_weights(get_task("poetry"), "exact", "")
+
+
+def test_task_reward_scores_any_term_by_name(monkeypatch):
+    import rewards
+
+    task = get_task("arith")
+    example = task.load("test", limit=1)[0]
+    a, b = example.meta["a"], example.meta["b"]
+    right = f"<think>add</think>{a} + {b} = {a + b}"
+    assert task.reward(right, example, kind="exact") == 1.0
+    assert task.reward(right, example, kind="sim") == 1.0  # arith's reference is "a + b = c"
+    assert task.reward(right, example, kind="format") == 1.0 and task.reward("no think", example, kind="format") == 0.0
+    monkeypatch.setitem(rewards.REWARD_TERMS, "gold_length", lambda completion, ex: float(len(ex.gold)))
+    assert task.reward("x", example, kind="gold_length") == float(len(str(a + b)))  # a fork's term, by name
+    with pytest.raises(ValueError, match="unknown reward kind 'judge': use one of exact, sim, format, gold_length"):
+        task.reward("x", example, kind="judge")

@@ -22,7 +22,7 @@ import speed.backward
 import speed.compile
 import tasks
 import train
-from advantage import estimator_params
+from advantage import compute_advantages, estimator_params
 from loss import AGGREGATIONS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -290,8 +290,19 @@ def test_end_to_end_writes_metrics_and_a_loadable_checkpoint(tiny_model_dir, tmp
         assert all(math.isfinite(r[key]) for r in rows), key
     assert all(r["sync/logprob_diff"] < 1e-4 for r in rows)  # float32 sampler holds the trainer's weights
     assert all(r["reward/errors"] == 0 for r in rows)  # a healthy reward: nothing caught
+    assert all(r["reward/exact"] == r["reward/mean"] for r in rows)  # --reward exact: one term, weight 1
+    vocab = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
+    assert all(0 < r["policy/entropy"] <= math.log(vocab) for r in rows)
+    assert not any(key.startswith("loss/is_") for key in rows[0])  # --is-correction none: nothing to report
     ckpt = tmp_path / "checkpoint-000002"
-    assert sorted(os.listdir(tmp_path)) == ["checkpoint-000002", "curves.png", "metrics.jsonl"]
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-000002", "completions.jsonl", "curves.png", "metrics.jsonl"]
+    samples = read_metrics(tmp_path / "completions.jsonl")  # --log-completions 8: 8 of each step's 16 samples
+    assert [r["step"] for r in samples] == [1] * 8 + [2] * 8
+    assert set(samples[0]) == {"step", "uid", "prompt", "completion", "reward", "passed", "advantage", "length",
+                               "finish_reason"}
+    first_group = samples[:4]  # M = 4: one prompt, its four samples, advantages summing to 0 (softmax: M w - 1)
+    assert len({r["uid"] for r in first_group}) == 1 and abs(sum(r["advantage"] for r in first_group)) < 1e-5
+    assert all(r["passed"] == (r["reward"] >= 0.5) and r["finish_reason"] in ("stop", "length") for r in samples)
     model = AutoModelForCausalLM.from_pretrained(ckpt)  # a plain HF folder, no conversion step
     initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     assert not torch.equal(model.model.norm.weight, initial.model.norm.weight)  # it trained
@@ -321,6 +332,9 @@ def test_resume_gives_identical_weights_and_metrics(tiny_model_dir, tmp_path, di
     straight = read_metrics(tmp_path / "straight" / "metrics.jsonl")
     split = read_metrics(tmp_path / "split" / "metrics.jsonl")
     assert len(straight) == 4 and comparable(straight) == comparable(split)
+    samples = read_metrics(tmp_path / "straight" / "completions.jsonl")
+    assert [r["step"] for r in samples] == [s for s in (1, 2, 3, 4) for _ in range(8)]
+    assert read_metrics(tmp_path / "split" / "completions.jsonl") == samples  # resume appends the same rows
     a = load_file(tmp_path / "straight" / "checkpoint-000004" / "model.safetensors")
     b = load_file(tmp_path / "split" / "checkpoint-000004" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -339,6 +353,13 @@ def test_eval_every_logs_held_out_scores_at_absolute_steps_and_resume_keeps_them
     straight = read_metrics(tmp_path / "straight" / "metrics.jsonl")
     split = read_metrics(tmp_path / "split" / "metrics.jsonl")
     assert [("eval/score" in r, "time/eval" in r) for r in straight] == [(False, False), (True, True)] * 2
+    for run, steps in (("straight", (0, 2, 4)), ("split", (0, 2, 3, 4))):  # every evaluation's generations:
+        files = sorted(f for f in os.listdir(tmp_path / run) if f.startswith("eval-"))  # before, during, after
+        assert files == [f"eval-{step:06d}.jsonl" for step in steps]  # the split run's first "after" is step 3
+    generations = read_metrics(tmp_path / "straight" / "eval-000004.jsonl")
+    assert len(generations) == 4 and {r["step"] for r in generations} == {4}
+    assert sum(r["reward"] >= 0.5 for r in generations) / 4 == straight[3]["eval/score"]
+    assert read_metrics(tmp_path / "split" / "eval-000004.jsonl") == generations
     assert comparable(straight) == comparable(split)
     assert all(0 <= r["eval/score"] <= 1 for r in straight[1::2])
     for run in ("straight", "split"):  # the last step's score is the after-training score
@@ -348,6 +369,71 @@ def test_eval_every_logs_held_out_scores_at_absolute_steps_and_resume_keeps_them
     train.main(tiny_args(tiny_model_dir, no_test_set, steps=2, eval_every=1, eval_examples=0))
     assert all("eval/score" not in r for r in read_metrics(no_test_set / "metrics.jsonl"))
     assert not (no_test_set / "eval.json").exists()
+
+
+def test_resume_after_a_crash_logs_each_step_once(tiny_model_dir, tmp_path, digits):
+    """A run that logged step 3 and died before saving it resumes from checkpoint 2: steps 3 and 4 run again, and
+    completions.jsonl and metrics.jsonl hold each step once, as an uninterrupted run does."""
+    import shutil
+
+    train.main(tiny_args(tiny_model_dir, tmp_path / "straight", steps=4))
+    train.main(tiny_args(tiny_model_dir, tmp_path / "crashed", steps=3, save_every=2))
+    shutil.rmtree(tmp_path / "crashed" / "checkpoint-000003")  # as if killed between logging and saving step 3
+    train.main(tiny_args(tiny_model_dir, tmp_path / "crashed", steps=4, resume=str(tmp_path / "crashed")))
+    samples = read_metrics(tmp_path / "crashed" / "completions.jsonl")
+    assert [r["step"] for r in samples] == [s for s in (1, 2, 3, 4) for _ in range(8)]
+    assert samples == read_metrics(tmp_path / "straight" / "completions.jsonl")
+    assert [r["step"] for r in read_metrics(tmp_path / "crashed" / "metrics.jsonl")] == [1, 2, 3, 4]
+
+
+def test_token_tis_and_mask_truncated_reach_the_run(tiny_model_dir, tmp_path, digits, monkeypatch):
+    """--is-correction token-tis logs the mean pi_old / pi_sampler and the capped fraction: 1 and 0 for a float32
+    sampler holding the trainer's weights. --mask-truncated with every completion cut (a sampler that never
+    stops): no token is trained (the policy does not move), while the group's advantages are still computed."""
+    from safetensors.torch import load_file
+
+    import rollout
+
+    init = rollout.HFSampler.__init__
+
+    def never_stops(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.eos_ids = {-1}
+
+    monkeypatch.setattr(rollout.HFSampler, "__init__", never_stops)
+
+    final = train.main(tiny_args(tiny_model_dir, tmp_path / "tis", steps=1, is_correction="token-tis", is_cap=2.0))
+    assert final["loss/is_ratio_mean"] == pytest.approx(1.0, abs=1e-4) and final["loss/is_clip_frac"] == 0.0
+    args = tiny_args(tiny_model_dir, tmp_path / "cut", steps=1, max_tokens=2, mask_truncated=True, beta=0.0,
+                     weight_decay=0.0, log_completions=16)
+    cut = train.main(args)
+    samples = read_metrics(tmp_path / "cut" / "completions.jsonl")
+    assert cut["response/trunc_frac"] == 1.0 and all(r["finish_reason"] == "length" for r in samples)
+    assert cut["loss/pg"] == 0.0 and cut["grad/norm"] == 0.0
+    rewards = torch.tensor([r["reward"] for r in samples]).view(4, 4)  # the groups, in order
+    expected = compute_advantages("softmax", rewards, **train.estimator_hparams(args))
+    assert torch.allclose(torch.tensor([r["advantage"] for r in samples]).view(4, 4), expected)
+    before, after = load_file(f"{tiny_model_dir}/model.safetensors"), load_file(
+        tmp_path / "cut" / "checkpoint-000001" / "model.safetensors")
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_weighted_reward_terms_and_joined_demonstrations_reach_the_run(tiny_model_dir, tmp_path):
+    """train.py wires --reward-weights and --demo-file: Countdown with a local puzzles file and a GOLD-shaped
+    demonstrations file trains on 0.5 exact + 0.5 sim, logs each term, and the reward is their weighted sum."""
+    rows = [{"nums": [a, b, c], "target": a * b + c} for a in range(2, 6) for b in range(2, 6) for c in (1, 2)]
+    (tmp_path / "puzzles.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    gold = [{"nums": r["nums"][::-1], "target": r["target"], "messages": [  # numbers in another order: still joined
+        {"role": "assistant", "content": f"<think>t</think>\n<answer>{r['nums'][0]} * {r['nums'][1]} + "
+                                         f"{r['nums'][2]}</answer>"}]} for r in rows]
+    (tmp_path / "gold.jsonl").write_text("".join(json.dumps(r) + "\n" for r in gold))
+    args = tiny_args(tiny_model_dir, tmp_path / "run", task="countdown", data_file=str(tmp_path / "puzzles.jsonl"),
+                     demo_file=str(tmp_path / "gold.jsonl"), reward_weights="exact=0.5,sim=0.5", max_tokens=8)
+    assert train.check_args(args) is None
+    final = train.main(args)
+    assert final["reward/mean"] == pytest.approx(0.5 * final["reward/exact"] + 0.5 * final["reward/sim"], abs=1e-6)
+    assert final["reward/pass_rate"] == final["reward/exact"]  # 0/1 verifier
+    assert "--demo-file is read only" in train.check_args(replace(args, reward_weights="exact=1"))
 
 
 def test_grad_checkpointing_run_equals_the_plain_run(tiny_model_dir, tmp_path, digits):
@@ -521,6 +607,37 @@ def one_update(model_dir, ref_dir, micro_batch, fused=False, ref_bf16=False, dty
     metrics = train.ppo_update(model, ref, optimizer, scheduler, prompts, completions,
                                [[0.0] * len(c) for c in completions], adv, args, pad_id=0)
     return model.state_dict(), metrics
+
+
+@pytest.mark.parametrize("loss_agg", list(AGGREGATIONS))
+def test_mask_truncated_trains_as_the_batch_without_the_cut_rows(tiny_model_dir, ref_dir, loss_agg):
+    """--mask-truncated through ppo_update (micro-batches of 3, the denominator shared over them): the update equals
+    that of the batch without the truncated rows, under every --loss-agg, and differs from the unmasked update."""
+    from transformers import AutoModelForCausalLM
+
+    prompts, completions, adv = ppo_batch()
+    cut = [i % 5 == 1 for i in range(len(prompts))]
+    keep = [i for i, c in enumerate(cut) if not c]
+
+    def update(rows, mask_truncated, micro_batch):
+        args = train.Args(M=4, rollout_batch=4, micro_batch=micro_batch, beta=0.1, lr=1e-3, warmup_steps=0,
+                          dtype="float32", loss_agg=loss_agg, mask_truncated=mask_truncated)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        ref = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval().requires_grad_(False)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+        metrics = train.ppo_update(model, ref, optimizer, scheduler, [prompts[i] for i in rows],
+                                   [completions[i] for i in rows], [[0.0] * len(completions[i]) for i in rows],
+                                   adv[rows], args, pad_id=0, truncated=[cut[i] for i in rows])
+        return model.state_dict(), metrics
+
+    everything = list(range(len(prompts)))
+    masked, without = update(everything, True, 3), update(keep, False, 8)
+    assert masked[1]["loss/pg"] == pytest.approx(without[1]["loss/pg"], rel=1e-5, abs=1e-7)
+    assert masked[1]["loss/kl"] == pytest.approx(without[1]["loss/kl"], rel=1e-5, abs=1e-9)
+    assert all(torch.allclose(masked[0][k], without[0][k], atol=REGROUPED_WEIGHT_ATOL) for k in masked[0])
+    unmasked = update(everything, False, 3)
+    assert unmasked[1]["loss/pg"] != pytest.approx(masked[1]["loss/pg"], rel=1e-3)
 
 
 @pytest.fixture(scope="module")

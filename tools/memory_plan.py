@@ -63,15 +63,15 @@ VLLM_ASLEEP = 1.0 * GiB  # what a level-1 sleeping vLLM keeps (its CUDA graphs' 
 # The longest prompt each preset can meet, in tokens: train.py pads a micro-batch to its longest prompt and
 # filters none, so the plan assumes the official configs' data.max_prompt_length (jeffhernandez1995/softmaxgrpo:
 # 1024 in base.yaml, gsm8k, countdown and deepmath.yaml; 2048 for its 512-prompt non-verifiable run,
-# openthoughts.yaml, assumed for MeetingBank's transcripts; no config there covers Poetry or MeetingBank).
+# openthoughts.yaml, also assumed for MeetingBank's transcripts; no config there covers Poetry or MeetingBank).
 PROMPT_TOKENS = {"gsm8k": 1024, "countdown": 1024, "deepmath": 1024, "poetry": 1024, "meetingbank": 2048,
-                 "arith": 40, "countdown24": 120}
+                 "openthoughts": 2048, "arith": 40, "countdown24": 120}
 
 
 # Tables B.1 and B.2: GPUs per run. GiB as the cards report it: A100 80 GB has 80 GiB; the H200 this
 # project is lent reports about 139 GiB.
 PAPER_HARDWARE = {"gsm8k": (8, "A100", 80), "countdown": (8, "H200", 139), "deepmath": (16, "H200", 139),
-                  "poetry": (8, "A100", 80), "meetingbank": (16, "H200", 139)}
+                  "poetry": (8, "A100", 80), "meetingbank": (16, "H200", 139), "openthoughts": (16, "H200", 139)}
 
 
 @dataclass(frozen=True)
