@@ -283,6 +283,8 @@ def check_args(args: Args) -> str | None:
         weights = reward_weights(task, args.reward, args.reward_weights)
     except ValueError as err:
         return str(err)
+    if args.demo_file and getattr(task, "demos", None) is None:
+        return f"--demo-file: task {args.task} keeps its demonstrations in its own rows (only countdown joins them)"
     if args.demo_file and ("sim" not in weights or not os.path.isfile(args.demo_file)):
         return (f"--demo-file {args.demo_file} does not exist" if "sim" in weights else "--demo-file is read only "
                 "for a similarity reward: --reward sim, or a sim term in --reward-weights")

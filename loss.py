@@ -43,7 +43,7 @@ def token_mean(mask, norm_len):
 
 def sequences(mask):
     """The number of sequences with a token in the loss: --mask-truncated zeroes whole rows of the mask."""
-    return mask.amax(-1).sum()
+    return (mask > 0).any(-1).sum().to(mask.dtype)
 
 
 def seq_mean_token_mean(mask, norm_len):
@@ -168,8 +168,9 @@ class _TokenLogprobs(torch.autograd.Function):
             chunk = flat[a:b].to(torch.float32, copy=True).div_(temperature)  # (n, V) float32, one chunk at a time
             lse[a:b] = torch.logsumexp(chunk, dim=-1)
             out[a:b] = chunk.gather(-1, flat_targets[a:b, None]).squeeze(-1) - lse[a:b]
-            if entropy:  # H = lse - sum_v softmax(z)_v z_v; one more chunk-sized buffer
-                ent[a:b] = lse[a:b] - torch.linalg.vecdot((chunk - lse[a:b, None]).exp_(), chunk)
+            if entropy:  # H = lse - sum_v softmax(z)_v z_v; one more chunk-sized buffer. Elementwise ops, which
+                # autocast leaves in float32: a bf16 dot product would round the large sum_v p_v z_v that H cancels
+                ent[a:b] = lse[a:b] - (chunk - lse[a:b, None]).exp_().mul_(chunk).sum(-1)
         ctx.save_for_backward(logits, targets, lse)
         ctx.temperature = temperature
         ent = ent.view(targets.shape) if entropy else ent

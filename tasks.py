@@ -485,7 +485,7 @@ class Task:
                 raise DataError(f"none of the {len(keep)} {self.name} {split} puzzles of {source} has a demonstration "
                                 f"in {demo_source} (joined by target and sorted numbers): pass --demo-file FILE "
                                 "with theirs")
-            if len(joined) < len(keep):
+            if len(joined) < len(keep) and os.environ.get("RANK", "0") == "0":  # once, not once per torchrun rank
                 print(f"note: {len(keep) - len(joined)} of {len(keep)} {self.name} {split} puzzles have no "
                       f"demonstration in {demo_source}: left out", flush=True)
             keep = joined

@@ -82,7 +82,7 @@ def reuses_training_logprobs(args: Args) -> bool:
 
 
 SHARED_DENOMINATOR = ("pg_loss", "kl")  # policy_loss divides by the whole minibatch's denominator: shares add up
-TOKEN_MEANS = ("clip_frac_low", "clip_frac_high", "ratio_mean", "entropy")  # each micro-batch's token mean
+TOKEN_MEANS = ("clip_frac_low", "clip_frac_high", "ratio_mean")  # each micro-batch's token mean: weight by tokens
 IS_MEANS = ("is_ratio_mean", "is_clip_frac")  # --is-correction token-tis
 
 
@@ -121,7 +121,7 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
             mb["old_logp"] = None if on_policy else sequence_logprobs(model, *inputs)
     is_cap = args.is_cap if args.is_correction == "token-tis" else None
     means = (*TOKEN_MEANS, *IS_MEANS) if is_cap else TOKEN_MEANS
-    sums = dict.fromkeys([*SHARED_DENOMINATOR, *means, "tokens", "sampler_diff", "grad_norm"], 0.0)
+    sums = dict.fromkeys([*SHARED_DENOMINATOR, *means, "tokens", "entropy", "sampler_diff", "grad_norm"], 0.0)
     for epoch in range(args.ppo_epochs):
         for micro in minibatches:
             denominator = torch.stack([loss_denominator(mb["mask"], args.loss_agg, args.max_tokens)
@@ -141,7 +141,7 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
                                       sampler_logp=mb["sampler_logp"], is_cap=is_cap)
                 (loss * world).backward()
                 n = mb["mask"].sum().item()
-                m["entropy"] = ((entropy * mb["mask"]).sum() / max(n, 1)).item()  # policy/entropy, per token
+                sums["entropy"] += (entropy * mb["mask"]).sum().item()  # policy/entropy: a token mean
                 for key in SHARED_DENOMINATOR:
                     sums[key] += m[key]
                 for key in means:
@@ -158,7 +158,7 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
     total = dict(zip(sums, all_reduce_sum(list(sums.values()), device)))
     updates, tokens = args.ppo_epochs * len(minibatches), max(total["tokens"], 1)
     return {**{f"loss/{key.removesuffix('_loss')}": total[key] / updates for key in SHARED_DENOMINATOR},
-            **{f"loss/{key}": total[key] / tokens for key in means if key != "entropy"},
+            **{f"loss/{key}": total[key] / tokens for key in means},
             "policy/entropy": total["entropy"] / tokens,
             "grad/norm": total["grad_norm"] / (updates * world),  # the same on every rank: undo the sum
             "lr": lr, "sync/rollout_logprob_diff": total["sampler_diff"] * args.ppo_epochs / tokens}
@@ -174,7 +174,7 @@ def load_data(args: Args, master: bool = True):
     demos = dict(demos=True, demo_file=args.demo_file or None) if sim else {}
     train_set = task.load("train", data_file=args.data_file or None, seed=args.seed, **demos)
     test_set = task.load("test", data_file=args.data_file or None, limit=args.eval_examples, seed=args.seed,
-                         **demos) if args.eval_examples else []
+                         **({} if task.has_verifier else demos)) if args.eval_examples else []  # scored exactly
     if args.eval_examples and not test_set and master:
         print(f"note: --data-file {args.data_file} leaves no held-out rows (tasks.py holds out ~10% by prompt "
               "hash): no evaluation before, during (--eval-every) or after training, no eval.json")

@@ -167,7 +167,8 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args)
     half-written checkpoint-STEP behind; trainer_state.pt is what marks a checkpoint complete. A save
     that fails (a full disk) removes its temporary folder and raises CheckpointError on every rank, one
     line naming the save, the bytes it needed and the last good checkpoint, which it left intact. A save
-    that succeeded is followed by prune_checkpoints(out_dir, args.keep_checkpoints) on rank 0.
+    that succeeded is followed by prune_checkpoints(out_dir, args.keep_checkpoints) on rank 0, which the
+    other ranks do not wait for.
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
@@ -203,13 +204,17 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args)
                 os.rename(final, tmp + "-old")
             os.rename(tmp, final)
             shutil.rmtree(tmp + "-old", ignore_errors=True)
-            prune_checkpoints(out_dir, getattr(args, "keep_checkpoints", 0))  # --keep-checkpoints K
     if dist.is_initialized():  # every rank learns rank 0's verdict (and waits for its save)
         verdict = [error]
         dist.broadcast_object_list(verdict, src=0)
         error = verdict[0]
     if error:
         raise CheckpointError(error)
+    master = not dist.is_initialized() or dist.get_rank() == 0
+    try:  # after the verdict, on rank 0: the other ranks go on training meanwhile
+        prune_checkpoints(out_dir, getattr(args, "keep_checkpoints", 0), master)
+    except OSError as err:  # an old checkpoint that cannot go costs disk, not the run
+        print(f"note: could not delete old checkpoints in {out_dir} ({err.strerror or type(err).__name__}); kept")
 
 
 def prune_checkpoints(out_dir: str, keep: int, master: bool = True) -> list[str]:
@@ -221,7 +226,7 @@ def prune_checkpoints(out_dir: str, keep: int, master: bool = True) -> list[str]
     ones exist. .tmp-checkpoint-* and incomplete folders are not checkpoints and are left alone. Each is renamed
     to a .tmp-checkpoint-* name before its files go: a kill mid-delete then leaves a folder that find_checkpoint
     never picks and remove_orphans clears at the next start, not a half-deleted checkpoint-STEP that still holds
-    its trainer_state.pt. The other ranks never read the run folder, so they need not wait for this.
+    its trainer_state.pt. The other ranks never read the run folder, so they do not wait for this.
     """
     if keep < 0:
         raise ValueError(f"keep_checkpoints must be >= 0 (0: keep all), got {keep}")

@@ -33,12 +33,12 @@ def gather_rows(t: torch.Tensor, device) -> torch.Tensor:
 
 
 def gather_objects(items: list) -> list:
-    """Each rank's list of picklable items -> their rank-major concatenation, on every rank."""
+    """Each rank's list of picklable items -> their rank-major concatenation on rank 0 ([] on the others)."""
     if not dist.is_initialized():
         return list(items)
-    parts = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, list(items))
-    return [item for part in parts for item in part]
+    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(list(items), parts, dst=0)
+    return [item for part in parts for item in part] if parts else []
 
 
 def per_rank(values: dict[str, float], device) -> dict[str, float]:

@@ -5,6 +5,7 @@ score before and after training (train.step_metrics makes the per-step dict).
 """
 
 import json
+import math
 import os
 from dataclasses import asdict
 
@@ -21,13 +22,21 @@ def model_flops_per_token(model) -> tuple[int, int]:
     return n_body, n_head
 
 
+def _step(line: str) -> float:
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):  # a line a kill cut short while it was appended
+        return math.inf
+
+
 def keep_steps(path: str, last_step: int):
-    """Drop the lines of the JSON Lines file `path` (if any) logged for steps after `last_step`: on resume those
-    steps run again, and their rows must not appear twice."""
+    """Drop the lines of the JSON Lines file `path` (if any) logged for steps after `last_step`, and a torn last
+    line: on resume those steps run again, and their rows must not appear twice. Rewritten through a rename."""
     if os.path.exists(path):
-        lines = [line for line in open(path) if json.loads(line)["step"] <= last_step]
-        with open(path, "w") as f:
+        lines = [line for line in open(path) if _step(line) <= last_step]
+        with open(path + ".tmp", "w") as f:
             f.writelines(lines)
+        os.replace(path + ".tmp", path)
 
 
 def write_jsonl(path: str, rows: list[dict], mode: str = "w"):
@@ -53,9 +62,11 @@ class SampleLog:
     def __init__(self, out_dir: str, start_step: int, n: int, master: bool):
         self.out_dir, self.n, self.master = out_dir, n, master
         self.path = os.path.join(out_dir, "completions.jsonl")
-        if master and n:
-            os.makedirs(out_dir, exist_ok=True)
+        if master and os.path.isdir(out_dir):  # a resume: what was logged after its checkpoint runs again
             keep_steps(self.path, start_step)
+            for name in os.listdir(out_dir):
+                if name.startswith("eval-") and name[5:-6].isdigit() and int(name[5:-6]) > start_step:
+                    os.remove(os.path.join(out_dir, name))
 
     def write(self, step: int, task, examples, groups, rollout: dict, adv, rank: int):
         """Step `step`'s first n samples. rollout's (G, M) tensors and adv (G, M) are gathered, rank-major."""
@@ -69,7 +80,8 @@ class SampleLog:
                              "passed": bool(rollout["passed"][first + g, k]) if task.has_verifier else None,
                              "advantage": adv[first + g, k].item(), "length": len(c.token_ids),
                              "finish_reason": c.finish_reason})
-        rows = gather_objects(rows)[:self.n]
+        if len(groups) * len(groups[0]) < self.n:  # rank 0's own rows fall short (the same test on every rank)
+            rows = gather_objects(rows)[:self.n]
         if self.master:
             write_jsonl(self.path, rows, mode="a")
 

@@ -131,3 +131,21 @@ def test_pruned_runs_resume_exactly_and_a_failed_save_deletes_nothing(tiny_model
     a = load_file(tmp_path / "straight" / "checkpoint-000004" / "model.safetensors")
     b = load_file(split / "checkpoint-000004" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_prune_that_fails_is_a_note_and_the_run_goes_on(tiny_model_dir, tmp_path, digits, monkeypatch, capsys):
+    """Deleting old checkpoints can fail (a read-only mount, EACCES): that costs disk, not the run, and under
+    torchrun it must not leave rank 0 dead while the other ranks wait for it."""
+    from test_train import tiny_args
+
+    import plumbing.checkpoint
+    import train
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(plumbing.checkpoint, "prune_checkpoints", refuse)
+    final = train.main(tiny_args(tiny_model_dir, tmp_path, steps=2, save_every=1, keep_checkpoints=1))
+    assert final["step"] == 2 and checkpoints(tmp_path) == ["checkpoint-000001", "checkpoint-000002"]
+    notes = [line for line in capsys.readouterr().out.splitlines() if "could not delete old checkpoints" in line]
+    assert len(notes) == 2 and "Permission denied" in notes[0]

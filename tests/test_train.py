@@ -372,14 +372,18 @@ def test_eval_every_logs_held_out_scores_at_absolute_steps_and_resume_keeps_them
 
 
 def test_resume_after_a_crash_logs_each_step_once(tiny_model_dir, tmp_path, digits):
-    """A run that logged step 3 and died before saving it resumes from checkpoint 2: steps 3 and 4 run again, and
-    completions.jsonl and metrics.jsonl hold each step once, as an uninterrupted run does."""
+    """A run that logged step 3 and died before saving it (mid-append) resumes from checkpoint 2: steps 3 and 4 run
+    again, and completions.jsonl and metrics.jsonl hold each step once, as an uninterrupted run does."""
     import shutil
 
     train.main(tiny_args(tiny_model_dir, tmp_path / "straight", steps=4))
     train.main(tiny_args(tiny_model_dir, tmp_path / "crashed", steps=3, save_every=2))
     shutil.rmtree(tmp_path / "crashed" / "checkpoint-000003")  # as if killed between logging and saving step 3
+    with open(tmp_path / "crashed" / "completions.jsonl", "a") as f:  # ... while it appended a row
+        f.write('{"step": 4, "uid": "train-1", "compl')
+    (tmp_path / "crashed" / "eval-000003.jsonl").write_text("{}\n")  # an evaluation of a step that runs again
     train.main(tiny_args(tiny_model_dir, tmp_path / "crashed", steps=4, resume=str(tmp_path / "crashed")))
+    assert not (tmp_path / "crashed" / "eval-000003.jsonl").exists()
     samples = read_metrics(tmp_path / "crashed" / "completions.jsonl")
     assert [r["step"] for r in samples] == [s for s in (1, 2, 3, 4) for _ in range(8)]
     assert samples == read_metrics(tmp_path / "straight" / "completions.jsonl")
@@ -554,6 +558,14 @@ def test_end_to_end_under_torchrun_2(tiny_model_dir, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoint-000003")
     assert model.config.architectures == ["LlamaForCausalLM"]  # not FSDP's wrapper class
     assert (tmp_path / "checkpoint-000002" / "trainer_state.pt").exists()  # --save-every 2
+    samples = read_metrics(tmp_path / "completions.jsonl")  # all 16 samples of each step, rank 0's 8 first
+    assert [r["step"] for r in samples] == [s for s in (1, 2, 3) for _ in range(16)]
+    for step, row in zip((1, 2, 3), rows):  # each row's reward is its own completion's, wherever it was sampled
+        mine = samples[16 * (step - 1):16 * step]
+        assert all(r["reward"] == DigitTask().reward(r["completion"], None) for r in mine)
+        assert sum(r["reward"] for r in mine) / 16 == pytest.approx(row["reward/mean"])
+        assert len({r["uid"] for r in mine[:8]} & {r["uid"] for r in mine[8:]}) == 0  # two ranks' prompts
+    assert len(read_metrics(tmp_path / "eval-000000.jsonl")) == 4  # both ranks' held-out generations
 
 
 # ---- speed changes (issue 7): each keeps the update equal to the plain version
