@@ -38,14 +38,15 @@ class DigitTask:
 
 
 def parity(out_path, model_dir, ref_dir, loss_agg="token-mean", dtype="float32", recast="no"):
-    """One PPO update (2 epochs x 2 minibatches, micro-batches of 3, KL to a different model) on a fixed batch;
+    """One PPO update (2 epochs x 2 minibatches, micro-batches of 3, KL to a different model) on a fixed batch, with
+    plain SGD: runs compared with each other differ by rounding, which AdamW's division by sqrt(v) would amplify;
     recast="yes": the policy reruns its norms and MLP gates and recasts its linear weights in backward
     (speed/backward.py), as train.load_models does under bf16."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from transformers import AutoModelForCausalLM
 
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    args = train.Args(M=4, rollout_batch=4, micro_batch=3, minibatches=2, ppo_epochs=2, beta=0.1, lr=1e-4,
+    args = train.Args(M=4, rollout_batch=4, micro_batch=3, minibatches=2, ppo_epochs=2, beta=0.1, lr=0.3,
                       warmup_steps=0, max_grad_norm=0.5, dtype=dtype, loss_agg=loss_agg)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(4, 90, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
@@ -62,7 +63,7 @@ def parity(out_path, model_dir, ref_dir, loss_agg="token-mean", dtype="float32",
         bf16 = dtype == "bfloat16"  # FSDP2's mixed precision, as train.load_models shards under bf16
         model = train.shard(model, torch.device("cpu"), bf16=bf16)
         ref_model = train.shard(ref_model, torch.device("cpu"), bf16=bf16)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     flat = [(prompts[i], c) for i in mine for c in completions[i]]
     metrics = train.ppo_update(model, ref_model, optimizer, scheduler, [p for p, _ in flat], [c for _, c in flat],
