@@ -5,88 +5,26 @@ same shape. SoftmaxGRPO is the one-line change to GRPO this codebase exists for:
 
     w_i = exp(R_i / tau) / sum_j exp(R_j / tau),    A_i = M * w_i - 1            (Eq. 1)
 
-The rest are the baselines the paper compares against (Table 1), so that `train.py --advantage NAME`
-swaps only the advantage computation and nothing else.
-
-Adding an estimator is one edit here: write `def my_advantages(rewards, *, alpha: float = 0.5)` and add
-it to ESTIMATORS. Parameters after `rewards` that have a default are its hyperparameters:
-`compute_advantages` passes each estimator the ones it declares, and `estimator_params()` lists them
-(default and type) so command lines can offer one flag per hyperparameter (`--alpha`). A hyperparameter
-declares its valid values in the signature, `alpha: Annotated[float, POSITIVE] = 0.5` (Range), which the
-estimator checks and train.py's command line enforces before anything loads. Advantages are
-constants in the loss (Eq. 10): every estimator returns a tensor without gradient history.
-
-`population_weight` computes the exact finite-M prompt weight omega_M(p) for binary rewards by
-calling the estimators themselves on every possible group, so the theory of Sections 3.2-3.3 is a
-test of the code that trains (see tests/test_advantage.py).
+The rest are the baselines the paper compares against (Table 1); `train.py --advantage NAME` swaps
+only the advantage computation. A new estimator is a function plus an ESTIMATORS entry: its parameters
+after `rewards` that have a default are its hyperparameters, one command-line flag each, and may
+declare their valid values, `alpha: Annotated[float, POSITIVE] = 0.5` (plumbing/checks.py).
+Advantages are constants in the loss (Eq. 10): every estimator returns a tensor without gradient history.
+`population_weight` computes the exact finite-M prompt weight omega_M(p) for binary rewards by calling
+the estimators on every possible group, so the theory is a test of the code that trains.
 
     python advantage.py        # prints Table 1 with numbers (M = 8)
 """
 
 import inspect
-import math
-import numbers
 import types
 import typing
-from dataclasses import dataclass
 from typing import Annotated
 
 import torch
 
-
-def _as_groups(rewards: torch.Tensor, name: str) -> torch.Tensor:
-    """Validate rewards (..., M) and return them in at least float32."""
-    rewards = torch.as_tensor(rewards).detach()  # advantages are constants in Eq. (10): no gradient flows back
-    if rewards.dim() < 1 or rewards.shape[-1] < 1:
-        raise ValueError(f"{name}: rewards must have shape (G, M) with M >= 1, got {tuple(rewards.shape)}")
-    if not rewards.is_floating_point() or rewards.dtype in (torch.float16, torch.bfloat16):
-        rewards = rewards.float()
-    bad = ~torch.isfinite(rewards)
-    if bad.any():
-        group = int(bad.reshape(-1, rewards.shape[-1]).any(-1).nonzero()[0])
-        raise ValueError(f"{name}: non-finite reward in group {group}")
-    return rewards
-
-
-def _real(value):
-    """`value` as a float when it is one real number (Python or numpy scalar, one-element tensor), else None."""
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and value.dtype != torch.bool and not value.is_complex():
-        value = value.item()
-    return None if isinstance(value, bool) or not isinstance(value, numbers.Real) else float(value)
-
-
-@dataclass(frozen=True)
-class Range:
-    """A hyperparameter's valid values, declared in its estimator's signature: `tau: Annotated[float, POSITIVE]`.
-
-    Finite real numbers >= low, and None too when `optional`. The estimator refuses anything else (ValueError),
-    and train.py's command line checks every hyperparameter against it before anything loads (config.check_args).
-    """
-    low: float = -math.inf
-    optional: bool = False
-    means: str = "finite"  # what the range says, for the messages and --help
-
-    def problem(self, value) -> str | None:
-        """None when `value` is in the range, else "must be ..., got VALUE"."""
-        if value is None and self.optional:
-            return None
-        real = _real(value)
-        if real is None:
-            return (f"must be one real number (float, int, numpy scalar or one-element tensor), got "
-                    f"{type(value).__name__} {value!r}")
-        return None if math.isfinite(real) and real >= self.low else f"must be {self.means}, got {value!r}"
-
-    def check(self, value, name: str, where: str) -> float | None:
-        if (problem := self.problem(value)) is not None:
-            raise ValueError(f"{where}: {name} {problem}")
-        return None if value is None else _real(value)
-
-
-# Rewards are float32, so a hyperparameter below float32's smallest normal number rounds to 0 in r / tau or
-# std + eps, and the advantages become NaN: "> 0" means at least that.
-POSITIVE = Range(low=torch.finfo(torch.float32).tiny, means="finite and > 0 (at least 1.2e-38, float32's smallest "
-                 "normal number: a smaller value rounds to 0)")
-FINITE_OR_NONE = Range(optional=True, means="finite, or None")
+from plumbing.checks import FINITE_OR_NONE, POSITIVE, Range
+from plumbing.checks import as_groups as _as_groups  # the name the README's "Fork it" estimator calls
 
 
 def softmax_advantages(rewards: torch.Tensor, tau: Annotated[float, POSITIVE] = 0.1) -> torch.Tensor:

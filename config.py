@@ -12,22 +12,17 @@ import importlib.util
 import math
 import os
 import shutil
-import sys
-import tempfile
-from dataclasses import dataclass, field, fields, make_dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
 
 import torch
 
 from advantage import ESTIMATORS, compute_advantages, estimator_params, hyperparameter_ranges, hyperparameters
-from loss import AGGREGATIONS
-from plumbing.checkpoint import (
-    CheckpointError,
-    find_checkpoint,
-    model_file_error,
-    newer_checkpoints,
-    read_trainer_state,
-)
+from loss import AGGREGATIONS, IS_CORRECTIONS, RATIOS, ROW_FILTERS
+from plumbing.checkpoint import find_checkpoint, model_file_error, resume_error
+from plumbing.cli import OneLineParser, first_line
 from plumbing.models import has_bf16_units
+from plumbing.run_folder import run_folder_error
+from rewards import REWARD_TERMS
 
 # --sync-tolerance by training precision: the probe's mean |sampler - trainer| log-prob difference that stops
 # the run, far above what a healthy sampler measures (bench/sync_tolerance.py; docs/training.md) and far below
@@ -47,8 +42,7 @@ class _Args:
     data_file: str = arg("", "local data file for the task instead of the hub dataset")
     reward: str = arg("exact", "exact: the task's verifier; sim: similarity to the demonstration (B.5)")
     reward_weights: str = arg("", "weighted reward terms instead of --reward alone, e.g. format=0.35,sim=0.65 "
-                              "(rewards.py: REWARD_TERMS, plus exact, the task's verifier); each logged as "
-                              "reward/TERM")
+                              "(exact, the verifier, or rewards.py: REWARD_TERMS); each logged as reward/TERM")
     demo_file: str = arg("", "countdown --reward sim: a local copy of HuggingFaceTB/Countdown-Task-GOLD's "
                          "demonstrations (same columns), joined to the puzzles by nums and target")
     advantage: str = arg("softmax", f"group advantage estimator: {', '.join(ESTIMATORS)}")
@@ -77,6 +71,10 @@ class _Args:
     mask_truncated: bool = arg(False, "completions cut at --max-tokens get no loss weight and leave the loss "
                                "denominator (DAPO's overlong filtering); they still count in their group's "
                                "advantages")
+    ratio: str = arg("token", "importance ratio the PPO clip acts on (loss.py: RATIOS): token, the paper's; a fork "
+                     "adds e.g. GSPO's per-sequence one (README, Fork it)")
+    row_filter: str = arg("none", "batch filter (loss.py: ROW_FILTERS): the samples it drops get no loss weight and "
+                          "leave the loss denominator; they still count in their group's advantages")
     loss_agg: str = arg("token-mean", f"loss aggregation (loss.py): {', '.join(AGGREGATIONS)}; the paper's is "
                         "token-mean, Dr. GRPO's seq-mean-token-sum-norm (length max-tokens)")
     dtype: str = arg("auto", "bfloat16 (autocast over float32 master weights), float32, or auto: bfloat16 where "
@@ -92,6 +90,8 @@ class _Args:
     compile: bool = arg(False, "torch.compile each decoder layer of the policy and the reference (speed/compile.py): "
                         "faster on CPU after a one-off compile, cached for later runs (docs/vs_trl.md); not "
                         "bit-identical to the eager layers (rounding only)")
+    alloc_estimators: str = arg("", "Table 3's gradient allocation (alloc/EST/BIN) each step for these estimators "
+                                "besides --advantage's: a comma list, or all; the paper presets log all")
     eval_every: int = arg(0, "greedy held-out score (eval/score in metrics.jsonl) every N steps; 0: only before and "
                           "after training; the paper presets use the official configs' 25")
     eval_examples: int = arg(64, "held-out prompts scored greedily before and after training and every "
@@ -105,11 +105,10 @@ class _Args:
                                "to completions.jsonl in the run folder, and every evaluation's generations to "
                                "eval-STEP.jsonl (0: neither)")
     resume: str = arg("", "checkpoint folder, or run folder (its newest checkpoint), to continue from")
-    resume_changed: bool = arg(False, "with --resume: continue although --task, --advantage, --M or the estimator's "
-                               "hyperparameters differ from the checkpoint's (a deliberate change; --model never may)")
+    resume_changed: bool = arg(False, "with --resume: continue although a flag of config.RESUME_KEEPS or the "
+                               "estimator's hyperparameters differ from the checkpoint's (deliberately; never --model)")
     wandb: bool = arg(False, "also log to Weights & Biases (if installed)")
-    plan: bool = arg(False, "print one rank's GPU memory plan for these flags (tools/memory_plan.py) and exit; loads "
-                     "nothing")
+    plan: bool = arg(False, "print one rank's GPU memory plan (tools/memory_plan.py) and exit; loads nothing")
     plan_gpus: int = arg(8, "--plan: ranks, one GPU each")
     plan_gpu_gb: float = arg(80.0, "--plan: memory per GPU, GiB")
 
@@ -138,6 +137,12 @@ def resolve_auto(args: Args) -> Args:
     return args
 
 
+def alloc_estimators(args: Args) -> list[str]:
+    """The estimators whose Table 3 allocation train.py logs: --advantage's first, then --alloc-estimators'."""
+    named = list(ESTIMATORS) if args.alloc_estimators.strip() == "all" else args.alloc_estimators.split(",")
+    return list(dict.fromkeys([args.advantage, *filter(None, map(str.strip, named))]))
+
+
 def estimator_hparams(args: Args) -> dict:
     """Every estimator's hyperparameters, as given: compute_advantages hands each estimator its own."""
     return {name: getattr(args, name) for name in estimator_params()}
@@ -146,7 +151,8 @@ def estimator_hparams(args: Args) -> dict:
 PAPER = dict(model="Qwen/Qwen2.5-1.5B", lr=1e-6, warmup_steps=0, micro_batch=4, save_every=100,
              eval_examples=500,  # Tables B.1-B.2: shared rows; then the official configs' (base.yaml) ...
              top_p=0.999, eval_every=25, grad_checkpointing=True,  # ... top_p, test_freq, gradient checkpointing,
-             keep_checkpoints=2)  # ... and max_actor_ckpt_to_keep
+             keep_checkpoints=2,  # ... and max_actor_ckpt_to_keep
+             alloc_estimators="all")  # Table 3 for every estimator on the same rollouts
 PRESETS = {  # explicit flags override these
     "arith": {},  # the defaults above: the CPU demo
     "countdown24": dict(max_tokens=128),
@@ -172,8 +178,8 @@ def flag(name: str) -> str:
 
 
 def number_error(args: Args) -> str | None:
-    """NaN in any float flag, or a hyperparameter outside its estimator's declared Range (advantage.py), as one
-    line. Every estimator's, not only --advantage's: train.py logs all of them each step (grad_alloc.py)."""
+    """NaN in any float flag, or any estimator's hyperparameter outside its declared Range (advantage.py), as one
+    line: a flag out of range is an error even for an estimator this run does not train."""
     for f in fields(Args):
         value = getattr(args, f.name)
         if f.type is float and isinstance(value, float) and math.isnan(value):
@@ -184,48 +190,19 @@ def number_error(args: Args) -> str | None:
     return None
 
 
-RESUME_KEEPS = ("task", "advantage", "M")  # and the estimator's own hyperparameters (--tau for softmax)
+# What a resume keeps unless --resume-changed (with the estimator's own hyperparameters, --tau for softmax): the
+# run's identity and its data stream. Every other flag applies from the resumed step on (train.py says which).
+RESUME_KEEPS = ("task", "advantage", "M", "seed", "rollout_batch", "data_file")
+DTYPES = ("auto", "bfloat16", "float32")
 
 
-def resume_error(args: Args, ckpt: str, saved: dict, step: int) -> str | None:
-    """Why resuming `ckpt` (saved with args `saved`) would lose or mix runs, as one line, or None.
+def choices() -> dict:
+    """Each string flag's registry, whose keys are its valid values: a fork's new entry is a valid value at once."""
+    from rollout import SAMPLERS  # imports transformers: only when checking
 
-    An older checkpoint resumed in its own run folder would overwrite the newer ones and cut metrics.jsonl
-    (a fork into another --out-dir leaves the run alone); a changed --advantage, --M or estimator
-    hyperparameter would continue one run as another.
-    """
-    run = os.path.dirname(os.path.abspath(ckpt))
-    newer = newer_checkpoints(ckpt, step)
-    if newer and os.path.realpath(run_dir(args)) == os.path.realpath(run):
-        return (f"--resume {ckpt}: {run} holds newer checkpoints ({', '.join(newer)}), which resuming an older one "
-                f"there would overwrite; resume {run} (its newest), or fork into a new run with --out-dir NEW")
-    advantage = saved.get("advantage", args.advantage)
-    own = hyperparameters(ESTIMATORS[advantage]) if advantage in ESTIMATORS else {}
-    for name in () if args.resume_changed else (*RESUME_KEEPS, *own):
-        if name in saved and saved[name] != getattr(args, name):
-            return (f"checkpoint {ckpt} was trained with {flag(name)} {saved[name]}, not {getattr(args, name)}; "
-                    f"pass {flag(name)} {saved[name]} to resume it, --resume-changed to change it, or start a new run")
-    return None
-
-
-def out_dir_error(out: str) -> str | None:
-    """Why the run folder `out` cannot be written, as one line, or None: checked before the model loads, by
-    creating (and removing) a file in it or in its nearest existing parent, which is then where train.py
-    creates it."""
-    if os.path.exists(out) and not os.path.isdir(out):
-        return f"--out-dir {out} is a file, not a folder"
-    parent = os.path.abspath(out)
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        return f"--out-dir {out}: {parent} is a file, not a folder"
-    try:
-        fd, probe = tempfile.mkstemp(dir=parent, prefix=".write-check-")
-        os.close(fd)
-        os.remove(probe)
-    except OSError as err:
-        return f"--out-dir {out}: cannot write in {parent} ({err.strerror})"
-    return None
+    return {"advantage": ESTIMATORS, "reward": ("exact", *REWARD_TERMS), "loss_agg": AGGREGATIONS,
+            "is_correction": IS_CORRECTIONS, "ratio": RATIOS, "sampler": ("auto", *SAMPLERS), "dtype": DTYPES,
+            "row_filter": ROW_FILTERS}
 
 
 def check_args(args: Args) -> str | None:
@@ -238,18 +215,17 @@ def check_args(args: Args) -> str | None:
         return str(err)
     if error := number_error(args):
         return error
+    for name, registry in choices().items():
+        if getattr(args, name) not in registry:
+            return f"{flag(name)} must be one of {', '.join(registry)}"
     world = int(os.environ.get("WORLD_SIZE", 1))
     rules = [
-        (args.advantage in ESTIMATORS, f"--advantage must be one of {', '.join(ESTIMATORS)}"),
-        (args.sampler != "auto" or not torch.cuda.is_available() or importlib.util.find_spec("vllm") is not None,
-         "--sampler auto on a GPU samples with vLLM, which is not installed: pip install -r requirements-vllm.txt, "
-         "or pass --sampler hf (much slower)"),
-        (args.reward in ("exact", "sim"), "--reward must be exact or sim"),
-        (args.is_correction in ("none", "token-tis"), "--is-correction must be none or token-tis"),
+        (args.sampler == "hf" or (args.sampler == "auto" and not torch.cuda.is_available())
+         or importlib.util.find_spec("vllm") is not None, f"--sampler {args.sampler} samples with vLLM, which is not "
+         "installed: pip install -r requirements-vllm.txt, or pass --sampler hf (much slower)"),
         (math.isfinite(args.is_cap) and args.is_cap > 0, "--is-cap must be finite and > 0"),
         (args.reward == "sim" or task.has_verifier or args.reward_weights,
          f"task {args.task} has no verifier: use --reward sim"),
-        (args.loss_agg in AGGREGATIONS, f"--loss-agg must be one of {', '.join(AGGREGATIONS)}"),
         (min(args.M, args.rollout_batch, args.micro_batch, args.minibatches, args.ppo_epochs, args.steps,
              args.max_tokens) >= 1, "--M, --rollout-batch, --micro-batch, --minibatches, --ppo-epochs, "
                                     "--steps and --max-tokens must be >= 1"),
@@ -265,16 +241,18 @@ def check_args(args: Args) -> str | None:
                                          "--keep-checkpoints and --log-completions must be >= 0"),
         (math.isfinite(args.weight_decay) and args.weight_decay >= 0 and math.isfinite(args.beta) and args.beta >= 0,
          "--weight-decay and --beta must be finite and >= 0"),
-        (args.temperature > 0 and 0 < args.top_p <= 1, "--temperature must be > 0 and --top-p in (0, 1]"),
+        (1e-3 <= args.temperature < math.inf and 0 < args.top_p <= 1, "--temperature must be finite and >= 0.001 "
+         "(below it logits / T overflow; a small --top-p samples near-greedily) and --top-p in (0, 1]"),
+        (args.seed >= 0, f"--seed must be >= 0, got {args.seed}"),
         (0 <= args.clip_low < 1 and args.clip_high >= 0, "--clip-low must be in [0, 1), --clip-high >= 0"),
-        (args.dtype in ("auto", "bfloat16", "float32"), "--dtype must be auto, bfloat16 or float32"),
-        (args.sampler in ("auto", "hf", "vllm"), "--sampler must be auto, hf or vllm"),
         (0 < args.gpu_memory_utilization < 1, "--gpu-memory-utilization must be in (0, 1)"),
         (args.sync_tolerance >= 0, "--sync-tolerance must be >= 0"),
         (not args.data_file or os.path.isfile(args.data_file), f"--data-file {args.data_file} does not exist"),
         (not args.compile or torch.cuda.is_available() or any(map(shutil.which, (os.environ.get("CXX", "g++"),
                                                                                  "g++", "c++", "clang++"))),
          "--compile on CPU needs a C++ compiler (g++, c++ or clang++ on PATH, or $CXX); none found"),
+        (all(name in ESTIMATORS for name in alloc_estimators(args)),
+         f"--alloc-estimators must name estimators of {', '.join(ESTIMATORS)}, or all"),
     ]
     for ok, message in rules:
         if not ok:
@@ -291,45 +269,19 @@ def check_args(args: Args) -> str | None:
     try:  # the estimator checks its own hyperparameters (advantage.py) on a dummy group
         compute_advantages(args.advantage, torch.zeros(1, 2), **estimator_hparams(args))
     except ValueError as err:
-        return f"--advantage {args.advantage}: {str(err).splitlines()[0]}"
-    if args.resume:
-        ckpt = find_checkpoint(args.resume)
-        if ckpt is None:
-            return f"--resume {args.resume}: no checkpoint there"
-        try:
-            state = read_trainer_state(ckpt)
-            saved, step = state["args"], int(state.get("step", 0))
-        except CheckpointError as err:
-            return str(err)
-        if saved["model"] != args.model or (saved["task"] != args.task and not args.resume_changed):
-            return (f"checkpoint {ckpt} is from task {saved['task']} / model {saved['model']}, not task "
-                    f"{args.task} / model {args.model}; pass the same --task and --model to resume")
-        if error := resume_error(args, ckpt, saved, step):
-            return error
+        return f"--advantage {args.advantage}: {first_line(err, limit=None)}"
+    keeps = (*RESUME_KEEPS, *hyperparameters(ESTIMATORS[args.advantage]))
+    if args.resume and (error := resume_error(args.resume, run_dir(args), asdict(args), keeps)):
+        return error
     if os.path.isdir(args.model) and (error := model_file_error(args.model)):
         return f"--model {args.model}: {error}"
-    out = run_dir(args)
-    if error := out_dir_error(out):
-        return error
-    taken = os.path.isdir(out) and any(f == "metrics.jsonl" or f.startswith("checkpoint-") for f in os.listdir(out))
-    if taken and not args.resume:
-        return f"{out} already holds a run: continue it with --resume {out}, or pick another --out-dir"
-    ckpt = find_checkpoint(args.resume) if args.resume else None
-    if taken and ckpt and os.path.realpath(out) != os.path.realpath(os.path.dirname(os.path.abspath(ckpt))):
-        return (f"--out-dir {out} already holds another run: resuming {ckpt} there would overwrite it; pick a new "
-                "--out-dir to fork into")
-    return None
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit status 2, no usage dump
-        print(f"train.py: error: {message}", file=sys.stderr)
-        sys.exit(2)
+    return run_folder_error(run_dir(args), find_checkpoint(args.resume) if args.resume else None)
 
 
 def parse_args(argv=None) -> Args:
     """Args from the command line: the --task preset first, then the flags actually given."""
-    parser = _Parser(description="SoftmaxGRPO training (Section 4, Appendix B.1); flags override the task's preset")
+    parser = OneLineParser("train.py", description="SoftmaxGRPO training (Section 4, Appendix B.1); flags override "
+                           "the task's preset")
     for f in fields(Args):
         flag, kind = "--" + f.name.replace("_", "-"), f.type
         if kind is bool:

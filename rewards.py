@@ -19,30 +19,8 @@ the test suite runs that way (tests/conftest.py).
 
 Tests: python -m pytest tests/test_rewards.py -q
 
-How this departs from, or pins down, the paper:
-1. math-verify bounds its time with SIGALRM, which only works in the main thread. Here it runs in a
-   long-lived child process (math_worker.py; `python -c`, not multiprocessing, so it works from threads,
-   forked and daemonic workers, and scripts without a `__main__` guard), with a warm spare beside it. A call
-   slower than MATH_TIMEOUT_S kills the child and scores 0; the spare takes over at once. What sympy
-   sees is bounded in size: the content of the last \\boxed{} of the answer, wherever it is (a box
-   not closed within MAX_ANSWER_CHARS counts as none), or, when there is no box, the answer's last
-   MAX_ANSWER_CHARS characters; either is rejected when nested deeper than MAX_DEPTH brackets. Model
-   text never runs as code: math-verify hands sympy's parse_expr only strings of digits and operators
-   (math_verify/parser.py, v0.9). The first call in a process waits for the child to import sympy.
-2. ROUGE-L is computed here as an LCS over the same SQuAD-normalised words as F1 (bit-parallel LCS,
-   Hyyro 2004), not with rouge-score, whose own tokenizer would make the two halves disagree.
-   Only the first MAX_WORDS words of each side enter the LCS (a lower bound on adversarially long
-   text; real completions are far shorter).
-3. Countdown accepts the last \\boxed{} of the answer, else its last non-empty line, optionally
-   ending in "= target"; unicode and LaTeX operators are mapped to + - * /; unary minus and unary plus
-   are allowed (`+5-3` is 5 - 3, as Python and TinyZero's eval-based checker read it). Text that does not
-   parse as an expression (`(3+3)*4*`, `3 3 4 1`, an unbalanced `)`) is a wrong answer: 0, not a reward error.
-4. Verdicts the paper leaves open, decided here (tests/test_rewards.py):
-   - a think-then-answer completion with <think> and no </think> is a reasoning trace cut off by the
-     token limit: it has no answer and scores 0, even when the trace happens to contain the gold;
-   - a boxed number followed by unit words, `\\boxed{72 clips}` or `\\boxed{\\text{72 clips}}`, is that
-     number (sympy would read 72*c*l*i*p*s); a single letter stays algebra (`\\boxed{3x}` is not 3);
-   - the unicode minus U+2212 is read as "-" in math and integer answers.
+How this departs from, or pins down, the paper (math-verify in a child process, ROUGE-L on SQuAD words,
+Countdown's answer line, the verdicts the paper leaves open): docs/rewards.md, numbered as the comments cite them.
 """
 
 import ast
@@ -89,7 +67,7 @@ def take_error_count() -> int:
     return count
 
 
-def _reward(fn):
+def safe_reward(fn):
     """Make a reward total: an exception scores 0 (counted; the first traceback printed); clip to [0, 1]."""
     @functools.wraps(fn)
     def wrapped(*args):
@@ -211,7 +189,7 @@ def math_answer(completion) -> str:
     return "\\boxed{" + ", ".join(boxes) + "}"  # several boxes: one set, as math-verify reads them
 
 
-@_reward
+@safe_reward
 def math_reward(completion, gold) -> float:
     """1.0 when the final answer equals `gold` under math-verify, with gold wrapped in \\boxed{}."""
     answer = math_answer(completion)
@@ -264,7 +242,7 @@ def _evaluate(node) -> Fraction:
     return left / right
 
 
-@_reward
+@safe_reward
 def countdown_reward(completion, numbers, target) -> float:
     """1.0 when the expression uses each of `numbers` exactly once, only + - * / ( ), = target."""
     numbers, target = [int(n) for n in numbers], Fraction(int(target))
@@ -292,7 +270,7 @@ def countdown_reward(completion, numbers, target) -> float:
 
 
 # ---------------------------------------------------------------- arith (CPU demo)
-@_reward
+@safe_reward
 def integer_reward(completion, gold) -> float:
     """1.0 when the boxed answer, else the last integer of the final answer, equals int(gold)."""
     answer = final_answer(completion).replace("\u2212", "-")
@@ -334,7 +312,7 @@ def _f1(overlap: int, n_pred: int, n_ref: int) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-@_reward
+@safe_reward
 def similarity_reward(completion, reference) -> float:
     """r_sim = 0.6 * F1_SQuAD + 0.4 * ROUGE-L F1 of the final answer vs `reference` (Appendix B.5)."""
     pred, ref = squad_words(final_answer(completion)), squad_words(reference)
@@ -345,7 +323,7 @@ def similarity_reward(completion, reference) -> float:
     return 0.6 * _f1(overlap, len(pred), len(ref)) + 0.4 * _f1(lcs, len(pred), len(ref))
 
 
-@_reward
+@safe_reward
 def format_reward(completion) -> float:
     """1.0 for exactly one non-empty <think>...</think> (nothing before it) and a non-empty answer."""
     text = _text(completion)
@@ -360,7 +338,8 @@ def format_reward(completion) -> float:
 # ---------------------------------------------------------------- reward terms (--reward-weights)
 # r = sum_k w_k r_k over the terms --reward-weights names (train.py: score); "exact", the task's verifier, is not
 # here: Task.reward scores it. A term takes (completion, example) and may read example.reference, .gold, .meta.
-# A fork adds one with one line below this dict: REWARD_TERMS["brevity"] = brevity_reward (README, "Fork it").
+# Task.reward calls every term and verifier through safe_reward, so a fork's plain function is clipped to [0, 1]
+# and an exception in it scores 0: REWARD_TERMS["brevity"] = brevity_reward (README, "Fork it").
 REWARD_TERMS: dict[str, Callable[[str, Any], float]] = {
     "sim": lambda completion, example: similarity_reward(completion, example.reference),  # Appendix B.5
     "format": lambda completion, example: format_reward(completion),  # the official OpenThoughts run: 0.35 of it

@@ -1,15 +1,12 @@
 """Rollouts (Section 4): M completions per prompt from the current policy, with the sampler's log-probs.
 
-`make_sampler("vllm" | "hf", path)` returns an object with `generate` (completions with the sampler's per-token
-log-probs), `update_weights` (the trainer -> sampler weight sync), `sleep`/`wake` (memory for training), `close`.
-vLLM samples on GPUs; the HF sampler, a short loop over a transformers model, on CPUs. `sync_check` compares the
-sampler's log-probs with the trainer's on a probe: a sampler that silently keeps its old weights is the best-known
-way a GRPO trainer fails without an error.
+`make_sampler("vllm" | "hf", path)` gives `generate` (completions with per-token log-probs), `update_weights` (the
+trainer -> sampler sync), `sleep`/`wake` (memory for training) and `close`: vLLM on GPUs, a short loop over a
+transformers model on CPUs. The log-probs are of the distribution each token was drawn from, softmax(logits / T)
+over the nucleus, which at top_p = 1 is what `loss.sequence_logprobs` recomputes (pi_old). `sync_check` compares
+the two on a probe: a sampler that silently keeps its old weights is how a GRPO trainer fails without an error.
 
     python -m pytest tests/test_rollout.py tests/test_rollout_vllm.py   # vLLM's: after scripts/setup_vllm_cpu.sh
-
-Reported log-probs are those of the distribution each token was drawn from: softmax(logits / T), renormalised over
-the nucleus (vLLM's "processed_logprobs"); at top_p = 1 exactly what `loss.sequence_logprobs` recomputes (pi_old).
 """
 
 import functools
@@ -267,10 +264,13 @@ class VLLMSampler:
         del self.llm
 
 
+SAMPLERS = ("hf", "vllm")  # --sampler's kinds (and auto: vllm on a GPU, hf on CPU)
+
+
 def make_sampler(backend, model_path, *, dtype="bfloat16", max_model_len=2048, seed=0, gpu_memory_utilization=0.3,
                  device="cpu"):
-    if backend not in ("hf", "vllm"):
-        raise ValueError(f"unknown backend {backend!r}: use 'hf' or 'vllm'")
+    if backend not in SAMPLERS:
+        raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(SAMPLERS)}")
     if backend == "hf":
         return HFSampler(resolve_model(model_path), dtype=dtype, seed=seed, device=device)
     return VLLMSampler(resolve_model(model_path), dtype=dtype, max_model_len=max_model_len, seed=seed,

@@ -1,8 +1,9 @@
 """SoftmaxGRPO training (Section 4, Appendix B.1): sample a group, score it, softmax advantages, PPO-clip.
 
-Each step: M completions per prompt from the colocated sampler -> task rewards -> group advantages
-(advantage.py; `--advantage softmax` is Eq. 1) -> PPO-clip + reference-KL loss (loss.py) over
-minibatches -> AdamW step -> weights into the sampler -> sampler/trainer agreement check -> metrics.
+Each step: M completions per prompt from the colocated sampler -> task rewards -> group advantages (advantage.py;
+`--advantage softmax` is Eq. 1) -> PPO-clip + reference-KL loss (loss.py) over minibatches -> AdamW step -> weights
+into the sampler -> sampler/trainer agreement check -> metrics. Around the loop: config.py (flags), the stage files,
+plumbing/ (FSDP2, checkpoints, the run log) and speed/.
 
     python train.py                                   # CPU demo: SmolLM2-135M learns arith, eval before/after
     python train.py --advantage grpo                  # the same demo with GRPO's advantages
@@ -13,67 +14,56 @@ minibatches -> AdamW step -> weights into the sampler -> sampler/trainer agreeme
     python train.py --task gsm8k --resume runs/gsm8k-softmax-s0           # continue from the newest checkpoint
     python train.py --help                            # every flag, with its default (config.py)
 
-Around the loop: config.py (flags, presets), the stage files advantage.py, loss.py, rewards.py, rollout.py, and
-plumbing/ (FSDP2 and the collectives, checkpoints, the sync verdict, the run log); speed/ holds what makes it fast.
-
 Departures from the paper's VeRL runs:
-1. The sampler (vLLM, or HF generate on CPU) lives inside every training process and receives the full
-   weights after each step; there is no separate rollout worker group.
+1. The sampler (vLLM; HF generate on CPU) lives in every training process and gets the full weights each step.
 2. bf16 over float32 master weights: under FSDP2 VeRL's mixed precision (layers gathered in bf16), in one process
    autocast; AdamW's 1e-6 updates are not rounded away. `--dtype auto` picks bf16 where the hardware has bf16 units.
 3. A linear warmup over `--warmup-steps` optimizer steps; the paper presets use 0 (VeRL's default).
-4. The held-out score is taken before and after training, and every `--eval-every` steps as `eval/score` (25
-   in the paper presets: the official configs' test_freq); the official configs also validate at step 0.
+4. The held-out score is taken before and after training and every `--eval-every` steps (`eval/score`; 25 in
+   the paper presets, the official configs' test_freq).
 """
 
 import os
 import sys
 import time
-from functools import lru_cache, partial
+from dataclasses import asdict
+from functools import partial
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
-from advantage import ESTIMATORS, compute_advantages
-from config import SYNC_TOLERANCE, Args, check_args, estimator_hparams, parse_args, resolve_auto, run_dir  # noqa: F401
+import config
+from advantage import compute_advantages
+from config import Args, check_args, parse_args
 from grad_alloc import allocation_metrics
-from loss import loss_denominator, pad_batch, policy_loss, sequence_logprobs
-from plumbing.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, remove_orphans, save_checkpoint
+from loss import ROW_FILTERS, loss_denominator, pad_batch, policy_loss, sequence_logprobs
+from plumbing import run_log
+from plumbing.checkpoint import (
+    CheckpointError,
+    changed_flags,
+    find_checkpoint,
+    load_checkpoint,
+    remove_orphans,
+    save_checkpoint,
+)
+from plumbing.cli import first_line
+from plumbing.data import batch_indices
 from plumbing.models import ModelLoadError, SamplingError, load_model, load_tokenizer
 from plumbing.parallel import all_reduce_sum, full_weights, gather_rows, init_distributed, shard
-from plumbing.run_log import MetricsLog, PhaseMemory, SampleLog, model_flops_per_token, read_evals, report_eval
+from plumbing.run_folder import RunFolderError, lock_run_folder
 from plumbing.sync import SyncError, check_sync
 from rewards import take_error_count
 from speed.allocator import release_freed_memory
 from speed.backward import configure_backward, store_linears_bf16
 from speed.compile import compile_layers
-
-
-@lru_cache(maxsize=2)
-def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
-    return np.random.default_rng([seed, epoch]).permutation(n)
-
-
-def batch_indices(step: int, batch: int, n: int, seed: int) -> list[int]:
-    """Prompts of `step`: a seeded permutation of the training set per epoch, read in order (no state)."""
-    return [int(epoch_order(seed, pos // n, n)[pos % n]) for pos in range(step * batch, (step + 1) * batch)]
+from speed.micro_batches import micro_batch_rows
+from tasks import DataError
 
 
 # ---------------------------------------------------------------- the PPO update (Section 4)
-def micro_batch_rows(prompts, completions, rows, size) -> list[list[int]]:
-    """`rows` cut into micro-batches of at most `size`, sorted by length so that little compute goes to padding.
-    The loss has one denominator per minibatch, so the grouping does not change it (tests/test_train.py::
-    test_micro_batch_grouping_keeps_the_update, and test_every_loss_agg_is_invariant_to_micro_batches).
-    Longest first: each later micro-batch's activations then fit in the blocks the earlier ones freed, where
-    shortest first needs slightly larger blocks every time and the CPU heap grows beside the old ones."""
-    rows = sorted(rows, key=lambda i: (len(completions[i]), len(prompts[i])), reverse=True)
-    return [rows[a:a + size] for a in range(0, len(rows), size)]
-
-
 def reuses_training_logprobs(args: Args) -> bool:
     """One epoch, one minibatch: nothing has moved since sampling, so pi_old recomputed by the trainer equals
     logp of the training forward; logp.detach() stands in for it and saves a forward pass
@@ -87,9 +77,9 @@ IS_MEANS = ("is_ratio_mean", "is_clip_frac")  # --is-correction token-tis
 
 
 def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sampler_logps, adv, args, pad_id,
-               truncated=()):
+               keep=None):
     """PPO epochs over minibatches of this rank's sequences, one optimizer step per minibatch (Section 4).
-    `truncated` marks the completions cut at --max-tokens: --mask-truncated takes them out of the loss.
+    `keep` (bool per sequence; None keeps all): False takes a sequence out of the loss and its denominator.
 
     Loss denominator (`--loss-agg`, loss.AGGREGATIONS; token-mean in Appendix B.1): summed over every
     micro-batch of the optimizer minibatch on all ranks before the first backward, so neither the micro-batch
@@ -108,8 +98,8 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
             input_ids, attention_mask, mask = pad_batch([prompts[i] for i in idx], [completions[i] for i in idx],
                                                         pad_id)  # (B, P+K) x2, (B, K)
             sampler_logp = pad_sequence([torch.tensor(sampler_logps[i]) for i in idx], batch_first=True)  # (B, K)
-            if args.mask_truncated and truncated:  # zero loss weight, out of every denominator (loss.py)
-                mask = mask * torch.tensor([not truncated[i] for i in idx], dtype=mask.dtype)[:, None]
+            if keep is not None and not keep.all():  # zero loss weight, out of every denominator (loss.py)
+                mask = mask * keep[idx].to(mask.dtype)[:, None]
             micro.append(dict(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
                               mask=mask.to(device), adv=adv[idx].to(device), sampler_logp=sampler_logp.to(device)))
         minibatches.append(micro)
@@ -119,8 +109,7 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
             inputs = (mb["input_ids"], mb["attention_mask"], mb["mask"].shape[1], args.temperature)
             mb["ref_logp"] = sequence_logprobs(ref_model, *inputs) if ref_model is not None else None
             mb["old_logp"] = None if on_policy else sequence_logprobs(model, *inputs)
-    is_cap = args.is_cap if args.is_correction == "token-tis" else None
-    means = (*TOKEN_MEANS, *IS_MEANS) if is_cap else TOKEN_MEANS
+    means = (*TOKEN_MEANS, *IS_MEANS) if args.is_correction != "none" else TOKEN_MEANS
     sums = dict.fromkeys([*SHARED_DENOMINATOR, *means, "tokens", "entropy", "sampler_diff", "grad_norm"], 0.0)
     for epoch in range(args.ppo_epochs):
         for micro in minibatches:
@@ -138,7 +127,8 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
                 loss, m = policy_loss(logp, old_logp, mb["adv"], mb["mask"], clip_low=args.clip_low,
                                       clip_high=args.clip_high, ref_logp=mb["ref_logp"], beta=args.beta,
                                       agg=args.loss_agg, denominator=denominator, norm_len=args.max_tokens,
-                                      sampler_logp=mb["sampler_logp"], is_cap=is_cap)
+                                      ratio=args.ratio, is_correction=args.is_correction,
+                                      sampler_logp=mb["sampler_logp"], is_cap=args.is_cap)
                 (loss * world).backward()
                 n = mb["mask"].sum().item()
                 sums["entropy"] += (entropy * mb["mask"]).sum().item()  # policy/entropy: a token mean
@@ -165,20 +155,20 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
 
 
 # ---------------------------------------------------------------- setup
-def load_data(args: Args, master: bool = True):
-    """The task, its training rows and at most --eval-examples held-out rows (said in one line when none)."""
-    from tasks import get_task, reward_weights
-
-    task = get_task(args.task)
-    sim = "sim" in reward_weights(task, args.reward, args.reward_weights)  # Countdown-Sim joins GOLD's demos
+def load_data(args: Args, task, weights: dict, master: bool = True):
+    """The task's training rows and at most --eval-examples held-out rows (said in one line when none)."""
+    sim = "sim" in weights  # Countdown-Sim joins GOLD's demos
     demos = dict(demos=True, demo_file=args.demo_file or None) if sim else {}
     train_set = task.load("train", data_file=args.data_file or None, seed=args.seed, **demos)
     test_set = task.load("test", data_file=args.data_file or None, limit=args.eval_examples, seed=args.seed,
                          **({} if task.has_verifier else demos)) if args.eval_examples else []  # scored exactly
+    if not train_set:
+        raise DataError(f"--data-file {args.data_file}: every row falls in the held-out split (tasks.py holds out "
+                        "~10% by prompt hash), so there is nothing to train on: add rows")
     if args.eval_examples and not test_set and master:
         print(f"note: --data-file {args.data_file} leaves no held-out rows (tasks.py holds out ~10% by prompt "
               "hash): no evaluation before, during (--eval-every) or after training, no eval.json")
-    return task, train_set, test_set
+    return train_set, test_set
 
 
 def load_reference(path, args: Args, device):
@@ -197,7 +187,7 @@ def load_models(args: Args, ckpt, init_path, device):
     except Exception as err:  # OSError, SafetensorError, ...: whatever a damaged file raises
         if ckpt is None:
             raise
-        raise CheckpointError(f"checkpoint {ckpt} is corrupt: {str(err).splitlines()[0][:200]}") from None
+        raise CheckpointError(f"checkpoint {ckpt} is corrupt: {first_line(err, limit=200)}") from None
     # what backward keeps (speed/backward.py), before shard(): FSDP2 must wrap the checkpointed layers
     configure_backward(model, bf16=args.dtype == "bfloat16", checkpointing=args.grad_checkpointing,
                        compiled=args.compile)
@@ -233,15 +223,13 @@ def evaluate_held_out(sampler, task, test_set, args: Args, rank: int, world: int
     return score / max(n, 1)
 
 
-def score(task, examples, groups, args: Args, device) -> dict:
+def score(task, examples, groups, weights: dict, device) -> dict:
     """This rank's groups scored, then gathered: rewards, verifier passes, lengths, truncations and each reward
-    term, each (G, M). The reward is --reward's term, or the weighted sum of --reward-weights' terms."""
-    from tasks import reward_weights
-
+    term, each (G, M). The reward is the weighted sum of the terms of `weights` (--reward-weights, or --reward
+    alone: tasks.reward_weights)."""
     def table(term):  # (G_local, M): one reward term of every sample
         return torch.tensor([[task.reward(c.text, ex, kind=term) for c in g] for ex, g in zip(examples, groups)])
 
-    weights = reward_weights(task, args.reward, args.reward_weights)  # {term: weight}
     terms = {term: table(term) for term in weights}
     rewards = sum(weight * terms[term] for term, weight in weights.items())  # r = sum_k w_k r_k
     passed = terms["exact"] if "exact" in terms else table("exact") if task.has_verifier else 0 * rewards
@@ -253,51 +241,50 @@ def score(task, examples, groups, args: Args, device) -> dict:
             "errors": all_reduce_sum([take_error_count()], device)[0]}
 
 
-def step_metrics(step: int, args, task, rollout, adv, train_metrics, times, tokens, n_params, n_forwards):
-    """One flat dict, identical on every rank: `rollout` holds the gathered (G, M) rewards, passed, lengths, cut."""
-    prompt_tokens, completion_tokens = tokens
-    n_body, n_head = n_params
-    flops = n_forwards * (2 * n_body * (prompt_tokens + completion_tokens) + 2 * n_head * completion_tokens)
-    rewards, lengths = rollout["rewards"], rollout["lengths"]
-    return {"step": step + 1, "reward/mean": rewards.mean().item(), "reward/std": rewards.std(correction=0).item(),
-            **({"reward/pass_rate": rollout["passed"].mean().item()} if task.has_verifier else {}),
-            **{f"reward/{term}": values.mean().item() for term, values in rollout["terms"].items()},
-            "reward/errors": rollout["errors"],  # exceptions the rewards caught and scored 0 (rewards.py)
-            "adv/zero_group_frac": (adv.abs().amax(-1) < 1e-6).float().mean().item(),
-            "response/len_mean": lengths.mean().item(), "response/len_max": lengths.max().item(),
-            "response/trunc_frac": rollout["cut"].mean().item(), **train_metrics,
-            **{f"time/{name}": seconds for name, seconds in times.items()},
-            "perf/tokens_per_s": completion_tokens / times["step"],
-            "perf/tflops": flops / times["step"] / 1e12,  # model FLOPs estimate, all devices
-            # Table 3's allocation, every estimator on these rollouts
-            **allocation_metrics(rewards, lengths, list(ESTIMATORS), **estimator_hparams(args))}
-
-
 # ---------------------------------------------------------------- main
-def main(args: Args) -> dict:
-    if error := check_args(args):
+def main(args: Args, checked: bool = False) -> dict:
+    """One training run in its run folder, which it holds (a second run there stops at once) until it ends, however
+    it ends; `checked`: parse_args already ran check_args on `args` (the command line)."""
+    if not checked and (error := check_args(args)):
         raise ValueError(error)
-    from eval import encode_prompts
+    lock = lock_run_folder(config.run_dir(args)) if int(os.environ.get("RANK", 0)) == 0 else None
+    try:
+        return train(args)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def train(args: Args) -> dict:
+    from plumbing.prompts import encode_prompts
     from rollout import make_sampler, resolve_model, step_seed, sync_check
+    from tasks import get_task, reward_weights
 
     # ---- setup: derived values, processes, data, models, sampler, log, held-out score before training
-    out_dir, cuda, args = run_dir(args), torch.cuda.is_available(), resolve_auto(args)
+    out_dir, cuda, args = config.run_dir(args), torch.cuda.is_available(), config.resolve_auto(args)
     distributed, rank, world, device = init_distributed(args.seed)
     master = rank == 0
     remove_orphans(out_dir, master)  # what killed saves left, with a note
-    task, train_set, test_set = load_data(args, master)
+    task = get_task(args.task)
+    weights = reward_weights(task, args.reward, args.reward_weights)  # {term: weight}, r = sum_k w_k r_k
+    train_set, test_set = load_data(args, task, weights, master)
     ckpt, init_path = find_checkpoint(args.resume) if args.resume else None, resolve_model(args.model)
+    if ckpt and master and (changed := changed_flags(ckpt, asdict(args))):  # each applies from here on
+        print(f"resume: continuing {ckpt} with changed flags: {changed}")
     tokenizer, model, ref_model = load_models(args, ckpt, init_path, device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     optimizer = make_optimizer(model, args)
     scheduler = make_scheduler(optimizer, args)
-    start_step = load_checkpoint(ckpt, model, optimizer, scheduler, rank) if ckpt else 0
-    n_params = model_flops_per_token(model)
+    start_step = load_checkpoint(ckpt, model, optimizer, scheduler, rank, args.lr, args.weight_decay) if ckpt else 0
+    n_params = run_log.model_flops_per_token(model)
     n_forwards = 1 + 3 * args.ppo_epochs + (ref_model is not None) + (not reuses_training_logprobs(args))
     room = model.config.max_position_embeddings - args.max_tokens  # the longest prompt the context holds
+    if room < 1:
+        raise DataError(f"--max-tokens {args.max_tokens} leaves no room for a prompt in the model's context of "
+                        f"{model.config.max_position_embeddings} tokens: pass a smaller --max-tokens")
     train_ids, test_ids = (encode_prompts(tokenizer, rows, max_len=room) for rows in (train_set, test_set))
     max_prompt = max(len(p) for p in train_ids + test_ids)
-    memory = PhaseMemory(device)  # per phase, this rank's GPU memory (CUDA only), the engine's told apart
+    memory = run_log.PhaseMemory(device)  # per phase, this rank's GPU memory (CUDA only), the engine's told apart
     sampler = memory.build(make_sampler, args.sampler, ckpt or init_path, dtype=args.dtype, max_model_len=max_prompt +
                            args.max_tokens, seed=args.seed + rank, gpu_memory_utilization=args.gpu_memory_utilization,
                            device=device)  # its own copy of the policy, in this process
@@ -306,13 +293,13 @@ def main(args: Args) -> dict:
     with autocast:
         probe = sync_check(sampler, model, probe_prompts)
     check_sync(probe, None, start_step, args.sync_tolerance, device)  # the sampler loaded the same weights
-    log = MetricsLog(out_dir, start_step, args, master)
-    samples = SampleLog(out_dir, start_step, args.log_completions, master)  # completions.jsonl, eval-STEP.jsonl
+    log = run_log.MetricsLog(out_dir, start_step, args, master)
+    samples = run_log.SampleLog(out_dir, start_step, args.log_completions, master)  # completions, eval-STEP.jsonl
     held_out = partial(evaluate_held_out, sampler, task, test_set, args, rank, world, device, samples)  # (step)
-    evals = read_evals(out_dir) if ckpt else {}  # a resumed run keeps its "before" score
+    evals = run_log.read_evals(out_dir) if ckpt else {}  # a resumed run keeps its "before" score
     if test_set and start_step == 0:
         evals["before"] = held_out(0)
-        report_eval(evals, out_dir, task, len(test_set), master)
+        run_log.report_eval(evals, out_dir, task, len(test_set), master)
 
     metrics, n_local = {}, args.rollout_batch // world
     bar = tqdm(range(start_step, args.steps), initial=start_step, total=args.steps, disable=not master,
@@ -332,15 +319,17 @@ def main(args: Args) -> dict:
         t1 = time.perf_counter()
         memory.end("rollout")
         # -- reward and advantages: gathered over ranks, so batch-level baselines see the whole batch
-        rollout = score(task, examples, groups, args, device)  # each (G, M)
-        adv_all = compute_advantages(args.advantage, rollout["rewards"], **estimator_hparams(args))  # Eq. (1)
-        adv = adv_all[rank * n_local:(rank + 1) * n_local].reshape(-1)  # (G_local * M,), this rank's rows
+        rollout = score(task, examples, groups, weights, device)  # each (G, M)
+        adv_all = compute_advantages(args.advantage, rollout["rewards"], **config.estimator_hparams(args))  # Eq. (1)
+        cut = rollout["cut"].bool()  # (G, M): which samples the loss keeps, from the whole batch (loss.py)
+        keep = ROW_FILTERS[args.row_filter](rollout["rewards"], cut) & (~cut if args.mask_truncated else True)
+        adv, keep = (t[rank * n_local:(rank + 1) * n_local].reshape(-1) for t in (adv_all, keep.expand_as(cut)))
         t2 = time.perf_counter()
         # -- train
         flat = [(p, c) for p, g in zip(prompts, groups) for c in g]
         train_metrics = ppo_update(model, ref_model, optimizer, scheduler, [p for p, _ in flat],
                                    [c.token_ids for _, c in flat], [c.logprobs for _, c in flat], adv, args, pad_id,
-                                   truncated=[c.finish_reason == "length" for _, c in flat])
+                                   keep=keep)
         t3 = time.perf_counter()
         memory.end("train")
         # -- weight sync and check: the sampler must now compute the trainer's log-probs
@@ -353,7 +342,10 @@ def main(args: Args) -> dict:
         tokens = all_reduce_sum([sum(map(len, prompts)) * args.M, sum(len(c.token_ids) for g in groups for c in g)],
                                 device)  # prompt, completion
         times = {"rollout": t1 - t0, "reward": t2 - t1, "train": t3 - t2, "sync": t4 - t3, "step": t4 - t0}
-        metrics = step_metrics(step, args, task, rollout, adv_all, train_metrics, times, tokens, n_params, n_forwards)
+        metrics = {**run_log.step_metrics(step, task.has_verifier, rollout, adv_all, train_metrics, times, tokens,
+                                          n_params, n_forwards),  # and Table 3 (grad_alloc.py) for the estimators:
+                   **allocation_metrics(rollout["rewards"], rollout["lengths"], config.alloc_estimators(args),
+                                        must=args.advantage, **config.estimator_hparams(args))}  # --alloc-estimators
         samples.write(step + 1, task, examples, groups, rollout, adv_all, rank)
         metrics.update(memory.metrics())  # each rank's own GPU memory, per phase (CUDA only)
         if test_set and args.eval_every and (step + 1) % args.eval_every == 0:  # absolute steps: resume keeps them
@@ -372,8 +364,12 @@ def main(args: Args) -> dict:
     if test_set:  # a score of the last step is this one: the same weights, greedy
         evals["after"] = metrics["eval/score"] if "eval/score" in metrics else held_out(args.steps)
         metrics.update({f"eval/{k}": v for k, v in evals.items()})
-        report_eval(evals, out_dir, task, len(test_set), master)
-    log.finish(out_dir)
+        run_log.report_eval(evals, out_dir, task, len(test_set), master)
+    if master and os.path.exists(log.path):  # the curves: tools/ sits above plumbing/, so train.py draws them
+        from tools.figures import plot_training_curves
+
+        print(f"curves: {plot_training_curves([log.path], os.path.join(out_dir, 'curves.png'))}")
+    log.finish()
     if distributed:
         dist.barrier()  # leave together: a rank tearing down gloo while another still works can abort it
     sampler.close()  # before the process group: a vLLM engine under torchrun shuts it down itself
@@ -388,12 +384,16 @@ if __name__ == "__main__":
     if cli_args.plan:  # one rank's GPU memory for these flags, and exit
         from tools.memory_plan import print_plan
         sys.exit(print_plan(cli_args))
-    from tasks import DataError
-
     try:
-        main(cli_args)
-    except (CheckpointError, DataError, ModelLoadError, SamplingError, SyncError) as err:  # one line each. The same on
-        # every rank but a sampling error, so one rank speaks; an unloadable model exits 2 as in eval.py, others 1.
+        main(cli_args, checked=True)
+    except KeyboardInterrupt:  # Ctrl-C: a save is atomic, so the newest complete checkpoint is whole
+        if int(os.environ.get("RANK", 0)) == 0:
+            last = find_checkpoint(config.run_dir(cli_args))
+            print("train.py: interrupted; " + (f"the newest checkpoint is {last}: continue with --resume "
+                  f"{config.run_dir(cli_args)}" if last else "no checkpoint was saved yet"), file=sys.stderr)
+        sys.exit(130)
+    except (CheckpointError, DataError, ModelLoadError, RunFolderError, SamplingError, SyncError) as err:
+        # One line, from one rank (a sampling error is that rank's own); an unloadable model exits 2 as in eval.py.
         if int(os.environ.get("RANK", 0)) == 0 or isinstance(err, SamplingError):
             print(f"train.py: error: {err}", file=sys.stderr)
         sys.exit(2 if isinstance(err, ModelLoadError) else 1)

@@ -1,5 +1,5 @@
-"""Peak extra memory of loss.token_logprobs (alone, and with the per-token entropy train.py logs as policy/entropy)
-against the naive log_softmax(...).gather(...).
+"""Peak extra memory of speed/logprobs.py's chunked_token_logprobs (alone, and with the per-token entropy train.py
+logs as policy/entropy) against the naive log_softmax(...).gather(...).
 
 Each method runs in its own process on bfloat16 logits of shape (8, 1024, 151936) (Qwen2.5's
 vocabulary); the peak resident memory above the logits themselves is read from the kernel
@@ -25,7 +25,7 @@ def _rss_kib(field: str) -> int:
 def measure(method: str, shape) -> dict:
     import torch
 
-    from loss import token_logprobs
+    from speed.logprobs import chunked_token_logprobs
 
     B, T, V = shape
     g = torch.Generator().manual_seed(0)
@@ -38,9 +38,9 @@ def measure(method: str, shape) -> dict:
         if method == "naive":
             out = torch.log_softmax(logits.float(), -1).gather(-1, targets[..., None]).squeeze(-1)
         elif method == "chunked":
-            out = token_logprobs(logits, targets)
+            out = chunked_token_logprobs(logits, targets)
         else:  # as the training forward calls it: log-probs and entropies from the same chunks
-            out, entropy = token_logprobs(logits, targets, entropy=True)
+            out, entropy = chunked_token_logprobs(logits, targets, entropy=True)
             out = out + 0 * entropy
     extra = (_rss_kib("VmHWM:") - base) * 1024
     return {"method": method, "extra_bytes": extra, "logits_bytes": logits.numel() * 2,

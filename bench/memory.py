@@ -193,7 +193,7 @@ def measure_ours(opts) -> dict:
     import speed.compile
     import train
     from advantage import compute_advantages
-    from eval import encode_prompts
+    from plumbing.prompts import encode_prompts
     from rollout import make_sampler, resolve_model
     from tasks import get_task
 

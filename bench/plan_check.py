@@ -122,7 +122,7 @@ def child(cmd: list[str]) -> int:
 def check(models, dtypes, one_process=False) -> list[dict]:
     """Measured vs planned bytes for each model: training state, then activations per dtype x checkpointing.
     `one_process`: measure in this process, one after another (faster; the state comes first, on a clean heap)."""
-    from loss import CPU_CHUNK_ELEMENTS
+    from speed.logprobs import CPU_CHUNK_ELEMENTS
     from tools.memory_plan import activations, model_shape, training_state
 
     def measure(cmd):

@@ -18,8 +18,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from eval import encode_prompts  # noqa: E402
 from plumbing.models import load_model  # noqa: E402
+from plumbing.prompts import encode_prompts  # noqa: E402
 from rollout import make_sampler, resolve_model, sync_check  # noqa: E402
 from tasks import get_task  # noqa: E402
 

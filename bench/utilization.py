@@ -83,9 +83,9 @@ def main():
     from transformers import AutoTokenizer
 
     import train
-    from eval import encode_prompts
     from loss import pad_batch, policy_loss, sequence_logprobs
     from plumbing.models import load_model
+    from plumbing.prompts import encode_prompts
     from rollout import make_sampler, resolve_model
     from speed.allocator import keep_freed_memory
     from tasks import get_task

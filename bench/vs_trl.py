@@ -84,7 +84,7 @@ def write_prompts(path: str, task_name: str, model_path: str, n_prompts: int, se
     """The prompts train.py uses at steps 0, 1, ... (its own data order), one JSON row per prompt."""
     from transformers import AutoTokenizer
 
-    from eval import encode_prompts
+    from plumbing.prompts import encode_prompts
     from tasks import get_task
     from train import batch_indices
 

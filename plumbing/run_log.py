@@ -1,5 +1,6 @@
 """Where train.py's numbers go: metrics.jsonl and Weights & Biases on rank 0, and eval.json with the held-out
-score before and after training (train.step_metrics makes the per-step dict).
+score before and after training (step_metrics makes the per-step dict). The curves of metrics.jsonl are
+train.py's to draw (tools/figures.py): plumbing/ sits below tools/ and imports nothing from it.
 
     python train.py --steps 5 && head -1 runs/arith-softmax-s0/metrics.jsonl
 """
@@ -11,6 +12,7 @@ from dataclasses import asdict
 
 import torch
 
+from plumbing.files import write_json, write_lines
 from plumbing.parallel import gather_objects, per_rank
 
 
@@ -31,21 +33,19 @@ def _step(line: str) -> float:
 
 def keep_steps(path: str, last_step: int):
     """Drop the lines of the JSON Lines file `path` (if any) logged for steps after `last_step`, and a torn last
-    line: on resume those steps run again, and their rows must not appear twice. Rewritten through a rename."""
+    line: on resume those steps run again, and their rows must not appear twice. Rewritten whole (plumbing/files)."""
     if os.path.exists(path):
-        lines = [line for line in open(path) if _step(line) <= last_step]
-        with open(path + ".tmp", "w") as f:
-            f.writelines(lines)
-        os.replace(path + ".tmp", path)
+        write_lines(path, [line for line in open(path) if _step(line) <= last_step])
 
 
 def write_jsonl(path: str, rows: list[dict], mode: str = "w"):
-    """Rows as JSON Lines; a new file is written beside and renamed into place, so it is never half there."""
-    target = path + ".tmp" if mode == "w" else path
-    with open(target, mode) as f:
-        f.writelines(json.dumps(row) + "\n" for row in rows)
+    """Rows as JSON Lines: appended (mode "a"), or a new file written whole (plumbing/files), never half there."""
+    lines = [json.dumps(row) + "\n" for row in rows]
     if mode == "w":
-        os.replace(target, path)
+        write_lines(path, lines)
+    else:
+        with open(path, mode) as f:
+            f.writelines(lines)
 
 
 def user_text(prompt) -> str:
@@ -121,11 +121,8 @@ class MetricsLog:
             if self.wandb:
                 self.wandb.log(metrics, step=metrics["step"])
 
-    def finish(self, out_dir: str):
-        if self.master and os.path.exists(self.path):
-            from tools.figures import plot_training_curves
-
-            print(f"curves: {plot_training_curves([self.path], os.path.join(out_dir, 'curves.png'))}")
+    def finish(self):
+        """Ends the W&B run. The curves of metrics.jsonl (self.path) are train.py's to draw: tools/figures.py."""
         if self.wandb:
             self.wandb.finish()
 
@@ -198,11 +195,28 @@ def report_eval(evals: dict, out_dir: str, task, n: int, master: bool):
         return
     name = "greedy pass@1" if task.has_verifier else "greedy similarity reward"
     path = os.path.join(out_dir, "eval.json")
-    with open(path + ".tmp", "w") as f:  # then a rename: a full disk never leaves half a file
-        json.dump(evals, f)
-    os.replace(path + ".tmp", path)
+    write_json(path, evals)  # whole or not at all: a full disk never leaves half a file
     if "after" in evals:
         print(f"held-out {name}: before {evals.get('before', float('nan')):.3f}, after {evals['after']:.3f} "
               f"({n} prompts)")
     else:
         print(f"held-out {name} before training: {evals['before']:.3f} ({n} prompts)")
+
+
+def step_metrics(step: int, has_verifier: bool, rollout, adv, train_metrics, times, tokens, n_params, n_forwards):
+    """One step's flat dict, identical on every rank: `rollout` holds the gathered (G, M) rewards, passed, lengths,
+    cut and reward terms (train.py: score), `adv` the (G, M) advantages."""
+    prompt_tokens, completion_tokens = tokens
+    n_body, n_head = n_params
+    flops = n_forwards * (2 * n_body * (prompt_tokens + completion_tokens) + 2 * n_head * completion_tokens)
+    rewards, lengths = rollout["rewards"], rollout["lengths"]
+    return {"step": step + 1, "reward/mean": rewards.mean().item(), "reward/std": rewards.std(correction=0).item(),
+            **({"reward/pass_rate": rollout["passed"].mean().item()} if has_verifier else {}),
+            **{f"reward/{term}": values.mean().item() for term, values in rollout["terms"].items()},
+            "reward/errors": rollout["errors"],  # exceptions the rewards caught and scored 0 (rewards.py)
+            "adv/zero_group_frac": (adv.abs().amax(-1) < 1e-6).float().mean().item(),
+            "response/len_mean": lengths.mean().item(), "response/len_max": lengths.max().item(),
+            "response/trunc_frac": rollout["cut"].mean().item(), **train_metrics,
+            **{f"time/{name}": seconds for name, seconds in times.items()},
+            "perf/tokens_per_s": completion_tokens / times["step"],
+            "perf/tflops": flops / times["step"] / 1e12}  # model FLOPs estimate, all devices

@@ -248,3 +248,51 @@ def test_a_full_disk_keeps_the_earlier_result_and_prints_the_summary(tiny_model_
     assert "No space left on device" in lines[-1] and "is intact" in lines[-1] and "Traceback" not in captured.err
     assert "pass@1 (greedy)" in captured.out  # the result reached the screen before the disk failed
     assert out.read_bytes() == earlier and sorted(os.listdir(tmp_path)) == ["eval.json"]  # no partial file left
+
+
+# ---- --reward-weights, as train.py takes it: any term of rewards.REWARD_TERMS, a fork's own too (issue 34)
+
+def test_a_registered_reward_term_reaches_the_result(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    import rewards
+
+    def brevity(completion, example):  # a fork's term, registered as the README's recipe does
+        return 1.0 / (1 + len(completion))
+
+    monkeypatch.setitem(rewards.REWARD_TERMS, "brevity", brevity)
+    out = tmp_path / "eval.json"
+    result = main(["--model", tiny_model_dir, "--task", "arith", "--limit", "3", "--samples", "2", "--max-tokens", "4",
+                   "--sampler", "hf", "--reward-weights", "exact=1,brevity=0.5", "--out", str(out)])
+    summary, records = result["summary"], result["examples"]
+    assert json.loads(out.read_text())["summary"] == summary and summary["reward_kind"] == "weighted"
+    for r in records:
+        assert r["terms"]["brevity"] == brevity(r["completion"], None) and r["terms"]["exact"] in (0.0, 1.0)
+        assert r["reward"] == r["terms"]["exact"] + 0.5 * r["terms"]["brevity"]  # r = sum_k w_k r_k
+        assert len(r["sampled_rewards"]) == 2
+    assert summary["reward/brevity"] == pytest.approx(sum(brevity(r["completion"], None) for r in records) / 3)
+    assert summary["reward/mean"] == pytest.approx(sum(r["reward"] for r in records) / 3)
+    assert summary["pass@1"] == pytest.approx(sum(r["terms"]["exact"] for r in records) / 3)  # the verifier's term
+    assert set(summary["pass@k"]) == {"1", "2"}
+    assert "reward/brevity" in capsys.readouterr().out
+
+
+def test_without_reward_weights_the_result_is_the_single_reward(tiny_model_dir, tmp_path):
+    """No --reward-weights: the records and summary keep their keys; exact=1 gives the same numbers."""
+    flags = ["--model", tiny_model_dir, "--task", "arith", "--limit", "3", "--samples", "2", "--max-tokens", "4",
+             "--sampler", "hf", "--out", str(tmp_path / "eval.json")]
+    plain, weighted = main(flags), main(flags + ["--reward-weights", "exact=1"])
+    assert "terms" not in plain["examples"][0] and "reward/mean" not in plain["summary"]
+    assert [r["reward"] for r in plain["examples"]] == [r["reward"] for r in weighted["examples"]]
+    assert plain["summary"]["pass@1"] == weighted["summary"]["pass@1"]
+    assert plain["summary"]["pass@k"] == weighted["summary"]["pass@k"]
+
+
+@pytest.mark.parametrize("weights, message", [("nope=1", "--reward-weights: unknown term 'nope'"),
+                                              ("exact=x", "the weight of exact must be a finite number"),
+                                              ("exact", "is not TERM=WEIGHT")])
+def test_a_bad_reward_weights_is_one_line_exit_2_before_the_model_loads(weights, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", str(tmp_path / "no-model"), "--task", "arith", "--reward-weights", weights,
+              "--out", str(tmp_path / "eval.json")])
+    stderr = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(stderr.strip().splitlines()) == 1
+    assert stderr.startswith("eval.py: error: ") and message in stderr and not (tmp_path / "eval.json").exists()

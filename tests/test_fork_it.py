@@ -1,9 +1,11 @@
-"""The README's "Fork it" edits, performed exactly as written: a new estimator, a new task, a new aggregation, a
-new reward term.
+"""The README's "Fork it" recipes, applied exactly as written to a copy of the repository.
 
-Each code block below is the README's, character for character (test_readme_shows_exactly_this_code
-checks it), and is executed in its stage module's namespace, which is what pasting it into that file
-does. The stage functions must then pick the new entry up, and train.py must train two steps with all four.
+Each code block below is the README's, character for character (test_readme_shows_exactly_this_code checks it).
+The `fork` fixture copies the repository and appends each block to the stage file the README names, which is what
+pasting it below the registry does; nothing in this checkout changes. In the copy, with all seven recipes at once:
+each recipe does what it says (a script run there), the fast suite stays green (so tests check what a registry
+contains, never that it equals a list), and train.py trains two steps with every new flag, then eval.py scores the
+new task with its new reward term.
 """
 
 import json
@@ -13,13 +15,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
-from test_loss import assert_invariant_to_micro_batches_and_ranks
-
-import advantage
-import loss
-import rewards
-import tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -54,135 +49,203 @@ AGGREGATIONS["seq-mean-token-sum"] = seq_mean_token_sum
 '''
 
 REWARD_TERM = '''\
-@_reward
 def brevity_reward(completion, example) -> float:
     """1 for an answer of at most 50 words, falling to 0 at 250: a length term to weigh against the others."""
-    return min(1.0, max(0.0, (250 - len(final_answer(completion).split())) / 200))
+    return (250 - len(final_answer(completion).split())) / 200
 
 
 REWARD_TERMS["brevity"] = brevity_reward
 '''
 
-EDITS = [(advantage, ESTIMATOR, "ESTIMATORS", "floorgrpo"), (tasks, TASK, "TASKS", "qa"),
-         (loss, AGGREGATION, "AGGREGATIONS", "seq-mean-token-sum"), (rewards, REWARD_TERM, "REWARD_TERMS", "brevity")]
+ROW_FILTER = '''\
+def equal_rewards(rewards, truncated):
+    """DAPO's dynamic-sampling filter, simplest form: a group whose rewards are all equal has no signal."""
+    return rewards.std(-1, keepdim=True) > 0  # (G, 1): the whole group stays or leaves
 
 
-@pytest.fixture
-def forked():
-    """Paste each block into its module (exec in the module's namespace); undo it afterwards."""
-    before = [(module, set(vars(module))) for module, *_ in EDITS]
-    for module, code, _, _ in EDITS:
-        exec(compile(code, f"<{module.__name__}.py, Fork it>", "exec"), vars(module))
-    yield
-    for (module, names), (_, _, registry, key) in zip(before, EDITS):
-        getattr(module, registry).pop(key)
-        for name in set(vars(module)) - names:
-            delattr(module, name)
+ROW_FILTERS["equal-rewards"] = equal_rewards
+'''
+
+RATIO = '''\
+def sequence_log_ratio(logp, old_logp, mask):
+    """GSPO (Zheng et al. 2025): one ratio per sequence, the mean token log-ratio, clipped per sequence."""
+    log_ratio = ((logp - old_logp) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # (B, 1)
+    return log_ratio.expand_as(logp)  # (B, K)
 
 
-def test_the_new_estimator_and_its_hyperparameter_are_picked_up(forked):
-    from advantage import compute_advantages, estimator_params, population_weight
-    from grad_alloc import allocation_by_estimator
+RATIOS["sequence"] = sequence_log_ratio
+'''
 
-    assert estimator_params()["std_floor"] == (0.1, float)  # train.py and grad_alloc.py build --std-floor from this
-    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.5, 0.5]])  # std 0.433; a constant group
-    adv = compute_advantages("floorgrpo", rewards, tau=0.3, std_floor=0.5)  # every estimator's flags passed along
-    assert torch.allclose(adv[0], torch.tensor([0.75, -0.25, -0.25, -0.25]) / 0.5)  # the floor is the divisor
-    assert torch.equal(adv[1], torch.zeros(4))
-    assert torch.allclose(compute_advantages("floorgrpo", rewards)[0],
-                          compute_advantages("grpo", rewards)[0], atol=1e-5)  # std > default floor: GRPO
-    assert torch.isfinite(population_weight("floorgrpo", 8, torch.tensor([0.1, 0.5]), std_floor=0.2)).all()
-    assert sum(allocation_by_estimator(rewards, torch.ones(2, 4), ["floorgrpo"], std_floor=0.2)["floorgrpo"]) == \
-        pytest.approx(100.0)
+OWN_TASK = '''\
+def mentions_keyword(completion, example) -> float:
+    """1 when the answer names the row's keyword: this task's own reward, a --reward-weights term."""
+    return float(example.meta["keyword"].lower() in final_answer(completion).lower())
 
 
-@pytest.fixture
-def qa_file(tmp_path):
-    path = tmp_path / "qa.jsonl"
-    rows = [{"problem": f"What is {a} times {b}?", "answer": str(a * b)} for a in range(2, 10) for b in range(2, 10)]
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return str(path)
+def _topic(row: dict) -> Example:
+    return Example(prompt=_chat(f"Write one sentence about {row['topic']}.", system=None), gold=None,
+                   reference=row["example"], meta={"keyword": row["keyword"]})
 
 
-def test_the_new_task_is_picked_up(forked, qa_file):
-    from tasks import get_task
+REWARD_TERMS["mentions"] = mentions_keyword
+TASKS["topic"] = Task(name="topic", columns=("topic", "keyword", "example"), key=("topic",), make_example=_topic)
+'''
 
-    task = get_task("qa")
-    train_rows, test_rows = task.load("train", data_file=qa_file), task.load("test", data_file=qa_file)
-    assert len(train_rows) + len(test_rows) == 64 and test_rows  # held-out by hash, disjoint
-    assert not {ex.uid for ex in train_rows} & {ex.uid for ex in test_rows}
-    ex = train_rows[0]
-    right = ex.prompt[-1]["content"].split("?")[0].split()
-    product = int(right[2]) * int(right[4])
-    assert task.reward(f"<think>multiply</think> So \\boxed{{{product}}}.", ex) == 1.0
-    assert task.reward(f"<think>multiply</think> So \\boxed{{{product + 1}}}.", ex) == 0.0
-    assert task.extract(f"<think>x</think> \\boxed{{{product}}}") == str(product)
-    with pytest.raises(tasks.DataError, match="--data-file"):
-        task.load("train")  # no hub dataset: one line asking for the file
+RECIPES = [("advantage.py", ESTIMATOR), ("tasks.py", TASK), ("loss.py", AGGREGATION), ("rewards.py", REWARD_TERM),
+           ("loss.py", ROW_FILTER), ("loss.py", RATIO), ("tasks.py", OWN_TASK)]
 
 
-def test_the_new_aggregation_is_picked_up_and_invariant(forked):
-    from loss import aggregate, loss_denominator
-
-    values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
-    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
-    assert aggregate(values, mask, "seq-mean-token-sum") == pytest.approx((6 + 4) / 2)
-    assert loss_denominator(mask, "seq-mean-token-sum") == 2
-    assert_invariant_to_micro_batches_and_ranks("seq-mean-token-sum")
-
-
-def test_the_new_reward_term_is_picked_up(forked):
-    from tasks import get_task, reward_weights
-
-    task = get_task("arith")
-    assert reward_weights(task, "exact", "exact=1,brevity=0.1") == {"exact": 1.0, "brevity": 0.1}  # --reward-weights
-    example = task.load("test", limit=1)[0]
-    assert task.reward("<think>add</think> 12", example, kind="brevity") == 1.0  # 1 word
-    assert task.reward("<think>add</think> " + "word " * 150, example, kind="brevity") == pytest.approx(0.5)
-    assert task.reward("word " * 400, example, kind="brevity") == 0.0
+def repository_files():
+    """The repository's files as a fresh clone has them, plus this checkout's uncommitted ones (git's view)."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
+                            capture_output=True, text=True)
+    if listed.returncode == 0:
+        return [name for name in listed.stdout.split("\0") if name and os.path.isfile(os.path.join(ROOT, name))]
+    return [os.path.relpath(os.path.join(folder, name), ROOT) for folder, dirs, names in os.walk(ROOT)
+            if not any(part.startswith((".", "__")) or part == "runs" for part in os.path.relpath(folder, ROOT)
+                       .split(os.sep) if part != ".") for name in names]
 
 
-@pytest.mark.slow
-def test_train_runs_two_steps_with_all_four_edits(qa_file, tiny_model_dir, tmp_path):
-    """The four blocks pasted at the end of copies of their files (below each registry), then the README's
-    flags on the command line: --advantage floorgrpo --std-floor, --task qa, --loss-agg seq-mean-token-sum,
-    --reward-weights exact=1,brevity=0.1.
-
-    A fresh process, as for a real fork: train.py builds its flags (config.Args) when it is imported, so an
-    edit exec'd into a module this test process already imported would not reach them."""
-    from plumbing.checkpoint import find_checkpoint, read_trainer_state
-
-    fork = tmp_path / "fork"
-    fork.mkdir()
-    for name in os.listdir(ROOT):  # the stage files, and the folders below and above them
-        if name.endswith(".py"):
-            shutil.copy(os.path.join(ROOT, name), fork / name)
-        elif name in ("plumbing", "speed", "tools"):
-            shutil.copytree(os.path.join(ROOT, name), fork / name, ignore=shutil.ignore_patterns("__pycache__"))
-    for module, code, _, _ in EDITS:
-        with open(fork / f"{module.__name__}.py", "a") as f:
+@pytest.fixture(scope="module")
+def fork(tmp_path_factory):
+    """A copy of the repository with the seven recipes appended to their files, and its data files."""
+    root = tmp_path_factory.mktemp("fork")
+    for name in repository_files():
+        os.makedirs(root / os.path.dirname(name), exist_ok=True)
+        shutil.copy2(os.path.join(ROOT, name), root / name)
+    for name, code in RECIPES:
+        with open(root / name, "a") as f:
             f.write(f"\n\n{code}")
-    run = tmp_path / "run"
-    result = subprocess.run([sys.executable, "train.py", "--task", "qa", "--data-file", qa_file, "--advantage",
-                             "floorgrpo", "--std-floor", "0.2", "--loss-agg", "seq-mean-token-sum", "--model",
-                             tiny_model_dir, "--reward-weights", "exact=1,brevity=0.1", "--M", "4", "--rollout-batch",
-                             "4", "--micro-batch", "8", "--steps", "2",
-                             "--max-tokens", "4", "--warmup-steps", "0", "--eval-examples", "0", "--dtype", "float32",
-                             "--out-dir", str(run)], cwd=fork, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    with open(run / "metrics.jsonl") as f:
-        metrics = [json.loads(line) for line in f]
-    assert [m["step"] for m in metrics] == [1, 2]
-    assert all(torch.isfinite(torch.tensor(m["loss/pg"])) for m in metrics)
-    assert all("alloc/floorgrpo/0.9-1" in m for m in metrics)  # the new estimator reached grad_alloc too
-    assert all(0.0 <= m["reward/brevity"] <= 1.0 and "reward/exact" in m for m in metrics)  # each term logged
-    saved = read_trainer_state(find_checkpoint(str(run)))["args"]
-    assert (saved["task"], saved["advantage"], saved["std_floor"], saved["loss_agg"]) == \
-        ("qa", "floorgrpo", 0.2, "seq-mean-token-sum")
+    rows = [{"problem": f"What is {a} times {b}?", "answer": str(a * b)} for a in range(2, 10) for b in range(2, 10)]
+    (root / "qa.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    topics = [{"topic": f"the number {n}", "keyword": str(n), "example": f"{n} is a number."} for n in range(60)]
+    (root / "topics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in topics))
+    return root
+
+
+def run_in(fork, *argv, timeout=900):
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run([sys.executable, *argv], cwd=fork, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+# What each recipe must do, checked in the fork (the fresh processes a fork's user runs).
+CHECKS = r'''
+import pytest, torch
+import advantage, loss, rewards, tasks
+from advantage import compute_advantages, estimator_params, population_weight
+from grad_alloc import allocation_by_estimator
+from loss import aggregate, loss_denominator, policy_loss
+
+# 1. the estimator and its hyperparameter
+assert estimator_params()["std_floor"] == (0.1, float)  # config.py builds --std-floor from this
+r = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.5, 0.5]])  # std 0.433; a constant group
+adv = compute_advantages("floorgrpo", r, tau=0.3, std_floor=0.5)  # every estimator's flags passed along
+assert torch.allclose(adv[0], torch.tensor([0.75, -0.25, -0.25, -0.25]) / 0.5) and torch.equal(adv[1], torch.zeros(4))
+assert torch.allclose(compute_advantages("floorgrpo", r)[0], compute_advantages("grpo", r)[0], atol=1e-5)
+assert torch.isfinite(population_weight("floorgrpo", 8, torch.tensor([0.1, 0.5]), std_floor=0.2)).all()
+shares = allocation_by_estimator(r, torch.ones(2, 4), ["floorgrpo"], std_floor=0.2)["floorgrpo"]
+assert sum(shares) == pytest.approx(100)
+
+# 2. the task: held out by hash, scored by math-verify, no hub dataset
+qa = tasks.get_task("qa")
+train_rows, test_rows = qa.load("train", data_file="qa.jsonl"), qa.load("test", data_file="qa.jsonl")
+assert len(train_rows) + len(test_rows) == 64 and test_rows
+assert not {ex.uid for ex in train_rows} & {ex.uid for ex in test_rows}
+ex = train_rows[0]
+words = ex.prompt[-1]["content"].split("?")[0].split()
+product = int(words[2]) * int(words[4])
+assert qa.reward(f"<think>multiply</think> So \\boxed{{{product}}}.", ex) == 1.0
+assert qa.reward(f"<think>multiply</think> So \\boxed{{{product + 1}}}.", ex) == 0.0
+try:
+    qa.load("train")
+    raise AssertionError("qa loaded without a --data-file")
+except tasks.DataError as err:
+    assert "--data-file" in str(err)
+
+# 3. the aggregation
+values, mask = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]]), torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+assert aggregate(values, mask, "seq-mean-token-sum") == pytest.approx((6 + 4) / 2)
+assert loss_denominator(mask, "seq-mean-token-sum") == 2
+
+# 4. the reward term: clipped to [0, 1] and an exception scores 0, with no decorator
+arith = tasks.get_task("arith")
+assert tasks.reward_weights(arith, "exact", "exact=1,brevity=0.1") == {"exact": 1.0, "brevity": 0.1}
+example = arith.load("test", limit=1)[0]
+assert arith.reward("<think>add</think> 12", example, kind="brevity") == 1.0  # (250 - 1) / 200, clipped
+assert arith.reward("<think>add</think> " + "word " * 150, example, kind="brevity") == pytest.approx(0.5)
+assert arith.reward("word " * 400, example, kind="brevity") == 0.0  # negative, clipped
+
+# 5. the batch filter: a group of equal rewards leaves, the others stay whole
+keep = loss.ROW_FILTERS["equal-rewards"](torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.zeros(2, 2, dtype=torch.bool))
+assert keep.expand(2, 2).tolist() == [[True, True], [False, False]]
+
+# 6. GSPO's ratio: one per sequence, so a sequence is clipped whole
+logp = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]], requires_grad=True)
+old = torch.tensor([[-1.0, -1.6], [-1.0, -1.0]])  # sequence 0: mean log-ratio 0.3, ratio 1.35 > 1.28
+_, m = policy_loss(logp, old, torch.tensor([1.0, 1.0]), torch.ones(2, 2), ratio="sequence")
+assert m["clip_frac_high"] == pytest.approx(0.5)  # both tokens of sequence 0, none of sequence 1
+
+# 7. the task with its own reward term, safe without a decorator
+topic = tasks.get_task("topic")
+rows = topic.load("train", data_file="topics.jsonl")
+row = rows[0]
+assert topic.reward(f"It is {row.meta['keyword']}.", row, kind="mentions") == 1.0
+assert topic.reward("nothing here", row, kind="mentions") == 0.0
+rewards.STRICT = False  # as in training: an exception scores 0 and is counted
+assert topic.reward("x", tasks.Example(prompt=[], gold=None, reference=""), kind="mentions") == 0.0
+assert rewards.take_error_count() == 1
+print("recipes ok")
+'''
 
 
 def test_readme_shows_exactly_this_code():
     readme = open(os.path.join(ROOT, "README.md")).read()
     section = readme.split("## Fork it", 1)[1].split("\n## ", 1)[0]
-    for block in (ESTIMATOR, TASK, AGGREGATION, REWARD_TERM):
+    for _, block in RECIPES:
         assert f"```python\n{block}```" in section
+
+
+def test_each_recipe_does_what_it_says_in_the_fork(fork):
+    result = run_in(fork, "-c", CHECKS)
+    assert result.returncode == 0 and "recipes ok" in result.stdout, result.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_the_fast_suite_stays_green_in_the_fork(fork):
+    """Every registry holds one more entry (three hold two): a test that pinned a registry to a list fails here."""
+    result = run_in(fork, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p", "no:cacheprovider",
+                    "--ignore=tests/test_fork_it.py", timeout=1800)
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_train_and_eval_run_with_every_recipe(fork, tiny_model_dir):
+    """train.py two steps with the README's flags for recipes 1-6, then two steps of the new task on its own reward
+    term, then eval.py scoring that run's checkpoint with the term."""
+    common = ["--model", tiny_model_dir, "--M", "4", "--rollout-batch", "4", "--micro-batch", "8", "--steps", "2",
+              "--max-tokens", "4", "--warmup-steps", "0", "--eval-examples", "0", "--dtype", "float32"]
+    result = run_in(fork, "train.py", "--task", "qa", "--data-file", "qa.jsonl", "--advantage", "floorgrpo",
+                    "--std-floor", "0.2", "--loss-agg", "seq-mean-token-sum", "--reward-weights",
+                    "exact=1,brevity=0.1", "--row-filter", "equal-rewards", "--ratio", "sequence",
+                    "--alloc-estimators", "all", "--out-dir", "run-qa", *common)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = [json.loads(line) for line in open(fork / "run-qa" / "metrics.jsonl")]
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(m["loss/pg"] == m["loss/pg"] for m in metrics)  # not NaN, even where the filter left no row
+    assert all("alloc/floorgrpo/0.9-1" in m and 0.0 <= m["reward/brevity"] <= 1.0 for m in metrics)
+    saved = json.loads(run_in(fork, "-c", "import json; from plumbing.checkpoint import find_checkpoint, "
+                              "read_trainer_state; print(json.dumps(read_trainer_state(find_checkpoint('run-qa'))"
+                              "['args']))").stdout)
+    assert (saved["advantage"], saved["std_floor"], saved["loss_agg"], saved["row_filter"], saved["ratio"]) == \
+        ("floorgrpo", 0.2, "seq-mean-token-sum", "equal-rewards", "sequence")
+
+    result = run_in(fork, "train.py", "--task", "topic", "--data-file", "topics.jsonl", "--reward-weights",
+                    "mentions=1,sim=0.5", "--out-dir", "run-topic", *common)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = [json.loads(line) for line in open(fork / "run-topic" / "metrics.jsonl")]
+    assert all(0.0 <= m["reward/mentions"] <= 1.0 and "reward/sim" in m for m in metrics)
+    result = run_in(fork, "eval.py", "--task", "topic", "--data-file", "topics.jsonl", "--reward-weights",
+                    "mentions=1", "--model", str(fork / "run-topic" / "checkpoint-000002"), "--max-tokens", "4",
+                    "--out", "eval-topic.json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "mentions" in json.dumps(json.load(open(fork / "eval-topic.json"))["summary"])

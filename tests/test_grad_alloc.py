@@ -1,10 +1,13 @@
-"""grad_alloc.py: Table 3 shares on hand-built groups, and the cheap budget against real gradient norms."""
+"""grad_alloc.py: Table 3 shares on hand-built groups, and the cheap budget against real gradient norms;
+tools/grad_alloc.py: its command line."""
 
 import math
 
 import pytest
 import torch
 
+import advantage
+import grad_alloc
 from grad_alloc import (
     BIN_LABELS,
     BINS,
@@ -14,9 +17,9 @@ from grad_alloc import (
     allocation_table,
     bin_index,
     exact_prompt_grad_norms,
-    main,
     prompt_budgets,
 )
+from tools.grad_alloc import main
 
 M = 4
 # One group per pass rate 0, 1/4, 1/2, 3/4, 1 (binary rewards, s successes out of M).
@@ -165,10 +168,29 @@ def test_allocation_forwards_every_estimator_hyperparameter():
 
 
 def test_cli_offers_one_flag_per_estimator_hyperparameter(capsys):
-    from grad_alloc import main
     with pytest.raises(SystemExit):  # --eps and --tau parse; the bad estimator name stops it
         main(["--model", "x", "--task", "arith", "--estimators", "nope", "--eps", "0.5", "--tau", "0.2"])
     assert "--estimators must be among" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--model", "x", "--task", "arith", "--alpha", "0.5"])
     assert "unrecognized arguments: --alpha" in capsys.readouterr().err
+
+
+def test_an_estimator_that_raises_is_left_out_unless_it_is_trained(monkeypatch, capsys):
+    """A broken estimator a fork adds stops no run that trains another one; the one being trained raises."""
+    def broken_advantages(rewards):
+        raise ValueError("broken_advantages: not implemented yet\nsecond line")
+
+    monkeypatch.setitem(advantage.ESTIMATORS, "broken", broken_advantages)
+    monkeypatch.setattr(grad_alloc, "_warned", set())
+    rewards, lengths = torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.ones(2, 2)
+    for _ in range(2):  # as train.py does on every step
+        metrics = allocation_metrics(rewards, lengths, ["grpo", "broken", "softmax"], must="softmax", tau=0.3)
+    assert "alloc/grpo/0.5-0.7" in metrics and "alloc/softmax/0.5-0.7" in metrics
+    assert not any(key.startswith("alloc/broken/") for key in metrics)
+    assert metrics == allocation_metrics(rewards, lengths, ["grpo", "softmax"], tau=0.3)  # the others unchanged
+    err = capsys.readouterr().err
+    assert err.count("'broken'") == 1 and "not implemented yet" in err and "second line" not in err  # once, 1 line
+    with pytest.raises(ValueError, match="not implemented yet"):
+        allocation_metrics(rewards, lengths, ["grpo", "broken"], must="broken")
+    assert allocation_metrics(rewards, lengths, ["drgrpo"]).keys() == {f"alloc/drgrpo/{b}" for b in BIN_LABELS}

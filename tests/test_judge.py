@@ -274,6 +274,43 @@ def test_unreachable_server_is_one_line_and_exit_1(tmp_path, capsys):
     assert err.strip().splitlines()[-1].startswith(f"eval.py: error: cannot reach the judge server at {url}")
 
 
+def test_a_failing_judge_leaves_an_earlier_eval_result_byte_identical(tiny_model_dir, tmp_path, capsys):
+    """eval.py writes --out only once the whole result, judgments included, is in (issue 35): a judge that fails
+    keeps the earlier file whole, and what it answered waits beside it for the rerun, which asks only the rest."""
+    out = tmp_path / "eval_poetry_train.json"
+    partial = tmp_path / "eval_poetry_train.json.partial"
+    argv = ["--model", tiny_model_dir, "--task", "poetry", "--data-file", POEMS, "--split", "train", "--limit", "3",
+            "--max-tokens", "4", "--sampler", "hf", "--out", str(out), "--judge-retries", "0",
+            "--judge-concurrency", "1"]
+    with ScriptedServer(poetry_judge, models=("judge", "other")) as server:
+        eval_cli.main(argv + ["--judge-url", server.url, "--judge-model", "judge"])
+        assert len(server.requests) == 6 and not partial.exists()  # 3 examples x (score + pairwise)
+    earlier = out.read_bytes()
+    capsys.readouterr()
+
+    calls = {"n": 0}
+
+    def fails_after_two(model, messages):  # a second judge whose server breaks down mid-run
+        calls["n"] += 1
+        return 500 if calls["n"] > 2 else poetry_judge(model, messages)
+
+    with ScriptedServer(fails_after_two, models=("judge", "other")) as server:
+        with pytest.raises(SystemExit) as exit_info:
+            eval_cli.main(argv + ["--judge-url", server.url, "--judge-model", "other"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("eval.py: error: 1 judge request(s) failed")
+    assert str(partial) in err and out.read_bytes() == earlier  # the earlier result and its judgments are whole
+    with ScriptedServer(poetry_judge, models=("judge", "other")) as server:  # back up: only the missing are asked
+        result = eval_cli.main(argv + ["--judge-url", server.url, "--judge-model", "other"])
+        assert len(server.requests) == 6 - 2
+    saved = json.loads(out.read_text())
+    assert saved == json.loads(json.dumps(result)) and not partial.exists()
+    assert all(set(ex["judge"]) == {"judge", "other"} for ex in saved["examples"])  # the first judge's are kept
+    assert [ex["judge"]["judge"] for ex in saved["examples"]] == [
+        ex["judge"]["judge"] for ex in json.loads(earlier)["examples"]]
+
+
 def test_unknown_model_and_bad_flags(tmp_path, capsys):
     with ScriptedServer(poetry_judge, models=("served",)) as server:
         with pytest.raises(judge.JudgeError, match="does not serve 'other'.*served"):

@@ -32,11 +32,11 @@ MODULES = dict(python_files())
 SIBLINGS = {name.split(".", 1)[1]: name for name in MODULES if name.startswith(("bench.", "tests."))}
 
 
-def imports(path):
-    """(imported module, at module level?) for each import in the file that names a module of this repo."""
+def imported_names(path):
+    """(dotted name, at module level?) for each name an absolute import in the file can bring in, at any depth
+    (inside functions and methods too): `from tools import figures` gives "tools" and "tools.figures"."""
     tree = ast.parse(open(path).read(), path)
     top = set(map(id, tree.body))
-    out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -44,10 +44,16 @@ def imports(path):
             names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
         else:
             continue
-        for name in names:
-            target = name if name in MODULES else SIBLINGS.get(name)
-            if target is not None:
-                out.append((target, id(node) in top))
+        yield from ((name, id(node) in top) for name in names)
+
+
+def imports(path):
+    """(imported module, at module level?) for each import in the file that names a module of this repo."""
+    out = []
+    for name, top in imported_names(path):
+        target = name if name in MODULES else SIBLINGS.get(name)
+        if target is not None:
+            out.append((target, top))
     return out
 
 
@@ -80,6 +86,30 @@ def test_no_import_circles():
     for name in sorted(GRAPH):
         if name not in state:
             visit(name, [name])
+
+
+def reaching_up(modules: dict) -> list:
+    """(module, imported name) for each import, at any level, from tools/ or bench/ in a module of plumbing/ or
+    speed/ (`modules`: {module name: path})."""
+    return sorted({(name, imported) for name, path in modules.items() if name.startswith(BELOW)
+                   for imported, _ in imported_names(path) if imported.split(".")[0] in ABOVE})
+
+
+def test_the_layer_check_sees_imports_from_above_at_any_level(tmp_path):
+    """A check that could not fail proves nothing: a plumbing module importing tools/ lazily, in a method, and
+    bench/ by its bare package name, is caught; the same imports from a tool are not the check's business."""
+    source = tmp_path / "log.py"
+    source.write_text("import os\n\n\nclass Log:\n    def finish(self):\n        from tools.figures import "
+                      "plot_training_curves\n\n        import bench\n        return os, bench, plot_training_curves\n")
+    assert reaching_up({"plumbing.log": str(source), "tools.log": str(source)}) == [
+        ("plumbing.log", "bench"), ("plumbing.log", "tools.figures"),
+        ("plumbing.log", "tools.figures.plot_training_curves")]
+
+
+def test_plumbing_and_speed_import_nothing_from_tools_or_bench():
+    """The layers: plumbing/ and speed/ sit below the stages, tools/ and bench/ above them (lazy imports count)."""
+    bad = reaching_up(MODULES)
+    assert not bad, bad
 
 
 def test_plumbing_and_speed_import_no_stage_file():

@@ -3,8 +3,11 @@
 import pytest
 import torch
 
+import loss
 from loss import (
     AGGREGATIONS,
+    IS_CORRECTIONS,
+    RATIOS,
     aggregate,
     kl_k3,
     loss_denominator,
@@ -14,6 +17,9 @@ from loss import (
     tis_weights,
     token_logprobs,
 )
+from speed.logprobs import chunked_token_logprobs
+
+CHUNK = "speed.logprobs.CPU_CHUNK_ELEMENTS"  # the kernel's row-chunk size on CPU, in float32 elements
 
 
 def naive_logprobs(logits, targets, temperature=1.0):
@@ -21,15 +27,37 @@ def naive_logprobs(logits, targets, temperature=1.0):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_token_logprobs_matches_naive_float32(temperature, monkeypatch):
-    monkeypatch.setattr("loss.CPU_CHUNK_ELEMENTS", 50 * 7)  # force several chunks
+@pytest.mark.parametrize("rows", [1, 4, 7, 21, 1000])  # 21 rows: one chunk; 1000: the whole batch at once
+def test_chunked_token_logprobs_equal_the_plain_version(rows, temperature, monkeypatch):
+    """speed/logprobs.py's kernel computes loss.token_logprobs: the same float32 log-probs, entropies and gradient
+    with respect to the logits, at every chunk size (rows per chunk), temperature 1 and not."""
+    monkeypatch.setattr(CHUNK, 50 * rows)
     torch.manual_seed(0)
-    logits = torch.randn(3, 7, 50) * 3
-    targets = torch.randint(0, 50, (3, 7))
-    got = token_logprobs(logits, targets, temperature)
-    assert got.shape == (3, 7) and got.dtype == torch.float32
-    assert torch.allclose(got, naive_logprobs(logits, targets, temperature), atol=1e-5)
-    assert torch.equal(logits, logits.clone())  # input untouched (chunks are copies)
+    logits = (torch.randn(3, 7, 50) * 3).requires_grad_()
+    targets, weights = torch.randint(0, 50, (3, 7)), torch.randn(3, 7)
+    before = logits.detach().clone()
+    fast, fast_entropy = chunked_token_logprobs(logits, targets, temperature, entropy=True)
+    plain, plain_entropy = token_logprobs(logits, targets, temperature, entropy=True)
+    assert fast.shape == plain.shape == (3, 7) and fast.dtype == plain.dtype == torch.float32
+    assert torch.allclose(fast, plain, atol=1e-5) and torch.allclose(fast_entropy, plain_entropy, atol=1e-5)
+    assert not fast_entropy.requires_grad and not plain_entropy.requires_grad
+    (fast_grad,) = torch.autograd.grad((fast * weights).sum(), logits)
+    (plain_grad,) = torch.autograd.grad((plain * weights).sum(), logits)
+    assert torch.allclose(fast_grad, plain_grad, atol=1e-6) and plain_grad.abs().max() > 0.1
+    assert torch.equal(logits.detach(), before)  # input untouched (chunks are copies)
+    assert torch.equal(chunked_token_logprobs(logits, targets, temperature), fast)  # entropy changes no log-prob
+
+
+def test_plain_token_logprobs_by_hand():
+    """softmax([0, ln 3] / T) at T = 1 is [1/4, 3/4]; at T = 0.5, [1/10, 9/10]. Entropy -sum_v p_v log p_v."""
+    logits = torch.tensor([[[0.0, torch.log(torch.tensor(3.0))]] * 2])  # (1, 2, 2)
+    targets = torch.tensor([[1, 0]])
+    for temperature, p in ((1.0, 0.75), (0.5, 0.9)):
+        logp, entropy = token_logprobs(logits, targets, temperature, entropy=True)
+        want = torch.log(torch.tensor([[p, 1 - p]]))
+        assert logp.dtype == torch.float32 and torch.allclose(logp, want)
+        h = -(p * torch.log(torch.tensor(p)) + (1 - p) * torch.log(torch.tensor(1 - p)))
+        assert torch.allclose(entropy, h.expand(1, 2))
 
 
 def test_token_logprobs_is_bit_identical_for_every_chunk_size(monkeypatch):
@@ -40,9 +68,9 @@ def test_token_logprobs_is_bit_identical_for_every_chunk_size(monkeypatch):
     targets, weights = torch.randint(0, 50, (3, 7)), torch.randn(3, 7)
     results = []
     for rows in (1, 4, 21, 1000):  # 21 rows: one chunk; 1000: the whole batch at once
-        monkeypatch.setattr("loss.CPU_CHUNK_ELEMENTS", 50 * rows)
+        monkeypatch.setattr(CHUNK, 50 * rows)
         for temperature in (1.0, 0.7):
-            logp = token_logprobs(logits, targets, temperature)
+            logp = chunked_token_logprobs(logits, targets, temperature)
             (logp * weights).sum().backward()
             results.append((rows, temperature, logp.detach(), logits.grad))
             logits.grad = None
@@ -52,23 +80,24 @@ def test_token_logprobs_is_bit_identical_for_every_chunk_size(monkeypatch):
 
 
 def test_token_logprobs_gradient_matches_autograd(monkeypatch):
-    monkeypatch.setattr("loss.CPU_CHUNK_ELEMENTS", 40)
+    monkeypatch.setattr(CHUNK, 40)
     torch.manual_seed(1)
     logits = (torch.randn(2, 5, 40, dtype=torch.float64) * 2).requires_grad_()
     targets = torch.randint(0, 40, (2, 5))
     weights = torch.randn(2, 5, dtype=torch.float64)
-    (token_logprobs(logits, targets, 0.8) * weights).sum().backward()
+    (chunked_token_logprobs(logits, targets, 0.8) * weights).sum().backward()
     ours = logits.grad.clone()
     logits.grad = None
     (naive_logprobs(logits.double(), targets, 0.8) * weights).sum().backward()
     assert torch.allclose(ours, logits.grad, atol=1e-5)
 
 
-def test_token_logprobs_bfloat16_logits():
+@pytest.mark.parametrize("logprobs", [token_logprobs, chunked_token_logprobs])
+def test_token_logprobs_bfloat16_logits(logprobs):
     torch.manual_seed(2)
     logits = (torch.randn(2, 6, 64) * 4).bfloat16().requires_grad_()
     targets = torch.randint(0, 64, (2, 6))
-    got = token_logprobs(logits, targets)
+    got = logprobs(logits, targets)
     assert got.dtype == torch.float32
     assert torch.allclose(got, naive_logprobs(logits.detach(), targets), atol=1e-4)
     got.sum().backward()
@@ -260,7 +289,7 @@ def test_sequence_logprobs_skips_the_slice_copy_bit_for_bit(tiny_model_dir):
                 position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
                 logits = model(input_ids=ids, attention_mask=attn, position_ids=position_ids, logits_to_keep=K + 1,
                                use_cache=False).logits[:, :-1]
-                logp = token_logprobs(logits, ids[:, -K:], 0.9)
+                logp = chunked_token_logprobs(logits, ids[:, -K:], 0.9)
             else:
                 logp = sequence_logprobs(model, ids, attn, K, temperature=0.9)
         (logp * cmask).sum().backward()
@@ -297,30 +326,31 @@ def test_eager_attention_matches_sdpa(tiny_model_dir):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_entropy_from_the_log_prob_pass_equals_categorical(temperature, monkeypatch):
-    """policy/entropy comes out of token_logprobs' chunks (several here), equal to torch's Categorical entropy of
+    """policy/entropy comes out of the kernel's chunks (several here), equal to torch's Categorical entropy of
     softmax(logits / T), with no gradient; the log-probs and their gradient are those of the plain call."""
-    monkeypatch.setattr("loss.CPU_CHUNK_ELEMENTS", 50 * 4)
+    monkeypatch.setattr(CHUNK, 50 * 4)
     torch.manual_seed(3)
     logits = (torch.randn(3, 7, 50) * 3).requires_grad_()
     targets = torch.randint(0, 50, (3, 7))
-    logp, entropy = token_logprobs(logits, targets, temperature, entropy=True)
+    logp, entropy = chunked_token_logprobs(logits, targets, temperature, entropy=True)
     expected = torch.distributions.Categorical(logits=logits.detach() / temperature).entropy()
     assert entropy.shape == (3, 7) and not entropy.requires_grad
     assert torch.allclose(entropy, expected, atol=1e-5) and entropy.std() > 0.05  # not a constant
-    assert torch.equal(logp, token_logprobs(logits, targets, temperature))
+    assert torch.equal(logp, chunked_token_logprobs(logits, targets, temperature))
     (grad,) = torch.autograd.grad(logp.sum(), logits)
-    (plain,) = torch.autograd.grad(token_logprobs(logits, targets, temperature).sum(), logits)
+    (plain,) = torch.autograd.grad(chunked_token_logprobs(logits, targets, temperature).sum(), logits)
     assert torch.equal(grad, plain)
 
 
-def test_entropy_under_bf16_autocast_stays_float32_accurate():
+@pytest.mark.parametrize("logprobs", [token_logprobs, chunked_token_logprobs])
+def test_entropy_under_bf16_autocast_stays_float32_accurate(logprobs):
     """The training forward runs under autocast: the entropy of bf16 logits must still be the float32 entropy of
     those logits (a bf16 dot product inside it would be off by ~0.05 nats at a vocabulary of 300)."""
     torch.manual_seed(6)
     logits = (torch.randn(2, 9, 300) * 3).bfloat16()
     targets = torch.randint(0, 300, (2, 9))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        _, entropy = token_logprobs(logits, targets, 0.7, entropy=True)
+        _, entropy = logprobs(logits, targets, 0.7, entropy=True)
     expected = torch.distributions.Categorical(logits=logits.float() / 0.7).entropy()
     assert entropy.dtype == torch.float32 and torch.allclose(entropy, expected, atol=1e-4)
 
@@ -337,7 +367,8 @@ def test_token_tis_with_identical_log_probs_is_todays_loss():
     correction."""
     logp, old, adv, mask = pg_case()
     plain, _ = policy_loss(logp, old, adv, mask, beta=0.0)
-    corrected, m = policy_loss(logp, old, adv, mask, beta=0.0, sampler_logp=old.clone(), is_cap=2.0)
+    corrected, m = policy_loss(logp, old, adv, mask, beta=0.0, is_correction="token-tis", sampler_logp=old.clone(),
+                               is_cap=2.0)
     assert corrected.item() == plain.item() and m["is_ratio_mean"] == 1.0 and m["is_clip_frac"] == 0.0
     assert torch.equal(torch.autograd.grad(corrected, logp)[0], torch.autograd.grad(plain, logp)[0])
 
@@ -352,7 +383,7 @@ def test_token_tis_weights_by_hand_and_carry_no_gradient():
     mask, adv = torch.ones(1, 3), torch.tensor([1.0])
     weights = tis_weights(old, sampler, 3.0)
     assert torch.allclose(weights, torch.tensor([[2.0, 0.5, 3.0]])) and not weights.requires_grad
-    loss, m = policy_loss(logp, old, adv, mask, beta=0.0, sampler_logp=sampler, is_cap=3.0)
+    loss, m = policy_loss(logp, old, adv, mask, beta=0.0, is_correction="token-tis", sampler_logp=sampler, is_cap=3.0)
     assert loss.item() == pytest.approx(-(2.0 + 0.5 + 3.0) / 3)  # -A * rho * w, token mean
     assert m["is_ratio_mean"] == pytest.approx((2 + 0.5 + 4) / 3) and m["is_clip_frac"] == pytest.approx(1 / 3)
     plain, _ = policy_loss(logp, old, adv, mask, beta=0.0)
@@ -360,6 +391,71 @@ def test_token_tis_weights_by_hand_and_carry_no_gradient():
     g_plain, g_old_plain = torch.autograd.grad(plain, (logp, old))
     assert torch.allclose(g_logp, g_plain * weights)
     assert torch.allclose(g_old, g_old_plain * weights)  # only through rho = pi / pi_old, scaled: none through w
+
+
+def test_is_correction_is_chosen_by_name_from_its_registry():
+    """--is-correction's choices are IS_CORRECTIONS' names: "none" ignores the sampler's log-probs (no weight, no
+    is_* metrics) and is the default, whatever is_cap says; "token-tis" weights."""
+    assert {"none", "token-tis"} <= set(IS_CORRECTIONS)
+    logp, old, adv, mask = pg_case()
+    sampler = old - torch.tensor([[0.7, -0.3, 1.2], [0.1, 0.9, 0.0]])  # pi_old / pi_sampler far from 1
+    plain, m_plain = policy_loss(logp, old, adv, mask, beta=0.0)
+    none, m_none = policy_loss(logp, old, adv, mask, beta=0.0, is_correction="none", sampler_logp=sampler, is_cap=2.0)
+    assert none.item() == plain.item() and m_none == m_plain and "is_ratio_mean" not in m_none
+    named, m_named = policy_loss(logp, old, adv, mask, beta=0.0, is_correction="token-tis", sampler_logp=sampler,
+                                 is_cap=2.0)
+    by_cap, m_cap = policy_loss(logp, old, adv, mask, beta=0.0, sampler_logp=sampler, is_cap=2.0)
+    assert named.item() != pytest.approx(plain.item(), rel=1e-3) and "is_clip_frac" in m_named
+    assert by_cap.item() == plain.item() and m_cap == m_plain  # a cap alone turns nothing on
+    with pytest.raises(ValueError, match="unknown importance correction 'tis'; choose one of .*token-tis"):
+        policy_loss(logp, old, adv, mask, is_correction="tis", sampler_logp=sampler, is_cap=2.0)
+
+
+# ---- the importance ratio: RATIOS, and the README's GSPO recipe
+
+def test_the_token_ratio_is_todays_arithmetic_bit_for_bit():
+    """ratio="token" (the default) computes exp(clamp(logp - old_logp)) as before RATIOS existed: the same loss,
+    metrics and gradient, bit for bit, with a log-ratio beyond LOG_RATIO_LIMIT that the clamp must catch."""
+    assert "token" in RATIOS
+    logp, old, adv, mask = pg_case()
+    old = old.clone()
+    old[0, 1] = 30.0  # log-ratio -31: clamped to -20
+    ratio = torch.exp((logp - old).clamp(-loss.LOG_RATIO_LIMIT, loss.LOG_RATIO_LIMIT))
+    pg = torch.maximum(-adv[:, None] * ratio, -adv[:, None] * ratio.clamp(0.8, 1.28))
+    want = (pg * mask).sum() / mask.sum()
+    got, m = policy_loss(logp, old, adv, mask, beta=0.0, ratio="token")
+    assert torch.equal(got, want) and m["ratio_mean"] == ((ratio * mask).sum() / mask.sum()).item()
+    assert torch.equal(torch.autograd.grad(got, logp)[0], torch.autograd.grad(want, logp)[0])
+    with pytest.raises(ValueError, match="unknown importance ratio 'tokens'; choose one of .*token"):
+        policy_loss(logp, old, adv, mask, ratio="tokens")
+
+
+def sequence_log_ratio(logp, old_logp, mask):
+    """GSPO (Zheng et al. 2025): one ratio per sequence, the mean token log-ratio, clipped per sequence."""
+    log_ratio = ((logp - old_logp) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # (B, 1)
+    return log_ratio.expand_as(logp)  # (B, K)
+
+
+def test_a_sequence_ratio_added_to_the_registry_clips_whole_sequences(monkeypatch):
+    """The README's GSPO recipe (sequence_log_ratio above, as the recipe writes it) registered by name: every token
+    of a sequence gets the sequence's ratio, so the clip and its clip fraction count whole sequences. By hand:
+    row 0's token log-ratios 0.6, 0.3, 0 average 0.3, rho = e^0.3 = 1.35 > 1.28 with A = 1: its three tokens are
+    clipped (token by token only the first two would be); row 1's 0.2, -0.2 (and a masked junk token) average 0,
+    rho = 1. So clip_frac_high = 3/5 (token ratio: 2/5), the loss is (3 x -1.28 + 2 x 1) / 5, row 0 gets no
+    gradient, and each of row 1's two tokens moves both of its terms -A rho / 5 through the mean: 2 x 1/2 x 1/5."""
+    monkeypatch.setitem(loss.RATIOS, "sequence", sequence_log_ratio)
+    old = torch.zeros(2, 3)
+    logp = torch.tensor([[0.6, 0.3, 0.0], [0.2, -0.2, 5.0]], requires_grad=True)
+    adv, mask = torch.tensor([1.0, -1.0]), torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    value, m = policy_loss(logp, old, adv, mask, beta=0.0, ratio="sequence")
+    rho = torch.tensor(0.3).exp().item()
+    assert m["ratio_mean"] == pytest.approx((3 * rho + 2 * 1.0) / 5)  # each token carries its sequence's ratio
+    assert m["clip_frac_high"] == pytest.approx(3 / 5) and m["clip_frac_low"] == 0
+    assert value.item() == pytest.approx((3 * -1.28 + 2 * 1.0) / 5)
+    (grad,) = torch.autograd.grad(value, logp)
+    assert torch.allclose(grad, torch.tensor([[0.0, 0.0, 0.0], [0.2, 0.2, 0.0]]))
+    _, m_token = policy_loss(logp, old, adv, mask, beta=0.0)  # the default, token by token
+    assert m_token["clip_frac_high"] == pytest.approx(2 / 5)
 
 
 @pytest.mark.parametrize("agg", list(AGGREGATIONS))

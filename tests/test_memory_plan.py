@@ -142,12 +142,38 @@ def test_lm_head_and_embedding_moments_agree_with_measured_cpu_peaks_on_smollm2(
         assert abs(row["error"]) < 0.10, row
 
 
-def test_every_paper_preset_has_its_prompt_length_and_hardware():
+def test_every_preset_plans_with_its_tasks_prompt_length_and_the_paper_ones_have_hardware():
     from config import PRESETS, Args
+    from tasks import get_task
 
-    assert set(PRESETS) <= set(memory_plan.PROMPT_TOKENS)
-    assert set(memory_plan.PAPER_HARDWARE) == set(PRESETS) - {"arith", "countdown24"}  # the demos have no paper GPUs
+    for task in PRESETS:  # whatever presets there are: each plans from its task's prompt_tokens
+        p = plan({**Args().__dict__, **PRESETS[task], "task": task}, gpus=8, gpu_gb=80, grad_checkpointing=True)
+        assert f"longest prompt {get_task(task).prompt_tokens} tokens" in p.assumptions[0]
+    assert memory_plan.task_prompt_tokens("arith") == 40 and memory_plan.task_prompt_tokens("gsm8k") == 1024
+    paper = {"gsm8k", "countdown", "deepmath", "poetry", "meetingbank", "openthoughts"}  # Tables B.1-B.2
+    assert paper <= set(memory_plan.PAPER_HARDWARE) <= set(PRESETS)  # the demos have no paper GPUs
     args = {**Args().__dict__, **PRESETS["openthoughts"], "task": "openthoughts"}  # Table B.2's transfer run
     p = plan(args, gpus=16, gpu_gb=139, grad_checkpointing=True)
     assert "longest prompt 2048 tokens, completion 6144" in " ".join(p.assumptions)  # official openthoughts.yaml
     assert p.fits
+
+
+def test_a_new_preset_and_task_plan_with_no_edit_here(monkeypatch, capsys):
+    """A fork's task and preset: the plan reads the task's prompt_tokens (1024 when it does not say); an unknown
+    task is one line asking for --prompt-tokens."""
+    import config
+    import tasks
+
+    monkeypatch.setitem(tasks.TASKS, "qa", tasks.Task(name="qa", columns=("problem", "answer"), key=("problem",)))
+    monkeypatch.setitem(tasks.TASKS, "essays", tasks.Task(name="essays", columns=("essay",), prompt_tokens=3000))
+    monkeypatch.setitem(config.PRESETS, "qa", dict(config.PRESETS["gsm8k"]))
+    monkeypatch.setitem(config.PRESETS, "essays", dict(config.PRESETS["poetry"]))
+    assert memory_plan.main(["--task", "qa", "--gpus", "8", "--gpu-gb", "80"]) == 0
+    assert "longest prompt 1024 tokens" in capsys.readouterr().out
+    assert memory_plan.main(["--task", "essays", "--gpus", "8", "--gpu-gb", "80"]) == 0
+    assert "longest prompt 3000 tokens" in capsys.readouterr().out
+    args = {**config.Args().__dict__, "task": "not-a-task"}
+    with pytest.raises(ValueError, match="no prompt length assumed for task 'not-a-task': pass prompt_tokens"):
+        plan(args, gpus=1, gpu_gb=80, grad_checkpointing=True)
+    assert "longest prompt 77 tokens" in plan(args, gpus=1, gpu_gb=80, grad_checkpointing=True,
+                                              prompt_tokens=77).assumptions[0]

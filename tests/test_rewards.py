@@ -150,7 +150,8 @@ def test_reward_terms_take_the_completion_and_the_example():
     """--reward-weights' terms: each (completion, example) -> float, reading what it needs from the example."""
     from types import SimpleNamespace
 
-    assert set(rewards.REWARD_TERMS) == {"sim", "format"}  # "exact" is each task's verifier (tasks.Task.reward)
+    assert {"sim", "format"} <= set(rewards.REWARD_TERMS)  # a fork may add its own terms
+    assert "exact" not in rewards.REWARD_TERMS  # "exact" is each task's verifier (tasks.Task.reward)
     example = SimpleNamespace(reference="The council approved the lease.", gold=None, meta={})
     sim, fmt = rewards.REWARD_TERMS["sim"], rewards.REWARD_TERMS["format"]
     assert sim("<think>x</think>The council approved the lease.", example) == 1.0
@@ -325,7 +326,7 @@ def test_unicode_minus_is_a_minus():
 
 
 # ---------------------------------------------------------------- reward errors are visible
-@rewards._reward
+@rewards.safe_reward
 def _buggy_reward(completion, gold) -> float:
     return float(completion == gold[5])  # IndexError for short golds: a bug in a new reward
 

@@ -8,6 +8,7 @@ import datasets
 import pytest
 
 import tasks
+from plumbing import data
 from rewards import countdown_reward
 from tasks import BOXED, POETRY_SYSTEM, DataError, get_task, solve_countdown
 
@@ -39,13 +40,13 @@ def fake_hub(monkeypatch):
         return real("json", data_files=str(FIXTURES / HUB_FIXTURES[path]), split="train")
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
-    monkeypatch.setattr(tasks, "_hub_reachable", lambda timeout=3.0: True)
+    monkeypatch.setattr(data, "hub_reachable", lambda timeout=3.0: True)
     return calls
 
 
 def test_registry():
-    assert set(tasks.TASKS) == {"gsm8k", "countdown", "deepmath", "poetry", "meetingbank", "openthoughts", "arith",
-                                "countdown24"}
+    assert {"gsm8k", "countdown", "deepmath", "poetry", "meetingbank", "openthoughts", "arith",
+            "countdown24"} <= set(tasks.TASKS)  # the paper's tasks and the demos; a fork may add its own
     assert get_task("gsm8k").hub_id == "openai/gsm8k"
     with pytest.raises(ValueError, match="choose one of gsm8k, countdown"):
         get_task("mnist")
@@ -168,14 +169,14 @@ def one_line_error(call) -> str:
 
 
 def test_data_errors_are_one_line(tmp_path, monkeypatch):
-    monkeypatch.setattr(tasks, "_hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr(data, "hub_reachable", lambda timeout=3.0: False)
     message = one_line_error(lambda: get_task("deepmath").load("train"))
     assert "zwhe99/DeepMath-103K" in message and "--data-file" in message
 
     def unreachable(*args, **kwargs):
         raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub\nTraceback (most recent call last): ...")
 
-    monkeypatch.setattr(tasks, "_hub_reachable", lambda timeout=3.0: True)
+    monkeypatch.setattr(data, "hub_reachable", lambda timeout=3.0: True)
     monkeypatch.setattr(datasets, "load_dataset", unreachable)
     message = one_line_error(lambda: get_task("gsm8k").load("test"))
     assert "openai/gsm8k" in message and "--data-file" in message
@@ -236,6 +237,36 @@ def test_bad_rows_and_repeated_prompts(tmp_path):
     message = one_line_error(lambda: get_task("countdown").load("train", data_file=str(path))
                              + get_task("countdown").load("test", data_file=str(path)))
     assert "line 1 is not a valid countdown example" in message
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"nums": [8, 3, 3, 8], "target": 24.5}, "its target is 24.5, not an integer"),
+    ({"nums": [8, 3, 1.7, 8], "target": 24}, "its nums holds 1.7, not an integer"),
+    ({"nums": [8, 3, 3, 8], "target": True}, "its target is true, not an integer"),
+    ({"nums": [8, 3, False, 8], "target": 24}, "its nums holds false, not an integer"),
+    ({"nums": [8, 3, 3, 8], "target": "24"}, 'its target is "24", not an integer'),
+    ({"nums": "8338", "target": 24}, 'its nums is "8338", not a list of integers'),
+    ({"nums": [8, 3, 3, 8], "target": float("nan")}, "its target is NaN, not an integer"),
+])
+def test_countdown_values_that_are_not_integers_are_one_line_naming_the_row_and_column(tmp_path, row, message):
+    """A target of 24.5 would be cut to 24 in the prompt and the gold answer, 1.7 to 1, true to 1 (issue 35)."""
+    path = write_jsonl(tmp_path / "countdown.jsonl", [row])
+    text = one_line_error(lambda: load_both(get_task("countdown"), data_file=path))
+    assert text == f"{path}: line 1 is not a valid countdown example (ValueError: {message})"
+    # among integer rows, whose column datasets then reads as floats (6.0): only the bad row is refused
+    if isinstance(row["target"], float) or any(isinstance(n, float) for n in row["nums"]):
+        path = write_jsonl(tmp_path / "mixed.jsonl", [{"nums": [1, 2, 3], "target": 6}] * 2 + [row])
+        text = one_line_error(lambda: load_both(get_task("countdown"), data_file=path))
+        assert text == f"{path}: line 3 is not a valid countdown example (ValueError: {message})"
+
+
+def test_countdown_whole_floats_are_read_as_integers(tmp_path):
+    """JSON writers that write 3 as 3.0 give the same puzzle: prompt, gold and numbers as ints."""
+    path = write_jsonl(tmp_path / "countdown.jsonl", [{"nums": [8.0, 3, 3, 8], "target": 24.0}])
+    [example] = load_both(get_task("countdown"), data_file=path)
+    assert example.meta == {"numbers": [8, 3, 3, 8], "target": 24} and example.gold == "24"
+    assert "Using the numbers [8, 3, 3, 8], write an arithmetic expression that equals 24." in \
+        example.prompt[-1]["content"]
 
 
 def test_task_is_built_with_keywords_and_one_entry_adds_one():
@@ -306,7 +337,7 @@ def test_openthoughts_examples_from_a_local_file_and_the_hub(tmp_path, monkeypat
         return real("parquet", data_files=str(parquet), split="train")
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
-    monkeypatch.setattr(tasks, "_hub_reachable", lambda timeout=3.0: True)
+    monkeypatch.setattr(data, "hub_reachable", lambda timeout=3.0: True)
     hub = task.load("train") + task.load("test")
     assert calls == [("open-thoughts/OpenThoughts3-1.2M", None, "train")] * 2
     assert sorted((e.uid, e.reference) for e in hub) == sorted((e.uid, e.reference) for e in examples)
@@ -396,13 +427,13 @@ def test_countdown_sim_reads_gold_from_the_hub_with_its_configuration(countdown_
         return real("json", data_files=demos, split="train")
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
-    monkeypatch.setattr(tasks, "_hub_reachable", lambda timeout=3.0: True)
+    monkeypatch.setattr(data, "hub_reachable", lambda timeout=3.0: True)
     task = get_task("countdown")
     assert len(load_both(task, data_file=puzzles, demos=True)) == 3
     assert calls[0] == ("HuggingFaceTB/Countdown-Task-GOLD", "verified_Qwen2.5-7B-Instruct", "train")
     assert len(task.load("train", data_file=puzzles)) + len(task.load("test", data_file=puzzles)) == 5  # exact: all
     assert len(calls) == 2  # ... and GOLD is not read without demos
-    monkeypatch.setattr(tasks, "_hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr(data, "hub_reachable", lambda timeout=3.0: False)
     message = one_line_error(lambda: task.load("train", data_file=puzzles, demos=True))
     assert "HuggingFaceTB/Countdown-Task-GOLD" in message and "--demo-file FILE" in message
 
@@ -435,8 +466,10 @@ def test_countdown_sim_without_any_match_or_with_bad_demonstrations_is_one_line(
     cut["messages"][-1]["content"] = "<think>cut off by the token limit"
     assert "line 1 is not a valid countdown demonstration (ValueError: its assistant turn has no answer" in load([cut])
     assert "line 2 lacks a value for 'messages'" in load([gold_row([1, 2, 3], 6, "1+2+3"), {"nums": [1], "target": 1}])
-    assert "line 1 is not a valid countdown demonstration (ValueError: invalid literal" in \
+    assert 'line 1 is not a valid countdown demonstration (ValueError: its nums holds "x", not an integer)' in \
         load([gold_row(["x", 2, 3], 6, "1+2+3")])
+    assert "line 1 is not a valid countdown demonstration (ValueError: its target is 6.5, not an integer)" in \
+        load([gold_row([1, 2, 3], 6.5, "1+2+3")])
     assert "line 1 is not valid JSON" in load(["{not json"])
     parquet = tmp_path / "no_messages.parquet"
     datasets.Dataset.from_list([{"nums": [1, 2, 3], "target": 6}]).to_parquet(str(parquet))
@@ -509,7 +542,9 @@ def test_task_reward_scores_any_term_by_name(monkeypatch):
     assert task.reward(right, example, kind="exact") == 1.0
     assert task.reward(right, example, kind="sim") == 1.0  # arith's reference is "a + b = c"
     assert task.reward(right, example, kind="format") == 1.0 and task.reward("no think", example, kind="format") == 0.0
-    monkeypatch.setitem(rewards.REWARD_TERMS, "gold_length", lambda completion, ex: float(len(ex.gold)))
-    assert task.reward("x", example, kind="gold_length") == float(len(str(a + b)))  # a fork's term, by name
+    monkeypatch.setitem(rewards.REWARD_TERMS, "gold_length", lambda completion, ex: len(ex.gold) / 10)
+    assert task.reward("x", example, kind="gold_length") == len(str(a + b)) / 10  # a fork's term, by name
+    monkeypatch.setitem(rewards.REWARD_TERMS, "big", lambda completion, ex: 7)
+    assert task.reward("x", example, kind="big") == 1.0  # every term is clipped to [0, 1] (rewards.safe_reward)
     with pytest.raises(ValueError, match="unknown reward kind 'judge': use one of exact, sim, format, gold_length"):
         task.reward("x", example, kind="judge")

@@ -17,6 +17,7 @@ import pytest
 import torch
 from dist_train import DigitTask
 
+import config
 import speed.allocator
 import speed.backward
 import speed.compile
@@ -24,6 +25,7 @@ import tasks
 import train
 from advantage import compute_advantages, estimator_params
 from loss import AGGREGATIONS
+from plumbing.data import digest, in_test
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -116,15 +118,16 @@ def test_an_unloadable_model_is_one_line_and_exit_2(tmp_path):
 
 def test_no_held_out_rows_is_said_in_one_line(tmp_path, capsys):
     rows = [{"question": f"What is {a} plus 1?", "answer": f"#### {a + 1}"} for a in range(20)]
-    rows = [row for row in rows if not tasks._in_test(tasks._digest(row["question"]))]  # the hash split's train rows
+    rows = [row for row in rows if not in_test(digest(row["question"]))]  # the hash split's train rows
     data = tmp_path / "small.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     args = train.Args(task="gsm8k", data_file=str(data), eval_examples=8, out_dir=str(tmp_path / "run"))
-    _, train_set, test_set = train.load_data(args)
+    task = tasks.get_task("gsm8k")
+    train_set, test_set = train.load_data(args, task, {"exact": 1.0})
     out = capsys.readouterr().out
     assert train_set and test_set == []
     assert out.count("\n") == 1 and "no held-out rows" in out and str(data) in out
-    train.load_data(replace(args, eval_examples=0))
+    train.load_data(replace(args, eval_examples=0), task, {"exact": 1.0})
     assert capsys.readouterr().out == ""  # no evaluation asked for: nothing to say
 
 
@@ -133,12 +136,12 @@ def test_reward_errors_are_counted_and_summed_per_step(monkeypatch, capsys):
 
     monkeypatch.setattr(rewards, "STRICT", False)  # the training default: score 0 and count
     rewards.take_error_count()
-    fragile = rewards._reward(lambda completion, example: 1.0 if completion == "ok" else int(completion))
+    fragile = rewards.safe_reward(lambda completion, example: 1.0 if completion == "ok" else int(completion))
     task = SimpleNamespace(has_verifier=True, reward=lambda text, ex, kind="exact": fragile(text, ex))
     groups = [[SimpleNamespace(text=text, token_ids=[5, 6], finish_reason="stop") for text in ("ok", "x", "y")]]
-    rollout = train.score(task, [None], groups, train.Args(), torch.device("cpu"))
+    rollout = train.score(task, [None], groups, {"exact": 1.0}, torch.device("cpu"))
     assert rollout["errors"] == 2 and rollout["rewards"].tolist() == [[1.0, 0.0, 0.0]]
-    assert train.score(task, [None], groups[:1], train.Args(), torch.device("cpu"))["errors"] == 2  # per step
+    assert train.score(task, [None], groups[:1], {"exact": 1.0}, torch.device("cpu"))["errors"] == 2  # per step
     assert capsys.readouterr().err.count("Traceback") == 1  # the first traceback of the run, once
 
 
@@ -415,7 +418,7 @@ def test_token_tis_and_mask_truncated_reach_the_run(tiny_model_dir, tmp_path, di
     assert cut["response/trunc_frac"] == 1.0 and all(r["finish_reason"] == "length" for r in samples)
     assert cut["loss/pg"] == 0.0 and cut["grad/norm"] == 0.0
     rewards = torch.tensor([r["reward"] for r in samples]).view(4, 4)  # the groups, in order
-    expected = compute_advantages("softmax", rewards, **train.estimator_hparams(args))
+    expected = compute_advantages("softmax", rewards, **config.estimator_hparams(args))
     assert torch.allclose(torch.tensor([r["advantage"] for r in samples]).view(4, 4), expected)
     before, after = load_file(f"{tiny_model_dir}/model.safetensors"), load_file(
         tmp_path / "cut" / "checkpoint-000001" / "model.safetensors")
@@ -666,7 +669,8 @@ def test_mask_truncated_trains_as_the_batch_without_the_cut_rows(tiny_model_dir,
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
         metrics = train.ppo_update(model, ref, optimizer, scheduler, [prompts[i] for i in rows],
                                    [completions[i] for i in rows], [[0.0] * len(completions[i]) for i in rows],
-                                   adv[rows], args, pad_id=0, truncated=[cut[i] for i in rows])
+                                   adv[rows], args, pad_id=0,
+                                   keep=torch.tensor([not cut[i] for i in rows]) if mask_truncated else None)
         return model.state_dict(), metrics
 
     everything = list(range(len(prompts)))
@@ -684,6 +688,11 @@ def ref_dir(tmp_path_factory):
     from plumbing.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("ref"), seed=1)  # another model: the KL term is not zero
+
+
+# The relative error of an update computed in bf16 (unit roundoff 2^-8) against float32 (2^-24) is above this on any
+# CPU, and a float32 computation's is far below it: whether a path ran in bf16 at all, not how this CPU rounds.
+BF16_MOVES = 1e-4
 
 
 def assert_same_update(a, b, tol, move_rel=1e-4):
@@ -760,8 +769,11 @@ def test_compiled_bf16_update_is_as_close_to_float32_as_the_eager_one(tiny_model
     exact = torch.cat([v.flatten() for v in updates["float32"].values()])
     error = {name: (torch.cat([v.flatten() for v in u.values()]) - exact).norm().item() / exact.norm().item()
              for name, u in updates.items() if name != "float32"}
-    assert exact.norm() > 0 and error["eager bf16"] > 1e-3  # bf16 moved the update: a bound worth checking
-    assert 0.2 * error["eager bf16"] < error["compiled bf16"] < 1.5 * error["eager bf16"], error
+    # bf16 rounds at 2^-8 where float32 rounds at 2^-24: an update computed in bf16 is off by far more than 1e-4
+    # on any CPU, one computed in float32 by far less. Compiled bf16 must be in bf16 (above it) and no worse than
+    # the eager layers (the bound is on the eager error, whatever this CPU's bf16 kernels round to).
+    assert exact.norm() > 0 and error["eager bf16"] > BF16_MOVES, error
+    assert BF16_MOVES < error["compiled bf16"] < 1.5 * error["eager bf16"], error
 
 
 @pytest.fixture(scope="module")
@@ -976,7 +988,7 @@ def test_a_healthy_run_never_trips_the_sync_check(tiny_model_dir, tmp_path, digi
     train.main(tiny_args(tiny_model_dir, tmp_path, steps=4, dtype=dtype, lr=3e-3, beta=1e-3))
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
-    assert all(r["sync/logprob_diff"] == r["sync/logprob_diff/rank0"] < train.SYNC_TOLERANCE[dtype] for r in rows)
+    assert all(r["sync/logprob_diff"] == r["sync/logprob_diff/rank0"] < config.SYNC_TOLERANCE[dtype] for r in rows)
 
 
 @pytest.mark.slow
@@ -997,10 +1009,10 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
 def test_sync_tolerance_defaults_by_precision_and_an_explicit_one_wins():
     from config import resolve_auto
 
-    assert resolve_auto(train.Args(dtype="float32")).sync_tolerance == train.SYNC_TOLERANCE["float32"]
-    assert resolve_auto(train.Args(dtype="bfloat16")).sync_tolerance == train.SYNC_TOLERANCE["bfloat16"]
+    assert resolve_auto(train.Args(dtype="float32")).sync_tolerance == config.SYNC_TOLERANCE["float32"]
+    assert resolve_auto(train.Args(dtype="bfloat16")).sync_tolerance == config.SYNC_TOLERANCE["bfloat16"]
     assert resolve_auto(train.Args(dtype="bfloat16", sync_tolerance=0.05)).sync_tolerance == 0.05
-    assert train.SYNC_TOLERANCE["float32"] < train.SYNC_TOLERANCE["bfloat16"]
+    assert config.SYNC_TOLERANCE["float32"] < config.SYNC_TOLERANCE["bfloat16"]
 
 
 def test_sampler_auto_on_a_gpu_without_vllm_stops_in_one_line(monkeypatch):
@@ -1016,6 +1028,8 @@ def test_sampler_auto_on_a_gpu_without_vllm_stops_in_one_line(monkeypatch):
     error = config.check_args(train.Args())
     assert error is not None and "requirements-vllm.txt" in error and "--sampler hf" in error and "\n" not in error
     assert "vLLM" not in (config.check_args(train.Args(sampler="hf")) or "")
+    explicit = config.check_args(train.Args(sampler="vllm"))  # asked for by name: the same line, before any load
+    assert explicit.startswith("--sampler vllm samples with vLLM") and "requirements-vllm.txt" in explicit
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)  # vLLM installed: auto picks it
     assert config.resolve_auto(train.Args(dtype="float32")).sampler == "vllm"
 
@@ -1048,5 +1062,5 @@ def test_fsdp2_bf16_mixed_precision_update_is_as_close_to_float32_as_autocast(ti
 
     exact = update(runs["float32"])
     error = {name: (update(state) - exact).norm().item() / exact.norm().item() for name, state in runs.items()}
-    assert error["fsdp2 float32"] < 1e-4 and error["autocast"] > 1e-3, error  # bf16 moved it: a bound to check
-    assert 0.2 * error["autocast"] < error["fsdp2 bf16"] < 1.5 * error["autocast"], error
+    assert error["fsdp2 float32"] < BF16_MOVES < error["autocast"], error  # float32 and bf16 on either side
+    assert BF16_MOVES < error["fsdp2 bf16"] < 1.5 * error["autocast"], error  # in bf16, no worse than autocast

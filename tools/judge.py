@@ -33,6 +33,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
+from plumbing.cli import OneLineParser, first_line
+from plumbing.files import write_json
 from rewards import final_answer
 
 # ---------------------------------------------------------------- rubrics (the judge prompts)
@@ -248,14 +250,14 @@ class Judge:
             served = [m.id for m in self.client.with_options(timeout=10.0, max_retries=1).models.list()]
         except (openai.APIConnectionError, openai.APITimeoutError) as err:
             raise JudgeError(f"cannot reach the judge server at {self.url} ({type(err).__name__}: "
-                             f"{_first_line(err)})") from None
+                             f"{first_line(err)})") from None
         except openai.NotFoundError:
             return  # some OpenAI-compatible servers have no /models listing: the first request will tell
         except openai.APIError as err:
-            raise JudgeError(f"judge server at {self.url} refused the model listing ({_first_line(err)})") from None
+            raise JudgeError(f"judge server at {self.url} refused the model listing ({first_line(err)})") from None
         except (ValueError, TypeError, AttributeError) as err:  # an answer that is no JSON model list (a web page)
             raise JudgeError(f"the judge server at {self.url} answered GET /models with no OpenAI model list "
-                             f"({type(err).__name__}: {_first_line(err)}); is --judge-url an OpenAI-compatible "
+                             f"({type(err).__name__}: {first_line(err)}); is --judge-url an OpenAI-compatible "
                              "/v1 endpoint?") from None
         if self.model not in served:
             raise JudgeError(f"the judge server at {self.url} does not serve {self.model!r} "
@@ -271,11 +273,6 @@ class Judge:
         if reasoning:
             answer["reasoning"] = reasoning
         return answer
-
-
-def _first_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return (lines[0] if lines else type(err).__name__)[:300]
 
 
 # ---------------------------------------------------------------- building and reading judgments
@@ -314,39 +311,39 @@ def parse_judgment(task: str, kind: str, record: dict, raw: str) -> tuple[dict, 
     return {"preference": preference, "candidate": candidate, "outcome": outcome}, status
 
 
-def load_previous(path: str) -> dict:
-    """{uid: record["judge"]} from an earlier run's eval file at `path` ({} if there is none)."""
-    if not os.path.exists(path):
-        return {}
-    try:
-        with open(path) as f:
-            previous = json.load(f)
-        return {r["uid"]: r.get("judge", {}) for r in previous["examples"]}
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise JudgeError(f"cannot resume from {path}: not an eval.py output ({_first_line(err)}); "
-                         "move it away or pass another --out") from None
+def load_previous(*paths: str) -> dict:
+    """{uid: {judge: {kind: judgment}}} from earlier runs' eval files at `paths` (those that exist; {} if none). A
+    later file's judgments win."""
+    previous = {}
+    for path in filter(os.path.exists, paths):
+        try:
+            with open(path) as f:
+                records = json.load(f)["examples"]
+            for r in records:
+                for name, kinds in r.get("judge", {}).items():
+                    previous.setdefault(r["uid"], {}).setdefault(name, {}).update(kinds)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise JudgeError(f"cannot resume from {path}: not an eval.py output ({first_line(err)}); "
+                             "move it away or pass another --out") from None
+    return previous
 
 
-def _save(result: dict, path: str) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(result, f, indent=1)
-    os.replace(tmp, path)  # a crash mid-write leaves the previous file whole
-
-
-def judge_result(result: dict, judges: list[Judge], path: str, *, concurrency: int = 8,
+def judge_result(result: dict, judges: list[Judge], path: str, *, save_to: str | None = None, concurrency: int = 8,
                  save_every: float = 5.0, progress: bool = True) -> dict:
-    """Judge every example of an eval result with every judge; keep judgments in `path` as they arrive.
+    """Judge every example of an eval result with every judge; keep judgments in `save_to` (default: `path`) as
+    they arrive.
 
-    Judgments already in `path` by the same judge for the same prompt (rubric, output and reference)
-    are reused, not re-asked.
+    Judgments already in `path` or `save_to` by the same judge for the same prompt (rubric, output and reference)
+    are reused, not re-asked. eval.py saves to a file beside its --out, which it replaces only once the whole
+    result is in: a failing judge never costs the earlier result there.
     Returns the judge summary (also stored as result["judge_summary"]). Raises JudgeError, after saving
     what was judged, when requests still fail after the client's retries.
     """
     task = result["summary"]["task"]
     if task not in RUBRICS:
         raise JudgeError(f"no judge rubric for task {task!r}: the judge scores {', '.join(RUBRICS)}")
-    previous = load_previous(path)
+    save_to = save_to or path
+    previous = load_previous(*dict.fromkeys((path, save_to)))  # each file once
     jobs = []
     for record in result["examples"]:
         prompts = {kind: judge_prompt(task, kind, record) for kind in RUBRICS[task]}
@@ -359,7 +356,7 @@ def judge_result(result: dict, judges: list[Judge], path: str, *, concurrency: i
     skipped = len(result["examples"]) * len(judges) * len(RUBRICS[task]) - len(jobs)
     if progress and skipped:
         print(f"judge: {skipped} judgment(s) already in {path}, {len(jobs)} to ask")
-    _save(result, path)
+    write_json(save_to, result, indent=1)
 
     stop = threading.Event()  # after one request fails for good, the queued ones are not sent
 
@@ -374,7 +371,7 @@ def judge_result(result: dict, judges: list[Judge], path: str, *, concurrency: i
 
             if isinstance(err, openai.BadRequestError):  # e.g. prompt over the judge's context: final
                 return {"prompt": messages, "raw": None, "parsed": parse_judgment(task, kind, record, "")[0],
-                        "status": f"rejected: {_first_line(err)}"}
+                        "status": f"rejected: {first_line(err)}"}
             stop.set()
             raise
         parsed, status = parse_judgment(task, kind, record, answer["raw"])
@@ -395,16 +392,16 @@ def judge_result(result: dict, judges: list[Judge], path: str, *, concurrency: i
                     record["judge"][judge.name][kind] = judgment
                     answered += 1
                 if time.monotonic() - last_save > save_every:
-                    _save(result, path)
+                    write_json(save_to, result, indent=1)
                     last_save = time.monotonic()
         finally:  # Ctrl-C or a failure: keep every judgment that came back
             stop.set()
             result["judge_summary"] = summarize(result, judges)
-            _save(result, path)
+            write_json(save_to, result, indent=1)
     if failures:
         raise JudgeError(f"{len(failures)} judge request(s) failed after retries (last: {type(failures[-1]).__name__}: "
-                         f"{_first_line(failures[-1])}); the {answered} answered are saved in "
-                         f"{path}: rerun the same command to finish")
+                         f"{first_line(failures[-1])}); the {answered} answered are saved in "
+                         f"{save_to}: rerun the same command to finish")
     return result["judge_summary"]
 
 
@@ -484,7 +481,7 @@ def add_judge_args(parser: argparse.ArgumentParser) -> None:
 
 
 def judge_args_error(args) -> str | None:
-    """The one-line flag error, or None."""
+    """The one-line flag error, or None; eval.py's args also carry the --task to judge."""
     urls, models = args.judge_url, args.judge_model
     if not urls and not models:
         return None
@@ -498,6 +495,8 @@ def judge_args_error(args) -> str | None:
         return "--judge-concurrency must be >= 1, --judge-retries >= 0 and --judge-timeout > 0"
     if args.judge_max_tokens is not None and args.judge_max_tokens < 1:
         return "--judge-max-tokens must be >= 1"
+    if getattr(args, "task", None) not in (None, *RUBRICS):
+        return f"the LLM judge scores {', '.join(RUBRICS)}, not {args.task}"
     return None
 
 
@@ -532,14 +531,8 @@ def format_judge_summary(summary: dict) -> str:
 
 
 # ---------------------------------------------------------------- CLI: judge existing eval files
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line and exit status 2, without argparse's usage dump
-        print(f"judge.py: error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def main(argv=None) -> dict:
-    parser = _Parser(description="Judge eval.py outputs of poetry/meetingbank with an LLM judge.")
+    parser = OneLineParser("judge.py", description="Judge eval.py outputs of poetry/meetingbank with an LLM judge.")
     parser.add_argument("outputs", nargs="+", help="eval.py JSON files; several = several methods to compare")
     parser.add_argument("--labels", nargs="*", default=None, help="method names for the outputs (default: paths)")
     parser.add_argument("--out", default=None, help="write the cross-method comparison here (JSON)")
@@ -558,7 +551,7 @@ def main(argv=None) -> dict:
                     results[path] = json.load(f)
                 results[path]["summary"]["task"]
             except (OSError, ValueError, KeyError, TypeError) as err:
-                raise JudgeError(f"cannot read {path} as an eval.py output ({_first_line(err)})") from None
+                raise JudgeError(f"cannot read {path} as an eval.py output ({first_line(err)})") from None
         judges = connect_judges(args)
         for path, result in results.items():
             print(f"== {path}")
@@ -571,8 +564,7 @@ def main(argv=None) -> dict:
     if len(results) > 1:
         print(json.dumps(comparison, indent=1))
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(comparison, f, indent=1)
+        write_json(args.out, comparison, indent=1)
         print(f"wrote {args.out}")
     return comparison
 

@@ -30,7 +30,7 @@ What train.py does that sets these numbers (read from its code, not guessed):
 4. The residual stream stays float32 (float32 embedding + bf16 branch outputs), RMSNorm computes in float32.
 5. Logits exist only for the K + 1 completion positions (`logits_to_keep`); loss.token_logprobs saves them
    and, in backward, writes a gradient of the same size, which slicing off the last position copies once
-   more: two logits-sized tensors at once, plus its float32 row chunks (loss.CHUNK_ELEMENTS).
+   more: two logits-sized tensors at once, plus its float32 row chunks (speed.logprobs.CHUNK_ELEMENTS).
 
 Activations saved per token per decoder layer (h hidden, f intermediate, q = heads x head_dim, qr = q when
 keys and values are repeated for grouped-query attention, c = 2 bytes under bf16 autocast, 4 in float32):
@@ -54,19 +54,12 @@ import os
 import sys
 from dataclasses import asdict, dataclass
 
-from loss import CHUNK_ELEMENTS
+from speed.logprobs import CHUNK_ELEMENTS
+from tasks import TASKS
 
 GiB = 2**30
 CUDA_OVERHEAD = 2.0 * GiB  # CUDA context, NCCL communicators, cuBLAS workspaces, allocator slack: not yet measured
 VLLM_ASLEEP = 1.0 * GiB  # what a level-1 sleeping vLLM keeps (its CUDA graphs' pool): not yet measured
-
-# The longest prompt each preset can meet, in tokens: train.py pads a micro-batch to its longest prompt and
-# filters none, so the plan assumes the official configs' data.max_prompt_length (jeffhernandez1995/softmaxgrpo:
-# 1024 in base.yaml, gsm8k, countdown and deepmath.yaml; 2048 for its 512-prompt non-verifiable run,
-# openthoughts.yaml, also assumed for MeetingBank's transcripts; no config there covers Poetry or MeetingBank).
-PROMPT_TOKENS = {"gsm8k": 1024, "countdown": 1024, "deepmath": 1024, "poetry": 1024, "meetingbank": 2048,
-                 "openthoughts": 2048, "arith": 40, "countdown24": 120}
-
 
 # Tables B.1 and B.2: GPUs per run. GiB as the cards report it: A100 80 GB has 80 GiB; the H200 this
 # project is lent reports about 139 GiB.
@@ -146,8 +139,8 @@ def activations(shape: Shape, *, batch: int, prompt: int, completion: int, compu
     `saved`: what the layers keep from forward to backward (and RoPE's cos/sin); `recompute`: one layer's
     recomputed activations (checkpointing) and the largest gradient its backward makes (attention: eager's
     float32 gradient of the probabilities, SDPA's dq/dk/dv); `weights_bf16`: the bf16 weight being cast;
-    `logits`: the log-prob work, in row chunks of `chunk_elements` (loss.CHUNK_ELEMENTS on a GPU;
-    loss.CPU_CHUNK_ELEMENTS on CPU, bench/plan_check.py's measurements); `head_grad`: the lm_head weight's
+    `logits`: the log-prob work, in row chunks of `chunk_elements` (speed.logprobs.CHUNK_ELEMENTS on a GPU;
+    speed.logprobs.CPU_CHUNK_ELEMENTS on CPU, bench/plan_check.py's measurements); `head_grad`: the lm_head weight's
     gradient, float32 (a tied one kept until the embedding's backward).
     `peak` (their sum) is the largest of forward's end, backward's first steps (logits, then the lm_head), a
     layer's backward (recompute) and its last step (the embedding's gradient); `when` names it.
@@ -229,14 +222,21 @@ class Plan:
                 f"per GPU ({self.peak / self.gpu_bytes:.0%})")
 
 
+def task_prompt_tokens(task: str) -> int:
+    """The longest prompt `task` can meet, in tokens: train.py pads a micro-batch to its longest prompt and filters
+    none, so the plan takes the task's own `prompt_tokens` (tasks.py; docs/tasks.md, "Prompt lengths": the official
+    configs' data.max_prompt_length, 1024 for a task that does not say)."""
+    tokens = getattr(TASKS.get(task), "prompt_tokens", None)  # a toy task of the tests may not be a tasks.Task
+    if tokens is None:
+        raise ValueError(f"no prompt length assumed for task {task!r}: pass prompt_tokens (--prompt-tokens)")
+    return tokens
+
+
 def plan(args: dict, *, gpus: int, gpu_gb: float, grad_checkpointing: bool, prompt_tokens: int | None = None) -> Plan:
     """One rank's peak GPU memory for train.py's `args` (a dict of its Args fields) on `gpus` GPUs of
-    `gpu_gb` GiB each. `prompt_tokens`: the longest prompt (default: PROMPT_TOKENS of the task)."""
+    `gpu_gb` GiB each. `prompt_tokens`: the longest prompt (default: the task's, task_prompt_tokens)."""
     shape = model_shape(args["model"])
-    task = args["task"]
-    if prompt_tokens is None and task not in PROMPT_TOKENS:
-        raise ValueError(f"no prompt length assumed for task {task!r}: pass prompt_tokens (--prompt-tokens)")
-    prompt = prompt_tokens if prompt_tokens is not None else PROMPT_TOKENS[task]
+    prompt = prompt_tokens if prompt_tokens is not None else task_prompt_tokens(args["task"])
     if gpus < 1 or gpu_gb <= 0:
         raise ValueError("the plan needs gpus >= 1 and gpu_gb > 0")
     bf16 = args.get("dtype", "auto") in ("auto", "bfloat16")  # auto is bf16 on every GPU train.py targets
@@ -321,7 +321,7 @@ def paper_table(presets: dict, defaults: dict) -> str:
         for ckpt in (True, False):
             p = plan(args, gpus=gpus, gpu_gb=gb, grad_checkpointing=ckpt)
             cells.append(f"{p.peak / GiB:.1f} GiB ({p.peak_phase}): {'fits' if p.fits else '**does not fit**'}")
-        lines.append(f"| {task} | {gpus} x {card} ({gb} GiB) | {args['micro_batch']} x ({PROMPT_TOKENS[task]} + "
+        lines.append(f"| {task} | {gpus} x {card} ({gb} GiB) | {args['micro_batch']} x ({task_prompt_tokens(task)} + "
                      f"{args['max_tokens']}) | {cells[0]} | {cells[1]} |")
     return "\n".join(lines)
 

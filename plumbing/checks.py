@@ -1,0 +1,69 @@
+"""Argument checks for the stage files: the group shape of rewards, and the valid values of a hyperparameter.
+
+An estimator declares its hyperparameters' ranges in its signature, `tau: Annotated[float, POSITIVE] = 0.1`
+(advantage.py), checks them with `POSITIVE.check(tau, "tau", "softmax_advantages")`, and train.py's command
+line checks every flag against the same Range before anything loads (config.check_args).
+
+    python -m pytest tests/test_advantage.py
+"""
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import torch
+
+
+def as_groups(rewards: torch.Tensor, name: str) -> torch.Tensor:
+    """Validate rewards (..., M) and return them in at least float32."""
+    rewards = torch.as_tensor(rewards).detach()  # advantages are constants in Eq. (10): no gradient flows back
+    if rewards.dim() < 1 or rewards.shape[-1] < 1:
+        raise ValueError(f"{name}: rewards must have shape (G, M) with M >= 1, got {tuple(rewards.shape)}")
+    if not rewards.is_floating_point() or rewards.dtype in (torch.float16, torch.bfloat16):
+        rewards = rewards.float()
+    bad = ~torch.isfinite(rewards)
+    if bad.any():
+        group = int(bad.reshape(-1, rewards.shape[-1]).any(-1).nonzero()[0])
+        raise ValueError(f"{name}: non-finite reward in group {group}")
+    return rewards
+
+
+def _real(value):
+    """`value` as a float when it is one real number (Python or numpy scalar, one-element tensor), else None."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and value.dtype != torch.bool and not value.is_complex():
+        value = value.item()
+    return None if isinstance(value, bool) or not isinstance(value, numbers.Real) else float(value)
+
+
+@dataclass(frozen=True)
+class Range:
+    """A hyperparameter's valid values, declared in its estimator's signature: `tau: Annotated[float, POSITIVE]`.
+
+    Finite real numbers >= low, and None too when `optional`. The estimator refuses anything else (ValueError),
+    and train.py's command line checks every hyperparameter against it before anything loads (config.check_args).
+    """
+    low: float = -math.inf
+    optional: bool = False
+    means: str = "finite"  # what the range says, for the messages and --help
+
+    def problem(self, value) -> str | None:
+        """None when `value` is in the range, else "must be ..., got VALUE"."""
+        if value is None and self.optional:
+            return None
+        real = _real(value)
+        if real is None:
+            return (f"must be one real number (float, int, numpy scalar or one-element tensor), got "
+                    f"{type(value).__name__} {value!r}")
+        return None if math.isfinite(real) and real >= self.low else f"must be {self.means}, got {value!r}"
+
+    def check(self, value, name: str, where: str) -> float | None:
+        if (problem := self.problem(value)) is not None:
+            raise ValueError(f"{where}: {name} {problem}")
+        return None if value is None else _real(value)
+
+
+# Rewards are float32, so a hyperparameter below float32's smallest normal number rounds to 0 in r / tau or
+# std + eps, and the advantages become NaN: "> 0" means at least that.
+POSITIVE = Range(low=torch.finfo(torch.float32).tiny, means="finite and > 0 (at least 1.2e-38, float32's smallest "
+                 "normal number: a smaller value rounds to 0)")
+FINITE_OR_NONE = Range(optional=True, means="finite, or None")

@@ -1,0 +1,314 @@
+"""A task's rows, read and checked: what tasks.Task.load does for a hub-backed task, below the task registry.
+
+    rows, checked  <- a --data-file (.jsonl, .json, .parquet; "{split}" in its name: one file per split) or the
+                      Hub (hub_id, hub_config, its test split or else train); every bad input one line (DataError)
+    split          <- the hub's own test split, a "{split}" file whole, or a held-out TEST_PERCENT by a hash of
+                      the task's `key` columns (docs/tasks.md, departure 4)
+    uid            <- task name + that hash, "#1", "#2", ... for a prompt seen again
+    demonstrations <- joined by puzzle from the task's `demos` dataset, or --demo-file (departure 3)
+    examples       <- shuffled by the seed, cut to the limit, then task.make_example on each row
+
+`task` is a tasks.Task, read by its fields (this module imports no stage file).
+
+    python -m pytest tests/test_tasks.py tests/test_bad_input.py -q
+"""
+
+import hashlib
+import json
+import numbers
+import os
+import random
+import socket
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from plumbing.cli import first_line
+
+TEST_PERCENT = 10  # held-out share when a dataset has no test split
+# A row (a JSON line, or one field of a hub or parquet row) longer than this is refused at load: about 250k
+# tokens at ~4 characters per token, beyond the context of any model this trains (Qwen2.5: 32k, 131k with
+# YaRN). A 50 MB line would otherwise be tokenised whole and sized into the sampler.
+MAX_ROW_CHARS = 1_000_000
+
+
+class DataError(ValueError):
+    """A one-line, user-facing data problem: dataset unreachable, file missing, columns missing."""
+
+
+def digest(*parts) -> str:
+    return hashlib.sha1("\x1f".join(str(part) for part in parts).encode()).hexdigest()
+
+
+def in_test(digest: str) -> bool:
+    return int(digest[:8], 16) % 100 < TEST_PERCENT
+
+
+@dataclass(kw_only=True)
+class Demonstrations:
+    """A task's demonstrations for the similarity reward, kept in another dataset and joined to its rows by puzzle
+    (countdown: Countdown-Task-GOLD's; docs/tasks.md, departure 3); tasks.Task.demos."""
+
+    hub_id: str
+    hub_config: str | None = None
+    columns: tuple[str, ...]  # every row of it needs a value in each (the hub's, and --demo-file's)
+    read: Callable[[dict], tuple[tuple, str]]  # one of its rows -> (puzzle, reference)
+    puzzle: Callable[[dict], tuple]  # a task row's `key` columns -> the same puzzle
+
+
+def load_rows(task, split: str, data_file: str | None, *, limit: int | None, seed: int, demos: bool,
+              demo_file: str | None) -> list:
+    """The examples of a hub-backed `task` (tasks.Task.load, after check_load)."""
+    rows, whole, lines = _rows(task, split, data_file)
+    source = data_file.replace("{split}", split) if data_file else task.hub_id
+    join = demos and task.demos is not None and "reference" not in rows.column_names  # a file's own win
+    try:
+        check_rows(rows, lines, task.columns, task.required, source, task.name, task.hint)
+        found = _demonstrations(task, demo_file) if join else None
+        return _examples(task, rows, whole, lines, split, limit, seed, source, found)
+    except UnicodeDecodeError as err:  # parquet or .json strings that are not UTF-8, met as they are read
+        raise DataError(f"{source}: not UTF-8 text ({first_line(err, typed=True)})") from None
+
+
+def check_load(task, split: str, data_file: str | None, demos: bool, demo_file: str | None) -> None:
+    """DataError, one line, for a split other than train and test, a --demo-file that would not be read, or a
+    --data-file for a procedural task."""
+    if split not in ("train", "test"):
+        raise DataError(f"{task.name}: split must be 'train' or 'test', not {split!r}")
+    if demo_file and task.demos is None:
+        raise DataError(f"--demo-file {demo_file}: {task.name} takes no --demo-file (its demonstrations are its "
+                        "own; a 'reference' column in --data-file replaces them)")
+    if demo_file and not demos:
+        raise DataError(f"--demo-file {demo_file} is read only when the reward uses sim (--reward sim, or a sim "
+                        "term in --reward-weights)")
+    if task.generate is not None and data_file:
+        raise DataError(f"{task.name} is generated procedurally and takes no --data-file")
+
+
+def integer(value, column: str, verb: str = "is") -> int:
+    """`value` of a row's `column` as an int; ValueError naming the column for a boolean, a number with a
+    fraction, or anything that is not a number, text included (a whole float, 3.0 as JSON may write 3, is 3)."""
+    whole = isinstance(value, numbers.Real) and not isinstance(value, bool) and (
+        isinstance(value, numbers.Integral) or float(value).is_integer())
+    if not whole:
+        raise ValueError(f"its {column} {verb} {json.dumps(value, default=repr)}, not an integer")
+    return int(value)
+
+
+def integers(values, column: str) -> list[int]:
+    """A row's list-of-integers `column` (countdown's nums) as ints; ValueError naming the column otherwise."""
+    if not isinstance(values, (list, tuple)):
+        raise ValueError(f"its {column} is {json.dumps(values, default=repr)}, not a list of integers")
+    return [integer(value, column, "holds") for value in values]
+
+
+# ---------------------------------------------------------------- the rows: a file or the hub, one split
+def _rows(task, split: str, data_file: str | None):
+    """(datasets.Dataset, whether it already is exactly `split`, each row's line number in a JSON Lines file
+    or None) from a file or the hub."""
+    if data_file:
+        path = data_file.replace("{split}", split)
+        rows, lines = read_file(path, "--data-file", task.required, task.name, task.hint)
+        return rows, path != data_file, lines
+    advice = f"pass --data-file FILE (.jsonl or .parquet with columns {', '.join(task.columns)})"
+    if task.hub_id is None:
+        raise DataError(f"{task.name} has no hub dataset: {advice}")
+    hub_split = task.hub_test_split if split == "test" and task.hub_test_split else "train"
+    return read_hub(task.hub_id, task.hub_config, hub_split, advice), task.hub_test_split is not None, None
+
+
+def _examples(task, rows, whole, lines, split, limit, seed, source, found=None) -> list:
+    """`found`: ({puzzle: reference}, where from) to join, or None."""
+    digests, puzzles = [], []
+    for i, values in enumerate(zip(*(rows[column] for column in task.key))):
+        named = dict(zip(task.key, values))
+        try:
+            digests.append(digest(*values) if task.key_text is None else digest(task.key_text(named)))
+            puzzles += [task.demos.puzzle(named)] if found else []
+        except Exception as err:
+            raise DataError(f"{source}: {where(lines, i)} is not a valid {task.name} example "
+                            f"({first_line(err, typed=True)})") from None
+    seen, uids = {}, []
+    for row_digest in digests:  # a repeated prompt keeps its split and gets "#1", "#2", ...
+        seen[row_digest] = seen.get(row_digest, -1) + 1
+        uids.append(f"{task.name}-{row_digest[:12]}" + (f"#{seen[row_digest]}" if seen[row_digest] else ""))
+    keep = [i for i, d in enumerate(digests) if whole or in_test(d) == (split == "test")]
+    if found:  # before the limit: --limit N gives N puzzles that have a demonstration
+        references, demo_source = found
+        joined = [i for i in keep if puzzles[i] in references]
+        if keep and not joined:
+            raise DataError(f"none of the {len(keep)} {task.name} {split} puzzles of {source} has a demonstration "
+                            f"in {demo_source} (joined by target and sorted numbers): pass --demo-file FILE "
+                            "with theirs")
+        if len(joined) < len(keep) and os.environ.get("RANK", "0") == "0":  # once, not once per torchrun rank
+            print(f"note: {len(keep) - len(joined)} of {len(keep)} {task.name} {split} puzzles have no "
+                  f"demonstration in {demo_source}: left out", flush=True)
+        keep = joined
+    random.Random(seed).shuffle(keep)
+    keep = keep[:limit] if limit is not None else keep
+    examples = []
+    for i, row in zip(keep, rows.select(keep)):
+        try:
+            example = task.make_example(row)
+        except Exception as err:
+            raise DataError(f"{source}: {where(lines, i)} is not a valid {task.name} example "
+                            f"({first_line(err, typed=True)})") from None
+        example.reference = str(row.get("reference") or (found[0][puzzles[i]] if found else example.reference))
+        example.uid = uids[i]
+        examples.append(example)
+    return examples
+
+
+def _demonstrations(task, demo_file: str | None) -> tuple[dict[tuple, str], str]:
+    """({puzzle: reference}, where from) of `demo_file`, or else of the task's `demos` hub dataset."""
+    demos, who = task.demos, f"a {task.name} demonstration"
+    if demo_file:
+        rows, lines = read_file(demo_file, "--demo-file", demos.columns, who)
+        source = f"--demo-file {demo_file}"
+    else:
+        advice = f"pass --demo-file FILE (.jsonl or .parquet with columns {', '.join(demos.columns)})"
+        rows, lines = read_hub(demos.hub_id, demos.hub_config, "train", advice), None
+        source = f"{demos.hub_id} ({demos.hub_config})"
+    references = {}
+    try:
+        check_rows(rows, lines, demos.columns, demos.columns, source, who)
+        for i, row in enumerate(rows.select_columns(list(demos.columns))):
+            try:
+                puzzle, reference = demos.read(row)
+            except Exception as err:
+                raise DataError(f"{source}: {where(lines, i)} is not a valid {task.name} demonstration "
+                                f"({first_line(err, typed=True)})") from None
+            if puzzle not in references or len(reference) < len(references[puzzle]):  # several: the shortest
+                references[puzzle] = reference
+    except UnicodeDecodeError as err:
+        raise DataError(f"{source}: not UTF-8 text ({first_line(err, typed=True)})") from None
+    return references, source
+
+
+# ---------------------------------------------------------------- reading and linting
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Fail in seconds, not after datasets' long retries, when there is no network."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return True  # offline mode: let datasets read its cache (it fails fast when it can't)
+    url = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _empty(value) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip()) or (
+        isinstance(value, (list, tuple, dict)) and not value)
+
+
+def _row_problem(row: dict, required) -> str | None:
+    """What is wrong with one row's `required` fields (absent, empty, absurdly long), or None."""
+    lacking = [name for name in required if _empty(row.get(name))]
+    if lacking:
+        return f"lacks a value for {', '.join(map(repr, lacking))}"
+    long = [name for name in required if isinstance(row[name], str) and len(row[name]) > MAX_ROW_CHARS]
+    if long:
+        return (f"has a {long[0]!r} of {len(row[long[0]]):,} characters, over the {MAX_ROW_CHARS:,} a row may "
+                "hold (plumbing/data.py: MAX_ROW_CHARS)")
+    return None
+
+
+def _line_problem(raw: bytes, required) -> str | None:
+    """What is wrong with one line of a JSON Lines file, or None."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return f"is not UTF-8 text (byte 0x{raw[err.start]:02x} at byte {err.start + 1} of the line)"
+    if len(text) > MAX_ROW_CHARS:  # before parsing: a 50 MB line costs a read, not a parse
+        return (f"is {len(text):,} characters long, over the {MAX_ROW_CHARS:,} a row may hold "
+                "(plumbing/data.py: MAX_ROW_CHARS)")
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as err:
+        return f"is not valid JSON ({err.msg} at column {err.colno})"
+    return "is not a JSON object" if not isinstance(row, dict) else _row_problem(row, required)
+
+
+def check_jsonl(path: str, required, task: str, hint: str = "", flag: str = "--data-file") -> list[int]:
+    """Line numbers of the rows of a JSON Lines file (blank lines are skipped, as datasets does). DataError, one
+    line naming the first bad line and how many are bad, when any line is not UTF-8, not one JSON object,
+    longer than MAX_ROW_CHARS, or lacks a value for a `required` field."""
+    lines, first, bad = [], None, 0
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            lines.append(number)
+            if (problem := _line_problem(raw, required)) is not None:
+                first, bad = first or f"line {number} {problem}", bad + 1
+    if bad:
+        raise DataError(f"{flag} {path}: {first}; {bad} of {len(lines)} rows are bad ({task} needs "
+                        f"{', '.join(required)} in every row){hint}")
+    return lines
+
+
+def _datasets():
+    import datasets  # slow import, only needed for hub-backed tasks
+
+    datasets.disable_progress_bars()  # a bar per split on stderr, where an error should be the only line
+    return datasets
+
+
+def read_file(path: str, flag: str, required, task: str, hint: str = ""):
+    """(datasets.Dataset, each row's line number, or None unless JSON Lines) of a local file given with `flag`."""
+    kind = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}.get(os.path.splitext(path)[1].lower())
+    if kind is None:
+        raise DataError(f"{flag} {path}: expected a .jsonl, .json or .parquet file")
+    if not os.path.isfile(path):
+        raise DataError(f"{flag} {path}: no such file")
+    lines = check_jsonl(path, required, task, hint, flag) if path.lower().endswith(".jsonl") else None
+    try:
+        return _datasets().load_dataset(kind, data_files=path, split="train"), lines
+    except Exception as err:
+        raise DataError(f"{flag} {path}: cannot read it ({first_line(err, typed=True)})") from None
+
+
+def read_hub(hub_id: str, config: str | None, split: str, advice: str):
+    """One split of a hub dataset; DataError, one line ending in `advice`, when it cannot be had."""
+    if not hub_reachable():
+        raise DataError(f"cannot reach the Hugging Face Hub to load {hub_id}: {advice}, "
+                        "or set HF_HUB_OFFLINE=1 to use a cached copy")
+    try:
+        return _datasets().load_dataset(hub_id, config, split=split)
+    except Exception as err:
+        raise DataError(f"cannot load {hub_id} ({first_line(err, typed=True)}): {advice}") from None
+
+
+def where(lines: list[int] | None, i: int) -> str:
+    return f"line {lines[i]}" if lines else f"row {i + 1}"
+
+
+def check_rows(rows, lines, columns, required, source: str, who: str, hint: str = "") -> None:
+    """DataError, one line, when `rows` lack one of `columns`, or a row lacks a value in a `required` one (a JSON
+    Lines file was checked line by line as it was read: check_jsonl)."""
+    missing = [column for column in columns if column not in rows.column_names]
+    if missing:
+        raise DataError(f"{source} lacks column(s) {', '.join(missing)} needed by {who} "
+                        f"(it has: {', '.join(rows.column_names)}){hint}")
+    if lines is None:
+        problems = [(i, problem) for i, values in enumerate(zip(*(rows[c] for c in required)))
+                    if (problem := _row_problem(dict(zip(required, values)), required))]
+        if problems:
+            raise DataError(f"{source}: {where(lines, problems[0][0])} {problems[0][1]}; {len(problems)} of "
+                            f"{len(rows)} rows are bad ({who} needs {', '.join(required)} in every row)")
+
+
+# ---------------------------------------------------------------- the training order (train.py)
+@lru_cache(maxsize=2)
+def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def batch_indices(step: int, batch: int, n: int, seed: int) -> list[int]:
+    """Prompts of `step`: a seeded permutation of the training set per epoch, read in order (no state)."""
+    return [int(epoch_order(seed, pos // n, n)[pos % n]) for pos in range(step * batch, (step + 1) * batch)]

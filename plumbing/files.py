@@ -1,0 +1,67 @@
+"""Files written whole or not at all, and whether a path can be written: for eval.py, the run log and the judge.
+
+A write goes to a temporary file beside its target, reaches the disk (flush and fsync), then is renamed over the
+target: a full disk or a failed write leaves an earlier file whole and no partial file behind (a kill mid-write can
+leave a hidden .NAME.PID.tmp beside it, never a torn target).
+"""
+
+import contextlib
+import json
+import os
+import tempfile
+
+
+def write_whole(path: str, write) -> None:
+    """`write(f)` on a temporary text file beside `path`, then flushed to the disk and renamed into place."""
+    folder, name = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")  # the same folder: the rename stays on one file system
+    try:
+        with open(tmp, "w") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+
+
+def write_json(path: str, obj, indent: int | None = None) -> None:
+    write_whole(path, lambda f: json.dump(obj, f, indent=indent))
+
+
+def write_lines(path: str, lines) -> None:
+    """Text lines, each ending in its own newline (JSON Lines rows, say)."""
+    write_whole(path, lambda f: f.writelines(lines))
+
+
+def write_error(path: str, flag: str, folder: bool = False) -> str | None:
+    """Why `path` cannot be written, as one line naming `flag`, or None. `path` is a file to write (eval.py --out),
+    or with folder=True a folder to write in, made later if missing (train.py --out-dir). Checked before anything
+    loads, by creating (and removing) a file where the writes will go, so a read-only folder costs a second, not a
+    run."""
+    if folder:
+        if os.path.islink(path) and not os.path.exists(path):
+            return f"{flag} {path} is a link to {os.readlink(path)}, which does not exist"
+        if os.path.exists(path) and not os.path.isdir(path):
+            return f"{flag} {path} is a file, not a folder"
+        parent = os.path.abspath(path)
+        while not os.path.exists(parent):  # the nearest existing parent, where the folder will be made
+            parent = os.path.dirname(parent)
+        if not os.path.isdir(parent):
+            return f"{flag} {path}: {parent} is a file, not a folder"
+    else:
+        if os.path.isdir(path):
+            return f"{flag} {path} is a folder; pass a file path"
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            return f"cannot write {path}: its folder {parent} does not exist (or is a file); pass {flag} PATH"
+    try:
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=".write-check-")
+        os.close(fd)
+        os.remove(probe)
+    except OSError as err:
+        return (f"{flag} {path}: cannot write in {parent} ({err.strerror})" if folder else
+                f"cannot write {path}: {parent} is not writable ({err.strerror}); pass {flag} PATH")
+    return None

@@ -1,0 +1,73 @@
+"""The run folder's policy (train.py --out-dir): one run per folder, and a folder train.py can write.
+
+Checked before any model loads, so that a run that cannot save, or would overwrite another run's metrics and
+checkpoints, stops in one line instead of after hours of training.
+"""
+
+import fcntl
+import os
+
+from plumbing.files import write_error
+
+
+class RunFolderError(RuntimeError):
+    """The run folder is in use or cannot hold this run; the message is one line."""
+
+
+class RunLock:
+    """Holds a run folder (lock_run_folder) until release(), which leaves the folder as the run found it when the
+    run wrote nothing else there: no .lock, and no folder it made."""
+
+    def __init__(self, out: str, handle, made: bool):
+        self.out, self.handle, self.made = out, handle, made
+
+    def release(self):
+        os.remove(os.path.join(self.out, ".lock"))  # before unlocking: a waiter then makes a fresh file
+        self.handle.close()
+        if self.made and not os.listdir(self.out):
+            os.rmdir(self.out)
+
+
+def lock_run_folder(out: str) -> RunLock:
+    """Hold `out` for this run: an exclusive lock on out/.lock, taken without waiting, so that a second run on the
+    same folder stops at once (RunFolderError) instead of interleaving its metrics and checkpoints with this one's.
+    The lock is the operating system's (flock): it ends with the process, a crash or a kill included, so no stale
+    lock outlives its run."""
+    made = not os.path.isdir(out)
+    os.makedirs(out, exist_ok=True)
+    handle = open(os.path.join(out, ".lock"), "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()  # the file is the holder's
+        raise RunFolderError(f"--out-dir {out} is in use by a running train.py ({holder}); wait for it to end, or "
+                             "pick another --out-dir") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {os.uname().nodename}\n")
+    handle.flush()
+    return RunLock(out, handle, made)
+
+
+def out_dir_error(out: str) -> str | None:
+    """Why the run folder `out` cannot be written, as one line, or None: checked by creating (and removing) a file
+    in it or in its nearest existing parent, which is then where train.py creates it."""
+    if os.path.islink(out) and not os.path.exists(out):
+        return f"--out-dir {out} is a link to {os.readlink(out)}, which does not exist"
+    return write_error(out, "--out-dir", folder=True)
+
+
+def run_folder_error(out: str, resume_ckpt: str | None) -> str | None:
+    """Why `out` cannot hold this run, as one line, or None: unwritable, or holding another run (metrics or
+    checkpoints) that this one is not resuming (`resume_ckpt`: the checkpoint --resume names, or None)."""
+    if error := out_dir_error(out):
+        return error
+    taken = os.path.isdir(out) and any(f == "metrics.jsonl" or f.startswith("checkpoint-") for f in os.listdir(out))
+    if taken and resume_ckpt is None:
+        return f"{out} already holds a run: continue it with --resume {out}, or pick another --out-dir"
+    if taken and os.path.realpath(out) != os.path.realpath(os.path.dirname(os.path.abspath(resume_ckpt))):
+        return (f"--out-dir {out} already holds another run: resuming {resume_ckpt} there would overwrite it; pick a "
+                "new --out-dir to fork into")
+    return None

@@ -1,0 +1,75 @@
+"""Log-probs of the sampled tokens without a float32 full-vocabulary log-softmax: row chunks, a hand-written backward.
+
+The plain version is loss.token_logprobs: log_softmax(logits.float() / T) gathered at the targets, with the
+entropy of the same distribution. It holds a float32 (B, K, V) log-softmax, and autograd keeps it for backward;
+at a 150k vocabulary that is the largest tensor of a training step. `chunked_token_logprobs` computes the same
+values (float32, within a few ulp: tests/test_loss.py::test_chunked_token_logprobs_equal_the_plain_version, values
+and gradients at several chunk sizes) a chunk of rows at a time and saves only each row's logsumexp, so its extra
+memory is one chunk. loss.sequence_logprobs, which training calls, runs it; a GPU needs the bound too.
+
+    python -m pytest tests/test_loss.py -k "token_logprobs or entropy"
+"""
+
+import torch
+
+CHUNK_ELEMENTS = 1 << 25  # float32 elements per row chunk (128 MB) on a GPU: bounds the kernel's extra memory
+# On CPU 2 MB: a chunk then stays in a core's L2 cache through the passes each chunk makes (cast, logsumexp's,
+# gather; in backward cast, subtract, exp, scale, cast back). A GPU keeps the big chunks: each costs kernel launches.
+CPU_CHUNK_ELEMENTS = 1 << 19
+
+
+def _chunks(n_rows: int, vocab: int, device: torch.device):
+    step = max(1, (CPU_CHUNK_ELEMENTS if device.type == "cpu" else CHUNK_ELEMENTS) // vocab)
+    return [(i, min(i + step, n_rows)) for i in range(0, n_rows, step)]
+
+
+# ---- SPEED and MEMORY TRICK (skippable; the GPU path needs it too): equals log_softmax(logits / T)[target];
+# tests/test_loss.py::test_chunked_token_logprobs_equal_the_plain_version
+class _TokenLogprobs(torch.autograd.Function):
+    """log softmax(logits / T)[target], chunked over rows; saves only the logsumexp for backward. With
+    `entropy`, also each position's entropy H = lse - sum_v p_v z_v (z = logits / T) from the same chunks, without
+    a gradient (policy/entropy is watched, not trained); otherwise an empty tensor."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, temperature, entropy):
+        flat = logits.reshape(-1, logits.shape[-1])  # (N, V)
+        flat_targets = targets.reshape(-1)  # (N,)
+        lse = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)  # (N,)
+        out = torch.empty_like(lse)
+        ent = torch.empty_like(lse) if entropy else lse.new_empty(0)
+        for a, b in _chunks(flat.shape[0], flat.shape[1], flat.device):
+            chunk = flat[a:b].to(torch.float32, copy=True).div_(temperature)  # (n, V) float32, one chunk at a time
+            lse[a:b] = torch.logsumexp(chunk, dim=-1)
+            out[a:b] = chunk.gather(-1, flat_targets[a:b, None]).squeeze(-1) - lse[a:b]
+            if entropy:  # H = lse - sum_v softmax(z)_v z_v; one more chunk-sized buffer. Elementwise ops, which
+                # autocast leaves in float32: a bf16 dot product would round the large sum_v p_v z_v that H cancels
+                ent[a:b] = lse[a:b] - (chunk - lse[a:b, None]).exp_().mul_(chunk).sum(-1)
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.temperature = temperature
+        ent = ent.view(targets.shape) if entropy else ent
+        ctx.mark_non_differentiable(ent)
+        return out.view(targets.shape), ent
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_entropy):
+        logits, targets, lse = ctx.saved_tensors
+        T = ctx.temperature
+        flat = logits.reshape(-1, logits.shape[-1])
+        flat_targets = targets.reshape(-1)
+        g = grad_out.reshape(-1).float()
+        grad = torch.empty_like(flat)
+        for a, b in _chunks(flat.shape[0], flat.shape[1], flat.device):
+            # d logp[y] / d logits = (onehot(y) - softmax(logits / T)) / T
+            probs = flat[a:b].to(torch.float32, copy=True).div_(T).sub_(lse[a:b, None]).exp_()  # (n, V)
+            probs.mul_(-g[a:b, None] / T)
+            probs.scatter_add_(-1, flat_targets[a:b, None], (g[a:b] / T)[:, None])
+            grad[a:b] = probs.to(grad.dtype)
+        return grad.view_as(logits), None, None, None
+
+
+def chunked_token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
+                           entropy: bool = False):
+    """loss.token_logprobs in row chunks: (B, T, V) logits, (B, T) targets -> (B, T) float32 log-probs under
+    softmax(logits / temperature); with `entropy`, the pair (log-probs, (B, T) entropies, no gradient)."""
+    logp, ent = _TokenLogprobs.apply(logits, targets, float(temperature), entropy)
+    return (logp, ent) if entropy else logp

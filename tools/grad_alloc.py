@@ -1,0 +1,93 @@
+"""Table 3 on fresh rollouts: sample a model on a task, then print each estimator's gradient budget share per
+pass-rate bin (grad_alloc.py computes the allocation; this is its command line).
+
+    python -m tools.grad_alloc --model smollm2-135m --task arith --prompts 32 --M 8    # Table 3 layout
+    python -m tools.grad_alloc --model smollm2-135m --task arith --prompts 8 --exact   # + cheap vs exact (slow on CPU)
+
+`--exact` also measures each prompt's real gradient norm with a backward pass (small models) and prints its
+Pearson and Spearman agreement with the cheap budget sum_i |A_i| len_i.
+"""
+
+import argparse
+
+import torch
+
+from advantage import ESTIMATORS, compute_advantages, estimator_params
+from grad_alloc import (
+    BINS,
+    agreement,
+    allocation_by_estimator,
+    bin_index,
+    exact_prompt_grad_norms,
+    pass_rates_of,
+    prompt_budgets,
+    shares_by_bin,
+)
+
+
+def format_table(rows: dict[str, list[float]], counts: list[int] | None = None) -> str:
+    header = f"{'method':<12}" + "".join(f"{f'[{lo:g},{hi:g}' + (']' if hi == 1 else ')'):>11}" for lo, hi in BINS)
+    lines = [header] + ([f"{'prompts':<12}" + "".join(f"{c:>11d}" for c in counts)] if counts else [])
+    return "\n".join(lines + [f"{name:<12}" + "".join(f"{s:>10.1f}%" for s in row) for name, row in rows.items()])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Table 3: gradient budget share per pass-rate bin, on fresh rollouts.")
+    parser.add_argument("--model", required=True, help="HF folder, checkpoint folder or alias")
+    parser.add_argument("--task", required=True)
+    parser.add_argument("--data-file", default=None)
+    parser.add_argument("--prompts", type=int, default=32, help="number of prompts G")
+    parser.add_argument("--M", type=int, default=8, help="rollouts per prompt")
+    for name, (default, kind) in estimator_params().items():  # --tau, --eps, ...: whatever the estimators declare
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default,
+                            help=f"estimator hyperparameter (advantage.py), default {default}")
+    parser.add_argument("--estimators", default="grpo,softmax", help="comma-separated names from advantage.py")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--sampler", default="hf", choices=["hf", "vllm"])
+    parser.add_argument("--exact", action="store_true", help="also measure per-prompt gradient norms (small models)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    names = args.estimators.split(",")
+    hparams = {name: getattr(args, name) for name in estimator_params()}
+    if any(n not in ESTIMATORS for n in names) or args.prompts < 1 or args.M < 2:
+        parser.error(f"--estimators must be among {sorted(ESTIMATORS)}, --prompts >= 1, --M >= 2")
+
+    from plumbing.prompts import encode_prompts
+    from rollout import make_sampler, resolve_model
+    from tasks import get_task
+
+    task = get_task(args.task)
+    kind = "exact" if task.has_verifier else "sim"  # no verifier: similarity reward (Appendix B.5)
+    examples = task.load("train", data_file=args.data_file, limit=args.prompts, seed=args.seed)
+    sampler = make_sampler(args.sampler, args.model, dtype="bfloat16" if args.sampler == "hf" else "auto",
+                           seed=args.seed)
+    prompts = encode_prompts(sampler.tokenizer, examples)
+    groups = sampler.generate(prompts, n=args.M, max_tokens=args.max_tokens, temperature=1.0, seed=args.seed)
+    pad_id = sampler.tokenizer.pad_token_id or 0
+    sampler.close()
+    rewards = torch.tensor([[task.reward(c.text, ex, kind=kind) for c in group]
+                            for ex, group in zip(examples, groups)])  # (G, M)
+    lengths = torch.tensor([[len(c.token_ids) for c in group] for group in groups])  # (G, M)
+    p = pass_rates_of(rewards)
+    counts = [sum(bin_index(x) == b for x in p.tolist()) for b in range(len(BINS))]
+    print(f"{args.task}: {len(examples)} prompts x {args.M} rollouts, mean reward {rewards.mean():.3f}, "
+          f"{hparams}\ncheap budget sum_i |A_i| len_i:")
+    print(format_table(allocation_by_estimator(rewards, lengths, names, **hparams), counts))
+    if args.exact:
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained(resolve_model(args.model), dtype=torch.float32).eval()
+        completions = [[c.token_ids for c in group] for group in groups]
+        exact_rows = {}
+        print("cheap vs exact budget per prompt (one backward pass per prompt and estimator):", flush=True)
+        for name in names:
+            adv = compute_advantages(name, rewards, **hparams)  # (G, M)
+            norms = exact_prompt_grad_norms(model, prompts, completions, adv, pad_id)
+            exact_rows[name] = shares_by_bin(p, norms)
+            a = agreement(prompt_budgets(adv, lengths), norms)
+            print(f"  {name}: pearson {a['pearson']:.3f}, spearman {a['spearman']:.3f} over {a['prompts']} prompts",
+                  flush=True)
+        print("exact per-prompt gradient norms:\n" + format_table(exact_rows, counts))
+
+
+if __name__ == "__main__":
+    main()
