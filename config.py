@@ -138,9 +138,11 @@ def resolve_auto(args: Args) -> Args:
 
 
 def alloc_estimators(args: Args) -> list[str]:
-    """The estimators whose Table 3 allocation train.py logs: --advantage's first, then --alloc-estimators'."""
-    named = list(ESTIMATORS) if args.alloc_estimators.strip() == "all" else args.alloc_estimators.split(",")
-    return list(dict.fromkeys([args.advantage, *filter(None, map(str.strip, named))]))
+    """The estimators whose Table 3 allocation train.py logs: all (ESTIMATORS' order), or --advantage's and the
+    named ones."""
+    if args.alloc_estimators.strip() == "all":
+        return list(ESTIMATORS)
+    return list(dict.fromkeys([args.advantage, *filter(None, map(str.strip, args.alloc_estimators.split(",")))]))
 
 
 def estimator_hparams(args: Args) -> dict:
@@ -154,7 +156,7 @@ PAPER = dict(model="Qwen/Qwen2.5-1.5B", lr=1e-6, warmup_steps=0, micro_batch=4, 
              keep_checkpoints=2,  # ... and max_actor_ckpt_to_keep
              alloc_estimators="all")  # Table 3 for every estimator on the same rollouts
 PRESETS = {  # explicit flags override these
-    "arith": {},  # the defaults above: the CPU demo
+    "arith": dict(alloc_estimators="all"),  # the CPU demo: the defaults above, and Table 3 for every estimator
     "countdown24": dict(max_tokens=128),
     "gsm8k": dict(PAPER, tau=0.1, M=8, rollout_batch=64, steps=1000, max_tokens=256),  # Table B.1
     "countdown": dict(PAPER, tau=0.1, M=8, rollout_batch=64, steps=2000, max_tokens=256),
@@ -224,7 +226,7 @@ def check_args(args: Args) -> str | None:
          or importlib.util.find_spec("vllm") is not None, f"--sampler {args.sampler} samples with vLLM, which is not "
          "installed: pip install -r requirements-vllm.txt, or pass --sampler hf (much slower)"),
         (math.isfinite(args.is_cap) and args.is_cap > 0, "--is-cap must be finite and > 0"),
-        (args.reward == "sim" or task.has_verifier or args.reward_weights,
+        (args.reward != "exact" or task.has_verifier or args.reward_weights,
          f"task {args.task} has no verifier: use --reward sim"),
         (min(args.M, args.rollout_batch, args.micro_batch, args.minibatches, args.ppo_epochs, args.steps,
              args.max_tokens) >= 1, "--M, --rollout-batch, --micro-batch, --minibatches, --ppo-epochs, "

@@ -28,7 +28,7 @@ from plumbing.files import write_error, write_json
 from plumbing.models import ModelLoadError, SamplingError, load_tokenizer
 from plumbing.prompts import encode_prompts
 from rollout import make_sampler, resolve_model
-from tasks import get_task, reward_weights
+from tasks import REWARD_TERMS, DataError, get_task, reward_weights
 
 PASS_THRESHOLD = 0.5  # a reward at or above this counts as a pass (verifier rewards are 0 or 1)
 
@@ -136,7 +136,7 @@ def parse_args(argv=None):
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for pass@k")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--reward", default="exact", choices=["exact", "sim"], help="verifier or similarity")
+    parser.add_argument("--reward", default="exact", choices=["exact", *REWARD_TERMS], help="verifier, or a term")
     parser.add_argument("--reward-weights", default="", help="reward terms as train.py takes them: exact=1,format=0.1")
     parser.add_argument("--sampler", default=None, choices=["hf", "vllm"], help="default: vllm on a GPU, else hf")
     parser.add_argument("--data-file", default=None, help="local data file for the task (passed to task.load)")
@@ -170,7 +170,7 @@ def load_sampler(args, examples):
         return make_sampler(backend, path, dtype="bfloat16" if backend == "hf" else "auto", seed=args.seed,
                             max_model_len=max(map(len, prompts), default=0) + args.max_tokens)
     except (OSError, ValueError) as err:  # a ModelLoadError is one line already, naming --model and HF_HUB_OFFLINE
-        raise err if isinstance(err, ModelLoadError) else ModelLoadError(
+        raise err if isinstance(err, (ModelLoadError, DataError)) else ModelLoadError(
             f"cannot use model {args.model!r}: {first_line(err, limit=None)}") from None
 
 

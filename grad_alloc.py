@@ -137,3 +137,7 @@ def agreement(cheap, exact) -> dict[str, float]:
         return torch.tensor([(a < v).sum().item() + ((a == v).sum().item() - 1) / 2 for v in a], dtype=torch.float64)
 
     return {"pearson": pearson(x, y), "spearman": pearson(ranks(x), ranks(y)), "prompts": int(keep.sum())}
+
+
+if __name__ == "__main__":
+    sys.exit("grad_alloc.py is the stage; its command line is python -m tools.grad_alloc (--help)")

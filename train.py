@@ -51,9 +51,10 @@ from plumbing.checkpoint import (
 )
 from plumbing.cli import first_line
 from plumbing.data import batch_indices
+from plumbing.files import AppendError
 from plumbing.models import ModelLoadError, SamplingError, load_model, load_tokenizer
 from plumbing.parallel import all_reduce_sum, full_weights, gather_rows, init_distributed, shard
-from plumbing.run_folder import RunFolderError, lock_run_folder
+from plumbing.run_folder import RunFolderError, lock_run_folder, run_folder_error
 from plumbing.sync import SyncError, check_sync
 from rewards import take_error_count
 from speed.allocator import release_freed_memory
@@ -163,8 +164,7 @@ def load_data(args: Args, task, weights: dict, master: bool = True):
     test_set = task.load("test", data_file=args.data_file or None, limit=args.eval_examples, seed=args.seed,
                          **({} if task.has_verifier else demos)) if args.eval_examples else []  # scored exactly
     if not train_set:
-        raise DataError(f"--data-file {args.data_file}: every row falls in the held-out split (tasks.py holds out "
-                        "~10% by prompt hash), so there is nothing to train on: add rows")
+        raise DataError(f"--data-file {args.data_file}: every row falls in the held-out split (~10% by prompt hash)")
     if args.eval_examples and not test_set and master:
         print(f"note: --data-file {args.data_file} leaves no held-out rows (tasks.py holds out ~10% by prompt "
               "hash): no evaluation before, during (--eval-every) or after training, no eval.json")
@@ -243,16 +243,17 @@ def score(task, examples, groups, weights: dict, device) -> dict:
 
 # ---------------------------------------------------------------- main
 def main(args: Args, checked: bool = False) -> dict:
-    """One training run in its run folder, which it holds (a second run there stops at once) until it ends, however
-    it ends; `checked`: parse_args already ran check_args on `args` (the command line)."""
+    """One run, holding its run folder until it ends (a second run there stops at once); `checked`: by parse_args."""
     if not checked and (error := check_args(args)):
         raise ValueError(error)
-    lock = lock_run_folder(config.run_dir(args)) if int(os.environ.get("RANK", 0)) == 0 else None
-    try:
+    out, resumed = config.run_dir(args), find_checkpoint(args.resume) if args.resume else None
+    lock = lock_run_folder(out, hold=int(os.environ.get("RANK", 0)) == 0)  # rank 0 holds it for all
+    try:  # held, the folder is checked again: a run that ended after check_args may have left its metrics there
+        if lock.handle is not None and (error := run_folder_error(out, resumed)):
+            raise RunFolderError(error)
         return train(args)
     finally:
-        if lock is not None:
-            lock.release()
+        lock.release()
 
 
 def train(args: Args) -> dict:
@@ -387,12 +388,11 @@ if __name__ == "__main__":
     try:
         main(cli_args, checked=True)
     except KeyboardInterrupt:  # Ctrl-C: a save is atomic, so the newest complete checkpoint is whole
-        if int(os.environ.get("RANK", 0)) == 0:
-            last = find_checkpoint(config.run_dir(cli_args))
-            print("train.py: interrupted; " + (f"the newest checkpoint is {last}: continue with --resume "
-                  f"{config.run_dir(cli_args)}" if last else "no checkpoint was saved yet"), file=sys.stderr)
+        if int(os.environ.get("RANK", 0)) == 0 and (out := config.run_dir(cli_args)):
+            print("train.py: interrupted; " + (f"the newest checkpoint is {find_checkpoint(out)}: continue with "
+                  f"--resume {out}" if find_checkpoint(out) else "no checkpoint was saved yet"), file=sys.stderr)
         sys.exit(130)
-    except (CheckpointError, DataError, ModelLoadError, RunFolderError, SamplingError, SyncError) as err:
+    except (AppendError, CheckpointError, DataError, ModelLoadError, RunFolderError, SamplingError, SyncError) as err:
         # One line, from one rank (a sampling error is that rank's own); an unloadable model exits 2 as in eval.py.
         if int(os.environ.get("RANK", 0)) == 0 or isinstance(err, SamplingError):
             print(f"train.py: error: {err}", file=sys.stderr)

@@ -315,8 +315,8 @@ def measure_isolated(opts, batch, seq_len, completion_len) -> dict:
     import torch
 
     import plumbing.models
-    from loss import token_logprobs
     from rollout import resolve_model
+    from speed.logprobs import chunked_token_logprobs as token_logprobs  # the kernel training runs
 
     model = plumbing.models.load_model(resolve_model(opts.model), torch.float32, "cpu")
     vocab = model.get_output_embeddings().weight.shape[0]

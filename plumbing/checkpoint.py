@@ -162,7 +162,8 @@ def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...]) -> 
                 f"{given['task']} / model {given['model']}; pass the same --task and --model to resume")
     run = os.path.dirname(os.path.abspath(ckpt))
     newer = newer_checkpoints(ckpt, step)
-    if given["steps"] <= step:
+    evaluated = given["eval_examples"] == 0 or "after" in _json(os.path.join(os.path.dirname(ckpt), "eval.json"))
+    if given["steps"] < step or given["steps"] == step and evaluated:  # at the end, only the last score may be due
         return (f"--steps {given['steps']}: checkpoint {ckpt} is already at step {step}, so there is nothing to "
                 f"train; pass --steps above {step} to continue it")
     if newer and os.path.realpath(out) == os.path.realpath(run):
@@ -303,6 +304,17 @@ def prune_checkpoints(out_dir: str, keep: int, master: bool = True) -> list[str]
         shutil.rmtree(trash, ignore_errors=True)
         deleted.append(name)
     return deleted
+
+
+def _json(path: str) -> dict:
+    import json
+
+    try:
+        with open(path) as f:
+            found = json.load(f)
+        return found if isinstance(found, dict) else {}
+    except (OSError, ValueError):
+        return {}
 
 
 def _readable(ckpt: str) -> bool:

@@ -10,6 +10,8 @@ import json
 import os
 import tempfile
 
+from plumbing.cli import first_line
+
 
 def write_whole(path: str, write) -> None:
     """`write(f)` on a temporary text file beside `path`, then flushed to the disk and renamed into place."""
@@ -34,6 +36,29 @@ def write_json(path: str, obj, indent: int | None = None) -> None:
 def write_lines(path: str, lines) -> None:
     """Text lines, each ending in its own newline (JSON Lines rows, say)."""
     write_whole(path, lambda f: f.writelines(lines))
+
+
+class AppendError(OSError):
+    """An append that did not fit (a full disk); the message is one line, and the file is as it was before."""
+
+
+def append_lines(path: str, lines) -> None:
+    """Text lines added at the end of `path`, all or none: on a failure (ENOSPC) the file is cut back to its old
+    length, so no torn last line is left for a reader or a resume, and AppendError says so in one line."""
+    data = "".join(lines).encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:  # unbuffered: nothing is left to flush at close
+        size = os.lseek(fd, 0, os.SEEK_END)
+        done = 0
+        while done < len(data):
+            done += os.write(fd, data[done:])
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, size)
+        raise AppendError(f"cannot append to {path} ({err.strerror or first_line(err)}): is the disk full? The "
+                          "file is as it was before this step, and the last checkpoint is intact") from None
+    finally:
+        os.close(fd)
 
 
 def write_error(path: str, flag: str, folder: bool = False) -> str | None:

@@ -24,7 +24,7 @@ def encode_prompts(tokenizer, examples, max_len: int | None = None) -> list[list
     special token is a DataError; with `max_len` (the context the model has left beside the completion), so is a
     longer prompt. A chat template that fails to render (a sandbox escape, a syntax error) is a ModelLoadError."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("the tokenizer has no chat template; use an instruct/chat model")
+        raise ModelLoadError("the tokenizer has no chat template; use an instruct/chat model")
     specials = [t for t in special_tokens(tokenizer) if t]
     for i, ex in enumerate(examples):
         for message in ex.prompt:

@@ -4,6 +4,7 @@ Checked before any model loads, so that a run that cannot save, or would overwri
 checkpoints, stops in one line instead of after hours of training.
 """
 
+import contextlib
 import fcntl
 import os
 
@@ -22,23 +23,33 @@ class RunLock:
         self.out, self.handle, self.made = out, handle, made
 
     def release(self):
-        os.remove(os.path.join(self.out, ".lock"))  # before unlocking: a waiter then makes a fresh file
-        self.handle.close()
-        if self.made and not os.listdir(self.out):
-            os.rmdir(self.out)
+        """Unlock. The .lock file stays (a racer that opened it then locks the same file), unless the run wrote
+        nothing else in a folder it made: then the folder goes, and the run leaves no trace."""
+        if self.handle is not None:
+            self.handle.close()
+        with contextlib.suppress(OSError):
+            if self.made and os.listdir(self.out) == [".lock"]:
+                os.remove(os.path.join(self.out, ".lock"))
+                os.rmdir(self.out)
 
 
-def lock_run_folder(out: str) -> RunLock:
+def lock_run_folder(out: str, hold: bool = True) -> RunLock:
     """Hold `out` for this run: an exclusive lock on out/.lock, taken without waiting, so that a second run on the
     same folder stops at once (RunFolderError) instead of interleaving its metrics and checkpoints with this one's.
     The lock is the operating system's (flock): it ends with the process, a crash or a kill included, so no stale
-    lock outlives its run."""
+    lock outlives its run. hold=False (torchrun's other ranks): a lock that holds nothing."""
+    if not hold:
+        return RunLock(out, None, False)
     made = not os.path.isdir(out)
     os.makedirs(out, exist_ok=True)
     handle = open(os.path.join(out, ".lock"), "a+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    except OSError as err:
+        if not isinstance(err, BlockingIOError):  # a filesystem without flock (NFS nolock, some Lustre mounts)
+            handle.close()
+            print(f"note: {out} cannot be locked ({err.strerror}); nothing stops a second run there")
+            return RunLock(out, None, made)
         handle.seek(0)
         holder = handle.read().strip() or "another process"
         handle.close()  # the file is the holder's
@@ -54,8 +65,6 @@ def lock_run_folder(out: str) -> RunLock:
 def out_dir_error(out: str) -> str | None:
     """Why the run folder `out` cannot be written, as one line, or None: checked by creating (and removing) a file
     in it or in its nearest existing parent, which is then where train.py creates it."""
-    if os.path.islink(out) and not os.path.exists(out):
-        return f"--out-dir {out} is a link to {os.readlink(out)}, which does not exist"
     return write_error(out, "--out-dir", folder=True)
 
 

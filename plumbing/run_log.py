@@ -12,7 +12,7 @@ from dataclasses import asdict
 
 import torch
 
-from plumbing.files import write_json, write_lines
+from plumbing.files import append_lines, write_json, write_lines
 from plumbing.parallel import gather_objects, per_rank
 
 
@@ -44,8 +44,7 @@ def write_jsonl(path: str, rows: list[dict], mode: str = "w"):
     if mode == "w":
         write_lines(path, lines)
     else:
-        with open(path, mode) as f:
-            f.writelines(lines)
+        append_lines(path, lines)
 
 
 def user_text(prompt) -> str:
@@ -116,8 +115,7 @@ class MetricsLog:
 
     def write(self, metrics: dict):
         if self.master:
-            with open(self.path, "a") as f:
-                f.write(json.dumps(metrics) + "\n")
+            append_lines(self.path, [json.dumps(metrics) + "\n"])
             if self.wandb:
                 self.wandb.log(metrics, step=metrics["step"])
 

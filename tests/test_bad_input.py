@@ -597,3 +597,25 @@ def test_ctrl_c_during_training_is_one_line_naming_the_checkpoint(tiny_model_dir
     lines = [line for line in err.strip().splitlines() if "it/s" not in line and "s/it" not in line]
     assert proc.returncode == 130 and lines and lines[-1].startswith("train.py: interrupted; the newest"), err
     assert "Traceback" not in err
+
+
+def test_a_full_disk_while_logging_is_one_line_and_leaves_no_torn_line(tmp_path, monkeypatch):
+    """metrics.jsonl and completions.jsonl grow by appends (plumbing/files.py: append_lines). A disk that fills
+    halfway through one: the file is cut back to its old length and AppendError, which train.py prints as its one
+    line, says what happened; without the cut, a resume would meet a torn last line."""
+    import plumbing.files as files
+
+    path = tmp_path / "completions.jsonl"
+    path.write_text('{"step": 1}\n')
+    real_write = os.write
+
+    def half_then_full(fd, data):  # the first half lands, then ENOSPC
+        if len(data) > 4:
+            real_write(fd, data[: len(data) // 2])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files.os, "write", half_then_full)
+    with pytest.raises(files.AppendError, match="^cannot append to .*completions.jsonl .No space left on device"):
+        files.append_lines(str(path), ['{"step": 2, "completion": "a long line"}\n'])
+    assert path.read_text() == '{"step": 1}\n'
+    assert issubclass(files.AppendError, OSError) and "AppendError" in open(os.path.join(ROOT, "train.py")).read()

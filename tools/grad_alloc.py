@@ -8,7 +8,8 @@ pass-rate bin (grad_alloc.py computes the allocation; this is its command line).
 Pearson and Spearman agreement with the cheap budget sum_i |A_i| len_i.
 """
 
-import argparse
+
+import sys
 
 import torch
 
@@ -23,6 +24,7 @@ from grad_alloc import (
     prompt_budgets,
     shares_by_bin,
 )
+from plumbing.cli import OneLineParser
 
 
 def format_table(rows: dict[str, list[float]], counts: list[int] | None = None) -> str:
@@ -32,7 +34,8 @@ def format_table(rows: dict[str, list[float]], counts: list[int] | None = None) 
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Table 3: gradient budget share per pass-rate bin, on fresh rollouts.")
+    parser = OneLineParser("grad_alloc.py", description="Table 3: gradient budget share per pass-rate bin, on fresh "
+                           "rollouts.")
     parser.add_argument("--model", required=True, help="HF folder, checkpoint folder or alias")
     parser.add_argument("--task", required=True)
     parser.add_argument("--data-file", default=None)
@@ -90,4 +93,10 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    from plumbing.data import DataError
+    from plumbing.models import ModelLoadError, SamplingError
+
+    try:
+        main()
+    except (DataError, ModelLoadError, SamplingError) as err:  # one line, as train.py and eval.py
+        sys.exit(f"grad_alloc.py: error: {err}")

@@ -28,7 +28,7 @@ What train.py does that sets these numbers (read from its code, not guessed):
    weight in backward (speed/backward.py: recast_linears_in_backward): no bf16 copy of a weight lives from
    forward to backward, only the one weight a layer is casting at that moment (the lm_head, or an h x f matrix).
 4. The residual stream stays float32 (float32 embedding + bf16 branch outputs), RMSNorm computes in float32.
-5. Logits exist only for the K + 1 completion positions (`logits_to_keep`); loss.token_logprobs saves them
+5. Logits exist only for the K + 1 completion positions (`logits_to_keep`); the chunked log-prob kernel saves them
    and, in backward, writes a gradient of the same size, which slicing off the last position copies once
    more: two logits-sized tensors at once, plus its float32 row chunks (speed.logprobs.CHUNK_ELEMENTS).
 

@@ -8,9 +8,9 @@ freedom and noncentrality effect sqrt(n) / sigma; the pairs needed for a target 
     python -m tools.power --sd 0.05 --effect 0.023 --pairs 10  # the power 10 pairs give
 """
 
-import argparse
 import math
 
+from plumbing.cli import OneLineParser
 from tools.sweep import t_quantile
 
 
@@ -49,13 +49,15 @@ def pairs_needed(sd: float, effect: float, target: float = 0.8, alpha: float = 0
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m tools.power", description=__doc__.splitlines()[0])
+    parser = OneLineParser("python -m tools.power", description=__doc__.splitlines()[0])
     parser.add_argument("--sd", type=float, required=True, help="SD of the paired differences (a pilot's)")
     parser.add_argument("--effect", type=float, required=True, help="the difference to detect")
     parser.add_argument("--pairs", type=int, help="report the power of this many pairs instead")
     parser.add_argument("--alpha", type=float, default=0.05)
     parser.add_argument("--target", type=float, default=0.8)
     opts = parser.parse_args(argv)
+    if not (opts.sd > 0 and opts.effect != 0 and 0 < opts.alpha < 1 and 0 < opts.target < 1):
+        parser.error("--sd must be > 0, --effect nonzero, --alpha and --target in (0, 1)")
     if opts.pairs:
         print(f"power of {opts.pairs} pairs: {power(opts.pairs, opts.sd, opts.effect, opts.alpha):.3f}")
     else:
