@@ -298,7 +298,8 @@ def test_end_to_end_writes_metrics_and_a_loadable_checkpoint(tiny_model_dir, tmp
     assert all(0 < r["policy/entropy"] <= math.log(vocab) for r in rows)
     assert not any(key.startswith("loss/is_") for key in rows[0])  # --is-correction none: nothing to report
     ckpt = tmp_path / "checkpoint-000002"
-    assert sorted(os.listdir(tmp_path)) == ["checkpoint-000002", "completions.jsonl", "curves.png", "metrics.jsonl"]
+    assert sorted(os.listdir(tmp_path)) == [".lock", "checkpoint-000002", "completions.jsonl", "curves.png",
+                                            "metrics.jsonl"]  # .lock: the run folder's lock file, released
     samples = read_metrics(tmp_path / "completions.jsonl")  # --log-completions 8: 8 of each step's 16 samples
     assert [r["step"] for r in samples] == [1] * 8 + [2] * 8
     assert set(samples[0]) == {"step", "uid", "prompt", "completion", "reward", "passed", "advantage", "length",
