@@ -138,8 +138,7 @@ def resolve_auto(args: Args) -> Args:
 
 
 def alloc_estimators(args: Args) -> list[str]:
-    """The estimators whose Table 3 allocation train.py logs: all (ESTIMATORS' order), or --advantage's and the
-    named ones."""
+    """Whose Table 3 allocation train.py logs: all (in ESTIMATORS' order), or --advantage's and the named ones."""
     if args.alloc_estimators.strip() == "all":
         return list(ESTIMATORS)
     return list(dict.fromkeys([args.advantage, *filter(None, map(str.strip, args.alloc_estimators.split(",")))]))
@@ -195,16 +194,15 @@ def number_error(args: Args) -> str | None:
 # What a resume keeps unless --resume-changed (with the estimator's own hyperparameters, --tau for softmax): the
 # run's identity and its data stream. Every other flag applies from the resumed step on (train.py says which).
 RESUME_KEEPS = ("task", "advantage", "M", "seed", "rollout_batch", "data_file")
-DTYPES = ("auto", "bfloat16", "float32")
 
 
 def choices() -> dict:
     """Each string flag's registry, whose keys are its valid values: a fork's new entry is a valid value at once."""
     from rollout import SAMPLERS  # imports transformers: only when checking
 
-    return {"advantage": ESTIMATORS, "reward": ("exact", *REWARD_TERMS), "loss_agg": AGGREGATIONS,
-            "is_correction": IS_CORRECTIONS, "ratio": RATIOS, "sampler": ("auto", *SAMPLERS), "dtype": DTYPES,
-            "row_filter": ROW_FILTERS}
+    return {"advantage": ESTIMATORS, "reward": ("exact", *REWARD_TERMS), "loss_agg": AGGREGATIONS, "ratio": RATIOS,
+            "is_correction": IS_CORRECTIONS, "row_filter": ROW_FILTERS, "sampler": ("auto", *SAMPLERS),
+            "dtype": ("auto", "bfloat16", "float32")}
 
 
 def check_args(args: Args) -> str | None:

@@ -148,11 +148,9 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if error := judge.judge_args_error(args):
         parser.error(error)
-    for name in ("limit", "max_tokens", "batch_size"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.samples < 0 or (args.samples > 0 and not args.temperature > 0):
-        parser.error("--samples must be >= 0 and --temperature > 0 when sampling")
+    if min(args.limit or 1, args.max_tokens, args.batch_size) < 1 or args.samples < 0 or (
+            args.samples and not args.temperature > 0):  # the temperature is read only for sampled pass@k
+        parser.error("--limit, --max-tokens and --batch-size must be >= 1, --samples >= 0 and --temperature > 0")
     args.out = args.out or os.path.join(args.model if os.path.isdir(args.model) else ".",
                                         f"eval_{args.task}_{args.split}.json")  # by default beside the model
     # before anything loads: an unwritable --out or a damaged model file costs a second, not an evaluation
@@ -207,6 +205,8 @@ def main(argv=None) -> dict:
             kept = f"; the earlier {out} is intact" if os.path.exists(out) else ""
             raise OSError(f"cannot write {out} ({err.strerror or first_line(err, limit=200)}): the summary above "
                           f"is the result{kept}") from None
+    except KeyboardInterrupt:  # Ctrl-C: --out is written whole or not at all; judgments so far stay in `partial`
+        sys.exit(f"eval.py: interrupted; {out} is {'as it was' if os.path.exists(out) else 'not written'}")
     except (*bad_input, OSError, judge.JudgeError) as err:
         print(f"eval.py: error: {err}", file=sys.stderr)
         sys.exit(2 if isinstance(err, bad_input) else 1)

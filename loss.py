@@ -89,8 +89,7 @@ def no_correction(old_logp, sampler_logp, cap):
 
 
 def tis_weights(old_logp, sampler_logp, cap):
-    """Truncated importance weights w_t = min(pi_old / pi_sampler, C) per token (B, T), detached: they correct
-    which tokens were drawn, and no gradient should flow into the correction itself."""
+    """Truncated importance weights w_t = min(pi_old / pi_sampler, C) per token (B, T), detached (no gradient)."""
     log_w = (old_logp - sampler_logp).detach().clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     return torch.exp(log_w).clamp(max=cap)
 

@@ -266,6 +266,8 @@ def read_file(path: str, flag: str, required, task: str, hint: str = ""):
         raise DataError(f"{flag} {path}: expected a .jsonl, .json or .parquet file")
     if not os.path.isfile(path):
         raise DataError(f"{flag} {path}: no such file")
+    if os.path.getsize(path) == 0 or not open(path, "rb").read(4096).strip():  # datasets: "StopIteration: "
+        raise DataError(f"{flag} {path}: the file is empty; it needs {task}'s rows")
     lines = check_jsonl(path, required, task, hint, flag) if path.lower().endswith(".jsonl") else None
     try:
         return _datasets().load_dataset(kind, data_files=path, split="train"), lines

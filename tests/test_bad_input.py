@@ -619,3 +619,30 @@ def test_a_full_disk_while_logging_is_one_line_and_leaves_no_torn_line(tmp_path,
         files.append_lines(str(path), ['{"step": 2, "completion": "a long line"}\n'])
     assert path.read_text() == '{"step": 1}\n'
     assert issubclass(files.AppendError, OSError) and "AppendError" in open(os.path.join(ROOT, "train.py")).read()
+
+
+@pytest.mark.parametrize("script", ["train.py", "eval.py"])
+def test_an_empty_data_file_says_it_is_empty(script, tiny_model_dir, tmp_path):
+    data = tmp_path / "rows.jsonl"
+    data.write_text("")
+    out = ["--out-dir", tmp_path / "run"] if script == "train.py" else ["--out", tmp_path / "eval.json"]
+    result = run(script, "--task", "gsm8k", "--data-file", data, "--model", tiny_model_dir, *out)
+    assert_one_line(result, 1 if script == "train.py" else 2, f"{script}: error: ", "the file is empty")
+    assert "StopIteration" not in result.stderr
+
+
+def test_ctrl_c_in_eval_is_one_line_and_keeps_the_earlier_result(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    import eval as evaluation
+
+    out = tmp_path / "eval.json"
+    out.write_text('{"earlier": true}')
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluation, "evaluate", interrupted)
+    with pytest.raises(SystemExit) as info:
+        evaluation.main(["--model", tiny_model_dir, "--task", "arith", "--limit", "2", "--max-tokens", "2",
+                         "--out", str(out)])
+    assert info.value.code == f"eval.py: interrupted; {out} is as it was"
+    assert out.read_text() == '{"earlier": true}' and "Traceback" not in capsys.readouterr().err
