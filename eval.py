@@ -148,7 +148,7 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if error := judge.judge_args_error(args):
         parser.error(error)
-    if min(args.limit or 1, args.max_tokens, args.batch_size) < 1 or args.samples < 0 or (
+    if min(1 if args.limit is None else args.limit, args.max_tokens, args.batch_size) < 1 or args.samples < 0 or (
             args.samples and not args.temperature > 0):  # the temperature is read only for sampled pass@k
         parser.error("--limit, --max-tokens and --batch-size must be >= 1, --samples >= 0 and --temperature > 0")
     args.out = args.out or os.path.join(args.model if os.path.isdir(args.model) else ".",
