@@ -584,9 +584,12 @@ def test_ctrl_c_during_training_is_one_line_naming_the_checkpoint(tiny_model_dir
     import signal
 
     out = tmp_path / "run"
+    # SIGINT as a terminal leaves it: a job started in the background (CI) inherits it ignored, and Python then
+    # installs no KeyboardInterrupt handler at all
     proc = subprocess.Popen([sys.executable, "train.py", *TINY_RUN, "--model", tiny_model_dir, "--steps", "200",
                              "--save-every", "1", "--out-dir", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     import time
 
     deadline = time.time() + 240
