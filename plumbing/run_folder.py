@@ -62,16 +62,10 @@ def lock_run_folder(out: str, hold: bool = True) -> RunLock:
     return RunLock(out, handle, made)
 
 
-def out_dir_error(out: str) -> str | None:
-    """Why the run folder `out` cannot be written, as one line, or None: checked by creating (and removing) a file
-    in it or in its nearest existing parent, which is then where train.py creates it."""
-    return write_error(out, "--out-dir", folder=True)
-
-
 def run_folder_error(out: str, resume_ckpt: str | None) -> str | None:
     """Why `out` cannot hold this run, as one line, or None: unwritable, or holding another run (metrics or
     checkpoints) that this one is not resuming (`resume_ckpt`: the checkpoint --resume names, or None)."""
-    if error := out_dir_error(out):
+    if error := write_error(out, "--out-dir", folder=True):  # a probe file in it, or where it will be made
         return error
     taken = os.path.isdir(out) and any(f == "metrics.jsonl" or f.startswith("checkpoint-") for f in os.listdir(out))
     if taken and resume_ckpt is None:
