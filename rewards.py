@@ -1,9 +1,9 @@
 """Reward functions for the paper's tasks (SoftmaxGRPO, Section 5.1, Appendix B.3 and B.5).
 
 Model output is untrusted input. Every reward takes any string and returns a float in [0, 1]: it
-never raises, never executes model text, and returns within about a second on adversarial input.
+never raises, never executes model text, and returns within MATH_TIMEOUT_S on adversarial input.
 An exception inside a reward is a bug (the rewards are written not to raise on any text), so it is
-not silent: it scores 0, is counted (`take_error_count()`, which train.py logs per step as
+not silent: it scores 0, is counted (so is a math-verify call that outlasts MATH_TIMEOUT_S) (`take_error_count()`, which train.py logs per step as
 reward/errors), and the first one of a run prints its traceback to stderr. With
 SOFTMAX_GRPO_STRICT_REWARDS=1 in the environment (or `rewards.STRICT = True`) it raises instead;
 the test suite runs that way (tests/conftest.py).
@@ -39,9 +39,9 @@ from typing import Any
 
 from plumbing.math_worker import MathWorker
 
-MATH_TIMEOUT_S = 0.8  # wall time for one math-verify call before the worker is killed
+MATH_TIMEOUT_S = 3.0  # wall time for one math-verify call before the worker is killed (counted in reward/errors)
 MAX_ANSWER_CHARS = 1000  # math answers: the boxed content, or without a box the tail, that reaches sympy
-MAX_DEPTH = 32  # deeper bracket nesting scores 0 without parsing
+MAX_DEPTH = 10  # deeper bracket nesting scores 0 without parsing: its parse alone can outlast the timeout
 MAX_EXPR_CHARS = 200  # a Countdown expression over four numbers is ~25 characters
 MAX_WORDS = 20_000  # per side, for the O(n * m / 64) LCS
 
@@ -67,6 +67,15 @@ def take_error_count() -> int:
     return count
 
 
+def _count_error(message: str):
+    """Count one reward error (reward/errors); print `message` for the first one of the run."""
+    with _errors_lock:
+        _errors["count"] += 1
+        first, _errors["printed"] = not _errors["printed"], True
+    if first:
+        print(f"rewards.py: {message}; later errors are only counted (reward/errors).", file=sys.stderr, flush=True)
+
+
 def safe_reward(fn):
     """Make a reward total: an exception scores 0 (counted; the first traceback printed); clip to [0, 1]."""
     @functools.wraps(fn)
@@ -76,13 +85,8 @@ def safe_reward(fn):
         except Exception:
             if STRICT:
                 raise
-            with _errors_lock:
-                _errors["count"] += 1
-                first, _errors["printed"] = not _errors["printed"], True
-            if first:
-                print(f"rewards.py: {fn.__name__} raised and scored 0; later errors are only counted "
-                      f"(reward/errors). Set SOFTMAX_GRPO_STRICT_REWARDS=1 to raise.\n{traceback.format_exc()}",
-                      file=sys.stderr, flush=True)
+            _count_error(f"{fn.__name__} raised and scored 0. Set SOFTMAX_GRPO_STRICT_REWARDS=1 to raise.\n"
+                         f"{traceback.format_exc()}")
             return 0.0
     return wrapped
 
@@ -123,8 +127,13 @@ def last_boxed(text: str, limit: int = 2000) -> str | None:
     return None
 
 
-# What may part two boxes of one answer: "\\boxed{1} and \\boxed{2}", "\\boxed{(2, 2)} \\quad \\text{and} ..."
-_BOX_SEPARATOR = re.compile(r"(?:[\s,;$&]|\\quad|\\qquad|\\[,;]|\\text\{\s*(?:and|or|,)\s*\}|\band\b|\bor\b)*")
+# What may part two boxes of one answer: "\\boxed{1} and \\boxed{2}", "\\boxed{(2, 2)} \\quad \\text{and} ...",
+# "\\boxed{(3, 3)} \\text{ for part (a) and } \\boxed{(1, 1)}", "y_1 = \\boxed{..} \\) and \\( y_2 = \\boxed{..}"
+_LINK_WORDS = r"(?:and|or|for|part|parts|case|cases)"
+_PART_LABEL = r"(?:\([a-z0-9]{1,3}\)|[a-z0-9]\))"  # (a), (ii), b)
+_BOX_SEPARATOR = re.compile(r"(?:[\s,;$&]|\\quad|\\qquad|\\[,;()]|" + _PART_LABEL + r"|(?<![\w\\])" + _LINK_WORDS
+                            + r"(?!\w)|\\text\{(?:[\s,]|" + _PART_LABEL + "|" + _LINK_WORDS + r"(?!\w))*\}"
+                            r"|(?<![\w\\])[A-Za-z](?:_\{?[A-Za-z0-9]{1,3}\}?)?\s*=)*")
 
 
 def _box_at(text: str, start: int, limit: int):
@@ -139,20 +148,26 @@ def _box_at(text: str, start: int, limit: int):
 
 def last_boxes(text: str, limit: int = 2000) -> list[str]:
     """The contents of the answer's last run of boxes: the last \\boxed{} (last_boxed's), and the boxes before it
-    that only separators part from it (commas, "and", "or", \\quad, \\text{and}). math-verify reads several boxes
-    as one set; a box that words part from the last ("\\boxed{2}, so the answer is \\boxed{3}") is working."""
+    that only separators part from it (commas, "and", "or", \\quad, \\text{and}, "(a)", "y_2 ="). math-verify reads
+    several boxes as one set; a box that words part from the last ("\\boxed{2}, so the answer is \\boxed{3}") is
+    working."""
+    return _last_box_run(text, limit)[0]
+
+
+def _last_box_run(text: str, limit: int) -> tuple[list[str], int]:
+    """last_boxes' contents, and the index just past the last box (-1 when there is none)."""
     start = text.rfind("\\boxed{")
     last = _box_at(text, start, limit) if start >= 0 else None
     if last is None:
-        return []
-    run = [last[0]]
+        return [], -1
+    run, end = [last[0]], last[1]
     while (before := text.rfind("\\boxed{", 0, start)) >= 0:
         box = _box_at(text, before, limit)
         if box is None or box[1] > start or not _BOX_SEPARATOR.fullmatch(text[box[1]:start]):
             break
         run.insert(0, box[0])
         start = before
-    return run
+    return run, end
 
 
 def _depth(text: str) -> int:
@@ -165,8 +180,9 @@ def _depth(text: str) -> int:
 
 
 # ---------------------------------------------------------------- math (GSM8K, DeepMath)
-_math_worker = MathWorker(timeout=MATH_TIMEOUT_S)
-os.register_at_fork(after_in_child=lambda: globals().update(_math_worker=MathWorker(timeout=MATH_TIMEOUT_S)))
+_math_worker = MathWorker(timeout=MATH_TIMEOUT_S, on_failure=_count_error)  # a timeout is a counted error
+os.register_at_fork(after_in_child=lambda: globals().update(
+    _math_worker=MathWorker(timeout=MATH_TIMEOUT_S, on_failure=_count_error)))
 atexit.register(lambda: _math_worker.close())
 
 
@@ -174,13 +190,24 @@ _UNIT_WORDS = re.compile(r"(?:\\(?:text|mbox|textrm)\{\s*)?(-?[0-9][0-9,]*(?:\.[
                          r"(?:\s+|\s*\}?\s*\\(?:text|mbox|textrm)\{\s*)[A-Za-z]{2,}(?:\s+[A-Za-z]+)*\.?\s*\}?")
 
 
+_FINAL_STATEMENT = re.compile(r"final answer is\b", re.IGNORECASE)  # the phrase math-verify's extraction ranks first
+
+
 def math_answer(completion) -> str:
-    """What math-verify judges: \\boxed{last box's content} wherever it is in the answer, else the answer's tail.
+    """What math-verify judges: \\boxed{the last run of boxes} wherever it is in the answer; but a statement
+    "the final answer is ..." after it (or with no box at all) is the answer, up to its line's end; else the
+    answer's tail.
 
     A number followed by unit words in the box is the number; the unicode minus is "-" (departure 4).
     """
     answer = final_answer(completion).replace("\u2212", "-")
-    boxes = last_boxes(answer, limit=MAX_ANSWER_CHARS)
+    boxes, box_end = _last_box_run(answer, limit=MAX_ANSWER_CHARS)
+    stated = None
+    for stated in _FINAL_STATEMENT.finditer(answer):
+        pass
+    if stated is not None and stated.start() > box_end:
+        line_end = answer.find("\n", stated.start())
+        return answer[stated.start():line_end if line_end >= 0 else len(answer)][:MAX_ANSWER_CHARS]
     if not boxes:
         return answer[-MAX_ANSWER_CHARS:]
     boxes = [units.group(1) if (units := _UNIT_WORDS.fullmatch(box)) else box for box in boxes]
@@ -196,8 +223,16 @@ def math_reward(completion, gold) -> float:
     gold = _text(gold).strip()
     if not answer or not gold or _depth(answer) > MAX_DEPTH:
         return 0.0
-    gold = gold if "\\boxed" in gold else "\\boxed{" + gold + "}"
+    gold = gold if "\\boxed" in gold else "\\boxed{" + _plain_number(gold) + "}"
     return _math_worker.verify(answer, gold)
+
+
+def _plain_number(gold: str) -> str:
+    """A gold number with commas, as math-verify reads it bare: thousands ("7,425,000") or a decimal comma
+    ("1,22"). Boxed as it is, "1,22" would be the pair (1, 22)."""
+    if re.fullmatch(r"-?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?", gold):  # "0,111" is a decimal comma
+        return gold.replace(",", "")
+    return gold.replace(",", ".") if re.fullmatch(r"-?\d+,\d+", gold) else gold
 
 
 # ---------------------------------------------------------------- Countdown

@@ -3,7 +3,9 @@
 math-verify bounds its own time with SIGALRM, which only works in the main thread. Here it runs in a
 `python -c` child (not multiprocessing: it then works from threads, forked and daemonic workers, and
 scripts without a `__main__` guard) that answers one JSON line per call, with a warm spare beside it.
-A call slower than the timeout kills the child and scores 0; the spare takes over at once.
+A call slower than the timeout kills the child and scores 0; the spare takes over at once. Every such 0
+is reported through `on_failure` (rewards.py counts it in reward/errors): a score that depends on the
+machine's load must not pass unseen.
 
     python -m pytest tests/test_rewards.py -q -k math
 """
@@ -66,8 +68,9 @@ class _Child:
 class MathWorker:
     """The active child plus a warm spare, so a kill costs the next call nothing. Thread-safe."""
 
-    def __init__(self, timeout: float):
-        self.timeout, self.lock, self.active, self.spare, self.warned = timeout, threading.Lock(), None, None, False
+    def __init__(self, timeout: float, on_failure=lambda why: None):
+        self.timeout, self.lock, self.active, self.spare = timeout, threading.Lock(), None, None
+        self.on_failure = on_failure  # called with one line whenever a call scores 0 without a verdict
 
     def verify(self, pred: str, gold: str) -> float:
         """1.0 when math-verify says `pred` equals `gold` within the timeout, else 0.0."""
@@ -79,10 +82,8 @@ class MathWorker:
                 if self.active.readline(timeout=120) != b"ready":
                     self.active.kill()
                     self.active = None
-                    if not self.warned:
-                        print("rewards: math-verify worker failed to start; math rewards are 0 "
-                              f"(try `{sys.executable} -c 'import math_verify'`)", file=sys.stderr)
-                    self.warned = True
+                    self.on_failure("the math-verify worker failed to start, so math rewards are 0 "
+                                    f"(try `{sys.executable} -c 'import math_verify'`)")
                     return 0.0
                 self.active.ready = True
             self.active.proc.stdin.write(json.dumps([pred, gold]).encode() + b"\n")
@@ -91,6 +92,8 @@ class MathWorker:
             if line is None:  # too slow (or crashed): the spare takes over, this answer scores 0
                 self.active.kill()
                 self.active = None
+                self.on_failure(f"a math-verify call took over {self.timeout:g} s and scored 0 "
+                                f"(answer of {len(pred)} characters)")
                 return 0.0
             return 1.0 if line == b"1" else 0.0
 

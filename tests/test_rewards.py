@@ -378,3 +378,79 @@ def test_answers_split_over_several_boxes_are_one_set_as_math_verify_reads_them(
     if as_math_verify:
         assert float(verify(parse("\\boxed{" + gold + "}"), parse(completion))) == want
     assert rewards.last_boxes(r"\boxed{1}, \boxed{2}") == ["1", "2"] and rewards.last_boxes(r"\boxed{2") == []
+
+
+# ---------------------------------------------------------------- math-verify's own cases (docs/rewards.md, note 1)
+NOTE = "[Note: it is always a good idea to double-check the calculations.] "
+
+
+@pytest.mark.parametrize("completion, gold, want", [
+    ("1.22", "1,22", 1.0),  # a bare gold with a decimal comma, as math-verify reads it unboxed (boxed: a pair)
+    ("0.111", "0,111", 1.0),  # a leading 0 is never a thousands group
+    ("7425000", "7,425,000", 1.0),  # thousands separators
+    ("1.22", "1,220", 0.0),  # 1,220 is thousands: 1220
+    # an unboxed final answer stated long before the end of a rambling answer
+    ("So N = 14916. Final Answer: The final answer is $14 {,}916$. I hope it is correct. " + NOTE * 30,
+     r"\boxed{14{,}916}", 1.0),
+    # a statement after the last box is the answer; the boxes before it were working
+    (r"Interest: $0.05 \cdot 10,200 / 2 = \boxed{255}$, so she has $10,455. The final answer is $10,455$. Done.",
+     "10455", 1.0),
+    (r"The final answer is $5$. Wait, recount: \boxed{7}", "7", 1.0),  # a box after the statement wins
+    # answers boxed in parts are one answer
+    (r"$$\boxed{(3, 3)} \text{ for part (a) and } \boxed{(1, 1)}$$", "(3, 3), (1, 1)", 1.0),
+    (r"\(y_1 = \boxed{-2(x - 1)^2 + 5} \) and \( y_2 = \boxed{3(x + 2)^2 - 2} \)",
+     "y_{1}=-2 x^{2}+4 x+3, y_{2}=3 x^{2}+12 x+10", 1.0),
+    (r"\(y_1 = \boxed{-2(x - 1)^2 + 5} \) and \( y_2 = \boxed{3(x + 2)^2 - 2} \)", "-2x^2+4x+3", 0.0),
+])
+def test_math_answers_math_verify_finds_are_found(completion, gold, want):
+    assert math_reward(completion, gold) == want
+
+
+@pytest.mark.parametrize("completion, gold, why", [
+    ("Answer $ \n 9 \n $", "$9$", "latex-only extraction (match_types=['latex']); by default expr finds the 9"),
+    ("Answer \\( \n 9 \n \\)", "$9$", "latex-only extraction (match_types=['latex']); by default expr finds the 9"),
+    (r"$\begin{pmatrix}0.33\\0.2 \end{pmatrix}$", r"$(\begin{pmatrix}\frac{1}{3}\\ \frac{1}{5} \end{pmatrix})$",
+     "float_rounding=2; the default rounds to 6 digits"),
+    ("$(0.6,2.6667]$", r"$(\frac{3}{5},\frac{8}{3}]$", "float_rounding=2; the default rounds to 6 digits"),
+    (r"$-2 \le x \le 7$", r"$x \in [-2,7]$", "allow_set_relation_comp=True; off by default"),
+    ("$f(y)$", "$f(x)$", "strict=False; by default x and y are different variables"),
+])
+def test_math_verify_cases_that_disagree_only_under_a_non_default_setting(completion, gold, why):
+    """math-verify's test expects the other verdict under the setting in `why`; under its defaults it agrees."""
+    from math_verify import parse, verify
+
+    assert math_reward(completion, gold) == float(verify(parse("\\boxed{" + gold + "}"), parse(completion)))
+
+
+def test_math_verify_own_error_is_not_copied():
+    """math-verify's test expects 1 - 1/e to equal 1 + 1/e when the gold is not boxed; it is wrong, and so
+    math_reward, which boxes the gold, keeps its 0."""
+    from math_verify import parse, verify
+
+    pred, gold = r"$1 + \frac{1}{\mathrm{e}}$", r"$1 - \frac{1}{\mathrm{e}}$"
+    assert verify(parse(gold), parse(pred)) and math_reward(pred, gold) == 0.0
+
+
+# ---------------------------------------------------------------- a score never depends on the machine's load
+def test_a_math_verify_timeout_is_counted_and_said_once(monkeypatch, capsys):
+    monkeypatch.setitem(rewards._errors, "printed", False)
+    rewards.take_error_count()
+    assert math_reward("9**9**9**9", "2") == 0.0  # outlasts MATH_TIMEOUT_S: the worker is killed
+    assert rewards.take_error_count() == 1
+    err = capsys.readouterr().err
+    assert f"took over {rewards.MATH_TIMEOUT_S:g} s and scored 0" in err and len(err.strip().splitlines()) == 1
+    assert math_reward(r"\boxed{2}", "2") == 1.0 and rewards.take_error_count() == 0
+
+
+def test_deep_nesting_scores_the_same_in_a_fresh_worker_as_in_a_warm_one(monkeypatch):
+    """Too deep: 0 by rule, without parsing (its parse alone took 7.7 s at 30 levels). Within MAX_DEPTH: parsed,
+    with room under the timeout, in a fresh worker whose cache has never seen it."""
+    deep = "\\boxed{" + "(" * 30 + "1" + ")" * 30 + "}"
+    allowed = "\\boxed{" + "(" * (rewards.MAX_DEPTH - 2) + "2" + ")" * (rewards.MAX_DEPTH - 2) + "}"
+    rewards.take_error_count()
+    for _ in range(2):
+        fresh = rewards.MathWorker(timeout=rewards.MATH_TIMEOUT_S, on_failure=rewards._count_error)
+        monkeypatch.setattr(rewards, "_math_worker", fresh)
+        assert math_reward(deep, "1") == 0.0 and math_reward(allowed, "2") == 1.0
+        fresh.close()
+    assert rewards.take_error_count() == 0
