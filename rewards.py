@@ -3,8 +3,9 @@
 Model output is untrusted input. Every reward takes any string and returns a float in [0, 1]: it
 never raises, never executes model text, and returns within MATH_TIMEOUT_S on adversarial input.
 An exception inside a reward is a bug (the rewards are written not to raise on any text), so it is
-not silent: it scores 0, is counted (so is a math-verify call that outlasts MATH_TIMEOUT_S) (`take_error_count()`, which train.py logs per step as
-reward/errors), and the first one of a run prints its traceback to stderr. With
+not silent: it scores 0, is counted (`take_error_count()`, which train.py logs per step as
+reward/errors), and the first one of a run prints its traceback to stderr. A math-verify call that
+outlasts MATH_TIMEOUT_S scores 0 and is counted the same way. With
 SOFTMAX_GRPO_STRICT_REWARDS=1 in the environment (or `rewards.STRICT = True`) it raises instead;
 the test suite runs that way (tests/conftest.py).
 
@@ -37,6 +38,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
+from plumbing.boxes import _depth, _last_box_run, last_boxed, last_boxes, plain_number  # noqa: F401 (re-exported)
 from plumbing.math_worker import MathWorker
 
 MATH_TIMEOUT_S = 3.0  # wall time for one math-verify call before the worker is killed (counted in reward/errors)
@@ -110,75 +112,6 @@ def final_answer(text) -> str:
     return text.strip()
 
 
-def last_boxed(text: str, limit: int = 2000) -> str | None:
-    """Content of the last \\boxed{...} with balanced braces (scans at most `limit` characters)."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    begin = start + len("\\boxed{")
-    depth = 1
-    for i in range(begin, min(len(text), begin + limit)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[begin:i].strip()
-    return None
-
-
-# What may part two boxes of one answer: "\\boxed{1} and \\boxed{2}", "\\boxed{(2, 2)} \\quad \\text{and} ...",
-# "\\boxed{(3, 3)} \\text{ for part (a) and } \\boxed{(1, 1)}", "y_1 = \\boxed{..} \\) and \\( y_2 = \\boxed{..}"
-_LINK_WORDS = r"(?:and|or|for|part|parts|case|cases)"
-_PART_LABEL = r"(?:\([a-z0-9]{1,3}\)|[a-z0-9]\))"  # (a), (ii), b)
-_BOX_SEPARATOR = re.compile(r"(?:[\s,;$&]|\\quad|\\qquad|\\[,;()]|" + _PART_LABEL + r"|(?<![\w\\])" + _LINK_WORDS
-                            + r"(?!\w)|\\text\{(?:[\s,]|" + _PART_LABEL + "|" + _LINK_WORDS + r"(?!\w))*\}"
-                            r"|(?<![\w\\])[A-Za-z](?:_\{?[A-Za-z0-9]{1,3}\}?)?\s*=)*")
-
-
-def _box_at(text: str, start: int, limit: int):
-    """(content, index past its closing brace) of the \\boxed{ at `start`, or None when it does not close."""
-    begin, depth = start + len("\\boxed{"), 1
-    for i in range(begin, min(len(text), begin + limit)):
-        depth += (text[i] == "{") - (text[i] == "}")
-        if depth == 0:
-            return text[begin:i].strip(), i + 1
-    return None
-
-
-def last_boxes(text: str, limit: int = 2000) -> list[str]:
-    """The contents of the answer's last run of boxes: the last \\boxed{} (last_boxed's), and the boxes before it
-    that only separators part from it (commas, "and", "or", \\quad, \\text{and}, "(a)", "y_2 ="). math-verify reads
-    several boxes as one set; a box that words part from the last ("\\boxed{2}, so the answer is \\boxed{3}") is
-    working."""
-    return _last_box_run(text, limit)[0]
-
-
-def _last_box_run(text: str, limit: int) -> tuple[list[str], int]:
-    """last_boxes' contents, and the index just past the last box (-1 when there is none)."""
-    start = text.rfind("\\boxed{")
-    last = _box_at(text, start, limit) if start >= 0 else None
-    if last is None:
-        return [], -1
-    run, end = [last[0]], last[1]
-    while (before := text.rfind("\\boxed{", 0, start)) >= 0:
-        box = _box_at(text, before, limit)
-        if box is None or box[1] > start or not _BOX_SEPARATOR.fullmatch(text[box[1]:start]):
-            break
-        run.insert(0, box[0])
-        start = before
-    return run, end
-
-
-def _depth(text: str) -> int:
-    """Deepest bracket nesting, counting unmatched closers too (a cut-off tail is all closers)."""
-    depth = deepest = 0
-    for char in text:
-        depth += (char in "({[") - (char in ")}]")
-        deepest = max(deepest, abs(depth))
-    return deepest
-
-
 # ---------------------------------------------------------------- math (GSM8K, DeepMath)
 _math_worker = MathWorker(timeout=MATH_TIMEOUT_S, on_failure=_count_error)  # a timeout is a counted error
 os.register_at_fork(after_in_child=lambda: globals().update(
@@ -202,12 +135,10 @@ def math_answer(completion) -> str:
     """
     answer = final_answer(completion).replace("\u2212", "-")
     boxes, box_end = _last_box_run(answer, limit=MAX_ANSWER_CHARS)
-    stated = None
-    for stated in _FINAL_STATEMENT.finditer(answer):
-        pass
-    if stated is not None and stated.start() > box_end:
-        line_end = answer.find("\n", stated.start())
-        return answer[stated.start():line_end if line_end >= 0 else len(answer)][:MAX_ANSWER_CHARS]
+    stated = [match.start() for match in _FINAL_STATEMENT.finditer(answer)]
+    if stated and stated[-1] > box_end:
+        line_end = answer.find("\n", stated[-1])
+        return answer[stated[-1]:line_end if line_end >= 0 else len(answer)][:MAX_ANSWER_CHARS]
     if not boxes:
         return answer[-MAX_ANSWER_CHARS:]
     boxes = [units.group(1) if (units := _UNIT_WORDS.fullmatch(box)) else box for box in boxes]
@@ -223,16 +154,8 @@ def math_reward(completion, gold) -> float:
     gold = _text(gold).strip()
     if not answer or not gold or _depth(answer) > MAX_DEPTH:
         return 0.0
-    gold = gold if "\\boxed" in gold else "\\boxed{" + _plain_number(gold) + "}"
+    gold = gold if "\\boxed" in gold else "\\boxed{" + plain_number(gold) + "}"
     return _math_worker.verify(answer, gold)
-
-
-def _plain_number(gold: str) -> str:
-    """A gold number with commas, as math-verify reads it bare: thousands ("7,425,000") or a decimal comma
-    ("1,22"). Boxed as it is, "1,22" would be the pair (1, 22)."""
-    if re.fullmatch(r"-?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?", gold):  # "0,111" is a decimal comma
-        return gold.replace(",", "")
-    return gold.replace(",", ".") if re.fullmatch(r"-?\d+,\d+", gold) else gold
 
 
 # ---------------------------------------------------------------- Countdown
