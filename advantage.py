@@ -24,7 +24,7 @@ from typing import Annotated
 import torch
 
 from plumbing.checks import FINITE_OR_NONE, POSITIVE, Range
-from plumbing.checks import as_groups as _as_groups  # the name the README's "Fork it" estimator calls
+from plumbing.checks import as_groups as _as_groups  # the name docs/fork.md's estimator calls
 
 
 def softmax_advantages(rewards: torch.Tensor, tau: Annotated[float, POSITIVE] = 0.1) -> torch.Tensor:

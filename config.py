@@ -72,7 +72,7 @@ class _Args:
                                "denominator (DAPO's overlong filtering); they still count in their group's "
                                "advantages")
     ratio: str = arg("token", "importance ratio the PPO clip acts on (loss.py: RATIOS): token, the paper's; a fork "
-                     "adds e.g. GSPO's per-sequence one (README, Fork it)")
+                     "adds e.g. GSPO's per-sequence one (docs/fork.md)")
     row_filter: str = arg("none", "batch filter (loss.py: ROW_FILTERS): the samples it drops get no loss weight and "
                           "leave the loss denominator; they still count in their group's advantages")
     loss_agg: str = arg("token-mean", f"loss aggregation (loss.py): {', '.join(AGGREGATIONS)}; the paper's is "

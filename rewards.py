@@ -297,7 +297,7 @@ def format_reward(completion) -> float:
 # r = sum_k w_k r_k over the terms --reward-weights names (train.py: score); "exact", the task's verifier, is not
 # here: Task.reward scores it. A term takes (completion, example) and may read example.reference, .gold, .meta.
 # Task.reward calls every term and verifier through safe_reward, so a fork's plain function is clipped to [0, 1]
-# and an exception in it scores 0: REWARD_TERMS["brevity"] = brevity_reward (README, "Fork it").
+# and an exception in it scores 0: REWARD_TERMS["brevity"] = brevity_reward (docs/fork.md).
 REWARD_TERMS: dict[str, Callable[[str, Any], float]] = {
     "sim": lambda completion, example: similarity_reward(completion, example.reference),  # Appendix B.5
     "format": lambda completion, example: format_reward(completion),  # the official OpenThoughts run: 0.35 of it

@@ -49,6 +49,7 @@ from plumbing.checkpoint import (
     remove_orphans,
     save_checkpoint,
 )
+from plumbing.checks import sampling_memory_error
 from plumbing.cli import first_line
 from plumbing.data import batch_indices
 from plumbing.files import AppendError
@@ -285,6 +286,9 @@ def train(args: Args) -> dict:
                         f"{model.config.max_position_embeddings} tokens: pass a smaller --max-tokens")
     train_ids, test_ids = (encode_prompts(tokenizer, rows, max_len=room) for rows in (train_set, test_set))
     max_prompt = max(len(p) for p in train_ids + test_ids)
+    if args.sampler == "hf" and (error := sampling_memory_error(model.config, args.rollout_batch // world * args.M,
+                                                                max_prompt + args.max_tokens, args.dtype, device)):
+        raise SamplingError(error)  # before the sampler's first batch asks for it
     memory = run_log.PhaseMemory(device)  # per phase, this rank's GPU memory (CUDA only), the engine's told apart
     sampler = memory.build(make_sampler, args.sampler, ckpt or init_path, dtype=args.dtype, max_model_len=max_prompt +
                            args.max_tokens, seed=args.seed + rank, gpu_memory_utilization=args.gpu_memory_utilization,

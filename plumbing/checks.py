@@ -67,3 +67,35 @@ class Range:
 POSITIVE = Range(low=torch.finfo(torch.float32).tiny, means="finite and > 0 (at least 1.2e-38, float32's smallest "
                  "normal number: a smaller value rounds to 0)")
 FINITE_OR_NONE = Range(optional=True, means="finite, or None")
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free for new tensors: the GPU's free memory, or Linux's MemAvailable; None where neither is known."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as meminfo:
+            return next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def sampling_bytes(config, rows: int, length: int, dtype: str) -> int:
+    """What the HF sampler holds at once to sample `rows` sequences of `length` tokens (prompt and completion): the
+    KV cache in buffers of a multiple of 64 tokens (speed/cpu_sampler.py) and one layer's copy as it grows, the
+    float32 logits with two same-sized temporaries (probabilities, top-p's sort), and each row's generator (~5 kB).
+    A lower bound: activations and the allocator's slack come on top."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    layer = 2 * kv_heads * head_dim * torch.finfo(getattr(torch, dtype)).bits // 8 * -(-length // 64) * 64  # per row
+    return rows * ((config.num_hidden_layers + 1) * layer + config.vocab_size * 4 * 3 + 5_000)
+
+
+def sampling_memory_error(config, rows: int, length: int, dtype: str, device: torch.device) -> str | None:
+    """One line when sampling `rows` sequences at once needs more memory than the device has free, else None."""
+    need, free = sampling_bytes(config, rows, length, dtype), available_memory(device)
+    if free is None or need <= free:
+        return None
+    return (f"sampling {rows:,} sequences at once (--rollout-batch x --M per process) needs about {need / 1e9:.1f} "
+            f"GB for the HF sampler's KV cache and logits, more than the {free / 1e9:.1f} GB free on {device.type}: "
+            "lower --M or --rollout-batch")

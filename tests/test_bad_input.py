@@ -649,3 +649,26 @@ def test_ctrl_c_in_eval_is_one_line_and_keeps_the_earlier_result(tiny_model_dir,
                          "--out", str(out)])
     assert info.value.code == f"eval.py: interrupted; {out} is as it was"
     assert out.read_text() == '{"earlier": true}' and "Traceback" not in capsys.readouterr().err
+
+
+def test_a_group_too_big_for_memory_is_refused_before_sampling(tiny_model_dir, tmp_path):
+    """--M 10,000,000 would ask the HF sampler for terabytes of KV cache: refused from the plan, nothing written."""
+    result = run("train.py", "--model", tiny_model_dir, "--M", "10000000", "--steps", "1", "--out-dir", tmp_path / "r")
+    line = assert_one_line(result, 1, "40,000,000 sequences", "GB free", "lower --M or --rollout-batch")
+    assert float(line.split("needs about ")[1].split(" GB")[0]) > 1000
+    assert "held-out" not in result.stdout  # refused before the first sample
+
+
+def test_the_sampling_plan_counts_what_the_sampler_holds():
+    """The plan scales with the rows and their length, and its KV part is the cache's buffer (multiple of 64)."""
+    from transformers import LlamaConfig
+
+    from plumbing.checks import sampling_bytes
+    config = LlamaConfig(num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, hidden_size=128,
+                         vocab_size=100)
+    one = sampling_bytes(config, 1, 64, "float32")
+    assert sampling_bytes(config, 1000, 64, "float32") == 1000 * one
+    assert sampling_bytes(config, 1, 1, "float32") == one  # one token still takes a 64-token buffer
+    kv_layer = 2 * 1 * 64 * 4 * 64  # keys and values, one kv head of 64 dims, float32, 64 tokens
+    assert one == 3 * kv_layer + 100 * 4 * 3 + 5_000  # two layers and one growing copy; logits; generator
+    assert sampling_bytes(config, 1, 64, "bfloat16") == one - 3 * kv_layer // 2

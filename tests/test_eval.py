@@ -255,7 +255,7 @@ def test_a_full_disk_keeps_the_earlier_result_and_prints_the_summary(tiny_model_
 def test_a_registered_reward_term_reaches_the_result(tiny_model_dir, tmp_path, monkeypatch, capsys):
     import rewards
 
-    def brevity(completion, example):  # a fork's term, registered as the README's recipe does
+    def brevity(completion, example):  # a fork's term, registered as docs/fork.md's recipe does
         return 1.0 / (1 + len(completion))
 
     monkeypatch.setitem(rewards.REWARD_TERMS, "brevity", brevity)

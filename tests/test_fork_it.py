@@ -1,7 +1,7 @@
-"""The README's "Fork it" recipes, applied exactly as written to a copy of the repository.
+"""The "Fork it" recipes (docs/fork.md, listed in the README), applied exactly as written to a copy of the repository.
 
-Each code block below is the README's, character for character (test_readme_shows_exactly_this_code checks it).
-The `fork` fixture copies the repository and appends each block to the stage file the README names, which is what
+Each code block below is docs/fork.md's, character for character (test_docs_show_exactly_this_code checks it).
+The `fork` fixture copies the repository and appends each block to the stage file the page names, which is what
 pasting it below the registry does; nothing in this checkout changes. In the copy, with all seven recipes at once:
 each recipe does what it says (a script run there), the fast suite stays green (so tests check what a registry
 contains, never that it equals a list), and train.py trains two steps with every new flag, then eval.py scores the
@@ -198,11 +198,13 @@ print("recipes ok")
 '''
 
 
-def test_readme_shows_exactly_this_code():
+def test_docs_show_exactly_this_code():
+    page = open(os.path.join(ROOT, "docs", "fork.md")).read()
+    for _, block in RECIPES:
+        assert f"```python\n{block}```" in page
     readme = open(os.path.join(ROOT, "README.md")).read()
     section = readme.split("## Fork it", 1)[1].split("\n## ", 1)[0]
-    for _, block in RECIPES:
-        assert f"```python\n{block}```" in section
+    assert "docs/fork.md" in section and section.count("\n| ") == 2 + len(RECIPES)  # one row per recipe
 
 
 def test_each_recipe_does_what_it_says_in_the_fork(fork):
@@ -220,7 +222,7 @@ def test_the_fast_suite_stays_green_in_the_fork(fork):
 
 @pytest.mark.slow
 def test_train_and_eval_run_with_every_recipe(fork, tiny_model_dir):
-    """train.py two steps with the README's flags for recipes 1-6, then two steps of the new task on its own reward
+    """train.py two steps with the page's flags for recipes 1-6, then two steps of the new task on its own reward
     term, then eval.py scoring that run's checkpoint with the term."""
     common = ["--model", tiny_model_dir, "--M", "4", "--rollout-batch", "4", "--micro-batch", "8", "--steps", "2",
               "--max-tokens", "4", "--warmup-steps", "0", "--eval-examples", "0", "--dtype", "float32"]

@@ -411,7 +411,7 @@ def test_is_correction_is_chosen_by_name_from_its_registry():
         policy_loss(logp, old, adv, mask, is_correction="tis", sampler_logp=sampler, is_cap=2.0)
 
 
-# ---- the importance ratio: RATIOS, and the README's GSPO recipe
+# ---- the importance ratio: RATIOS, and docs/fork.md's GSPO recipe
 
 def test_the_token_ratio_is_todays_arithmetic_bit_for_bit():
     """ratio="token" (the default) computes exp(clamp(logp - old_logp)) as before RATIOS existed: the same loss,
@@ -437,7 +437,7 @@ def sequence_log_ratio(logp, old_logp, mask):
 
 
 def test_a_sequence_ratio_added_to_the_registry_clips_whole_sequences(monkeypatch):
-    """The README's GSPO recipe (sequence_log_ratio above, as the recipe writes it) registered by name: every token
+    """docs/fork.md's GSPO recipe (sequence_log_ratio above, as the recipe writes it) registered by name: every token
     of a sequence gets the sequence's ratio, so the clip and its clip fraction count whole sequences. By hand:
     row 0's token log-ratios 0.6, 0.3, 0 average 0.3, rho = e^0.3 = 1.35 > 1.28 with A = 1: its three tokens are
     clipped (token by token only the first two would be); row 1's 0.2, -0.2 (and a masked junk token) average 0,
