@@ -82,12 +82,11 @@ def available_memory(device: torch.device) -> int | None:
 
 def sampling_bytes(config, rows: int, length: int, dtype: str) -> int:
     """What the HF sampler holds at once to sample `rows` sequences of `length` tokens (prompt and completion): the
-    KV cache in buffers of a multiple of 64 tokens (speed/cpu_sampler.py) and one layer's copy as it grows, the
-    float32 logits with two same-sized temporaries (probabilities, top-p's sort), and each row's generator (~5 kB).
-    A lower bound: activations and the allocator's slack come on top."""
+    KV cache and one layer's copy as it grows, the float32 logits with two same-sized temporaries (probabilities,
+    top-p's sort), and each row's generator (~5 kB). Measured against: docs/memory_plan.md, "The HF sampler"."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    layer = 2 * kv_heads * head_dim * torch.finfo(getattr(torch, dtype)).bits // 8 * -(-length // 64) * 64  # per row
+    layer = 2 * kv_heads * head_dim * torch.finfo(getattr(torch, dtype)).bits // 8 * length  # one row's keys, values
     return rows * ((config.num_hidden_layers + 1) * layer + config.vocab_size * 4 * 3 + 5_000)
 
 

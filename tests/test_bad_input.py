@@ -660,7 +660,7 @@ def test_a_group_too_big_for_memory_is_refused_before_sampling(tiny_model_dir, t
 
 
 def test_the_sampling_plan_counts_what_the_sampler_holds():
-    """The plan scales with the rows and their length, and its KV part is the cache's buffer (multiple of 64)."""
+    """The plan scales with the rows and their length: the KV cache and one growing layer's copy, logits, generators."""
     from transformers import LlamaConfig
 
     from plumbing.checks import sampling_bytes
@@ -668,7 +668,7 @@ def test_the_sampling_plan_counts_what_the_sampler_holds():
                          vocab_size=100)
     one = sampling_bytes(config, 1, 64, "float32")
     assert sampling_bytes(config, 1000, 64, "float32") == 1000 * one
-    assert sampling_bytes(config, 1, 1, "float32") == one  # one token still takes a 64-token buffer
     kv_layer = 2 * 1 * 64 * 4 * 64  # keys and values, one kv head of 64 dims, float32, 64 tokens
     assert one == 3 * kv_layer + 100 * 4 * 3 + 5_000  # two layers and one growing copy; logits; generator
+    assert sampling_bytes(config, 1, 128, "float32") - one == 3 * kv_layer
     assert sampling_bytes(config, 1, 64, "bfloat16") == one - 3 * kv_layer // 2
