@@ -6,6 +6,7 @@ before the command is byte-identical after it (issue 29).
     python -m pytest tests/test_bad_input.py -q
 """
 
+import importlib.util
 import json
 import os
 import random
@@ -649,3 +650,14 @@ def test_ctrl_c_in_eval_is_one_line_and_keeps_the_earlier_result(tiny_model_dir,
                          "--out", str(out)])
     assert info.value.code == f"eval.py: interrupted; {out} is as it was"
     assert out.read_text() == '{"earlier": true}' and "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_an_explicit_vllm_sampler_without_vllm_is_one_line_before_any_model_loads(tmp_path):
+    """--sampler vllm by name where vLLM is not installed (a GPU machine that cannot install it): one line naming
+    requirements-vllm.txt and --sampler hf, exit 2, no run folder; --model names nothing loadable, so a load
+    would have said so instead."""
+    result = run("train.py", "--sampler", "vllm", "--model", tmp_path / "no-model", "--out-dir", tmp_path / "run")
+    assert_one_line(result, 2, "train.py: error: --sampler vllm samples with vLLM, which is not installed",
+                    "requirements-vllm.txt", "--sampler hf")
+    assert not (tmp_path / "run").exists()
