@@ -62,11 +62,15 @@ def test_runs_that_time_out_or_stop_fail_quoting_train_pys_line():
     assert gpu_check.run_gate(rows_for(1, steps=3), 4, ok, [], 240)[0] == "FAIL"  # a step missing
     assert gpu_check.run_gate([], 4, {"save": 124, "resume": None}, [], 240) == (
         "FAIL", "the save run passed its timeout of 240 s")
-    line = "train.py: error: step 1: the engine's weights differ from the trainer's in family 'norms'"
+    line = "train.py: error: the engine's norms differ from the trainer's after the step-4 sync (model.norm.weight)"
     status, detail = gpu_check.run_gate(rows_for(1, steps=1), 4, {"save": 0, "resume": 1}, [line], 240)
     assert status == "FAIL" and detail.endswith(line)
-    assert gpu_check.weight_gate(True, [line], runs_ok=False) == ("FAIL", line)
-    assert gpu_check.weight_gate(False, [], runs_ok=True)[0] == "skip"
+    probe = "train.py: error: step 4: the sampler's log-probs differ from the trainer's by 0.9 nats"
+    assert gpu_check.weight_gate(True, rows_for(1), [probe, line], runs_ok=False) == ("FAIL", line)
+    assert gpu_check.weight_gate(False, rows_for(1), [], runs_ok=True)[0] == "skip"
+    checked = [dict(row, **{"sync/weight_diff": 0.0}) for row in rows_for(1)]
+    assert gpu_check.weight_gate(True, checked, [], runs_ok=True)[0] == "PASS"
+    assert gpu_check.weight_gate(True, checked[:1] + rows_for(1)[1:], [], runs_ok=True)[0] == "FAIL"  # not each step
 
 
 def test_the_verdict_of_a_gpu_run_quotes_the_weight_checks_line(tmp_path, monkeypatch, capsys):
@@ -77,7 +81,7 @@ def test_the_verdict_of_a_gpu_run_quotes_the_weight_checks_line(tmp_path, monkey
     (tmp_path / "run-2").mkdir()
     rows = rows_for(2, **{"engine/device": [0, 0]})
     (tmp_path / "run-2" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    line = "train.py: error: step 4: the engine's weights differ from the trainer's: family norms"
+    line = "train.py: error: the engine's norms differ from the trainer's after the step-4 sync (model.norm.weight)"
     (tmp_path / "logs" / "run-2-save.rc").write_text("0\n")
     (tmp_path / "logs" / "run-2-resume.rc").write_text("1\n")
     (tmp_path / "logs" / "run-2-resume.log").write_text(f"noise\n[rank0]: {line}\n{line}\n")

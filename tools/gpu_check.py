@@ -64,15 +64,19 @@ def sync_gate(rows: list[dict], tolerance: float, lr_step: float) -> tuple[str, 
     return ("FAIL" if worst > tolerance else "PASS"), detail
 
 
-def weight_gate(enabled: bool, errors: list[str], runs_ok: bool) -> tuple[str, str]:
-    """train.py's engine-against-trainer weight comparison after every sync, when this train.py has it."""
+def weight_gate(enabled: bool, rows: list[dict], errors: list[str], runs_ok: bool) -> tuple[str, str]:
+    """train.py's engine-against-trainer weight comparison after every sync, when this train.py has it: its
+    one-line error names the family the engine missed; a run that passed logs sync/weight_diff at each step."""
     if not enabled:
         return "skip", "this train.py has no --weight-check-every: the engine's weights were not compared"
-    if errors:
-        return "FAIL", errors[0]
-    if not runs_ok:
-        return "FAIL", "a run stopped before its syncs were all checked"
-    return "PASS", "the engine's weights equal the trainer's, family by family, after every sync"
+    family = [e for e in errors if "engine's" in e or "weight" in e.lower()]
+    if family or not runs_ok:
+        return "FAIL", family[0] if family else "a run stopped before its syncs were all checked"
+    diffs = [r["sync/weight_diff"] for r in rows if "sync/weight_diff" in r]
+    if len(diffs) < len(rows) or not rows:
+        return "FAIL", f"sync/weight_diff logged at {len(diffs)} of {len(rows)} steps: the check did not run at each"
+    return "PASS", f"every family of the engine's weights equals the trainer's after every sync (largest relative " \
+                   f"difference {max(diffs):.1e})"
 
 
 def device_gate(rows: list[dict], ranks: int) -> tuple[str, str]:
@@ -207,8 +211,7 @@ def main(argv=None) -> int:
             gates["sync"] = sync_gate(rows, SYNC_TOLERANCE["float32" if cli.dry_run else "bfloat16"], cli.lr_step)
         else:
             gates["sync"] = ("FAIL", "no metrics")
-        gates["weights"] = weight_gate(cli.weight_check, [e for e in errors if "weight" in e.lower()],
-                                       runs[0] == "PASS")
+        gates["weights"] = weight_gate(cli.weight_check, rows, errors, runs[0] == "PASS")
         if cli.dry_run or not rows:
             why = "the CPU has no devices to share or memory to plan" if cli.dry_run else "no metrics"
             gates.update({g: ("skip" if cli.dry_run else "FAIL", why) for g in ("devices", "sleep", "memory")})
