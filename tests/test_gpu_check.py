@@ -62,6 +62,8 @@ def test_runs_that_time_out_or_stop_fail_quoting_train_pys_line():
     assert gpu_check.run_gate(rows_for(1, steps=3), 4, ok, [], 240)[0] == "FAIL"  # a step missing
     assert gpu_check.run_gate([], 4, {"save": 124, "resume": None}, [], 240) == (
         "FAIL", "the save run passed its timeout of 240 s")
+    assert gpu_check.run_gate(rows_for(1), 4, {"save": 0, "resume": None}, [], 240) == (
+        "FAIL", "the resume run did not run")
     line = "train.py: error: the engine's norms differ from the trainer's after the step-4 sync (model.norm.weight)"
     status, detail = gpu_check.run_gate(rows_for(1, steps=1), 4, {"save": 0, "resume": 1}, [line], 240)
     assert status == "FAIL" and detail.endswith(line)

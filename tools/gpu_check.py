@@ -42,6 +42,8 @@ def run_gate(rows: list[dict], steps: int, exits: dict, errors: list[str], timeo
     """Both launches exited 0 and the log holds steps 1..steps. `exits`: launch name -> exit status (None: not
     run); `errors`: the train.py error lines of their logs."""
     for name, code in exits.items():
+        if code is None:
+            return "FAIL", f"the {name} run did not run"
         if code in (124, 137):
             return "FAIL", f"the {name} run passed its timeout of {timeout_s} s"
         if code != 0:
@@ -60,7 +62,8 @@ def sync_gate(rows: list[dict], tolerance: float, lr_step: float) -> tuple[str, 
     if not diffs:
         return "FAIL", "no sync/logprob_diff in metrics.jsonl"
     worst = max(diffs)
-    detail = f"probe difference max {worst:.2e} nats (tolerance {tolerance:g}); after the lr {lr_step:g} step {diffs[-1]:.2e}"
+    detail = (f"probe difference max {worst:.2e} nats (tolerance {tolerance:g}); after the lr {lr_step:g} step "
+              f"{diffs[-1]:.2e}")
     return ("FAIL" if worst > tolerance else "PASS"), detail
 
 
@@ -100,14 +103,14 @@ def device_gate(rows: list[dict], ranks: int) -> tuple[str, str]:
 
 def sleep_gate(rows: list[dict], ranks: int, share_gb: float) -> tuple[str, str]:
     """vLLM: each rank's sleep freed at least half of its engine's share (`share_gb`: utilization x device)."""
-    short = []
-    freed = []
+    short, freed = [], []
     for r in range(ranks):
         awake = max(row[f"mem/used_before_sleep_gb/rank{r}"] for row in rows)
         asleep = max(row[f"mem/used_after_sleep_gb/rank{r}"] for row in rows)
         freed.append(awake - asleep)
         if awake - asleep < 0.5 * share_gb:
-            short.append(f"rank {r}'s sleep freed {awake - asleep:.1f} GB, under half of its engine's {share_gb:.1f} GB")
+            short.append(f"rank {r}'s sleep freed {awake - asleep:.1f} GB, under half of its engine's "
+                         f"{share_gb:.1f} GB")
     if short:
         return "FAIL", "; ".join(short)
     return "PASS", f"sleep freed {min(freed):.1f}-{max(freed):.1f} GB per rank (share {share_gb:.1f} GB)"
