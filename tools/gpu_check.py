@@ -205,8 +205,8 @@ def main(argv=None) -> int:
     verdict = []  # (N, gate, status, detail)
     for ranks in cli.runs:
         n = int(ranks)
-        rows, exits, errors = read_rows(os.path.join(cli.work, f"run-{ranks}")), exit_codes(cli.work, ranks), \
-            error_lines(cli.work, ranks)
+        rows = read_rows(os.path.join(cli.work, f"run-{ranks}"))
+        exits, errors = exit_codes(cli.work, ranks), error_lines(cli.work, ranks)
         runs = run_gate(rows, cli.steps, exits, errors, cli.timeout)
         gates = {"runs": runs}
         if rows:
