@@ -4,6 +4,7 @@ the CPU, each gate fed rows that must fail, and the per-rank memory record with 
     python -m pytest tests/test_gpu_check.py -q
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -170,6 +171,10 @@ def test_the_dry_run_checks_the_no_vllm_path_and_leaves_no_checkpoint(tmp_path):
     verdict = {line.split()[1]: line.split()[0] for line in lines if line.split()[0] in ("PASS", "FAIL", "skip")}
     assert verdict["runs"] == verdict["sync"] == verdict["disk"] == "PASS"
     assert verdict["devices"] == verdict["sleep"] == verdict["memory"] == "skip"
+    import config  # the weight check runs after every sync where train.py has --weight-check-every
+
+    has_flag = "weight_check_every" in {f.name for f in dataclasses.fields(config.Args)}
+    assert verdict["weights"] == ("PASS" if has_flag else "skip")
     rows = [json.loads(line) for line in open(tmp_path / "run-1" / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [1, 2, 3] and "eval/score" in rows[1]  # --eval-every 2
     assert rows[-1]["lr"] == 1e-4 and rows[1]["lr"] == 1e-6  # the resumed step at the large learning rate
