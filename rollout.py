@@ -139,6 +139,10 @@ class HFSampler:
     def wake(self):
         pass  # update_weights reallocates: the weights arrive with it
 
+    def device(self) -> torch.device:
+        """The device this sampler's model lives on (scripts/gpu_check.sh: no two ranks' engines share one)."""
+        return self.model.device
+
     def close(self):
         del self.model
 
@@ -259,9 +263,19 @@ class VLLMSampler:
             self.llm.wake_up()
             self.asleep = False
 
+    def device(self) -> torch.device:
+        """The device the engine put its model on, as the engine reports it: its worker's own model, read through
+        apply_model (scripts/gpu_check.sh: no two ranks' engines share one, whatever LOCAL_RANK says)."""
+        return self.llm.apply_model(model_device)[0]  # tensor parallel 1: one worker
+
     def close(self):
         self.llm.llm_engine.engine_core.shutdown()  # under torchrun this also destroys the process group
         del self.llm
+
+
+def model_device(model) -> torch.device:
+    """Where a model's weights are: run inside a vLLM worker by VLLMSampler.device."""
+    return next(model.parameters()).device
 
 
 SAMPLERS = ("hf", "vllm")  # --sampler's kinds (and auto: vllm on a GPU, hf on CPU)

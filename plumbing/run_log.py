@@ -127,20 +127,28 @@ class MetricsLog:
 
 class PhaseMemory:
     """What one rank's GPU memory did in a step, as the rank measured it (CUDA only; on CPU nothing): the trainer's
-    peak in each phase (the torch allocator's, reset as the phase starts, less what the engine allocated through
-    it, which its sleep frees behind torch's back), and the device memory in use just before and just after the
-    sampler sleeps, whose difference is the engine's share. scripts/gpu_check.sh checks them."""
+    peak in each phase (the torch allocator's, reset as the phase starts, less what the engine holds through it),
+    the device memory in use just before and just after the sampler sleeps, whose difference is the engine's share,
+    and two devices: the trainer's (`mem/device`, LOCAL_RANK's) and the engine's as the engine reports it
+    (`engine/device`), which is where two ranks' engines could collide. scripts/gpu_check.sh checks them.
+
+    What the engine holds through torch's allocator: all it allocated while built, except while asleep, where a
+    vLLM engine still holds it (its sleep unmaps the memory behind torch's back) and the HF sampler holds what its
+    sleep left allocated (its freed weights leave torch's count). The train phase is the one spent wholly asleep."""
 
     def __init__(self, device):
-        self.device, self.on, self.engine = device, device.type == "cuda", 0
+        self.device, self.on, self.engine, self.asleep = device, device.type == "cuda", 0, 0
         self.values = {"mem/device": float(device.index or 0)} if self.on else {}
 
     def build(self, make_sampler, *args, **kwargs):
         """make_sampler(...), counting what the engine allocates through torch's allocator (vLLM's memory pool)."""
         before = torch.cuda.memory_allocated(self.device) if self.on else 0
         sampler = make_sampler(*args, **kwargs)
-        self.engine = torch.cuda.memory_allocated(self.device) - before if self.on else 0
-        self.values.update({"mem/engine_gb": self.engine / 1e9} if self.on else {})
+        if self.on:
+            self.engine = self.asleep = torch.cuda.memory_allocated(self.device) - before
+            engine_device = sampler.device()
+            self.values.update({"mem/engine_gb": self.engine / 1e9, "engine/device": float(
+                engine_device.index if engine_device.type == "cuda" else -1)})  # -1: not on a GPU at all
         return sampler
 
     def _used_gb(self) -> float:
@@ -154,15 +162,18 @@ class PhaseMemory:
     def sleep(self, sampler) -> int:
         """sampler.sleep(), with the device's used memory around it."""
         before = self._used_gb() if self.on else 0.0
+        allocated = torch.cuda.memory_allocated(self.device) if self.on else 0
         freed = sampler.sleep()
         if self.on:
             self.values.update({"mem/used_before_sleep_gb": before, "mem/used_after_sleep_gb": self._used_gb()})
+            self.asleep = max(0, self.engine - (allocated - torch.cuda.memory_allocated(self.device)))
         return freed
 
     def end(self, phase: str):
         """The phase's peak, and a fresh count for the next one."""
         if self.on:
-            self.values[f"mem/peak_gb/{phase}"] = (torch.cuda.max_memory_allocated(self.device) - self.engine) / 1e9
+            engine = self.asleep if phase == "train" else self.engine  # rollout and sync peak with it awake
+            self.values[f"mem/peak_gb/{phase}"] = (torch.cuda.max_memory_allocated(self.device) - engine) / 1e9
             torch.cuda.reset_peak_memory_stats(self.device)
 
     def metrics(self) -> dict:

@@ -1,41 +1,87 @@
 #!/usr/bin/env bash
 # What a user with GPUs runs first: train.py's headline path on a randomly initialised Qwen2.5-1.5B-shaped model
-# (28 layers, hidden 1536, vocab 151936, tied embeddings): torchrun, one colocated vLLM engine per rank (vLLM's
-# external launcher, sleep mode), FSDP2 on NCCL with bf16 mixed precision, the streamed weight sync and its
-# check, gradient checkpointing, top_p 0.999, held-out evaluation, a checkpoint, and a resume from it for one
-# more step. It runs `torchrun --nproc_per_node N` for N = 1 .. the GPU count (NPROCS="1 8" picks some), so
-# one GPU already exercises every piece. Needs this repo's requirements, vLLM (requirements-vllm.txt) and a C
-# compiler (torch and vLLM compile kernels); no network: the tokenizer is built in code, the hub set offline.
+# (28 layers, hidden 1536, vocab 151936, tied embeddings) under `torchrun --nproc_per_node N`: FSDP2 on NCCL with
+# bf16 mixed precision, one sampler per rank, the streamed weight sync and its check, gradient checkpointing,
+# top_p 0.999, held-out evaluation, a checkpoint, and a resume from it for one more step at lr 1e-4 (a step large
+# enough that an engine which missed part of the update shows in its log-probs). The sampler is vLLM where it is
+# importable, else the HF sampler: the same torchrun path, and the first line says which. No network: the
+# tokenizer is built in code and the hub is set offline. docs/gpu.md explains each verdict line.
 #
-# From metrics.jsonl, where each rank's own measurements sit as name/rankR, it reports each rank's device, the
-# device memory in use before and after its engine sleeps, the trainer's peak allocated memory per phase (the
-# engine's allocations left out) and the sampler-trainer log-prob difference. It FAILS when two ranks share a
-# device, when sleep frees less than half of the engine's memory (--gpu-memory-utilization of the device), when
-# a phase's trainer peak exceeds tools/memory_plan.py's trainer rows by more than 15%, or when the sync
-# difference exceeds train.py's tolerance.
+#   bash scripts/gpu_check.sh [work_dir]             # N = 1 and the GPU count (NPROCS="1 2 8" picks others)
+#   bash scripts/gpu_check.sh --quick [work_dir]     # N = 1, 3 steps, a one-screen verdict: for a short GPU loan
+#   bash scripts/gpu_check.sh --dry-run [work_dir]   # the no-vLLM path on the CPU: gloo, a 2-layer model
 #
-#   bash scripts/gpu_check.sh [work_dir]          # default work dir: a fresh mktemp -d
-#   bash scripts/gpu_check.sh --dry-run [dir]     # tiny model on the CPU: torchrun over gloo, the HF sampler
-#
-# MFU = model FLOPs per second / peak dense bf16 FLOP/s of the GPU (PEAK_TFLOPS overrides the table
-# below), from train.py's perf/tflops: 2 FLOPs per parameter per token per forward pass (x3 with backward).
+# Bounded: each torchrun runs under `timeout` (RUN_TIMEOUT seconds), keeps one checkpoint (--keep-checkpoints 1),
+# and each N's checkpoint is deleted once the resumed run has read it; the work folder (default: a new folder on
+# the filesystem with the most free space) is checked for room first. The verdict: python -m tools.gpu_check.
+# Env: NPROCS, STEPS (>= 2), RUN_TIMEOUT, SAMPLER (hf: the HF sampler although vLLM is importable), PEAK_TFLOPS
+# (for MFU), PYTHON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DRY=0
-if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
-WORK=${1:-$(mktemp -d)}
+DRY=0 QUICK=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --dry-run) DRY=1; shift ;;
+    --quick) QUICK=1; shift ;;
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "gpu_check: unknown option $1 (use --quick, --dry-run or a work folder)" >&2; exit 2 ;;
+    *) break ;;
+  esac
+done
 PY=${PYTHON:-python3}
-STEPS=${STEPS:-4}
-[ "$STEPS" -ge 2 ] || { echo "gpu_check.sh: STEPS must be >= 2 (a save, then a resumed step)" >&2; exit 2; }
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1  # a random model and a tokenizer built here: nothing to download
-if ! command -v "${CC:-cc}" >/dev/null && ! command -v gcc >/dev/null; then
-  echo "gpu_check.sh: no C compiler (cc or gcc) on PATH: torch and vLLM compile kernels at run time" >&2
+STEPS=${STEPS:-$([ "$QUICK" = 1 ] && echo 3 || echo 4)}
+[ "$STEPS" -ge 2 ] || { echo "gpu_check: STEPS must be >= 2 (a save, then a resumed step)" >&2; exit 2; }
+RUN_TIMEOUT=${RUN_TIMEOUT:-$([ "$DRY" = 1 ] && echo 300 || { [ "$QUICK" = 1 ] && echo 240 || echo 900; })}
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1  # nothing to download, nothing to report
+
+# ---- which sampler: vLLM where it is importable; the first line of the output says which
+if [ "$DRY" = 1 ]; then
+  SAMPLER=hf
+  echo "gpu_check: --dry-run: checking the torchrun path with the HF sampler on the CPU (gloo, a 2-layer model)"
+elif [ "${SAMPLER:-}" = hf ]; then
+  echo "gpu_check: SAMPLER=hf: checking the torchrun path with the HF sampler"
+elif "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"; then
+  SAMPLER=vllm
+  echo "gpu_check: checking the torchrun path with the vLLM sampler"
+else
+  SAMPLER=hf
+  echo "gpu_check: vLLM is not installed here; checking the torchrun path with the HF sampler"
+fi
+if [ "$DRY" = 0 ] && ! command -v "${CC:-cc}" >/dev/null && ! command -v gcc >/dev/null; then
+  echo "gpu_check: no C compiler (cc or gcc) on PATH: torch and vLLM compile kernels at run time" >&2
   exit 1
 fi
-mkdir -p "$WORK"
-rm -rf "$WORK"/run-*
 
-"$PY" - "$WORK/model" "$DRY" <<'EOF'
+# ---- the work folder, and room for it. Estimate for the 1.5B model (n = 1.54e9 parameters), not yet measured
+# on a GPU: the random model in bf16 (2n bytes, 3.1 GB) and one checkpoint (float32 model 4n + AdamW's two
+# float32 moments 8n: 18.5 GB) at a time, 21.6 GB; 23 GB with room for logs and caches.
+NEED_GB=$([ "$DRY" = 1 ] && echo 1 || echo 23)
+free_gb() { df -Pk "$1" 2>/dev/null | awk 'NR == 2 {printf "%d", $4 / 1e6}'; }
+if [ $# -gt 0 ]; then
+  WORK=$1
+  mkdir -p "$WORK"
+else  # the disk with the most room; /dev/shm (memory) only when no disk has enough
+  BEST="" BEST_GB=-1
+  for dir in "${TMPDIR:-}" /tmp "$(dirname "$PWD")" /var/tmp; do
+    [ -n "$dir" ] && [ -d "$dir" ] && [ -w "$dir" ] || continue
+    gb=$(free_gb "$dir"); [ -n "$gb" ] && [ "$gb" -gt "$BEST_GB" ] && { BEST=$dir; BEST_GB=$gb; }
+  done
+  if [ "$BEST_GB" -lt "$NEED_GB" ] && [ -w /dev/shm ] && [ "$(free_gb /dev/shm)" -ge "$NEED_GB" ]; then
+    BEST=/dev/shm
+  fi
+  [ -n "$BEST" ] || { echo "gpu_check: no writable folder among \$TMPDIR, /tmp, $(dirname "$PWD"), /var/tmp: pass one" >&2; exit 1; }
+  WORK=$(mktemp -d "$BEST/gpu_check.XXXXXX")
+fi
+HAVE_GB=$(free_gb "$WORK")
+echo "gpu_check: work folder $WORK (${HAVE_GB:-?} GB free; the check needs about $NEED_GB GB, an estimate)"
+if [ -n "$HAVE_GB" ] && [ "$HAVE_GB" -lt "$NEED_GB" ]; then
+  echo "gpu_check: $WORK has ${HAVE_GB} GB free, the check needs about $NEED_GB GB: pass a work folder with more room" >&2
+  exit 1
+fi
+rm -rf "$WORK"/run-* "$WORK"/logs
+mkdir -p "$WORK/logs"
+
+"$PY" - "$WORK/model" "$DRY" <<'EOF' > "$WORK/logs/model.log" 2>&1 || { cat "$WORK/logs/model.log" >&2; exit 1; }
 import os, string, sys
 
 import torch
@@ -72,95 +118,67 @@ EOF
 
 if [ "$DRY" = 1 ]; then
   GPUS=1  # one CPU process under torchrun (gloo)
-  SAMPLER=hf
   SIZE=(--rollout-batch 2 --M 2 --max-tokens 8 --dtype float32 --eval-examples 2)
+  PLAN_ARGS='{}'
 else
   GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count())")
-  [ "$GPUS" -ge 1 ] || { echo "gpu_check.sh: no GPU visible to torch (use --dry-run on a CPU)" >&2; exit 1; }
-  SAMPLER=vllm
+  [ "$GPUS" -ge 1 ] || { echo "gpu_check: no GPU visible to torch (use --dry-run on a CPU)" >&2; exit 1; }
   SIZE=(--rollout-batch 16 --M 8 --max-tokens 256 --micro-batch 16 --dtype bfloat16 --gpu-memory-utilization 0.3
         --eval-examples 16)
+  PLAN_ARGS="{\"model\": \"$WORK/model\", \"task\": \"arith\", \"M\": 8, \"rollout_batch\": 16, \"micro_batch\": 16,
+              \"max_tokens\": 256, \"dtype\": \"bfloat16\", \"gpu_memory_utilization\": 0.3, \"beta\": 0.001}"
 fi
-NPROCS=${NPROCS:-$(seq -s " " 1 "$GPUS")}
+if [ "$QUICK" = 1 ] || [ "$DRY" = 1 ]; then DEFAULT_N=1; else DEFAULT_N=$(printf "1\n%s\n" "$GPUS" | sort -nu | xargs); fi
+NPROCS=${NPROCS:-$DEFAULT_N}
 SAVE=$((STEPS - 1))  # a checkpoint one step before the end; the resume runs the last step from it
-COMMON=(--model "$WORK/model" --task arith --sampler "$SAMPLER" --lr 1e-6 --grad-checkpointing --top-p 0.999
-        --eval-every 2 --save-every "$SAVE")
+COMMON=(--model "$WORK/model" --task arith --sampler "$SAMPLER" --grad-checkpointing --top-p 0.999
+        --eval-every 2 --save-every "$SAVE" --keep-checkpoints 1)
+# The hook for the engine-against-trainer weight comparison: on at every sync where this train.py has the flag
+# (its failure is train.py's one line naming the parameter family, which the verdict quotes).
+WEIGHT_CHECK=() VERDICT=()
+HELP=$("$PY" train.py --help 2>/dev/null || true)
+if [[ $HELP == *--weight-check-every* ]]; then WEIGHT_CHECK=(--weight-check-every 1) VERDICT=(--weight-check); fi
+[ "$DRY" = 0 ] || VERDICT+=(--dry-run)
+
+# the disk the work folder's filesystem takes beyond its start, sampled each second: the verdict reports the peak
+USED0=$(df -Pk "$WORK" | awk 'NR == 2 {print $3}')
+( peak=0; while sleep 1; do used=$(df -Pk "$WORK" | awk 'NR == 2 {print $3}')
+    [ "$used" -gt "$peak" ] && { peak=$used; awk -v p="$peak" -v u="$USED0" 'BEGIN {printf "%.2f\n", (p - u) / 1e6}' \
+      > "$WORK/logs/disk_peak_gb"; }; done ) > /dev/null 2>&1 &
+DISK_WATCH=$!
+trap 'kill "$DISK_WATCH" 2>/dev/null || true' EXIT
+
+launch() {  # NAME ARGS...: one torchrun under its timeout; output to logs/NAME.log, exit status to logs/NAME.rc
+  local name=$1; shift
+  local code=0
+  timeout -k 30 "$RUN_TIMEOUT" "$@" > "$WORK/logs/$name.log" 2>&1 & local pid=$!
+  if [[ $name == *-resume ]]; then  # the resumed run has read its checkpoint once it logs its step: delete it
+    local ckpt="$WORK/run-$N/checkpoint-$(printf %06d "$SAVE")"
+    while kill -0 "$pid" 2>/dev/null; do
+      if grep -q "\"step\": $STEPS[,}]" "$WORK/run-$N/metrics.jsonl" 2>/dev/null; then rm -rf "$ckpt"; break; fi
+      sleep 0.5
+    done
+  fi
+  wait "$pid" || code=$?
+  echo "$code" > "$WORK/logs/$name.rc"
+  [ "$code" = 0 ] || { echo "   $name: exit $code, the end of $WORK/logs/$name.log:"; tail -n 5 "$WORK/logs/$name.log"; }
+  return 0
+}
 
 for N in $NPROCS; do
-  echo "== torchrun --nproc_per_node $N: $SAMPLER sampler, one engine per rank"
+  echo "== torchrun --nproc_per_node $N: $SAMPLER sampler, one per rank; logs in $WORK/logs (timeout ${RUN_TIMEOUT} s each)"
   MORE=("${SIZE[@]}")
   MORE[1]=$((SIZE[1] * N))  # --rollout-batch: the same prompts per rank at every N
-  TORCHRUN=("$PY" -m torch.distributed.run --standalone --nproc_per_node "$N" train.py "${COMMON[@]}" "${MORE[@]}")
-  "${TORCHRUN[@]}" --steps "$SAVE" --out-dir "$WORK/run-$N"
-  "${TORCHRUN[@]}" --steps "$STEPS" --resume "$WORK/run-$N"  # from checkpoint-$SAVE, one more step
+  TORCHRUN=("$PY" -m torch.distributed.run --standalone --nproc_per_node "$N" train.py "${COMMON[@]}" "${MORE[@]}"
+            "${WEIGHT_CHECK[@]}")
+  launch "run-$N-save" "${TORCHRUN[@]}" --lr 1e-6 --steps "$SAVE" --out-dir "$WORK/run-$N"
+  if [ "$(cat "$WORK/logs/run-$N-save.rc")" = 0 ]; then  # from checkpoint-$SAVE, one more step at a large lr
+    launch "run-$N-resume" "${TORCHRUN[@]}" --lr 1e-4 --steps "$STEPS" --resume "$WORK/run-$N"
+  fi
+  rm -rf "$WORK/run-$N"/checkpoint-* "$WORK/run-$N"/.tmp-checkpoint-*  # read: no N leaves one for the next
 done
+kill "$DISK_WATCH" 2>/dev/null || true
 
 # shellcheck disable=SC2086  # NPROCS: one argument per N
-"$PY" - "$WORK" "$DRY" $NPROCS <<'EOF'
-import json, os, sys
-
-from config import SYNC_TOLERANCE
-
-work, dry, runs = sys.argv[1], sys.argv[2] == "1", sys.argv[3:]
-failures = []
-name, peak, total_gb = "cpu", 0.0, 0.0
-if not dry:
-    import torch
-
-    name = torch.cuda.get_device_name(0)
-    total_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
-    peaks = {"H200": 989, "H100": 989, "H800": 989, "A100": 312, "A800": 312, "L40S": 362, "L4": 121, "A10": 125}
-    peak = float(os.environ.get("PEAK_TFLOPS") or next((v for k, v in peaks.items() if k in name), 0))
-for ranks in runs:
-    rows = [json.loads(line) for line in open(f"{work}/run-{ranks}/metrics.jsonl")]
-    steps = [r["step"] for r in rows]
-    if steps != list(range(1, len(rows) + 1)) or len(rows) < 2:
-        failures.append(f"{ranks}-rank run: metrics.jsonl holds steps {steps} after the resume")
-    steady = rows[1:] or rows  # the first step pays for allocator warmup and kernel selection
-    mean = lambda key: sum(r[key] for r in steady) / len(steady)
-    print(f"-- {ranks} rank(s) on {name}; steps measured: {len(steady)} of {len(rows)}, the last one resumed")
-    print(f"step time {mean('time/step'):.2f} s (rollout {mean('time/rollout'):.2f}, train {mean('time/train'):.2f}, "
-          f"weight sync + check {mean('time/sync'):.2f}); response length {mean('response/len_mean'):.0f} tokens")
-    print(f"response tokens/s (sampled, scored and trained): {mean('perf/tokens_per_s'):.0f}")
-    print(f"model TFLOP/s: {mean('perf/tflops'):.1f}" + (f"; MFU {100 * mean('perf/tflops') / (peak * int(ranks)):.1f}% "
-          f"of {peak:.0f} TFLOP/s bf16 dense per GPU" if peak else " (unknown peak: set PEAK_TFLOPS for MFU)"))
-    worst = max(r["sync/logprob_diff"] for r in rows)
-    scores = [round(r["eval/score"], 3) for r in rows if "eval/score" in r]
-    print(f"sampler-trainer log-prob difference: probe max {worst:.2e}, rollout mean "
-          f"{mean('sync/rollout_logprob_diff'):.2e}; held-out scores {scores}")
-    tolerance = SYNC_TOLERANCE["float32" if dry else "bfloat16"]  # what train.py stops at
-    if worst > tolerance:
-        failures.append(f"{ranks}-rank run: the sync difference reached {worst:.3g} > {tolerance}")
-    if dry:
-        continue
-    from tools.memory_plan import GiB, plan
-
-    run_args = dict(model=f"{work}/model", task="arith", M=8, rollout_batch=16 * int(ranks), micro_batch=16,
-                    max_tokens=256, dtype="bfloat16", gpu_memory_utilization=0.3, beta=1e-3)
-    p = plan(run_args, gpus=int(ranks), gpu_gb=total_gb * 1e9 / GiB, grad_checkpointing=True, prompt_tokens=128)
-    # the trainer's part of each phase: the plan's rows without vLLM's, as mem/peak_gb leaves the engine out
-    planned = {ph: sum(size for phase, item, size, _ in p.rows if phase == ph and not item.startswith("vllm")) / 1e9
-               for ph in ("rollout", "train", "sync")}
-    devices = {}
-    for r in range(int(ranks)):
-        device = int(rows[-1][f"mem/device/rank{r}"])
-        devices.setdefault(device, []).append(r)
-        awake = max(row[f"mem/used_before_sleep_gb/rank{r}"] for row in rows)
-        asleep = max(row[f"mem/used_after_sleep_gb/rank{r}"] for row in rows)
-        phases = {p: max(row[f"mem/peak_gb/{p}/rank{r}"] for row in rows) for p in ("rollout", "train", "sync")}
-        print(f"rank {r} on cuda:{device}: device memory {awake:.1f} GB awake, {asleep:.1f} GB asleep; trainer peak "
-              "allocated " + ", ".join(f"{ph} {gb:.1f} (plan {planned[ph]:.1f})" for ph, gb in phases.items()) + " GB")
-        if awake - asleep < 0.5 * 0.3 * total_gb:  # --gpu-memory-utilization 0.3
-            failures.append(f"{ranks}-rank run: rank {r}'s sleep freed {awake - asleep:.1f} GB, under half its engine's")
-        for ph, gb in phases.items():
-            if gb > 1.15 * planned[ph]:
-                failures.append(f"{ranks}-rank run: rank {r}'s trainer peaked at {gb:.1f} GB in {ph}, over 1.15 x the "
-                                f"plan's {planned[ph]:.1f} GB")
-    for device, holders in devices.items():
-        if len(holders) > 1:
-            failures.append(f"{ranks}-rank run: ranks {holders} share cuda:{device}")
-for failure in failures:
-    print(f"gpu_check.sh: FAIL: {failure}", file=sys.stderr)
-print("gpu_check.sh: " + ("FAILED" if failures else "ok"))
-sys.exit(1 if failures else 0)
-EOF
+"$PY" -m tools.gpu_check "$WORK" --runs $NPROCS --sampler "$SAMPLER" --steps "$STEPS" --lr-step 1e-4 \
+  --timeout "$RUN_TIMEOUT" --run-args "$PLAN_ARGS" "${VERDICT[@]}"

@@ -6,6 +6,7 @@ before the command is byte-identical after it (issue 29).
     python -m pytest tests/test_bad_input.py -q
 """
 
+import importlib.util
 import json
 import os
 import random
@@ -672,3 +673,14 @@ def test_the_sampling_plan_counts_what_the_sampler_holds():
     assert one == 3 * kv_layer + 100 * 4 * 3 + 5_000  # two layers and one growing copy; logits; generator
     assert sampling_bytes(config, 1, 128, "float32") - one == 3 * kv_layer
     assert sampling_bytes(config, 1, 64, "bfloat16") == one - 3 * kv_layer // 2
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_an_explicit_vllm_sampler_without_vllm_is_one_line_before_any_model_loads(tmp_path):
+    """--sampler vllm by name where vLLM is not installed (a GPU machine that cannot install it): one line naming
+    requirements-vllm.txt and --sampler hf, exit 2, no run folder; --model names nothing loadable, so a load
+    would have said so instead."""
+    result = run("train.py", "--sampler", "vllm", "--model", tmp_path / "no-model", "--out-dir", tmp_path / "run")
+    assert_one_line(result, 2, "train.py: error: --sampler vllm samples with vLLM, which is not installed",
+                    "requirements-vllm.txt", "--sampler hf")
+    assert not (tmp_path / "run").exists()

@@ -177,3 +177,58 @@ def test_a_new_preset_and_task_plan_with_no_edit_here(monkeypatch, capsys):
         plan(args, gpus=1, gpu_gb=80, grad_checkpointing=True)
     assert "longest prompt 77 tokens" in plan(args, gpus=1, gpu_gb=80, grad_checkpointing=True,
                                               prompt_tokens=77).assumptions[0]
+
+
+def test_under_torchrun_one_gpu_holds_what_fsdp2_holds_and_torchs_count_leaves_out_the_overhead():
+    """scripts/gpu_check.sh's N = 1 runs under torchrun: FSDP2 over one rank, so a float32 reference, bf16 roots
+    left gathered after their forwards and foreach AdamW's float32 temporary; one process has bf16 linears and
+    fused AdamW. trainer_allocated, what the memory gate holds against torch's peaks, has neither CUDA_OVERHEAD
+    nor the engine's rows, and its train phase is the larger of the backward and the optimizer step."""
+    args = dict(model="Qwen/Qwen2.5-1.5B", task="arith", M=8, rollout_batch=16, micro_batch=16, max_tokens=256,
+                dtype="bfloat16", gpu_memory_utilization=0.3, beta=1e-3)
+    n, embedding = model_shape("Qwen/Qwen2.5-1.5B").params, model_shape("Qwen/Qwen2.5-1.5B").embedding
+    torchrun = plan(args, gpus=1, gpu_gb=139, grad_checkpointing=True, prompt_tokens=128, torchrun=True)
+    alone = plan(args, gpus=1, gpu_gb=139, grad_checkpointing=True, prompt_tokens=128)
+
+    def row(p, phase, item):
+        return next(size for ph, it, size, _ in p.rows if ph == phase and it == item)
+
+    assert row(torchrun, "rollout", "reference") == 4 * n and row(alone, "rollout", "reference") < 0.6 * 4 * n
+    assert row(torchrun, "optimizer", "adamw temporary") == 4 * n and row(alone, "optimizer", "adamw temporary") == 0
+    roots = row(torchrun, "rollout", "fsdp2 roots gathered")
+    if not memory_plan.ROOT_RESHARDED_AFTER_FORWARD:  # the policy's and the reference's embedding, bf16
+        assert roots > 2 * 2 * embedding and row(alone, "rollout", "fsdp2 roots gathered") == 0
+    for p in (torchrun, alone):
+        counted = memory_plan.trainer_allocated(p)
+        engine = {ph: sum(size for phase, item, size, _ in p.rows if phase == ph and item in memory_plan.ENGINE_ROWS)
+                  for ph in p.phases}
+        for phase in ("rollout", "sync"):
+            assert counted[phase] == pytest.approx(p.phases[phase] - memory_plan.CUDA_OVERHEAD - engine[phase])
+        assert counted["train"] == pytest.approx(max(p.phases[ph] - memory_plan.CUDA_OVERHEAD - engine[ph]
+                                                     for ph in ("train", "optimizer")))
+    # at one rank the step's float32 temporary of the whole model outweighs this small batch's backward
+    assert torchrun.phases["optimizer"] > torchrun.phases["train"]
+    assert alone.phases["optimizer"] < alone.phases["train"]
+
+
+def test_every_row_says_what_backs_it_and_none_claims_a_gpu_it_has_not_seen():
+    """No row has been calibrated on a GPU (docs/gpu.md records no run yet); a row added without saying whether
+    it is checked or estimated fails here, and a GPU-calibrated row must name a run that docs/gpu.md records."""
+    from config import PRESETS, Args
+
+    assert not memory_plan.CPU_CHECKED & memory_plan.ESTIMATED
+    items = set()
+    for task in PRESETS:
+        for torchrun in (True, False):
+            for ckpt in (True, False):
+                p = plan({**Args().__dict__, **PRESETS[task], "task": task}, gpus=8 if torchrun else 1, gpu_gb=80,
+                         grad_checkpointing=ckpt, torchrun=torchrun)
+                items |= {item for _, item, _, _ in p.rows}
+                text = memory_plan.format_plan(p)
+    assert {memory_plan.calibration(item) for item in items} <= {"gpu", "cpu", "estimate"}  # KeyError if unclassified
+    assert memory_plan.calibration("reference") == "estimate" and memory_plan.calibration("activations") == "cpu"
+    for item, run in memory_plan.GPU_CALIBRATED.items():
+        assert item in items and run in open(os.path.join(ROOT, "docs", "gpu.md")).read()
+    if not memory_plan.GPU_CALIBRATED:
+        assert "No row has been calibrated on a GPU yet" in text
+    assert all(f"[{tag}]" in text for tag in ("cpu", "est"))

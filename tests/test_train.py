@@ -190,7 +190,7 @@ def test_plan_prints_the_preset_and_exits_without_loading_or_refusing_a_taken_ru
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.strip().splitlines()
     assert lines[0] == "deepmath (Qwen/Qwen2.5-1.5B) on 16 x 80 GiB, with gradient checkpointing"
-    assert lines[-1].startswith("fits: peak ") and lines[-1].endswith("of 80 GiB per GPU (34%)")
+    assert lines[-1].startswith("fits: peak ") and lines[-1].endswith("of 80 GiB per GPU (35%)")
     assert "micro-batches of 8" in result.stdout and (taken / "metrics.jsonl").read_text() == ""
     without = cli("--task", "deepmath", "--plan", "--plan-gpus", "16", "--plan-gpu-gb", "80",
                   "--no-grad-checkpointing", "--out-dir", str(taken))
@@ -990,21 +990,6 @@ def test_a_healthy_run_never_trips_the_sync_check(tiny_model_dir, tmp_path, digi
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(r["sync/logprob_diff"] == r["sync/logprob_diff/rank0"] < config.SYNC_TOLERANCE[dtype] for r in rows)
-
-
-@pytest.mark.slow
-def test_gpu_check_dry_run_on_cpu(tmp_path):
-    """scripts/gpu_check.sh --dry-run: the GPU acceptance script's own path on a CPU: a random model, train.py under
-    torchrun --nproc_per_node 1 (gloo) with checkpointing, top_p 0.999 and evaluation, a save, a resume from it for
-    one more step, and the report."""
-    result = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run", str(tmp_path)], cwd=ROOT,
-                            capture_output=True, text=True, timeout=900, env={**os.environ, "STEPS": "3"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = read_metrics(tmp_path / "run-1" / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2, 3] and "eval/score" in rows[1]  # --eval-every 2
-    assert all(os.path.isdir(tmp_path / "run-1" / f"checkpoint-{step:06d}") for step in (2, 3))  # saved, resumed
-    assert "torchrun --nproc_per_node 1" in result.stdout and "steps measured: 2 of 3" in result.stdout
-    assert "probe max" in result.stdout and result.stdout.strip().endswith("gpu_check.sh: ok")
 
 
 def test_sync_tolerance_defaults_by_precision_and_an_explicit_one_wins():

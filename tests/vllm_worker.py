@@ -46,6 +46,7 @@ def main(job_path, result_path):
                   sync_old=sync_check(sampler, old, prompts).diff)
     sampler.update_weights(old.named_parameters())
     result["restored"] = sample()
+    result["device"] = str(sampler.device())  # as the engine reports it (scripts/gpu_check.sh's device gate)
     sampler.close()
     with open(result_path, "w") as f:
         json.dump(result, f)

@@ -11,9 +11,14 @@ A step has three phases, and the plan adds up what one rank holds in each (GiB =
 - train: vLLM asleep (level 1: KV cache dropped, weights copied to CPU), gradients, FSDP2's gathered layers,
   and one micro-batch's activations and log-prob work (the largest micro-batch: longest prompt + longest
   completion, `--micro-batch` sequences);
+- optimizer: the AdamW step after the last micro-batch: the gradients reduce-scattered to shards, and under
+  FSDP2 foreach AdamW's float32 temporary of one shard (its sqrt of the second moment); fused AdamW in one process
+  has none. train.py measures it inside the train phase (plumbing/run_log.py: PhaseMemory);
 - sync: vLLM's weights woken alone while `full_weights` streams one full float32 parameter at a time into
   their reload; the KV cache wakes after it (rollout.VLLMSampler.update_weights), which is the rollout phase again.
-A fixed CUDA_OVERHEAD covers the CUDA context, NCCL and cuBLAS workspaces and allocator slack.
+A fixed CUDA_OVERHEAD covers the CUDA context, NCCL and cuBLAS workspaces and allocator slack; torch's allocator
+counts none of it, so `trainer_allocated` (what scripts/gpu_check.sh holds against torch's measured peaks) leaves it
+out, with vLLM's rows. Each row says what backs it: `calibration` (none has been calibrated on a GPU yet).
 
 What train.py does that sets these numbers (read from its code, not guessed):
 1. Master weights, gradients and AdamW's two moments are float32: 4 + 4 + 8 bytes per parameter, divided
@@ -21,8 +26,11 @@ What train.py does that sets these numbers (read from its code, not guessed):
    `set_requires_gradient_sync(False)` skips the reduce-scatter, which train.ppo_update does on every
    micro-batch but the last of a minibatch: with two or more micro-batches per rank, each rank holds the
    whole model's float32 gradient (4 bytes per parameter, not divided).
-2. The reference is float32 and sharded under FSDP2 (train.load_reference keeps bf16 linears only in one
-   process, where store_linears_bf16 applies).
+2. The reference is float32 and sharded under FSDP2, which train.py uses under torchrun at any size, one rank
+   included (train.load_reference keeps bf16 linears only in one process, where store_linears_bf16 applies).
+   FSDP2 leaves a root module's parameters gathered after its forward, so the reference's root (the embedding
+   and final norm, bf16) stays gathered from its first forward on, and the policy's from each no-grad forward
+   (the sync probe's) to its next backward.
 3. Under FSDP2 with bf16, mixed precision (plumbing/parallel.shard): each layer is gathered in bf16, 2 bytes per
    parameter. In one process, bf16 autocast over float32 weights, with the policy's linear layers recasting their
    weight in backward (speed/backward.py: recast_linears_in_backward): no bf16 copy of a weight lives from
@@ -60,6 +68,21 @@ from tasks import TASKS
 GiB = 2**30
 CUDA_OVERHEAD = 2.0 * GiB  # CUDA context, NCCL communicators, cuBLAS workspaces, allocator slack: not yet measured
 VLLM_ASLEEP = 1.0 * GiB  # what a level-1 sleeping vLLM keeps (its CUDA graphs' pool): not yet measured
+# plumbing/parallel.py: shard passes the root no reshard_after_forward, and FSDP2 then keeps the root's parameters
+# gathered after a forward (for the backward that usually follows). True once shard() reshards the root.
+ROOT_RESHARDED_AFTER_FORWARD = False
+
+# What backs each row. No row has been calibrated on a GPU yet: every GPU figure is an estimate until
+# scripts/gpu_check.sh has run on one; a row its run calibrates moves to GPU_CALIBRATED, naming the run in
+# docs/gpu.md. CPU_CHECKED rows were measured against CPU peaks in one process (bench/plan_check.py,
+# docs/memory_plan.md); on a GPU they are estimates too. ESTIMATED rows are arithmetic or assumed constants.
+GPU_CALIBRATED: dict[str, str] = {}  # row -> the docs/gpu.md run that calibrated it
+CPU_CHECKED = frozenset({"params", "adamw", "grads", "activations", "bf16 weight cast", "layer backward", "final norm",
+                         "logits + chunks", "lm_head gradient"})
+ESTIMATED = frozenset({"reference", "fsdp2 roots gathered", "cuda overhead", "vllm awake", "vllm asleep",
+                       "fsdp2 gathered", "adamw temporary", "vllm weights", "one full parameter"})
+ENGINE_ROWS = frozenset({"vllm awake", "vllm asleep", "vllm weights"})  # the engine's, not the trainer's
+OUTSIDE_ALLOCATOR = frozenset({"cuda overhead"})  # device memory torch's allocator never counts
 
 # Tables B.1 and B.2: GPUs per run. GiB as the cards report it: A100 80 GB has 80 GiB; the H200 this
 # project is lent reports about 139 GiB.
@@ -232,9 +255,12 @@ def task_prompt_tokens(task: str) -> int:
     return tokens
 
 
-def plan(args: dict, *, gpus: int, gpu_gb: float, grad_checkpointing: bool, prompt_tokens: int | None = None) -> Plan:
+def plan(args: dict, *, gpus: int, gpu_gb: float, grad_checkpointing: bool, prompt_tokens: int | None = None,
+         torchrun: bool | None = None) -> Plan:
     """One rank's peak GPU memory for train.py's `args` (a dict of its Args fields) on `gpus` GPUs of
-    `gpu_gb` GiB each. `prompt_tokens`: the longest prompt (default: the task's, task_prompt_tokens)."""
+    `gpu_gb` GiB each. `prompt_tokens`: the longest prompt (default: the task's, task_prompt_tokens). `torchrun`:
+    whether train.py runs under torchrun, and so FSDP2 (default: when gpus > 1; one GPU under torchrun, as
+    scripts/gpu_check.sh runs it, is FSDP2 over one rank: a float32 reference, gathers, foreach AdamW)."""
     shape = model_shape(args["model"])
     prompt = prompt_tokens if prompt_tokens is not None else task_prompt_tokens(args["task"])
     if gpus < 1 or gpu_gb <= 0:
@@ -245,23 +271,28 @@ def plan(args: dict, *, gpus: int, gpu_gb: float, grad_checkpointing: bool, prom
     batch = max(1, min(args["micro_batch"], math.ceil(per_minibatch)))
     accumulates = math.ceil(per_minibatch / args["micro_batch"]) > 1
     gpu = gpu_gb * GiB
-    state = training_state(shape, ranks=ranks, unsharded_grads=ranks > 1 and accumulates)
+    fsdp = ranks > 1 if torchrun is None else torchrun
+    state = training_state(shape, ranks=ranks, unsharded_grads=fsdp and accumulates)
     n = shape.params
     beta = args.get("beta", 1e-3)
-    reference = 0 if beta == 0 else (4 * n / ranks if ranks > 1 or not bf16 else
+    reference = 0 if beta == 0 else (4 * n / ranks if fsdp or not bf16 else
                                      2 * (n - shape.embedding - (2 * shape.layers + 1) * shape.hidden)
                                      + 4 * (shape.embedding + (2 * shape.layers + 1) * shape.hidden))
     vllm = args.get("gpu_memory_utilization", 0.3) * gpu
     act = activations(shape, batch=batch, prompt=prompt, completion=K, compute_bytes=c,
                       checkpointing=grad_checkpointing, attention="sdpa")
-    root = 4 * (shape.embedding * (1 if shape.tied else 2) + shape.hidden)
-    gathered = (root + 2 * 4 * shape.layer_params) * (c / 4) if ranks > 1 else 0  # bf16: FSDP2's mixed precision
+    root = c * (shape.embedding * (1 if shape.tied else 2) + shape.hidden)  # gathered: bf16 under mixed precision
+    roots_left = 0 if not fsdp or ROOT_RESHARDED_AFTER_FORWARD else root * (1 + (beta > 0))  # policy + reference
+    gathered = (0 if roots_left else root) + 2 * c * shape.layer_params if fsdp else 0
     grads_how = ("whole model, float32: FSDP2 keeps unsharded gradients between micro-batches"
-                 if ranks > 1 and accumulates else f"float32 / {ranks}")
+                 if fsdp and accumulates else f"float32 / {ranks}")
     resident = [("params", state["params"], f"float32 / {ranks}"),
                 ("adamw", state["adam"], f"2 moments, float32 / {ranks}"),
                 ("reference", reference, "beta = 0: none" if beta == 0 else
-                 (f"float32 / {ranks} (FSDP2)" if ranks > 1 else "bf16 linears" if bf16 else "float32")),
+                 (f"float32 / {ranks} (FSDP2)" if fsdp else "bf16 linears" if bf16 else "float32")),
+                ("fsdp2 roots gathered", roots_left, "one process: none" if not fsdp else "resharded after forward: "
+                 "none" if not roots_left else f"{'policy + reference' if beta > 0 else 'policy'}: embedding + "
+                 "final norm, left gathered after a forward"),
                 ("cuda overhead", CUDA_OVERHEAD, "context, NCCL, cuBLAS, slack (a constant)")]
     phases = {
         "rollout": resident + [("vllm awake", vllm, f"gpu_memory_utilization {vllm / gpu:.2f} x GPU")],
@@ -269,12 +300,12 @@ def plan(args: dict, *, gpus: int, gpu_gb: float, grad_checkpointing: bool, prom
             ("vllm asleep", VLLM_ASLEEP, "level 1: KV cache dropped, weights on CPU (a constant)"),
             ("grads", state["grads"], grads_how),
             ("fsdp2 gathered", gathered,
-             f"root (embedding) + 2 decoder layers, {'bf16' if c < 4 else 'float32'}" if ranks > 1
-             else "one process: none"),
+             f"{'' if roots_left else 'root (embedding) + '}2 decoder layers, {'bf16' if c < 4 else 'float32'}"
+             if fsdp else "one process: none"),
             ("activations", act["saved"], f"{batch} x ({prompt} + {K}) tokens, "
              + ("layer inputs only (checkpointing)" if grad_checkpointing else "every layer's saved tensors")),
-            ("bf16 weight cast", act["weights_bf16"] if ranks == 1 else 0, "float32: none" if c == 4 else
-             "FSDP2 gathers bf16 weights: none" if ranks > 1 else "the one weight being cast at " + act["when"]),
+            ("bf16 weight cast", act["weights_bf16"] if not fsdp else 0, "float32: none" if c == 4 else
+             "FSDP2 gathers bf16 weights: none" if fsdp else "the one weight being cast at " + act["when"]),
             ("layer backward", act["recompute"], ("one layer's recomputed activations + " if grad_checkpointing
                                                   else "") + "its backward's largest gradient"),
             ("final norm", act["final_norm"], "float32 on all positions; lm_head input on the kept rows"),
@@ -284,6 +315,13 @@ def plan(args: dict, *, gpus: int, gpu_gb: float, grad_checkpointing: bool, prom
             ("lm_head gradient", act["head_grad"], "float32 (+ bf16 as its matmul made it)" if "lm_head" in act["when"]
              else "the embedding's, float32 (+ a tied lm_head's, and their sum)" if "embedding" in act["when"]
              else "a tied weight's, waiting for the embedding's" if act["head_grad"] else "none at " + act["when"]),
+        ],
+        "optimizer": resident + [
+            ("vllm asleep", VLLM_ASLEEP, "level 1: KV cache dropped, weights on CPU (a constant)"),
+            ("grads", state["grads"] if not fsdp else 4 * n / ranks, f"float32 / {ranks}" if not fsdp else
+             f"float32 / {ranks}: reduce-scattered by the last micro-batch"),
+            ("adamw temporary", 4 * n / ranks if fsdp else 0, f"foreach AdamW on FSDP2's shards: sqrt of the second "
+             f"moment, float32 / {ranks}" if fsdp else "fused AdamW (one process): none"),
         ],
         "sync": resident + [("vllm weights", 2 * n, "woken alone for the reload; its KV cache wakes after"),
                             ("one full parameter", 6 * shape.embedding,
@@ -301,12 +339,35 @@ def plan(args: dict, *, gpus: int, gpu_gb: float, grad_checkpointing: bool, prom
     return Plan(rows, totals, totals[peak_phase], peak_phase, gpu, totals[peak_phase] <= gpu, assumptions)
 
 
+def calibration(item: str) -> str:
+    """What backs a row: "gpu" (calibrated on a GPU, GPU_CALIBRATED), "cpu" (checked against CPU peaks in one
+    process; a GPU estimate) or "estimate"; KeyError for a row nobody has classified."""
+    if item in GPU_CALIBRATED:
+        return "gpu"
+    return {**dict.fromkeys(ESTIMATED, "estimate"), **dict.fromkeys(CPU_CHECKED, "cpu")}[item]
+
+
+def trainer_allocated(p: Plan) -> dict:
+    """Bytes per phase as train.py measures them (plumbing/run_log.py: PhaseMemory's mem/peak_gb/PHASE, torch's
+    allocated peak less the engine's): the plan's rows without the engine's and without what torch's allocator never
+    counts (CUDA_OVERHEAD). The measured train phase holds the optimizer step, so it is the larger of the two."""
+    totals = {phase: sum(size for ph, item, size, _ in p.rows if ph == phase and item not in ENGINE_ROWS
+                         and item not in OUTSIDE_ALLOCATOR) for phase in p.phases}
+    return {"rollout": totals["rollout"], "train": max(totals["train"], totals["optimizer"]), "sync": totals["sync"]}
+
+
 def format_plan(p: Plan, title: str = "") -> str:
     lines = [title] if title else []
+    tag = {"gpu": "[gpu]", "cpu": "[cpu]", "estimate": "[est]"}
     for phase, total in p.phases.items():
-        lines.append(f"{phase:<8} {total / GiB:8.2f} GiB")
-        lines += [f"  {item:<20} {size / GiB:8.2f}  {how}" for ph, item, size, how in p.rows if ph == phase]
+        lines.append(f"{phase:<9} {total / GiB:8.2f} GiB")
+        lines += [f"  {item:<20} {size / GiB:8.2f}  {tag[calibration(item)]} {how}" for ph, item, size, how in p.rows
+                  if ph == phase]
     lines += [f"assumes: {a}" for a in p.assumptions]
+    lines.append("[gpu] calibrated on a GPU (docs/gpu.md); [cpu] checked against CPU peaks in one process, on a GPU "
+                 "an estimate; [est] arithmetic or an assumed constant. " + (
+                     f"GPU-calibrated rows: {', '.join(sorted(GPU_CALIBRATED))}" if GPU_CALIBRATED else
+                     "No row has been calibrated on a GPU yet: every figure is an estimate."))
     lines.append(p.verdict)
     return "\n".join(lines)
 

@@ -1,0 +1,183 @@
+"""scripts/gpu_check.sh and its verdict (tools/gpu_check.py) without a GPU: the --dry-run of the no-vLLM path on
+the CPU, each gate fed rows that must fail, and the per-rank memory record with CUDA's counters faked.
+
+    python -m pytest tests/test_gpu_check.py -q
+"""
+
+import dataclasses
+import json
+import os
+import subprocess
+import types
+
+import pytest
+import torch
+
+from tools import gpu_check
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def rows_for(ranks: int, steps: int = 4, **per_rank) -> list[dict]:
+    """Metric rows of a healthy `ranks`-rank GPU run; per_rank: name -> one value per rank, on every row."""
+    base = {"time/step": 2.0, "time/rollout": 1.0, "time/train": 0.8, "time/sync": 0.2, "response/len_mean": 100,
+            "perf/tokens_per_s": 500, "perf/tflops": 50.0, "sync/logprob_diff": 0.04}
+    healthy = {"engine/device": list(range(ranks)), "mem/device": list(range(ranks)),
+               "mem/used_before_sleep_gb": [60.0] * ranks, "mem/used_after_sleep_gb": [20.0] * ranks,
+               **{f"mem/peak_gb/{p}": [10.0] * ranks for p in gpu_check.PHASES}, **per_rank}
+    return [{"step": s, **base, **{f"{k}/rank{r}": v[r] for k, v in healthy.items() for r in range(ranks)}}
+            for s in range(1, steps + 1)]
+
+
+def test_the_device_gate_fails_when_two_ranks_engines_share_a_device_and_passes_when_they_do_not():
+    assert gpu_check.device_gate(rows_for(2), 2)[0] == "PASS"
+    status, detail = gpu_check.device_gate(rows_for(2, **{"engine/device": [0, 0]}), 2)
+    assert status == "FAIL" and "ranks [0, 1] share cuda:0" in detail
+    # the trainers' own devices differ (LOCAL_RANK): the gate reads the engines', not those
+    assert gpu_check.device_gate(rows_for(2, **{"engine/device": [3, 3], "mem/device": [0, 1]}), 2)[0] == "FAIL"
+    assert gpu_check.device_gate(rows_for(2, **{"engine/device": [0, -1]}), 2) == (
+        "FAIL", "rank(s) [1]'s engine is not on a GPU")
+    old = [{k: v for k, v in row.items() if not k.startswith("engine/")} for row in rows_for(2)]
+    assert gpu_check.device_gate(old, 2)[0] == "FAIL"  # a train.py that does not record it cannot pass
+
+
+def test_the_memory_sleep_and_sync_gates_fail_past_their_bounds():
+    plan = {"rollout": 10.0, "train": 10.0, "sync": 10.0}
+    assert gpu_check.memory_gate(rows_for(2), 2, plan, gpu_check.PHASES)[0] == "PASS"
+    status, detail = gpu_check.memory_gate(rows_for(2, **{"mem/peak_gb/train": [10.0, 11.6]}), 2, plan,
+                                           gpu_check.PHASES)
+    assert status == "FAIL" and "rank 1's train peak 11.6 GB > 1.15 x plan 10.0" in detail
+    assert gpu_check.memory_gate(rows_for(2, **{"mem/peak_gb/sync": [30.0] * 2}), 2, plan, ("train",))[0] == "PASS"
+    assert gpu_check.sleep_gate(rows_for(1), 1, share_gb=41.7)[0] == "PASS"  # freed 40 GB
+    assert gpu_check.sleep_gate(rows_for(1, **{"mem/used_after_sleep_gb": [50.0]}), 1, share_gb=41.7)[0] == "FAIL"
+    assert gpu_check.sync_gate(rows_for(1), 0.5, 1e-4)[0] == "PASS"
+    stale = rows_for(1)
+    stale[-1]["sync/logprob_diff"] = 0.9  # the large-lr step shows an engine that missed part of the update
+    status, detail = gpu_check.sync_gate(stale, 0.5, 1e-4)
+    assert status == "FAIL" and "after the lr 0.0001 step 9.00e-01" in detail
+
+
+def test_runs_that_time_out_or_stop_fail_quoting_train_pys_line():
+    ok = {"save": 0, "resume": 0}
+    assert gpu_check.run_gate(rows_for(1), 4, ok, [], 240)[0] == "PASS"
+    assert gpu_check.run_gate(rows_for(1, steps=3), 4, ok, [], 240)[0] == "FAIL"  # a step missing
+    assert gpu_check.run_gate([], 4, {"save": 124, "resume": None}, [], 240) == (
+        "FAIL", "the save run passed its timeout of 240 s")
+    assert gpu_check.run_gate(rows_for(1), 4, {"save": 0, "resume": None}, [], 240) == (
+        "FAIL", "the resume run did not run")
+    line = "train.py: error: the engine's norms differ from the trainer's after the step-4 sync (model.norm.weight)"
+    status, detail = gpu_check.run_gate(rows_for(1, steps=1), 4, {"save": 0, "resume": 1}, [line], 240)
+    assert status == "FAIL" and detail.endswith(line)
+    probe = "train.py: error: step 4: the sampler's log-probs differ from the trainer's by 0.9 nats"
+    assert gpu_check.weight_gate(True, rows_for(1), [probe, line], runs_ok=False) == ("FAIL", line)
+    assert gpu_check.weight_gate(False, rows_for(1), [], runs_ok=True)[0] == "skip"
+    checked = [dict(row, **{"sync/weight_diff": 0.0}) for row in rows_for(1)]
+    assert gpu_check.weight_gate(True, checked, [], runs_ok=True)[0] == "PASS"
+    assert gpu_check.weight_gate(True, checked[:1] + rows_for(1)[1:], [], runs_ok=True)[0] == "FAIL"  # not each step
+
+
+def test_the_verdict_of_a_gpu_run_quotes_the_weight_checks_line(tmp_path, monkeypatch, capsys):
+    """tools.gpu_check's whole verdict over a work folder as gpu_check.sh leaves it, CUDA's queries faked."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i=0: types.SimpleNamespace(total_memory=150e9))
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "run-2").mkdir()
+    rows = rows_for(2, **{"engine/device": [0, 0]})
+    (tmp_path / "run-2" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    line = "train.py: error: the engine's norms differ from the trainer's after the step-4 sync (model.norm.weight)"
+    (tmp_path / "logs" / "run-2-save.rc").write_text("0\n")
+    (tmp_path / "logs" / "run-2-resume.rc").write_text("1\n")
+    (tmp_path / "logs" / "run-2-resume.log").write_text(f"noise\n[rank0]: {line}\n{line}\n")
+    run_args = json.dumps({"model": "Qwen/Qwen2.5-1.5B", "task": "arith", "M": 8, "rollout_batch": 16,
+                           "micro_batch": 16, "max_tokens": 256, "dtype": "bfloat16", "beta": 0.001})
+    code = gpu_check.main([str(tmp_path), "--runs", "2", "--sampler", "vllm", "--steps", "4", "--weight-check",
+                           "--run-args", run_args])
+    out = capsys.readouterr().out
+    assert code == 1 and out.count(line) == 2  # in the runs line and the weights line, once each
+    assert f"FAIL  weights N=2   {line}" in out and out.strip().endswith("gates)")
+
+
+def test_the_verdict_lines(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i=0: types.SimpleNamespace(total_memory=150e9))
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "run-2").mkdir()
+    (tmp_path / "run-2" / "checkpoint-000004").mkdir()  # one left behind: the disk gate fails
+    rows = rows_for(2, **{"engine/device": [0, 0]})
+    (tmp_path / "run-2" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for name in ("save", "resume"):
+        (tmp_path / "logs" / f"run-2-{name}.rc").write_text("0\n")
+    run_args = json.dumps({"model": "Qwen/Qwen2.5-1.5B", "task": "arith", "M": 8, "rollout_batch": 16,
+                           "micro_batch": 16, "max_tokens": 256, "dtype": "bfloat16", "beta": 0.001})
+    assert gpu_check.main([str(tmp_path), "--runs", "2", "--sampler", "hf", "--steps", "4", "--run-args",
+                           run_args]) == 1
+    out = capsys.readouterr().out.splitlines()
+    verdict = {line.split()[1]: line.split()[0] for line in out if line.startswith("  ") and len(line.split()) > 2
+               and line.split()[0] in ("PASS", "FAIL", "skip")}
+    assert verdict == {"runs": "PASS", "sync": "PASS", "weights": "skip", "devices": "FAIL", "sleep": "skip",
+                       "memory": "PASS", "disk": "FAIL"}
+    assert out[-1] == "gpu_check: FAILED (2 of 7 gates)"
+    assert any("ranks [0, 1] share cuda:0" in line for line in out)
+    assert any("rollout and sync not gated" in line for line in out)  # the HF sampler: the train phase only
+
+
+def test_phase_memory_records_the_engines_device_and_what_an_hf_sampler_holds_asleep(tiny_model_dir, monkeypatch):
+    """plumbing/run_log.PhaseMemory with CUDA's counters faked: engine/device is what the sampler reports, not the
+    trainer's LOCAL_RANK device; an HF sampler's sleep frees its weights through torch, so the train phase's
+    peak is not lowered by an engine that no longer holds them."""
+    from plumbing.run_log import PhaseMemory
+    from rollout import make_sampler
+
+    assert make_sampler("hf", tiny_model_dir, dtype="float32").device() == torch.device("cpu")
+    allocated = {"now": 1000, "peak": 1000}
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: allocated["now"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: allocated["peak"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (50e9, 150e9))
+
+    class Sampler:  # an HF-like sampler on cuda:0: 400 bytes of weights, all given back to torch when asleep
+        def __init__(self):
+            allocated["now"] += 400
+
+        def device(self):
+            return torch.device("cuda", 0)
+
+        def sleep(self):
+            allocated["now"] -= 400
+            return 400
+
+    memory = PhaseMemory(torch.device("cuda", 1))  # the trainer's own device: LOCAL_RANK 1
+    sampler = memory.build(Sampler)
+    memory.sleep(sampler)
+    allocated["peak"] = 3000  # the training peak, the sampler's weights gone
+    memory.end("train")
+    values = memory.metrics()
+    assert values["engine/device/rank0"] == 0 and values["mem/device/rank0"] == 1
+    assert values["mem/engine_gb/rank0"] == 400 / 1e9
+    assert values["mem/peak_gb/train/rank0"] == 3000 / 1e9  # nothing subtracted: the engine held nothing
+
+
+@pytest.mark.slow
+def test_the_dry_run_checks_the_no_vllm_path_and_leaves_no_checkpoint(tmp_path):
+    """scripts/gpu_check.sh --dry-run: a random 2-layer model, train.py under torchrun --nproc_per_node 1 (gloo)
+    with the HF sampler, checkpointing, top_p 0.999 and evaluation, a save, a resume from it for one more step at
+    lr 1e-4, and the verdict. Every checkpoint is gone once read."""
+    result = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run", str(tmp_path)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=900, env={**os.environ, "STEPS": "3"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].startswith("gpu_check: --dry-run: checking the torchrun path with the HF sampler")
+    assert lines[-1] == "gpu_check: ok"
+    verdict = {line.split()[1]: line.split()[0] for line in lines if line.split()[0] in ("PASS", "FAIL", "skip")}
+    assert verdict["runs"] == verdict["sync"] == verdict["disk"] == "PASS"
+    assert verdict["devices"] == verdict["sleep"] == verdict["memory"] == "skip"
+    import config  # the weight check runs after every sync where train.py has --weight-check-every
+
+    has_flag = "weight_check_every" in {f.name for f in dataclasses.fields(config.Args)}
+    assert verdict["weights"] == ("PASS" if has_flag else "skip")
+    rows = [json.loads(line) for line in open(tmp_path / "run-1" / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [1, 2, 3] and "eval/score" in rows[1]  # --eval-every 2
+    assert rows[-1]["lr"] == 1e-4 and rows[1]["lr"] == 1e-6  # the resumed step at the large learning rate
+    assert "changed flags: --lr 1e-06 -> 0.0001" in (tmp_path / "logs" / "run-1-resume.log").read_text()
+    left = [name for name in os.listdir(tmp_path / "run-1") if "checkpoint" in name]
+    assert left == []  # saved at step 2, resumed from, then deleted; step 3's too
