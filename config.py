@@ -84,6 +84,10 @@ class _Args:
     sync_tolerance: float = arg(0.0, "stop when, after a weight sync, the sampler's probe log-probs differ from the "
                                 "trainer's by more than this (mean over probe tokens, nats); 0: by precision, "
                                 "config.SYNC_TOLERANCE")
+    weight_check_every: int = arg(10, "every N steps, after the weight sync, compare the engine's weights with the "
+                                  "trainer's per family (embedding, tied lm_head, norms, biases, q/k/v, gate/up, "
+                                  "the rest) and stop naming a family the sync missed (plumbing/sync.py: "
+                                  "check_weights; cost: docs/sampler.md); 0: never")
     grad_checkpointing: bool = arg(False, "recompute each decoder layer in backward instead of keeping its "
                                    "activations, at a second forward per layer: on in the paper presets; off for "
                                    "the CPU demo, whose activations are small (docs/memory_plan.md)")
@@ -247,6 +251,7 @@ def check_args(args: Args) -> str | None:
         (0 <= args.clip_low < 1 and args.clip_high >= 0, "--clip-low must be in [0, 1), --clip-high >= 0"),
         (0 < args.gpu_memory_utilization < 1, "--gpu-memory-utilization must be in (0, 1)"),
         (args.sync_tolerance >= 0, "--sync-tolerance must be >= 0"),
+        (args.weight_check_every >= 0, f"--weight-check-every must be >= 0, got {args.weight_check_every}"),
         (not args.data_file or os.path.isfile(args.data_file), f"--data-file {args.data_file} does not exist"),
         (not args.compile or torch.cuda.is_available() or any(map(shutil.which, (os.environ.get("CXX", "g++"),
                                                                                  "g++", "c++", "clang++"))),

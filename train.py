@@ -55,7 +55,7 @@ from plumbing.files import AppendError
 from plumbing.models import ModelLoadError, SamplingError, load_model, load_tokenizer
 from plumbing.parallel import all_reduce_sum, full_weights, gather_rows, init_distributed, shard
 from plumbing.run_folder import RunFolderError, lock_run_folder, run_folder_error
-from plumbing.sync import SyncError, check_sync
+from plumbing.sync import SyncError, check_sync, check_weights, weight_checksums
 from rewards import take_error_count
 from speed.allocator import release_freed_memory
 from speed.backward import configure_backward, store_linears_bf16
@@ -335,6 +335,8 @@ def train(args: Args) -> dict:
         memory.end("train")
         # -- weight sync and check: the sampler must now compute the trainer's log-probs
         sampler.update_weights(full_weights(model))  # streamed; wakes a sleeping engine in two steps around it
+        checking = args.weight_check_every and (step + 1) % args.weight_check_every == 0  # the engine's own tensors
+        checksums = weight_checksums(sampler, model) if checking else None  # per family, judged with the probe below
         with autocast:
             probe, before = sync_check(sampler, model, probe_prompts), probe
         t4 = time.perf_counter()
@@ -355,6 +357,7 @@ def train(args: Args) -> dict:
             metrics["time/eval"] = time.perf_counter() - t5
         try:  # the step's metrics reach the log either way; a failed check saves no checkpoint
             metrics.update(check_sync(probe, before, step + 1, args.sync_tolerance, device))
+            metrics.update(check_weights(checksums, step + 1, device))  # {} when not checking
         finally:
             log.write(metrics)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")

@@ -986,10 +986,24 @@ def test_a_stale_sampler_is_one_line_and_exit_1_from_the_command_line(tiny_model
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_healthy_run_never_trips_the_sync_check(tiny_model_dir, tmp_path, digits, dtype):
-    train.main(tiny_args(tiny_model_dir, tmp_path, steps=4, dtype=dtype, lr=3e-3, beta=1e-3))
+    train.main(tiny_args(tiny_model_dir, tmp_path, steps=4, dtype=dtype, lr=3e-3, beta=1e-3, weight_check_every=2))
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(r["sync/logprob_diff"] == r["sync/logprob_diff/rank0"] < config.SYNC_TOLERANCE[dtype] for r in rows)
+    assert [r.get("sync/weight_diff") for r in rows] == [None, 0.0, None, 0.0]  # every 2nd step, equal
+
+
+def test_a_sync_that_skips_the_norms_stops_the_run_naming_them(tiny_model_dir, tmp_path, digits, monkeypatch):
+    """At lr 1e-6 the probe cannot see stale norms; the weight check (--weight-check-every) does, at its step."""
+    from rollout import HFSampler
+
+    full_sync = HFSampler.update_weights
+    monkeypatch.setattr(HFSampler, "sleep", lambda self: 0)  # it keeps its weights: the skipped ones stay stale
+    monkeypatch.setattr(HFSampler, "update_weights", lambda self, named_tensors: full_sync(
+        self, ((name, t) for name, t in named_tensors if "norm" not in name)))
+    with pytest.raises(train.SyncError, match="^the engine's norms differ from the trainer's after the step-2 sync"):
+        train.main(tiny_args(tiny_model_dir, tmp_path, steps=3, lr=1e-6, weight_check_every=2))
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]  # step 1 was not checked
 
 
 @pytest.mark.slow
