@@ -45,6 +45,7 @@ from plumbing.checkpoint import (
     CheckpointError,
     changed_flags,
     find_checkpoint,
+    kept_rng_state,
     load_checkpoint,
     remove_orphans,
     save_checkpoint,
@@ -286,9 +287,10 @@ def train(args: Args) -> dict:
     train_ids, test_ids = (encode_prompts(tokenizer, rows, max_len=room) for rows in (train_set, test_set))
     max_prompt = max(len(p) for p in train_ids + test_ids)
     memory = run_log.PhaseMemory(device)  # per phase, this rank's GPU memory (CUDA only), the engine's told apart
-    sampler = memory.build(make_sampler, args.sampler, ckpt or init_path, dtype=args.dtype, max_model_len=max_prompt +
-                           args.max_tokens, seed=args.seed + rank, gpu_memory_utilization=args.gpu_memory_utilization,
-                           device=device)  # its own copy of the policy, in this process
+    with kept_rng_state():  # vLLM seeds the global RNGs: load_checkpoint's (or init_distributed's) states stay
+        sampler = memory.build(make_sampler, args.sampler, ckpt or init_path, dtype=args.dtype, device=device,
+                               max_model_len=max_prompt + args.max_tokens, seed=args.seed + rank,
+                               gpu_memory_utilization=args.gpu_memory_utilization)  # its own copy of the policy
     probe_prompts = train_ids[:4]  # the same probe at every check: a sampler that never updates repeats itself
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bfloat16")
     with autocast:

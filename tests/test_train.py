@@ -345,6 +345,36 @@ def test_resume_gives_identical_weights_and_metrics(tiny_model_dir, tmp_path, di
     assert any(r["loss/ratio_mean"] != 1.0 for r in straight)  # the off-policy path (old_logp pass) ran
 
 
+def test_resume_restores_the_rng_after_an_engine_reseeds_it(tiny_model_dir, tmp_path, digits, monkeypatch):
+    """vLLM's engine set-up seeds python's, numpy's and torch's global RNGs (as this stand-in does): a resumed run
+    continues with the states its checkpoint saved, not the engine's."""
+    import random
+
+    import numpy as np
+
+    import rollout
+    from plumbing.checkpoint import read_trainer_state, rng_state
+
+    def reseeding_sampler(*args, **kwargs):
+        sampler = make_sampler(*args, **kwargs)
+        random.seed(99), np.random.seed(99), torch.manual_seed(99)
+        return sampler
+
+    make_sampler, check_sync = rollout.make_sampler, train.check_sync
+    seen = []  # the RNG states when the run starts its first sync check, right after the sampler is built
+    monkeypatch.setattr(train, "check_sync", lambda probe, before, *a: seen.append(rng_state()) or check_sync(
+        probe, before, *a))
+    train.main(tiny_args(tiny_model_dir, tmp_path, steps=2))
+    saved = read_trainer_state(tmp_path / "checkpoint-000002")["rng"][0]
+    monkeypatch.setattr(rollout, "make_sampler", reseeding_sampler)
+    seen.clear()
+    train.main(tiny_args(tiny_model_dir, tmp_path, steps=3, resume=str(tmp_path)))
+    assert seen[0]["python"] == saved["python"] and seen[0]["numpy"] == list(saved["numpy"])
+    assert torch.equal(seen[0]["torch"], saved["torch"])
+    torch.manual_seed(99)
+    assert not torch.equal(saved["torch"], torch.get_rng_state())  # the check can fail: the engine's seed differs
+
+
 def test_eval_every_logs_held_out_scores_at_absolute_steps_and_resume_keeps_them(tiny_model_dir, tmp_path, digits):
     common = dict(steps=4, eval_every=2, eval_examples=4, minibatches=2, micro_batch=3)
     train.main(tiny_args(tiny_model_dir, tmp_path / "straight", **common))
