@@ -609,6 +609,7 @@ def test_end_to_end_under_torchrun_2(tiny_model_dir, tmp_path):
     assert all(math.isfinite(r["loss/pg"]) and math.isfinite(r["loss/kl"]) and math.isfinite(r["grad/norm"])
                for r in rows)
     assert all(r["sync/logprob_diff"] < 1e-4 for r in rows)  # every rank's sampler got the gathered weights
+    assert all(r["sync/weight_diff"] == 0.0 for r in rows)  # all of them (--weight-check-every 1)
     assert set(json.loads((tmp_path / "eval.json").read_text())) == {"before", "after"}
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoint-000003")
     assert model.config.architectures == ["LlamaForCausalLM"]  # not FSDP's wrapper class
