@@ -191,7 +191,7 @@ class VLLMSampler:
     rank builds its own through vLLM's external launcher, on the device LOCAL_RANK names (the default executor
     would put every engine on device 0); it joins the trainer's process group and destroys it on close."""
 
-    def __init__(self, model_path, *, dtype, max_model_len, seed, gpu_memory_utilization):
+    def __init__(self, model_path, *, dtype, max_model_len, seed, gpu_memory_utilization, max_num_seqs=None):
         # In-process engine: the colocated trainer hands it tensors in memory, not across processes.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")  # before the import: its usage-stats thread tries the network
@@ -205,7 +205,7 @@ class VLLMSampler:
         torchrun = "RANK" in os.environ  # under torchrun, even with one rank: the same launcher at every size
         self.llm = LLM(
             model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
-            gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=1,
+            gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs, tensor_parallel_size=1,
             distributed_executor_backend="external_launcher" if torchrun else None,  # one engine per rank
             enforce_eager=not self.on_gpu, enable_sleep_mode=self.on_gpu,  # no sleep mode on CPU
             logprobs_mode="processed_logprobs",  # log-probs after temperature, as the trainer computes
@@ -279,13 +279,13 @@ SAMPLERS = ("hf", "vllm")  # --sampler's kinds (and auto: vllm on a GPU, hf on C
 
 
 def make_sampler(backend, model_path, *, dtype="bfloat16", max_model_len=2048, seed=0, gpu_memory_utilization=0.3,
-                 device="cpu"):
+                 device="cpu", max_num_seqs=None):
     if backend not in SAMPLERS:
         raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(SAMPLERS)}")
     if backend == "hf":
         return HFSampler(resolve_model(model_path), dtype=dtype, seed=seed, device=device)
     return VLLMSampler(resolve_model(model_path), dtype=dtype, max_model_len=max_model_len, seed=seed,
-                       gpu_memory_utilization=gpu_memory_utilization)
+                       gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs)  # None: vLLM's
 
 
 def step_seed(run_seed: int, step: int, first_prompt: int, prompts_per_step: int, n: int) -> int:

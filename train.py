@@ -290,7 +290,8 @@ def train(args: Args) -> dict:
     with kept_rng_state():  # vLLM seeds the global RNGs: load_checkpoint's (or init_distributed's) states stay
         sampler = memory.build(make_sampler, args.sampler, ckpt or init_path, dtype=args.dtype, device=device,
                                max_model_len=max_prompt + args.max_tokens, seed=args.seed + rank,
-                               gpu_memory_utilization=args.gpu_memory_utilization)  # its own copy of the policy
+                               gpu_memory_utilization=args.gpu_memory_utilization,  # its own copy of the policy
+                               max_num_seqs=args.max_num_seqs or args.rollout_batch // world * args.M)
     probe_prompts = train_ids[:4]  # the same probe at every check: a sampler that never updates repeats itself
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bfloat16")
     with autocast:
