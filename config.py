@@ -81,9 +81,16 @@ class _Args:
                      "the hardware has bf16 matrix units (GPUs, CPUs with AVX512-BF16/AMX), else float32")
     sampler: str = arg("auto", "auto (vllm on a GPU, where it must be installed; hf on CPU), hf or vllm")
     gpu_memory_utilization: float = arg(0.3, "vLLM's share of GPU memory")
+    max_num_seqs: int = arg(0, "vLLM's max_num_seqs, the sequences it decodes at once (and the largest batch it "
+                            "captures CUDA graphs for); 0: this rank's share of a step's samples, rollout_batch x M / "
+                            "ranks")
     sync_tolerance: float = arg(0.0, "stop when, after a weight sync, the sampler's probe log-probs differ from the "
                                 "trainer's by more than this (mean over probe tokens, nats); 0: by precision, "
                                 "config.SYNC_TOLERANCE")
+    weight_check_every: int = arg(10, "every N steps, after the weight sync, compare the engine's weights with the "
+                                  "trainer's per family (embedding, tied lm_head, norms, biases, q/k/v, gate/up, "
+                                  "the rest) and stop naming a family the sync missed (plumbing/sync.py: "
+                                  "check_weights; cost: docs/sampler.md); 0: never")
     grad_checkpointing: bool = arg(False, "recompute each decoder layer in backward instead of keeping its "
                                    "activations, at a second forward per layer: on in the paper presets; off for "
                                    "the CPU demo, whose activations are small (docs/memory_plan.md)")
@@ -149,21 +156,33 @@ def estimator_hparams(args: Args) -> dict:
     return {name: getattr(args, name) for name in estimator_params()}
 
 
-PAPER = dict(model="Qwen/Qwen2.5-1.5B", lr=1e-6, warmup_steps=0, micro_batch=4, save_every=100,
+PAPER = dict(model="Qwen/Qwen2.5-1.5B", lr=1e-6, warmup_steps=0, save_every=100,
              eval_examples=500,  # Tables B.1-B.2: shared rows; then the official configs' (base.yaml) ...
              top_p=0.999, eval_every=25, grad_checkpointing=True,  # ... top_p, test_freq, gradient checkpointing,
              keep_checkpoints=2,  # ... and max_actor_ckpt_to_keep
              alloc_estimators="all")  # Table 3 for every estimator on the same rollouts
+# Sizes, on the paper's GPU count at 80 GB (tools/memory_plan.py; tests/test_memory_plan.py checks them): the micro-
+# batch is the largest power of two whose train phase takes <= 75% of an 80 GB GPU (the loss does not depend on
+# it; a 141 GB H200 takes twice that for deepmath, poetry, meetingbank and openthoughts: pass --micro-batch), and
+# gpu_memory_utilization holds vLLM's bf16 weights, 2 GiB of activations and CUDA graphs, and the KV cache of the
+# rank's share of a step's samples at full length (max_num_seqs: config.Args). A fraction of the GPU: on 141 GB it
+# leaves vLLM more KV cache than the batch needs, and frees it while training (sleep level 2).
 PRESETS = {  # explicit flags override these
     "arith": dict(alloc_estimators="all"),  # the CPU demo: the defaults above, and Table 3 for every estimator
     "countdown24": dict(max_tokens=128),
-    "gsm8k": dict(PAPER, tau=0.1, M=8, rollout_batch=64, steps=1000, max_tokens=256),  # Table B.1
-    "countdown": dict(PAPER, tau=0.1, M=8, rollout_batch=64, steps=2000, max_tokens=256),
-    "deepmath": dict(PAPER, tau=0.3, M=16, rollout_batch=512, micro_batch=8, steps=3220, max_tokens=1024),
-    "poetry": dict(PAPER, tau=0.3, M=8, rollout_batch=64, steps=1350, max_tokens=1024, reward="sim"),  # B.2
-    "meetingbank": dict(PAPER, tau=0.3, M=8, rollout_batch=512, steps=3220, max_tokens=4096, reward="sim"),
+    "gsm8k": dict(PAPER, tau=0.1, M=8, rollout_batch=64, steps=1000, max_tokens=256,  # Table B.1
+                  micro_batch=64, gpu_memory_utilization=0.12),
+    "countdown": dict(PAPER, tau=0.1, M=8, rollout_batch=64, steps=2000, max_tokens=256,
+                      micro_batch=64, gpu_memory_utilization=0.12),
+    "deepmath": dict(PAPER, tau=0.3, M=16, rollout_batch=512, steps=3220, max_tokens=1024,
+                     micro_batch=32, gpu_memory_utilization=0.45),
+    "poetry": dict(PAPER, tau=0.3, M=8, rollout_batch=64, steps=1350, max_tokens=1024, reward="sim",  # B.2
+                   micro_batch=32, gpu_memory_utilization=0.12),
+    "meetingbank": dict(PAPER, tau=0.3, M=8, rollout_batch=512, steps=3220, max_tokens=4096, reward="sim",
+                        micro_batch=8, gpu_memory_utilization=0.6),
     "openthoughts": dict(PAPER, tau=0.3, M=8, rollout_batch=512, steps=3220, max_tokens=6144, reward="sim",
-                         reward_weights="format=0.35,sim=0.65"),  # the official openthoughts reward
+                         reward_weights="format=0.35,sim=0.65",  # the official openthoughts reward
+                         micro_batch=8, gpu_memory_utilization=0.78),
 }
 
 
@@ -247,6 +266,8 @@ def check_args(args: Args) -> str | None:
         (0 <= args.clip_low < 1 and args.clip_high >= 0, "--clip-low must be in [0, 1), --clip-high >= 0"),
         (0 < args.gpu_memory_utilization < 1, "--gpu-memory-utilization must be in (0, 1)"),
         (args.sync_tolerance >= 0, "--sync-tolerance must be >= 0"),
+        (args.weight_check_every >= 0, f"--weight-check-every must be >= 0, got {args.weight_check_every}"),
+        (args.max_num_seqs >= 0, f"--max-num-seqs must be >= 0, got {args.max_num_seqs}"),
         (not args.data_file or os.path.isfile(args.data_file), f"--data-file {args.data_file} does not exist"),
         (not args.compile or torch.cuda.is_available() or any(map(shutil.which, (os.environ.get("CXX", "g++"),
                                                                                  "g++", "c++", "clang++"))),

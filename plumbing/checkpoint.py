@@ -17,6 +17,7 @@ numpy names that rebuild one (NUMPY_RNG_GLOBALS).
     python train.py --resume runs/arith-softmax-s0          # continue from the newest checkpoint
 """
 
+import contextlib
 import os
 import pickle
 import random
@@ -74,6 +75,15 @@ def set_rng_state(rng: dict):
     torch.set_rng_state(rng["torch"])
     if torch.cuda.is_available() and rng["cuda"] is not None:
         torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+@contextlib.contextmanager
+def kept_rng_state():
+    """The RNG states as they were before the block: vLLM's engine set-up seeds the global RNGs, which would undo
+    what load_checkpoint restored (tests/test_train.py::test_resume_restores_the_rng_after_an_engine_reseeds_it)."""
+    rng = rng_state()
+    yield
+    set_rng_state(rng)
 
 
 def model_file_error(folder: str) -> str | None:

@@ -11,7 +11,7 @@ import random
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from speed.allocator import keep_freed_memory
 
@@ -61,16 +61,17 @@ def shard(model, device, bf16: bool = False):
         else MixedPrecisionPolicy()
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh, mp_policy=policy)
-    return fully_shard(model, mesh=mesh, mp_policy=policy)
+    # The root too reshards after forward (FSDP2 keeps a root gathered by default, for the backward that follows):
+    # the reference and the no-grad forwards have no backward, and would leave the embedding gathered in bf16.
+    return fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
 
 
 def full_weights(model):
     """(HF name, full tensor), one parameter at a time, gathered only when asked for: the sync holds one full
     parameter at once (tests/test_rollout.py::test_the_weight_sync_holds_one_gathered_parameter_at_a_time).
     All-gathering FSDP2 shards is a collective: every rank iterates in the same order."""
-    sharded = isinstance(model, FSDPModule)  # shard() ran: each parameter is an FSDP2 DTensor shard
-    for name, param in model.named_parameters():
-        yield name, (param.full_tensor() if sharded else param).detach()
+    for name, param in model.named_parameters():  # FSDP2's shards are DTensors; a parameter it left whole is not
+        yield name, (param.full_tensor() if isinstance(param, DTensor) else param).detach()
 
 
 def init_distributed(seed: int):

@@ -77,7 +77,8 @@ def e2e(out_dir, model_dir, sampler="hf"):
     tasks.TASKS["digits"] = DigitTask()
     args = train.Args(task="digits", model=model_dir, M=4, rollout_batch=4, micro_batch=4, steps=3, max_tokens=4,
                       lr=1e-2, eval_examples=4, dtype="float32", out_dir=out_dir, save_every=2, sampler=sampler,
-                      log_completions=16)  # both ranks' samples: rank 1's come from the gather
+                      log_completions=16,  # both ranks' samples: rank 1's come from the gather
+                      weight_check_every=1)  # each rank's engine against the gathered weights, every step
     train.main(args)
 
 

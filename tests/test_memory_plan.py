@@ -232,3 +232,26 @@ def test_every_row_says_what_backs_it_and_none_claims_a_gpu_it_has_not_seen():
     if not memory_plan.GPU_CALIBRATED:
         assert "No row has been calibrated on a GPU yet" in text
     assert all(f"[{tag}]" in text for tag in ("cpu", "est"))
+
+
+def test_the_paper_presets_are_sized_by_the_plan_for_80_gb():
+    """config.PRESETS on their paper GPU count: vLLM's share holds its bf16 weights, 2 GiB of activations and CUDA
+    graphs and the KV cache of the rank's samples at full length (max_num_seqs 0: the rank's share), and not much
+    more; the micro-batch is the largest power of two whose train phase takes <= 75% of 80 GiB; both fit 139 GiB."""
+    from config import PRESETS, Args
+
+    for task, (gpus, _, _) in memory_plan.PAPER_HARDWARE.items():
+        args = {**Args().__dict__, **PRESETS[task], "task": task}
+        shape, seqs = model_shape(args["model"]), args["rollout_batch"] * args["M"] // gpus
+        assert args["max_num_seqs"] == 0  # train.py: the rank's share of the batch, seqs
+        kv_per_token = shape.layers * 2 * shape.kv_heads * shape.head_dim * 2  # bf16 keys and values
+        engine = 2 * shape.params + 2 * memory_plan.GiB + seqs * (memory_plan.task_prompt_tokens(task)
+                                                                   + args["max_tokens"]) * kv_per_token
+        assert engine <= args["gpu_memory_utilization"] * 80 * memory_plan.GiB < 1.5 * engine, task
+
+        for gpu_gb in (80, 139):
+            p = plan(args, gpus=gpus, gpu_gb=gpu_gb, grad_checkpointing=True)
+            assert p.fits and p.phases["train"] <= 0.75 * p.gpu_bytes, (task, gpu_gb)
+        larger = 2 * args["micro_batch"]
+        assert larger > seqs or plan({**args, "micro_batch": larger}, gpus=gpus, gpu_gb=80, grad_checkpointing=True
+                                     ).phases["train"] > 0.75 * 80 * memory_plan.GiB, task

@@ -6,6 +6,7 @@ model, and the embedded SmolLM2 (slow).
 
 import math
 import os
+import re
 import time
 import weakref
 
@@ -467,8 +468,9 @@ def test_the_weight_sync_holds_one_gathered_parameter_at_a_time(tiny_model_dir, 
 
 
 def test_a_sleeping_engine_wakes_in_two_steps_around_the_sync(trainer, monkeypatch):
-    """On a GPU: weights first (after the allocator's cache is emptied), the streamed reload, the cache emptied
-    again, then the KV cache; nothing else between. On CPU (no sleep mode) the same calls wake nothing."""
+    """On a GPU: asleep at level 2 (weights discarded, not copied to host: the sync overwrites them), then weights
+    first (after the allocator's cache is emptied), the streamed reload, the cache emptied again, then the KV cache;
+    nothing else between. On CPU (no sleep mode) the same calls wake nothing."""
     events = []
     free = iter([10e9, 25e9])  # device memory free before and after sleep
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (next(free), 80e9))
@@ -476,8 +478,12 @@ def test_a_sleeping_engine_wakes_in_two_steps_around_the_sync(trainer, monkeypat
     gpu = fake_vllm_sampler(on_gpu=True)
     gpu.llm.calls = events
     assert gpu.sleep() == 15e9 and gpu.asleep
+    with pytest.raises(RuntimeError, match="asleep"):  # level 2 kept no weights: nothing to sample from
+        gpu.generate([[1, 2]], n=1, max_tokens=1)
+    gpu.wake()  # nor to wake to: only a sync wakes it
+    assert events == ["sleep(2)"]
     gpu.update_weights(gathered(trainer, []))
-    assert events == ["sleep(1)", "empty_cache", "wake_up(['weights'])", "reload_weights", "empty_cache",
+    assert events == ["sleep(2)", "empty_cache", "wake_up(['weights'])", "reload_weights", "empty_cache",
                       "wake_up(['kv_cache'])", "reset_prefix_cache"]
     assert set(gpu.llm.loaded) == {name for name, _ in trainer.named_parameters()} and not gpu.asleep
     events.clear()
@@ -490,3 +496,43 @@ def test_a_sleeping_engine_wakes_in_two_steps_around_the_sync(trainer, monkeypat
     cpu.update_weights(gathered(trainer, []))
     cpu.wake()
     assert events == ["reload_weights", "apply_model", "reset_prefix_cache"]  # apply_model: the tied lm_head repack
+
+
+# ---- the weight check (plumbing/sync.py: check_weights): an engine that took only part of an update
+
+# {what the SyncError names: the trainer's names a half sync leaves out}
+SKIPS = {"norms": "norm", "biases": ".bias", "embedding rows": "embed_tokens", "q/k/v rows": "k_proj.weight",
+         "gate/up rows": "up_proj.weight", "other weights": "o_proj.weight"}
+
+
+def updated(model_dir, step_size):
+    """The trainer after one step: every parameter moved by +-step_size, as AdamW moves it by about lr."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(step_size * torch.randn_like(p).sign())
+    return model
+
+
+@pytest.mark.parametrize("dtype, step_size", [("float32", 1e-6), ("bfloat16", 1e-2)])  # bf16: a step past its ulps
+def test_the_weight_check_names_the_family_a_sync_skipped(tmp_path, dtype, step_size):
+    from plumbing.sync import SyncError, check_weights, weight_checksums
+    from plumbing.tiny_model import build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path / "bias", attention_bias=True)  # q/k/v/o biases, as Qwen2's q/k/v
+    sampler = make_sampler("hf", model_dir, dtype=dtype, seed=0)
+    old, trainer = AutoModelForCausalLM.from_pretrained(model_dir), updated(model_dir, step_size)
+    for label, skipped in SKIPS.items():
+        sampler.update_weights(old.named_parameters())  # the engine before the step
+        sampler.update_weights((n, p) for n, p in trainer.named_parameters() if skipped not in n)
+        with pytest.raises(SyncError, match=f"^the engine's {re.escape(label)}.* after the step-3 sync") as info:
+            check_weights(weight_checksums(sampler, trainer), 3, torch.device("cpu"))
+        also = "; also lm_head rows" if label == "embedding rows" else "; also"  # a tied lm_head is the embedding
+        assert "\n" not in str(info.value) and str(info.value).count(also) == (also != "; also")  # that family alone
+        sampler.update_weights(trainer.named_parameters())  # a full sync
+        assert check_weights(weight_checksums(sampler, trainer), 3, torch.device("cpu")) == {"sync/weight_diff": 0.0}
+    sampler.update_weights(old.named_parameters())  # a sync that never happened
+    with pytest.raises(SyncError, match=r"^the engine's embedding rows .*; also lm_head rows .*, norms, biases, q/k/v"):
+        check_weights(weight_checksums(sampler, trainer), 3, torch.device("cpu"))
+    sampler.close()

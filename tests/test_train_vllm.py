@@ -72,6 +72,7 @@ def test_train_with_the_vllm_sampler(tiny_model_dir, tmp_path, ranks, torchrun):
         per_rank = [r[f"sync/logprob_diff/rank{k}"] for k in range(ranks)]
         assert f"sync/logprob_diff/rank{ranks}" not in r and max(per_rank) == r["sync/logprob_diff"] < TOLERANCE
         assert r["sync/rollout_logprob_diff"] < TOLERANCE  # the rollouts' own log-probs, as trained on
+        assert r["sync/weight_diff"] == 0.0  # every family of them, inside each engine (--weight-check-every 1)
     assert set(json.loads((out / "eval.json").read_text())) == {"before", "after"}
     ckpt = out / "checkpoint-000003"
     assert AutoModelForCausalLM.from_pretrained(ckpt).config.architectures == ["LlamaForCausalLM"]

@@ -13,12 +13,35 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM
 
+from plumbing.sync import SyncError, check_weights, weight_checksums
 from rollout import make_sampler, sync_check
 
 
 def as_lists(groups):
     return [[{"token_ids": c.token_ids, "logprobs": c.logprobs, "text": c.text,
               "finish_reason": c.finish_reason} for c in group] for group in groups]
+
+
+def weight_checks(sampler, old, new):
+    """plumbing/sync.py's weight check after a full sync, after syncs that skip one family each, and after a reload
+    without the tied lm_head's repack (rollout.VLLMSampler.update_weights does it on CPU): {case: metrics or error}."""
+    def check():
+        try:
+            return check_weights(weight_checksums(sampler, new), 3, torch.device("cpu"))
+        except SyncError as err:
+            return str(err)
+
+    sampler.update_weights(new.named_parameters())
+    checks = {"full": check()}
+    for skipped in ("norm", "k_proj.weight", "up_proj.weight", "embed_tokens"):
+        sampler.update_weights(old.named_parameters())
+        sampler.update_weights((name, p) for name, p in new.named_parameters() if skipped not in name)
+        checks[skipped] = check()
+    sampler.update_weights(old.named_parameters())
+    sampler.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": new.named_parameters(),
+                                                         "is_checkpoint_format": True})
+    checks["no repack"] = check()
+    return checks
 
 
 def main(job_path, result_path):
@@ -47,6 +70,7 @@ def main(job_path, result_path):
     sampler.update_weights(old.named_parameters())
     result["restored"] = sample()
     result["device"] = str(sampler.device())  # as the engine reports it (scripts/gpu_check.sh's device gate)
+    result["weight_checks"] = weight_checks(sampler, old, new)
     sampler.close()
     with open(result_path, "w") as f:
         json.dump(result, f)
