@@ -8,9 +8,9 @@
 A step has three phases, and the plan adds up what one rank holds in each (GiB = 2^30 bytes):
 - rollout: vLLM awake (its `gpu_memory_utilization` share: weights, KV cache, activations) beside the
   trainer's resident state: FSDP2 shards of the float32 parameters, the AdamW moments and the reference;
-- train: vLLM asleep (level 1: KV cache dropped, weights copied to CPU), gradients, FSDP2's gathered layers,
-  and one micro-batch's activations and log-prob work (the largest micro-batch: longest prompt + longest
-  completion, `--micro-batch` sequences);
+- train: vLLM asleep (level 2: KV cache and weights dropped, the sync brings the weights back), gradients,
+  FSDP2's gathered layers, and one micro-batch's activations and log-prob work (the largest micro-batch:
+  longest prompt + longest completion, `--micro-batch` sequences);
 - optimizer: the AdamW step after the last micro-batch: the gradients reduce-scattered to shards, and under
   FSDP2 foreach AdamW's float32 temporary of one shard (its sqrt of the second moment); fused AdamW in one process
   has none. train.py measures it inside the train phase (plumbing/run_log.py: PhaseMemory);
@@ -67,10 +67,10 @@ from tasks import TASKS
 
 GiB = 2**30
 CUDA_OVERHEAD = 2.0 * GiB  # CUDA context, NCCL communicators, cuBLAS workspaces, allocator slack: not yet measured
-VLLM_ASLEEP = 1.0 * GiB  # what a level-1 sleeping vLLM keeps (its CUDA graphs' pool): not yet measured
-# plumbing/parallel.py: shard passes the root no reshard_after_forward, and FSDP2 then keeps the root's parameters
-# gathered after a forward (for the backward that usually follows). True once shard() reshards the root.
-ROOT_RESHARDED_AFTER_FORWARD = False
+VLLM_ASLEEP = 1.0 * GiB  # what a level-2 sleeping vLLM keeps (its CUDA graphs' pool): not yet measured
+# plumbing/parallel.py: shard() reshards the root after forward too, so no root stays gathered after a forward
+# (FSDP2's default keeps it, for the backward that usually follows). False would count them.
+ROOT_RESHARDED_AFTER_FORWARD = True
 
 # What backs each row. No row has been calibrated on a GPU yet: every GPU figure is an estimate until
 # scripts/gpu_check.sh has run on one; a row its run calibrates moves to GPU_CALIBRATED, naming the run in
@@ -297,7 +297,7 @@ def plan(args: dict, *, gpus: int, gpu_gb: float, grad_checkpointing: bool, prom
     phases = {
         "rollout": resident + [("vllm awake", vllm, f"gpu_memory_utilization {vllm / gpu:.2f} x GPU")],
         "train": resident + [
-            ("vllm asleep", VLLM_ASLEEP, "level 1: KV cache dropped, weights on CPU (a constant)"),
+            ("vllm asleep", VLLM_ASLEEP, "level 2: KV cache and weights dropped (a constant)"),
             ("grads", state["grads"], grads_how),
             ("fsdp2 gathered", gathered,
              f"{'' if roots_left else 'root (embedding) + '}2 decoder layers, {'bf16' if c < 4 else 'float32'}"
@@ -317,7 +317,7 @@ def plan(args: dict, *, gpus: int, gpu_gb: float, grad_checkpointing: bool, prom
              else "a tied weight's, waiting for the embedding's" if act["head_grad"] else "none at " + act["when"]),
         ],
         "optimizer": resident + [
-            ("vllm asleep", VLLM_ASLEEP, "level 1: KV cache dropped, weights on CPU (a constant)"),
+            ("vllm asleep", VLLM_ASLEEP, "level 2: KV cache and weights dropped (a constant)"),
             ("grads", state["grads"] if not fsdp else 4 * n / ranks, f"float32 / {ranks}" if not fsdp else
              f"float32 / {ranks}: reduce-scattered by the last micro-batch"),
             ("adamw temporary", 4 * n / ranks if fsdp else 0, f"foreach AdamW on FSDP2's shards: sqrt of the second "
