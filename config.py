@@ -21,14 +21,9 @@ from loss import AGGREGATIONS, IS_CORRECTIONS, RATIOS, ROW_FILTERS
 from plumbing.checkpoint import find_checkpoint, model_file_error, resume_error
 from plumbing.cli import OneLineParser, first_line
 from plumbing.models import has_bf16_units
-from plumbing.run_folder import run_folder_error
+from plumbing.run_folder import run_dir, run_folder_error  # noqa: F401 (config.run_dir)
+from plumbing.sync import SYNC_TOLERANCE
 from rewards import REWARD_TERMS
-
-# --sync-tolerance by training precision: the probe's mean |sampler - trainer| log-prob difference that stops
-# the run, far above what a healthy sampler measures (bench/sync_tolerance.py; docs/training.md) and far below
-# what a sampler on other weights shows, since it moves every token. One that never received an update is caught
-# separately (its log-probs stay bit-identical while the trainer's move).
-SYNC_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.5}
 
 
 def arg(default, help):
@@ -81,16 +76,13 @@ class _Args:
                      "the hardware has bf16 matrix units (GPUs, CPUs with AVX512-BF16/AMX), else float32")
     sampler: str = arg("auto", "auto (vllm on a GPU, where it must be installed; hf on CPU), hf or vllm")
     gpu_memory_utilization: float = arg(0.3, "vLLM's share of GPU memory")
-    max_num_seqs: int = arg(0, "vLLM's max_num_seqs, the sequences it decodes at once (and the largest batch it "
-                            "captures CUDA graphs for); 0: this rank's share of a step's samples, rollout_batch x M / "
-                            "ranks")
+    max_num_seqs: int = arg(0, "vLLM's max_num_seqs, the sequences it decodes at once (and captures CUDA graphs "
+                            "for); 0: this rank's share of a step's samples, rollout_batch x M / ranks")
     sync_tolerance: float = arg(0.0, "stop when, after a weight sync, the sampler's probe log-probs differ from the "
                                 "trainer's by more than this (mean over probe tokens, nats); 0: by precision, "
-                                "config.SYNC_TOLERANCE")
-    weight_check_every: int = arg(10, "every N steps, after the weight sync, compare the engine's weights with the "
-                                  "trainer's per family (embedding, tied lm_head, norms, biases, q/k/v, gate/up, "
-                                  "the rest) and stop naming a family the sync missed (plumbing/sync.py: "
-                                  "check_weights; cost: docs/sampler.md); 0: never")
+                                "plumbing/sync.py: SYNC_TOLERANCE")
+    weight_check_every: int = arg(10, "every N steps after the sync, compare the engine's weights with the trainer's "
+                                  "per family and stop naming one the sync missed (docs/sampler.md); 0: never")
     grad_checkpointing: bool = arg(False, "recompute each decoder layer in backward instead of keeping its "
                                    "activations, at a second forward per layer: on in the paper presets; off for "
                                    "the CPU demo, whose activations are small (docs/memory_plan.md)")
@@ -161,12 +153,7 @@ PAPER = dict(model="Qwen/Qwen2.5-1.5B", lr=1e-6, warmup_steps=0, save_every=100,
              top_p=0.999, eval_every=25, grad_checkpointing=True,  # ... top_p, test_freq, gradient checkpointing,
              keep_checkpoints=2,  # ... and max_actor_ckpt_to_keep
              alloc_estimators="all")  # Table 3 for every estimator on the same rollouts
-# Sizes, on the paper's GPU count at 80 GB (tools/memory_plan.py; tests/test_memory_plan.py checks them): the micro-
-# batch is the largest power of two whose train phase takes <= 75% of an 80 GB GPU (the loss does not depend on
-# it; a 141 GB H200 takes twice that for deepmath, poetry, meetingbank and openthoughts: pass --micro-batch), and
-# gpu_memory_utilization holds vLLM's bf16 weights, 2 GiB of activations and CUDA graphs, and the KV cache of the
-# rank's share of a step's samples at full length (max_num_seqs: config.Args). A fraction of the GPU: on 141 GB it
-# leaves vLLM more KV cache than the batch needs, and frees it while training (sleep level 2).
+# micro_batch and gpu_memory_utilization: sized by tools/memory_plan.py for 80 GB GPUs (docs/memory_plan.md)
 PRESETS = {  # explicit flags override these
     "arith": dict(alloc_estimators="all"),  # the CPU demo: the defaults above, and Table 3 for every estimator
     "countdown24": dict(max_tokens=128),
@@ -184,13 +171,6 @@ PRESETS = {  # explicit flags override these
                          reward_weights="format=0.35,sim=0.65",  # the official openthoughts reward
                          micro_batch=8, gpu_memory_utilization=0.78),
 }
-
-
-def run_dir(args: Args) -> str:
-    if args.out_dir:
-        return args.out_dir
-    ckpt = find_checkpoint(args.resume) if args.resume else None
-    return os.path.dirname(os.path.abspath(ckpt)) if ckpt else f"runs/{args.task}-{args.advantage}-s{args.seed}"
 
 
 def flag(name: str) -> str:
@@ -256,8 +236,9 @@ def check_args(args: Args) -> str | None:
         (math.isfinite(args.lr) and args.lr > 0 and args.max_grad_norm > 0,
          "--lr must be finite and > 0, --max-grad-norm > 0"),
         (min(args.warmup_steps, args.save_every, args.eval_every, args.eval_examples, args.keep_checkpoints,
-             args.log_completions) >= 0, "--warmup-steps, --save-every, --eval-every, --eval-examples, "
-                                         "--keep-checkpoints and --log-completions must be >= 0"),
+             args.log_completions, args.weight_check_every, args.max_num_seqs) >= 0, "--warmup-steps, --save-every, "
+         "--eval-every, --eval-examples, --keep-checkpoints, --log-completions, --weight-check-every and "
+         "--max-num-seqs must be >= 0"),
         (math.isfinite(args.weight_decay) and args.weight_decay >= 0 and math.isfinite(args.beta) and args.beta >= 0,
          "--weight-decay and --beta must be finite and >= 0"),
         (1e-3 <= args.temperature < math.inf and 0 < args.top_p <= 1, "--temperature must be finite and >= 0.001 "
@@ -266,8 +247,6 @@ def check_args(args: Args) -> str | None:
         (0 <= args.clip_low < 1 and args.clip_high >= 0, "--clip-low must be in [0, 1), --clip-high >= 0"),
         (0 < args.gpu_memory_utilization < 1, "--gpu-memory-utilization must be in (0, 1)"),
         (args.sync_tolerance >= 0, "--sync-tolerance must be >= 0"),
-        (args.weight_check_every >= 0, f"--weight-check-every must be >= 0, got {args.weight_check_every}"),
-        (args.max_num_seqs >= 0, f"--max-num-seqs must be >= 0, got {args.max_num_seqs}"),
         (not args.data_file or os.path.isfile(args.data_file), f"--data-file {args.data_file} does not exist"),
         (not args.compile or torch.cuda.is_available() or any(map(shutil.which, (os.environ.get("CXX", "g++"),
                                                                                  "g++", "c++", "clang++"))),

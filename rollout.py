@@ -19,7 +19,7 @@ from transformers.cache_utils import DynamicCache
 
 from loss import pad_batch, sequence_logprobs
 from plumbing.models import check_finite, load_model, load_tokenizer, repack_tied_lm_head, resolve_model
-from plumbing.sync import SyncProbe, engine_checksums, module_checksums
+from plumbing.sync import SyncProbe, engine_checksums, model_device, module_checksums
 from speed import cpu_sampler
 
 
@@ -196,10 +196,10 @@ class VLLMSampler:
     would put every engine on device 0); it joins the trainer's process group and destroys it on close."""
 
     def __init__(self, model_path, *, dtype, max_model_len, seed, gpu_memory_utilization, max_num_seqs=None):
-        # In-process engine: the colocated trainer hands it tensors in memory, not across processes.
+        # In-process engine: the colocated trainer hands it tensors in memory, not across processes; and no usage
+        # stats (its thread tries the network). Both are read at import.
+        os.environ.update({k: os.environ.get(k, "1") for k in ("VLLM_NO_USAGE_STATS", "VLLM_DO_NOT_TRACK")})
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")  # before the import: its usage-stats thread tries the network
-        os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
         from vllm import LLM
 
         self.tokenizer = load_tokenizer(model_path)
@@ -283,11 +283,6 @@ class VLLMSampler:
     def close(self):
         self.llm.llm_engine.engine_core.shutdown()  # under torchrun this also destroys the process group
         del self.llm
-
-
-def model_device(model) -> torch.device:
-    """Where a model's weights are: run inside a vLLM worker by VLLMSampler.device."""
-    return next(model.parameters()).device
 
 
 SAMPLERS = ("hf", "vllm")  # --sampler's kinds (and auto: vllm on a GPU, hf on CPU)

@@ -48,11 +48,12 @@ from plumbing.checkpoint import (
     kept_rng_state,
     load_checkpoint,
     remove_orphans,
+    resume_hint,
     save_checkpoint,
 )
 from plumbing.checks import sampling_memory_error
 from plumbing.cli import first_line
-from plumbing.data import batch_indices
+from plumbing.data import batch_indices, load_data
 from plumbing.files import AppendError
 from plumbing.models import ModelLoadError, SamplingError, load_model, load_tokenizer
 from plumbing.parallel import all_reduce_sum, full_weights, gather_rows, init_distributed, shard
@@ -158,21 +159,6 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
 
 
 # ---------------------------------------------------------------- setup
-def load_data(args: Args, task, weights: dict, master: bool = True):
-    """The task's training rows and at most --eval-examples held-out rows (said in one line when none)."""
-    sim = "sim" in weights  # Countdown-Sim joins GOLD's demos
-    demos = dict(demos=True, demo_file=args.demo_file or None) if sim else {}
-    train_set = task.load("train", data_file=args.data_file or None, seed=args.seed, **demos)
-    test_set = task.load("test", data_file=args.data_file or None, limit=args.eval_examples, seed=args.seed,
-                         **({} if task.has_verifier else demos)) if args.eval_examples else []  # scored exactly
-    if not train_set:
-        raise DataError(f"--data-file {args.data_file}: every row falls in the held-out split (~10% by prompt hash)")
-    if args.eval_examples and not test_set and master:
-        print(f"note: --data-file {args.data_file} leaves no held-out rows (tasks.py holds out ~10% by prompt "
-              "hash): no evaluation before, during (--eval-every) or after training, no eval.json")
-    return train_set, test_set
-
-
 def load_reference(path, args: Args, device):
     """The frozen reference policy for the KL term, in no-grad mode and the training precision."""
     ref_model = load_model(path, torch.float32, device).eval().requires_grad_(False)
@@ -287,9 +273,8 @@ def train(args: Args) -> dict:
                         f"{model.config.max_position_embeddings} tokens: pass a smaller --max-tokens")
     train_ids, test_ids = (encode_prompts(tokenizer, rows, max_len=room) for rows in (train_set, test_set))
     max_prompt = max(len(p) for p in train_ids + test_ids)
-    if args.sampler == "hf" and (error := sampling_memory_error(model.config, args.rollout_batch // world * args.M,
-                                                                max_prompt + args.max_tokens, args.dtype, device)):
-        raise SamplingError(error)  # before the sampler's first batch asks for it
+    if error := sampling_memory_error(args, model.config, max_prompt, world, device):  # before a batch asks for it
+        raise SamplingError(error)
     memory = run_log.PhaseMemory(device)  # per phase, this rank's GPU memory (CUDA only), the engine's told apart
     with kept_rng_state():  # vLLM seeds the global RNGs: load_checkpoint's (or init_distributed's) states stay
         sampler = memory.build(make_sampler, args.sampler, ckpt or init_path, dtype=args.dtype, device=device,
@@ -342,8 +327,7 @@ def train(args: Args) -> dict:
         memory.end("train")
         # -- weight sync and check: the sampler must now compute the trainer's log-probs
         sampler.update_weights(full_weights(model))  # streamed; wakes a sleeping engine in two steps around it
-        checking = args.weight_check_every and (step + 1) % args.weight_check_every == 0  # the engine's own tensors
-        checksums = weight_checksums(sampler, model) if checking else None  # per family, judged with the probe below
+        checksums = weight_checksums(sampler, model, step + 1, args.weight_check_every)  # per family; None: not due
         with autocast:
             probe, before = sync_check(sampler, model, probe_prompts), probe
         t4 = time.perf_counter()
@@ -398,9 +382,8 @@ if __name__ == "__main__":
     try:
         main(cli_args, checked=True)
     except KeyboardInterrupt:  # Ctrl-C: a save is atomic, so the newest complete checkpoint is whole
-        if int(os.environ.get("RANK", 0)) == 0 and (out := config.run_dir(cli_args)):
-            print("train.py: interrupted; " + (f"the newest checkpoint is {find_checkpoint(out)}: continue with "
-                  f"--resume {out}" if find_checkpoint(out) else "no checkpoint was saved yet"), file=sys.stderr)
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(f"train.py: interrupted; {resume_hint(config.run_dir(cli_args))}", file=sys.stderr)
         sys.exit(130)
     except (AppendError, CheckpointError, DataError, ModelLoadError, RunFolderError, SamplingError, SyncError) as err:
         # One line, from one rank (a sampling error is that rank's own); an unloadable model exits 2 as in eval.py.

@@ -140,6 +140,12 @@ def find_checkpoint(path: str) -> str | None:
     return os.path.join(path, done[-1]) if done else None
 
 
+def resume_hint(out: str) -> str:
+    """What an interrupted run leaves to continue from, in words: a save is atomic, so the newest is whole."""
+    ckpt = find_checkpoint(out) if out else None
+    return f"the newest checkpoint is {ckpt}: continue with --resume {out}" if ckpt else "no checkpoint was saved yet"
+
+
 def newer_checkpoints(ckpt: str, step: int) -> list[str]:
     """The complete checkpoints beside `ckpt` (of step `step`) with a later step: resuming `ckpt` in place would
     overwrite them with another trajectory."""

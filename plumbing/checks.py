@@ -90,10 +90,14 @@ def sampling_bytes(config, rows: int, length: int, dtype: str) -> int:
     return rows * ((config.num_hidden_layers + 1) * layer + config.vocab_size * 4 * 3 + 5_000)
 
 
-def sampling_memory_error(config, rows: int, length: int, dtype: str, device: torch.device) -> str | None:
-    """One line when sampling `rows` sequences at once needs more memory than the device has free, else None."""
-    need, free = sampling_bytes(config, rows, length, dtype), available_memory(device)
-    if free is None or need <= free:
+def sampling_memory_error(args, config, max_prompt: int, world: int, device: torch.device) -> str | None:
+    """With the HF sampler, one line when a step's rollout on one rank (rollout_batch / world prompts x M samples of
+    max_prompt + max_tokens tokens) needs more memory than the device has free; else None."""
+    if args.sampler != "hf":
+        return None  # vLLM sizes its own KV cache (gpu_memory_utilization) and queues what does not fit
+    rows = args.rollout_batch // world * args.M
+    need = sampling_bytes(config, rows, max_prompt + args.max_tokens, args.dtype)
+    if (free := available_memory(device)) is None or need <= free:
         return None
     return (f"sampling {rows:,} sequences at once (--rollout-batch x --M per process) needs about {need / 1e9:.1f} "
             f"GB for the HF sampler's KV cache and logits, more than the {free / 1e9:.1f} GB free on {device.type}: "

@@ -314,3 +314,19 @@ def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
 def batch_indices(step: int, batch: int, n: int, seed: int) -> list[int]:
     """Prompts of `step`: a seeded permutation of the training set per epoch, read in order (no state)."""
     return [int(epoch_order(seed, pos // n, n)[pos % n]) for pos in range(step * batch, (step + 1) * batch)]
+
+
+def load_data(args, task, weights: dict, master: bool = True):
+    """train.py's rows: the task's training rows and at most --eval-examples held-out rows (said in one line when
+    none); a data file with only held-out rows is a DataError."""
+    sim = "sim" in weights  # Countdown-Sim joins GOLD's demos
+    demos = dict(demos=True, demo_file=args.demo_file or None) if sim else {}
+    train_set = task.load("train", data_file=args.data_file or None, seed=args.seed, **demos)
+    test_set = task.load("test", data_file=args.data_file or None, limit=args.eval_examples, seed=args.seed,
+                         **({} if task.has_verifier else demos)) if args.eval_examples else []  # scored exactly
+    if not train_set:
+        raise DataError(f"--data-file {args.data_file}: every row falls in the held-out split (~10% by prompt hash)")
+    if args.eval_examples and not test_set and master:
+        print(f"note: --data-file {args.data_file} leaves no held-out rows (tasks.py holds out ~10% by prompt "
+              "hash): no evaluation before, during (--eval-every) or after training, no eval.json")
+    return train_set, test_set

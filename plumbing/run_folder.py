@@ -8,7 +8,16 @@ import contextlib
 import fcntl
 import os
 
+from plumbing.checkpoint import find_checkpoint
 from plumbing.files import write_error
+
+
+def run_dir(args) -> str:
+    """train.py's run folder: --out-dir, or the folder of --resume's checkpoint, or runs/TASK-ADVANTAGE-sSEED."""
+    if args.out_dir:
+        return args.out_dir
+    ckpt = find_checkpoint(args.resume) if args.resume else None
+    return os.path.dirname(os.path.abspath(ckpt)) if ckpt else f"runs/{args.task}-{args.advantage}-s{args.seed}"
 
 
 class RunFolderError(RuntimeError):

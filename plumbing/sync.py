@@ -15,6 +15,12 @@ import torch.distributed as dist
 
 from plumbing.parallel import all_reduce_sum, per_rank
 
+# --sync-tolerance by training precision: the probe's mean |sampler - trainer| log-prob difference that stops
+# the run, far above what a healthy sampler measures (bench/sync_tolerance.py; docs/training.md) and far below
+# what a sampler on other weights shows, since it moves every token. One that never received an update is caught
+# separately (its log-probs stay bit-identical while the trainer's move).
+SYNC_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.5}
+
 
 class SyncError(RuntimeError):
     """The sampler no longer computes the trainer's policy: the run stops rather than train on stale samples."""
@@ -174,8 +180,11 @@ def engine_checksums(model, shapes: dict, dtype) -> dict:
     return sums
 
 
-def weight_checksums(sampler, model) -> tuple[dict, dict]:
-    """(the engine's, the trainer's) checksums, for check_weights. Every rank calls it (FSDP2 gathers)."""
+def weight_checksums(sampler, model, step: int = 0, every: int = 1) -> tuple[dict, dict] | None:
+    """(the engine's, the trainer's) checksums, for check_weights; None unless `step` is a multiple of `every` > 0
+    (--weight-check-every). Every rank calls it (FSDP2 gathers)."""
+    if not every or step % every:
+        return None
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters(remove_duplicate=False)}  # full shapes
     return sampler.weight_checksums(shapes), trainer_checksums(model, sampler.dtype)
 
@@ -215,3 +224,8 @@ def _example(name, ours, theirs) -> str:
     if theirs is None:
         return f"the engine has no {name}"
     return f"e.g. {name}: sum of squares {theirs[1]:.9g} in the engine, {ours[1]:.9g} in the trainer"
+
+
+def model_device(model) -> torch.device:
+    """Where a model's weights are: run inside a vLLM worker by rollout.VLLMSampler.device."""
+    return next(model.parameters()).device

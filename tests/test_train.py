@@ -18,6 +18,7 @@ import torch
 from dist_train import DigitTask
 
 import config
+import plumbing.data
 import speed.allocator
 import speed.backward
 import speed.compile
@@ -123,11 +124,11 @@ def test_no_held_out_rows_is_said_in_one_line(tmp_path, capsys):
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     args = train.Args(task="gsm8k", data_file=str(data), eval_examples=8, out_dir=str(tmp_path / "run"))
     task = tasks.get_task("gsm8k")
-    train_set, test_set = train.load_data(args, task, {"exact": 1.0})
+    train_set, test_set = plumbing.data.load_data(args, task, {"exact": 1.0})
     out = capsys.readouterr().out
     assert train_set and test_set == []
     assert out.count("\n") == 1 and "no held-out rows" in out and str(data) in out
-    train.load_data(replace(args, eval_examples=0), task, {"exact": 1.0})
+    plumbing.data.load_data(replace(args, eval_examples=0), task, {"exact": 1.0})
     assert capsys.readouterr().out == ""  # no evaluation asked for: nothing to say
 
 
