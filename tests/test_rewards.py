@@ -73,7 +73,9 @@ def test_math_reward_works_in_forked_daemonic_workers():
     assert math_reward("2", "2") == 1.0  # and the parent's worker still answers
 
 
-def test_math_reward_recovers_after_a_hanging_expression():
+def test_math_reward_recovers_after_a_hanging_expression(monkeypatch):
+    monkeypatch.setitem(rewards._errors, "printed", True)  # the timeout's line stays out of the output, and the
+    monkeypatch.setitem(rewards._errors, "count", 0)  # count out of later tests
     assert math_reward("9**9**9**9", "2") == 0.0  # sympy would run for minutes: the worker is killed
     assert math_reward(r"\boxed{2}", "2") == 1.0  # a fresh worker takes over
 

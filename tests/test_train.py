@@ -136,6 +136,7 @@ def test_reward_errors_are_counted_and_summed_per_step(monkeypatch, capsys):
     import rewards
 
     monkeypatch.setattr(rewards, "STRICT", False)  # the training default: score 0 and count
+    monkeypatch.setitem(rewards._errors, "printed", False)  # as at a run's start, whatever earlier tests counted
     rewards.take_error_count()
     fragile = rewards.safe_reward(lambda completion, example: 1.0 if completion == "ok" else int(completion))
     task = SimpleNamespace(has_verifier=True, reward=lambda text, ex, kind="exact": fragile(text, ex))
