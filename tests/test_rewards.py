@@ -450,9 +450,9 @@ def test_deep_nesting_scores_the_same_in_a_fresh_worker_as_in_a_warm_one(monkeyp
     deep = "\\boxed{" + "(" * 30 + "1" + ")" * 30 + "}"
     allowed = "\\boxed{" + "(" * (rewards.MAX_DEPTH - 2) + "2" + ")" * (rewards.MAX_DEPTH - 2) + "}"
     rewards.take_error_count()
-    for _ in range(2):
-        fresh = rewards.MathWorker(timeout=rewards.MATH_TIMEOUT_S, on_failure=rewards._count_error)
-        monkeypatch.setattr(rewards, "_math_worker", fresh)
-        assert math_reward(deep, "1") == 0.0 and math_reward(allowed, "2") == 1.0
-        fresh.close()
+    assert math_reward(deep, "1") == 0.0 and math_reward(allowed, "2") == 1.0  # the run's worker, warm
+    fresh = rewards.MathWorker(timeout=rewards.MATH_TIMEOUT_S, on_failure=rewards._count_error)
+    monkeypatch.setattr(rewards, "_math_worker", fresh)
+    assert math_reward(deep, "1") == 0.0 and math_reward(allowed, "2") == 1.0  # a fresh one: the same scores
+    fresh.close()
     assert rewards.take_error_count() == 0
