@@ -9,18 +9,8 @@ import re
 def last_boxed(text: str, limit: int = 2000) -> str | None:
     """Content of the last \\boxed{...} with balanced braces (scans at most `limit` characters)."""
     start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    begin = start + len("\\boxed{")
-    depth = 1
-    for i in range(begin, min(len(text), begin + limit)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[begin:i].strip()
-    return None
+    box = _box_at(text, start, limit) if start >= 0 else None
+    return None if box is None else box[0]
 
 
 # What may part two boxes of one answer: "\\boxed{1} and \\boxed{2}", "\\boxed{(2, 2)} \\quad \\text{and} ...",
