@@ -227,5 +227,5 @@ def _example(name, ours, theirs) -> str:
 
 
 def model_device(model) -> torch.device:
-    """Where a model's weights are: run inside a vLLM worker by rollout.VLLMSampler.device."""
+    """Where a model's weights are: run inside a vLLM worker by plumbing.vllm_sampler.VLLMSampler.device."""
     return next(model.parameters()).device

@@ -24,7 +24,7 @@ def as_lists(groups):
 
 def weight_checks(sampler, old, new):
     """plumbing/sync.py's weight check after a full sync, after syncs that skip one family each, and after a reload
-    without the tied lm_head's repack (rollout.VLLMSampler.update_weights does it on CPU): {case: metrics or error}."""
+    without the tied lm_head's repack (VLLMSampler.update_weights does it on CPU): {case: metrics or error}."""
     def check():
         try:
             return check_weights(weight_checksums(sampler, new), 3, torch.device("cpu"))
