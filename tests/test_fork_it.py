@@ -3,11 +3,12 @@
 Each code block below is docs/fork.md's, character for character (test_docs_show_exactly_this_code checks it).
 The `fork` fixture copies the repository and appends each block to the stage file the page names, which is what
 pasting it below the registry does; nothing in this checkout changes. In the copy, with all seven recipes at once:
-each recipe does what it says (a script run there), the fast tests of every file that reaches a registry stay green
+each recipe does what it says (a script run there), every fast test that reaches a registry stays green
 (so tests check what a registry contains, never that it equals a list), and train.py trains two steps with every
 new flag, then eval.py scores the new task with its new reward term.
 """
 
+import ast
 import glob
 import json
 import os
@@ -215,29 +216,87 @@ def test_each_recipe_does_what_it_says_in_the_fork(fork):
 
 
 # A test can pin a registry only by reaching it: by name, through a flag's choices or help, or through Args and the
-# presets. The fork's fast suite runs every test file that does, and test_layout (the recipes add code to stage files).
-REACHES_A_REGISTRY = re.compile(r"ESTIMATORS|TASKS|AGGREGATIONS|REWARD_TERMS|ROW_FILTERS|RATIOS|IS_CORRECTIONS|SAMPLERS"
-                                r"|choices\(|must be one of|--help|estimator_params|hyperparameter|Args\(|PRESETS")
+# presets. The fork's fast suite runs every test that does in its own code, or that names a helper, constant or
+# fixture (its file's or conftest's) reaching a registry by name; and all of test_layout (the recipes add code to
+# stage files). A helper that builds Args (tiny_args) pins nothing: a test pins the flags only by listing them.
+REGISTRY_NAMES = r"ESTIMATORS|TASKS|AGGREGATIONS|REWARD_TERMS|ROW_FILTERS|RATIOS|IS_CORRECTIONS|SAMPLERS|PRESETS"
+REACHES_A_REGISTRY = re.compile(REGISTRY_NAMES + r"|choices\(|must be one of|--help|estimator_params|hyperparameter"
+                                r"|Args\(")
 
 
-def registry_test_files() -> list[str]:
-    files = sorted(glob.glob(os.path.join(ROOT, "tests", "test_*.py")))
-    return [os.path.relpath(f, ROOT) for f in files if f.endswith("test_layout.py")
-            or (not f.endswith("test_fork_it.py") and REACHES_A_REGISTRY.search(open(f).read()))]
+def _reaching_definitions(path: str) -> tuple[dict, set]:
+    """(the file's module-level definitions {name: node}, the names among them that reach a registry: a test by
+    REACHES_A_REGISTRY, a helper by a registry's name, or either through a definition of the file it names)."""
+    source = open(path).read()
+    tree = ast.parse(source, path)
+    defs = {}
+    for node in tree.body:
+        names = [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else \
+            [t.id for t in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(t, ast.Name)]
+        defs.update({name: node for name in names})
+    named = {name: {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | set(_arguments(node))
+             for name, node in defs.items()}
+    reach = {name for name, node in defs.items()
+             if re.search(REGISTRY_NAMES, _source(source, node))
+             or (name.startswith("test_") and REACHES_A_REGISTRY.search(_source(source, node)))}
+    while True:
+        more = {name for name in defs if name not in reach and named[name] & reach}
+        if not more:
+            return defs, reach
+        reach |= more
 
 
-def test_the_fork_suite_holds_every_file_that_reaches_a_registry():
-    chosen = registry_test_files()
-    for name in ("advantage", "loss", "rewards", "tasks", "train", "eval", "bad_input", "layout"):
-        assert f"tests/test_{name}.py" in chosen
-    assert "tests/test_power.py" not in chosen and "tests/test_fork_it.py" not in chosen
+def _source(source: str, node) -> str:
+    first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+    return "\n".join(source.splitlines()[first - 1:node.end_lineno])
+
+
+def _arguments(node) -> list[str]:
+    """A function's argument names: the fixtures a test asks for."""
+    return [a.arg for a in node.args.args] if isinstance(node, ast.FunctionDef) else []
+
+
+def registry_tests() -> list[str]:
+    """The fork suite's node ids, `tests/test_x.py::test_name`: every test that reaches a registry, all of
+    test_layout. A test reaches one when it, or a definition it names (its file's or a conftest fixture), does."""
+    _, shared = _reaching_definitions(os.path.join(ROOT, "tests", "conftest.py"))
+    chosen = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "tests", "test_*.py"))):
+        rel = os.path.relpath(path, ROOT)
+        if path.endswith("test_fork_it.py"):
+            continue
+        defs, reach = _reaching_definitions(path)
+        tests = [name for name in defs if name.startswith("test_") and isinstance(defs[name], ast.FunctionDef)]
+        if path.endswith("test_layout.py"):
+            chosen.append(rel)
+        else:
+            chosen += [f"{rel}::{name}" for name in tests if name in reach or set(_arguments(defs[name])) & shared]
+    return chosen
+
+
+def test_the_fork_suite_holds_every_test_that_reaches_a_registry(tmp_path):
+    chosen = registry_tests()
+    for name in ("advantage", "loss", "rewards", "tasks", "train", "eval", "bad_input"):
+        assert any(c.startswith(f"tests/test_{name}.py::") for c in chosen), name
+    assert "tests/test_layout.py" in chosen and not any("test_power.py" in c or "test_fork_it" in c for c in chosen)
+    # a test reaching a registry through a helper, or through a constant, is chosen; one that reaches none is not
+    path = tmp_path / "test_x.py"
+    path.write_text("NAMES = sorted(TASKS)\n\ndef helper():\n    return NAMES\n\n\n"
+                    "def args():\n    return Args(steps=1)\n\n\n"
+                    "def test_through_a_helper():\n    assert helper()\n\n\n"
+                    "def test_directly():\n    assert 'x' not in ESTIMATORS\n\n\n"
+                    "def test_elsewhere():\n    assert args()\n")
+    defs, reach = _reaching_definitions(str(path))
+    assert {"test_through_a_helper", "test_directly", "helper", "NAMES"} <= reach
+    assert "test_elsewhere" not in reach and "args" not in reach
+    assert "tests/test_train.py::test_fused_adamw_matches_default" not in chosen  # its tiny_args pins no registry
 
 
 @pytest.mark.slow
 def test_the_fast_suite_stays_green_in_the_fork(fork):
     """Every registry holds one more entry (three hold two): a test that pinned a registry to a list fails here."""
     result = run_in(fork, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p", "no:cacheprovider",
-                    *registry_test_files(), timeout=1800)
+                    *registry_tests(), timeout=1800)
     assert result.returncode == 0, result.stdout[-3000:]
 
 
