@@ -7,6 +7,7 @@ paper's gain, and the pairs 80% power needs at that SD (tools/power.py).
     python -m tools.study results/softmax-vs-grpo/runs --plot docs/study_pairs.png   # prints docs/study.md's tables
 """
 
+import json
 import os
 
 from plumbing.cli import OneLineParser
@@ -29,8 +30,6 @@ def _cpu(path: str) -> str:
 def collect(runs_dir: str) -> dict:
     """{reward: {seed: {arm: run}}} over the finished runs in runs_dir (eval.json with "after"); a run is read_run's
     numbers plus its wall seconds and CPU. The arm and reward come from each run's args.json."""
-    import json
-
     out = {}
     for name in sorted(os.listdir(runs_dir)):
         path = os.path.join(runs_dir, name)
