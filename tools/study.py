@@ -89,8 +89,8 @@ def report(analysis: dict, runs: dict) -> str:
     """Markdown: per reward, the outcomes' table, then every run's row (pairs, outcomes, wall time, CPU)."""
     lines = []
     for reward, e in analysis.items():
-        lines += [f"### Reward `{reward}`: {len(e['seeds'])} pairs (seeds {', '.join(map(str, e['seeds'])) or '-'})",
-                  ""]
+        pairs = f"{len(e['seeds'])} pair{'s' * (len(e['seeds']) != 1)}"
+        lines += [f"### Reward `{reward}`: {pairs} (seeds {', '.join(map(str, e['seeds'])) or '-'})", ""]
         if e["unpaired"]:
             lines += [f"Runs without their partner yet: seeds {', '.join(map(str, e['unpaired']))}.", ""]
         if e["cpu_mismatch"]:
