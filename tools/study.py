@@ -145,8 +145,9 @@ def plot_pairs(analysis: dict, out: str) -> str:
                         label="paper's gain (Table 2)" if y == 0 else None)
         ax.axvline(0, color="black", lw=0.8)
         ax.set(title=what, xlabel="SoftmaxGRPO - GRPO", yticks=range(len(rewards)), ylim=(-0.6, len(rewards) - 0.4),
-               yticklabels=[f"{r} ({len(analysis[r]['seeds'])} pairs)" for r in rewards])
-        ax.legend(fontsize=7, loc="upper left")
+               yticklabels=[f"{r} ({len(analysis[r]['seeds'])} pair{'s' * (len(analysis[r]['seeds']) != 1)})"
+                            for r in rewards])
+        ax.legend(fontsize=7, loc="best")
     fig.suptitle("SmolLM2-135M, arith, 20 steps, float32: per-pair differences")
     fig.tight_layout()
     fig.savefig(out, dpi=120)
