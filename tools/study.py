@@ -70,7 +70,6 @@ def analyse(runs: dict) -> dict:
             if entry["effect"] is not None and d["sd"]:
                 d["power"] = power(len(seeds), d["sd"], entry["effect"])
                 d["pairs_needed"] = pairs_needed(d["sd"], entry["effect"])
-            d["largest_allowed"] = max(abs(d["lo"]), abs(d["hi"]))  # the largest effect either way it allows
             entry["outcomes"][key] = d
         out[reward] = entry
     return out
@@ -82,7 +81,8 @@ def verdict(d: dict) -> str:
         return "SoftmaxGRPO higher"
     if d["hi"] < 0:
         return "GRPO higher"
-    return f"inconclusive: the interval allows up to {d['largest_allowed']:.3f} either way"
+    return (f"inconclusive: the interval allows SoftmaxGRPO up to {d['hi']:.3f} higher and GRPO up to "
+            f"{-d['lo']:.3f} higher")
 
 
 def report(analysis: dict, runs: dict) -> str:
