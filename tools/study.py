@@ -76,13 +76,13 @@ def analyse(runs: dict) -> dict:
 
 
 def verdict(d: dict) -> str:
-    """One phrase for one interval: which way when it excludes 0, else the largest effect it still allows."""
+    """One phrase for one interval: which way when it excludes 0, else how far each way it still reaches."""
     if d["lo"] > 0:
         return "SoftmaxGRPO higher"
     if d["hi"] < 0:
         return "GRPO higher"
     return (f"inconclusive: the interval allows SoftmaxGRPO up to {d['hi']:.3f} higher and GRPO up to "
-            f"{-d['lo']:.3f} higher")
+            f"{0.0 - d['lo']:.3f} higher")  # 0.0 - 0.0 prints 0.000, not -0.000
 
 
 def report(analysis: dict, runs: dict) -> str:
