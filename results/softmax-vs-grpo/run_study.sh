@@ -29,7 +29,8 @@ collect)
     python -c "import json,sys; sys.exit(0 if 'after' in json.load(open('$run/eval.json')) else 1)" 2>/dev/null || continue
     [ -d "$HERE/$name" ] && continue
     mkdir -p "$HERE/$name"
-    cp "$run/eval.json" "$run"/eval-*.jsonl "$run/completions.jsonl" "$run/metrics.jsonl" "$run/args.json" "$run/wall_seconds.txt" "$HERE/$name/"
+    cp "$run/eval.json" "$run"/eval-*.jsonl "$run/completions.jsonl" "$run/metrics.jsonl" "$run/args.json" \
+       "$run/wall_seconds.txt" "$HERE/$name/"
     (cd "$WORKTREE" && python -c "
 import json, shlex, sys
 from tools.sweep import train_argv
