@@ -81,16 +81,22 @@ def verdict(d: dict) -> str:
         return "SoftmaxGRPO higher"
     if d["hi"] < 0:
         return "GRPO higher"
-    return (f"inconclusive: the interval allows SoftmaxGRPO up to {d['hi']:.3f} higher and GRPO up to "
-            f"{0.0 - d['lo']:.3f} higher")  # 0.0 - 0.0 prints 0.000, not -0.000
+    # here lo <= 0 <= hi; abs() also turns a -0.0 bound into 0.000
+    return (f"inconclusive: the interval allows SoftmaxGRPO up to {abs(d['hi']):.3f} higher and GRPO up to "
+            f"{abs(d['lo']):.3f} higher")
+
+
+def _pairs(entry: dict) -> str:
+    """'1 pair', '5 pairs': one reward's paired seeds, for headings and labels."""
+    n = len(entry["seeds"])
+    return f"{n} pair{'s' * (n != 1)}"
 
 
 def report(analysis: dict, runs: dict) -> str:
     """Markdown: per reward, the outcomes' table, then every run's row (pairs, outcomes, wall time, CPU)."""
     lines = []
     for reward, e in analysis.items():
-        pairs = f"{len(e['seeds'])} pair{'s' * (len(e['seeds']) != 1)}"
-        lines += [f"### Reward `{reward}`: {pairs} (seeds {', '.join(map(str, e['seeds'])) or '-'})", ""]
+        lines += [f"### Reward `{reward}`: {_pairs(e)} (seeds {', '.join(map(str, e['seeds'])) or '-'})", ""]
         if e["unpaired"]:
             lines += [f"Runs without their partner yet: seeds {', '.join(map(str, e['unpaired']))}.", ""]
         if e["cpu_mismatch"]:
@@ -145,8 +151,7 @@ def plot_pairs(analysis: dict, out: str) -> str:
                         label="paper's gain (Table 2)" if y == 0 else None)
         ax.axvline(0, color="black", lw=0.8)
         ax.set(title=what, xlabel="SoftmaxGRPO - GRPO", yticks=range(len(rewards)), ylim=(-0.6, len(rewards) - 0.4),
-               yticklabels=[f"{r} ({len(analysis[r]['seeds'])} pair{'s' * (len(analysis[r]['seeds']) != 1)})"
-                            for r in rewards])
+               yticklabels=[f"{r} ({_pairs(analysis[r])})" for r in rewards])
         ax.legend(fontsize=7, loc="best")
     fig.suptitle("SmolLM2-135M, arith, 20 steps, float32: per-pair differences")
     fig.tight_layout()
