@@ -11,7 +11,7 @@ REPO=$(cd "$(dirname "$0")/../.." && pwd)
 STUDY_COMMIT=${STUDY_COMMIT:-ddac909}
 WORKTREE=${STUDY_WORKTREE:-$REPO/../softmax-grpo-study}
 RUNS=${STUDY_RUNS:-$REPO/../softmax-grpo-study-runs}
-HERE=$REPO/results/softmax-vs-grpo/runs
+HERE=${STUDY_HERE:-$REPO/results/softmax-vs-grpo/runs}  # where collect copies finished runs
 mkdir -p "$HERE" "$RUNS"
 case "${1:-run}" in
 run)
