@@ -28,6 +28,7 @@ collect)
     name=$(basename "$run")
     python -c "import json,sys; sys.exit(0 if 'after' in json.load(open('$run/eval.json')) else 1)" 2>/dev/null || continue
     [ -d "$HERE/$name" ] && continue
+    [ -n "${STUDY_COMMITTED:-}" ] && [ -d "$STUDY_COMMITTED/$name" ] && continue  # committed elsewhere already
     mkdir -p "$HERE/$name"
     cp "$run/eval.json" "$run"/eval-*.jsonl "$run/completions.jsonl" "$run/metrics.jsonl" "$run/args.json" \
        "$run/wall_seconds.txt" "$HERE/$name/"

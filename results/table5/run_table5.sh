@@ -27,5 +27,5 @@ run)
       --config "tau0.1=--advantage softmax --tau 0.1" --config "tau$tau=--advantage softmax --tau $tau"
   done ;;
 collect)
-  bash "$STUDY/run_study.sh" collect ;;
+  STUDY_COMMITTED=$STUDY/runs bash "$STUDY/run_study.sh" collect ;;
 esac
