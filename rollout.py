@@ -21,6 +21,46 @@ from plumbing.vllm_sampler import Completion, VLLMSampler  # what a sample is; t
 from speed import cpu_sampler
 
 
+# ---------------------------------------------------------------- sampling one token (HFSampler's decode step)
+def next_tokens(logits, generators, *, temperature, top_p, draw):
+    """One decode step's choice: (A, V) logits -> (A,) tokens and (A,) log-probs of the distribution each was
+    drawn from. Greedy at temperature 0; otherwise one uniform per row from the row's own generator."""
+    scaled = logits if temperature in (0, 1) else logits / temperature  # greedy: unscaled; x / 1 is x
+    logp_all = torch.log_softmax(scaled, -1)  # (A, V)
+    if temperature == 0:
+        check_finite(logp_all.amax(-1).exp())  # in [1/V, 1] unless NaN: argmax would pick from NaN silently
+        token = logits.argmax(-1)  # (A,)
+    else:
+        kept = _top_p(logp_all.exp(), top_p)  # (A, V)
+        uniforms = torch.cat([torch.rand(1, generator=g, dtype=torch.float64, device=logits.device)
+                              for g in generators])  # (A,)
+        token = draw(kept, uniforms)  # (A,)
+    logp = logp_all.gather(-1, token[:, None]).squeeze(-1)  # (A,)
+    if temperature != 0 and top_p < 1.0:  # the renormalised nucleus is what it was drawn from
+        logp = logp - kept.sum(-1).log()
+    return token, logp
+
+
+def draw(probs, uniforms):
+    """One token per row of `probs` (R, V), non-negative and unnormalised, by inverting the row's float64 CDF at
+    its uniform in [0, 1) from `uniforms` (R,). A zero-probability token (cut by top-p) is never drawn."""
+    cdf = probs.double().cumsum(-1)  # (R, V)
+    total = cdf[:, -1:]  # (R, 1)
+    check_finite(total)  # a NaN or inf anywhere in a row reaches its total
+    u = torch.minimum(uniforms.double()[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))  # < total
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1)  # (R,)
+
+
+def _top_p(probs, top_p):
+    """Nucleus filter (Holtzman et al., 2020): keep the smallest top set whose mass reaches top_p."""
+    if top_p >= 1.0:
+        return probs
+    sorted_probs, order = probs.sort(-1, descending=True)  # (R, V)
+    drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p  # mass before this token already enough
+    return probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
+
+
+# ---------------------------------------------------------------- the samplers
 class HFSampler:
     """Sampling with Hugging Face transformers on the sampler's own copy of the model."""
 
@@ -140,44 +180,6 @@ class HFSampler:
 
     def close(self):
         del self.model
-
-
-def next_tokens(logits, generators, *, temperature, top_p, draw):
-    """One decode step's choice: (A, V) logits -> (A,) tokens and (A,) log-probs of the distribution each was
-    drawn from. Greedy at temperature 0; otherwise one uniform per row from the row's own generator."""
-    scaled = logits if temperature in (0, 1) else logits / temperature  # greedy: unscaled; x / 1 is x
-    logp_all = torch.log_softmax(scaled, -1)  # (A, V)
-    if temperature == 0:
-        check_finite(logp_all.amax(-1).exp())  # in [1/V, 1] unless NaN: argmax would pick from NaN silently
-        token = logits.argmax(-1)  # (A,)
-    else:
-        kept = _top_p(logp_all.exp(), top_p)  # (A, V)
-        uniforms = torch.cat([torch.rand(1, generator=g, dtype=torch.float64, device=logits.device)
-                              for g in generators])  # (A,)
-        token = draw(kept, uniforms)  # (A,)
-    logp = logp_all.gather(-1, token[:, None]).squeeze(-1)  # (A,)
-    if temperature != 0 and top_p < 1.0:  # the renormalised nucleus is what it was drawn from
-        logp = logp - kept.sum(-1).log()
-    return token, logp
-
-
-def draw(probs, uniforms):
-    """One token per row of `probs` (R, V), non-negative and unnormalised, by inverting the row's float64 CDF at
-    its uniform in [0, 1) from `uniforms` (R,). A zero-probability token (cut by top-p) is never drawn."""
-    cdf = probs.double().cumsum(-1)  # (R, V)
-    total = cdf[:, -1:]  # (R, 1)
-    check_finite(total)  # a NaN or inf anywhere in a row reaches its total
-    u = torch.minimum(uniforms.double()[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))  # < total
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1)  # (R,)
-
-
-def _top_p(probs, top_p):
-    """Nucleus filter (Holtzman et al., 2020): keep the smallest top set whose mass reaches top_p."""
-    if top_p >= 1.0:
-        return probs
-    sorted_probs, order = probs.sort(-1, descending=True)  # (R, V)
-    drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p  # mass before this token already enough
-    return probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
 
 
 SAMPLERS = ("hf", "vllm")  # --sampler's kinds (and auto: vllm on a GPU, hf on CPU)

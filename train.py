@@ -14,13 +14,8 @@ plumbing/ (FSDP2, checkpoints, the run log) and speed/.
     python train.py --task gsm8k --resume runs/gsm8k-softmax-s0           # continue from the newest checkpoint
     python train.py --help                            # every flag, with its default (config.py)
 
-Departures from the paper's VeRL runs:
-1. The sampler (vLLM; HF generate on CPU) lives in every training process and gets the full weights each step.
-2. bf16 over float32 master weights: under FSDP2 VeRL's mixed precision (layers gathered in bf16), in one process
-   autocast; AdamW's 1e-6 updates are not rounded away. `--dtype auto` picks bf16 where the hardware has bf16 units.
-3. A linear warmup over `--warmup-steps` optimizer steps; the paper presets use 0 (VeRL's default).
-4. The held-out score is taken before and after training and every `--eval-every` steps (`eval/score`; 25 in
-   the paper presets, the official configs' test_freq).
+How this departs from the paper's VeRL runs (colocated sampler, bf16 master weights, warmup, eval cadence):
+docs/training.md, "Departures from the paper".
 """
 
 import os
@@ -65,6 +60,150 @@ from speed.backward import configure_backward, store_linears_bf16
 from speed.compile import compile_layers
 from speed.micro_batches import micro_batch_rows
 from tasks import DataError
+
+
+# ---------------------------------------------------------------- main: the run, then the step loop (helpers below)
+def main(args: Args, checked: bool = False) -> dict:
+    """One run, holding its run folder until it ends (a second run there stops at once); `checked`: by parse_args."""
+    if not checked and (error := check_args(args)):
+        raise ValueError(error)
+    out, resumed = config.run_dir(args), find_checkpoint(args.resume) if args.resume else None
+    lock = lock_run_folder(out, hold=int(os.environ.get("RANK", 0)) == 0)  # rank 0 holds it for all
+    try:  # held, the folder is checked again: a run that ended after check_args may have left its metrics there
+        if lock.handle is not None and (error := run_folder_error(out, resumed)):
+            raise RunFolderError(error)
+        return train(args)
+    finally:
+        lock.release()
+
+
+def train(args: Args) -> dict:
+    from plumbing.prompts import encode_prompts
+    from rollout import make_sampler, resolve_model, step_seed, sync_check
+    from tasks import get_task, reward_weights
+
+    # ---- setup: derived values, processes, data, models, sampler, log, held-out score before training
+    out_dir, cuda, args = config.run_dir(args), torch.cuda.is_available(), config.resolve_auto(args)
+    distributed, rank, world, device = init_distributed(args.seed)
+    master = rank == 0
+    remove_orphans(out_dir, master)  # what killed saves left, with a note
+    task = get_task(args.task)
+    weights = reward_weights(task, args.reward, args.reward_weights)  # {term: weight}, r = sum_k w_k r_k
+    train_set, test_set = load_data(args, task, weights, master)
+    ckpt, init_path = find_checkpoint(args.resume) if args.resume else None, resolve_model(args.model)
+    if ckpt and master and (changed := changed_flags(ckpt, asdict(args))):  # each applies from here on
+        print(f"resume: continuing {ckpt} with changed flags: {changed}")
+    tokenizer, model, ref_model = load_models(args, ckpt, init_path, device)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    optimizer = make_optimizer(model, args)
+    scheduler = make_scheduler(optimizer, args)
+    start_step = load_checkpoint(ckpt, model, optimizer, scheduler, rank, args.lr, args.weight_decay) if ckpt else 0
+    n_params = run_log.model_flops_per_token(model)
+    n_forwards = 1 + 3 * args.ppo_epochs + (ref_model is not None) + (not reuses_training_logprobs(args))
+    room = model.config.max_position_embeddings - args.max_tokens  # the longest prompt the context holds
+    if room < 1:
+        raise DataError(f"--max-tokens {args.max_tokens} leaves no room for a prompt in the model's context of "
+                        f"{model.config.max_position_embeddings} tokens: pass a smaller --max-tokens")
+    train_ids, test_ids = (encode_prompts(tokenizer, rows, max_len=room) for rows in (train_set, test_set))
+    max_prompt = max(len(p) for p in train_ids + test_ids)
+    if error := sampling_memory_error(args, model.config, max_prompt, world, device):  # before a batch asks for it
+        raise SamplingError(error)
+    memory = run_log.PhaseMemory(device)  # per phase, this rank's GPU memory (CUDA only), the engine's told apart
+    with kept_rng_state():  # vLLM seeds the global RNGs: load_checkpoint's (or init_distributed's) states stay
+        sampler = memory.build(make_sampler, args.sampler, ckpt or init_path, dtype=args.dtype, device=device,
+                               max_model_len=max_prompt + args.max_tokens, seed=args.seed + rank,
+                               gpu_memory_utilization=args.gpu_memory_utilization,  # its own copy of the policy
+                               max_num_seqs=args.max_num_seqs or args.rollout_batch // world * args.M)
+    probe_prompts = train_ids[:4]  # the same probe at every check: a sampler that never updates repeats itself
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bfloat16")
+    with autocast:
+        probe = sync_check(sampler, model, probe_prompts)
+    check_sync(probe, None, start_step, args.sync_tolerance, device)  # the sampler loaded the same weights
+    log = run_log.MetricsLog(out_dir, start_step, args, master)
+    samples = run_log.SampleLog(out_dir, start_step, args.log_completions, master)  # completions, eval-STEP.jsonl
+    held_out = partial(evaluate_held_out, sampler, task, test_set, args, rank, world, device, samples)  # (step)
+    evals = run_log.read_evals(out_dir) if ckpt else {}  # a resumed run keeps its "before" score
+    if test_set and start_step == 0:
+        evals["before"] = held_out(0)
+        run_log.report_eval(evals, out_dir, task, len(test_set), master)
+
+    metrics, n_local = {}, args.rollout_batch // world
+    bar = tqdm(range(start_step, args.steps), initial=start_step, total=args.steps, disable=not master,
+               desc=f"{args.advantage} on {args.task}")
+    for step in bar:
+        t0 = time.perf_counter()
+        memory.start()
+        # -- rollout: M samples for each of this rank's prompts (every world-th: minibatch j as in one process)
+        mine = batch_indices(step, args.rollout_batch, len(train_set), args.seed)[rank::world]
+        examples, prompts = [train_set[i] for i in mine], [train_ids[i] for i in mine]
+        seed = step_seed(args.seed, step, rank * n_local, args.rollout_batch, args.M)  # own stream per sample
+        groups = sampler.generate(prompts, n=args.M, max_tokens=args.max_tokens, temperature=args.temperature,
+                                  top_p=args.top_p, seed=seed)  # G_local lists of M completions
+        memory.sleep(sampler)  # its weights are dead until the sync: their memory goes to training
+        if not cuda:  # and sampling's free pages back to the OS, so training starts from a compact heap
+            release_freed_memory()
+        t1 = time.perf_counter()
+        memory.end("rollout")
+        # -- reward and advantages: gathered over ranks, so batch-level baselines see the whole batch
+        rollout = score(task, examples, groups, weights, device)  # each (G, M)
+        adv_all = compute_advantages(args.advantage, rollout["rewards"], **config.estimator_hparams(args))  # Eq. (1)
+        cut = rollout["cut"].bool()  # (G, M): which samples the loss keeps, from the whole batch (loss.py)
+        keep = ROW_FILTERS[args.row_filter](rollout["rewards"], cut) & (~cut if args.mask_truncated else True)
+        adv, keep = (t[rank * n_local:(rank + 1) * n_local].reshape(-1) for t in (adv_all, keep.expand_as(cut)))
+        t2 = time.perf_counter()
+        # -- train
+        flat = [(p, c) for p, g in zip(prompts, groups) for c in g]
+        train_metrics = ppo_update(model, ref_model, optimizer, scheduler, [p for p, _ in flat],
+                                   [c.token_ids for _, c in flat], [c.logprobs for _, c in flat], adv, args, pad_id,
+                                   keep=keep)
+        t3 = time.perf_counter()
+        memory.end("train")
+        # -- weight sync and check: the sampler must now compute the trainer's log-probs
+        sampler.update_weights(full_weights(model))  # streamed; wakes a sleeping engine in two steps around it
+        checksums = weight_checksums(sampler, model, step + 1, args.weight_check_every)  # per family; None: not due
+        with autocast:
+            probe, before = sync_check(sampler, model, probe_prompts), probe
+        t4 = time.perf_counter()
+        memory.end("sync")
+        # -- log and checkpoint: the same numbers on every rank, written by rank 0
+        tokens = all_reduce_sum([sum(map(len, prompts)) * args.M, sum(len(c.token_ids) for g in groups for c in g)],
+                                device)  # prompt, completion
+        times = {"rollout": t1 - t0, "reward": t2 - t1, "train": t3 - t2, "sync": t4 - t3, "step": t4 - t0}
+        metrics = {**run_log.step_metrics(step, task.has_verifier, rollout, adv_all, train_metrics, times, tokens,
+                                          n_params, n_forwards),  # and Table 3 (grad_alloc.py) for the estimators:
+                   **allocation_metrics(rollout["rewards"], rollout["lengths"], config.alloc_estimators(args),
+                                        must=args.advantage, **config.estimator_hparams(args))}  # --alloc-estimators
+        samples.write(step + 1, task, examples, groups, rollout, adv_all, rank)
+        metrics.update(memory.metrics())  # each rank's own GPU memory, per phase (CUDA only)
+        if test_set and args.eval_every and (step + 1) % args.eval_every == 0:  # absolute steps: resume keeps them
+            t5 = time.perf_counter()
+            metrics["eval/score"] = held_out(step + 1)
+            metrics["time/eval"] = time.perf_counter() - t5
+        try:  # the step's metrics reach the log either way; a failed check saves no checkpoint
+            metrics.update(check_sync(probe, before, step + 1, args.sync_tolerance, device))
+            metrics.update(check_weights(checksums, step + 1, device))  # {} when not checking
+        finally:
+            log.write(metrics)
+            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
+        if args.save_every and (step + 1) % args.save_every == 0 or step + 1 == args.steps:
+            save_checkpoint(out_dir, step + 1, model, optimizer, scheduler, tokenizer, args)  # --keep-checkpoints
+
+    # ---- the end: held-out score after training, curves, cleanup
+    if test_set:  # a score of the last step is this one: the same weights, greedy
+        evals["after"] = metrics["eval/score"] if "eval/score" in metrics else held_out(args.steps)
+        metrics.update({f"eval/{k}": v for k, v in evals.items()})
+        run_log.report_eval(evals, out_dir, task, len(test_set), master)
+    if master and os.path.exists(log.path):  # the curves: tools/ sits above plumbing/, so train.py draws them
+        from tools.figures import plot_training_curves
+
+        print(f"curves: {plot_training_curves([log.path], os.path.join(out_dir, 'curves.png'))}")
+    log.finish()
+    if distributed:
+        dist.barrier()  # leave together: a rank tearing down gloo while another still works can abort it
+    sampler.close()  # before the process group: a vLLM engine under torchrun shuts it down itself
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return metrics
 
 
 # ---------------------------------------------------------------- the PPO update (Section 4)
@@ -227,150 +366,6 @@ def score(task, examples, groups, weights: dict, device) -> dict:
             "lengths": gather_rows(lengths, device), "cut": gather_rows(cut, device),
             "terms": {term: gather_rows(terms[term], device) for term in weights},
             "errors": all_reduce_sum([take_error_count()], device)[0]}
-
-
-# ---------------------------------------------------------------- main
-def main(args: Args, checked: bool = False) -> dict:
-    """One run, holding its run folder until it ends (a second run there stops at once); `checked`: by parse_args."""
-    if not checked and (error := check_args(args)):
-        raise ValueError(error)
-    out, resumed = config.run_dir(args), find_checkpoint(args.resume) if args.resume else None
-    lock = lock_run_folder(out, hold=int(os.environ.get("RANK", 0)) == 0)  # rank 0 holds it for all
-    try:  # held, the folder is checked again: a run that ended after check_args may have left its metrics there
-        if lock.handle is not None and (error := run_folder_error(out, resumed)):
-            raise RunFolderError(error)
-        return train(args)
-    finally:
-        lock.release()
-
-
-def train(args: Args) -> dict:
-    from plumbing.prompts import encode_prompts
-    from rollout import make_sampler, resolve_model, step_seed, sync_check
-    from tasks import get_task, reward_weights
-
-    # ---- setup: derived values, processes, data, models, sampler, log, held-out score before training
-    out_dir, cuda, args = config.run_dir(args), torch.cuda.is_available(), config.resolve_auto(args)
-    distributed, rank, world, device = init_distributed(args.seed)
-    master = rank == 0
-    remove_orphans(out_dir, master)  # what killed saves left, with a note
-    task = get_task(args.task)
-    weights = reward_weights(task, args.reward, args.reward_weights)  # {term: weight}, r = sum_k w_k r_k
-    train_set, test_set = load_data(args, task, weights, master)
-    ckpt, init_path = find_checkpoint(args.resume) if args.resume else None, resolve_model(args.model)
-    if ckpt and master and (changed := changed_flags(ckpt, asdict(args))):  # each applies from here on
-        print(f"resume: continuing {ckpt} with changed flags: {changed}")
-    tokenizer, model, ref_model = load_models(args, ckpt, init_path, device)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    optimizer = make_optimizer(model, args)
-    scheduler = make_scheduler(optimizer, args)
-    start_step = load_checkpoint(ckpt, model, optimizer, scheduler, rank, args.lr, args.weight_decay) if ckpt else 0
-    n_params = run_log.model_flops_per_token(model)
-    n_forwards = 1 + 3 * args.ppo_epochs + (ref_model is not None) + (not reuses_training_logprobs(args))
-    room = model.config.max_position_embeddings - args.max_tokens  # the longest prompt the context holds
-    if room < 1:
-        raise DataError(f"--max-tokens {args.max_tokens} leaves no room for a prompt in the model's context of "
-                        f"{model.config.max_position_embeddings} tokens: pass a smaller --max-tokens")
-    train_ids, test_ids = (encode_prompts(tokenizer, rows, max_len=room) for rows in (train_set, test_set))
-    max_prompt = max(len(p) for p in train_ids + test_ids)
-    if error := sampling_memory_error(args, model.config, max_prompt, world, device):  # before a batch asks for it
-        raise SamplingError(error)
-    memory = run_log.PhaseMemory(device)  # per phase, this rank's GPU memory (CUDA only), the engine's told apart
-    with kept_rng_state():  # vLLM seeds the global RNGs: load_checkpoint's (or init_distributed's) states stay
-        sampler = memory.build(make_sampler, args.sampler, ckpt or init_path, dtype=args.dtype, device=device,
-                               max_model_len=max_prompt + args.max_tokens, seed=args.seed + rank,
-                               gpu_memory_utilization=args.gpu_memory_utilization,  # its own copy of the policy
-                               max_num_seqs=args.max_num_seqs or args.rollout_batch // world * args.M)
-    probe_prompts = train_ids[:4]  # the same probe at every check: a sampler that never updates repeats itself
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bfloat16")
-    with autocast:
-        probe = sync_check(sampler, model, probe_prompts)
-    check_sync(probe, None, start_step, args.sync_tolerance, device)  # the sampler loaded the same weights
-    log = run_log.MetricsLog(out_dir, start_step, args, master)
-    samples = run_log.SampleLog(out_dir, start_step, args.log_completions, master)  # completions, eval-STEP.jsonl
-    held_out = partial(evaluate_held_out, sampler, task, test_set, args, rank, world, device, samples)  # (step)
-    evals = run_log.read_evals(out_dir) if ckpt else {}  # a resumed run keeps its "before" score
-    if test_set and start_step == 0:
-        evals["before"] = held_out(0)
-        run_log.report_eval(evals, out_dir, task, len(test_set), master)
-
-    metrics, n_local = {}, args.rollout_batch // world
-    bar = tqdm(range(start_step, args.steps), initial=start_step, total=args.steps, disable=not master,
-               desc=f"{args.advantage} on {args.task}")
-    for step in bar:
-        t0 = time.perf_counter()
-        memory.start()
-        # -- rollout: M samples for each of this rank's prompts (every world-th: minibatch j as in one process)
-        mine = batch_indices(step, args.rollout_batch, len(train_set), args.seed)[rank::world]
-        examples, prompts = [train_set[i] for i in mine], [train_ids[i] for i in mine]
-        seed = step_seed(args.seed, step, rank * n_local, args.rollout_batch, args.M)  # own stream per sample
-        groups = sampler.generate(prompts, n=args.M, max_tokens=args.max_tokens, temperature=args.temperature,
-                                  top_p=args.top_p, seed=seed)  # G_local lists of M completions
-        memory.sleep(sampler)  # its weights are dead until the sync: their memory goes to training
-        if not cuda:  # and sampling's free pages back to the OS, so training starts from a compact heap
-            release_freed_memory()
-        t1 = time.perf_counter()
-        memory.end("rollout")
-        # -- reward and advantages: gathered over ranks, so batch-level baselines see the whole batch
-        rollout = score(task, examples, groups, weights, device)  # each (G, M)
-        adv_all = compute_advantages(args.advantage, rollout["rewards"], **config.estimator_hparams(args))  # Eq. (1)
-        cut = rollout["cut"].bool()  # (G, M): which samples the loss keeps, from the whole batch (loss.py)
-        keep = ROW_FILTERS[args.row_filter](rollout["rewards"], cut) & (~cut if args.mask_truncated else True)
-        adv, keep = (t[rank * n_local:(rank + 1) * n_local].reshape(-1) for t in (adv_all, keep.expand_as(cut)))
-        t2 = time.perf_counter()
-        # -- train
-        flat = [(p, c) for p, g in zip(prompts, groups) for c in g]
-        train_metrics = ppo_update(model, ref_model, optimizer, scheduler, [p for p, _ in flat],
-                                   [c.token_ids for _, c in flat], [c.logprobs for _, c in flat], adv, args, pad_id,
-                                   keep=keep)
-        t3 = time.perf_counter()
-        memory.end("train")
-        # -- weight sync and check: the sampler must now compute the trainer's log-probs
-        sampler.update_weights(full_weights(model))  # streamed; wakes a sleeping engine in two steps around it
-        checksums = weight_checksums(sampler, model, step + 1, args.weight_check_every)  # per family; None: not due
-        with autocast:
-            probe, before = sync_check(sampler, model, probe_prompts), probe
-        t4 = time.perf_counter()
-        memory.end("sync")
-        # -- log and checkpoint: the same numbers on every rank, written by rank 0
-        tokens = all_reduce_sum([sum(map(len, prompts)) * args.M, sum(len(c.token_ids) for g in groups for c in g)],
-                                device)  # prompt, completion
-        times = {"rollout": t1 - t0, "reward": t2 - t1, "train": t3 - t2, "sync": t4 - t3, "step": t4 - t0}
-        metrics = {**run_log.step_metrics(step, task.has_verifier, rollout, adv_all, train_metrics, times, tokens,
-                                          n_params, n_forwards),  # and Table 3 (grad_alloc.py) for the estimators:
-                   **allocation_metrics(rollout["rewards"], rollout["lengths"], config.alloc_estimators(args),
-                                        must=args.advantage, **config.estimator_hparams(args))}  # --alloc-estimators
-        samples.write(step + 1, task, examples, groups, rollout, adv_all, rank)
-        metrics.update(memory.metrics())  # each rank's own GPU memory, per phase (CUDA only)
-        if test_set and args.eval_every and (step + 1) % args.eval_every == 0:  # absolute steps: resume keeps them
-            t5 = time.perf_counter()
-            metrics["eval/score"] = held_out(step + 1)
-            metrics["time/eval"] = time.perf_counter() - t5
-        try:  # the step's metrics reach the log either way; a failed check saves no checkpoint
-            metrics.update(check_sync(probe, before, step + 1, args.sync_tolerance, device))
-            metrics.update(check_weights(checksums, step + 1, device))  # {} when not checking
-        finally:
-            log.write(metrics)
-            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
-        if args.save_every and (step + 1) % args.save_every == 0 or step + 1 == args.steps:
-            save_checkpoint(out_dir, step + 1, model, optimizer, scheduler, tokenizer, args)  # --keep-checkpoints
-
-    # ---- the end: held-out score after training, curves, cleanup
-    if test_set:  # a score of the last step is this one: the same weights, greedy
-        evals["after"] = metrics["eval/score"] if "eval/score" in metrics else held_out(args.steps)
-        metrics.update({f"eval/{k}": v for k, v in evals.items()})
-        run_log.report_eval(evals, out_dir, task, len(test_set), master)
-    if master and os.path.exists(log.path):  # the curves: tools/ sits above plumbing/, so train.py draws them
-        from tools.figures import plot_training_curves
-
-        print(f"curves: {plot_training_curves([log.path], os.path.join(out_dir, 'curves.png'))}")
-    log.finish()
-    if distributed:
-        dist.barrier()  # leave together: a rank tearing down gloo while another still works can abort it
-    sampler.close()  # before the process group: a vLLM engine under torchrun shuts it down itself
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    return metrics
 
 
 # ---------------------------------------------------------------- command line (flags: config.py)
