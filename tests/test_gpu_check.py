@@ -8,11 +8,15 @@ import dataclasses
 import json
 import os
 import subprocess
+import sys
 import types
 
 import pytest
 import torch
+from dist_train import DigitTask
 
+import tasks
+import train
 from tools import gpu_check
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -181,3 +185,26 @@ def test_the_dry_run_checks_the_no_vllm_path_and_leaves_no_checkpoint(tmp_path):
     assert "changed flags: --lr 1e-06 -> 0.0001" in (tmp_path / "logs" / "run-1-resume.log").read_text()
     left = [name for name in os.listdir(tmp_path / "run-1") if "checkpoint" in name]
     assert left == []  # saved at step 2, resumed from, then deleted; step 3's too
+
+
+def test_a_run_without_matplotlib_ends_with_its_checkpoint_and_a_resume_with_no_final_save_saves_nothing(
+        tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """What the quick check needs of train.py: a machine with no plotting library finishes its save run (the
+    curves are skipped in one line, after the final save), and the resumed run (--no-final-save) writes no
+    checkpoint that nothing would read."""
+    monkeypatch.setitem(tasks.TASKS, "digits", DigitTask())
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    monkeypatch.delitem(sys.modules, "tools.figures", raising=False)
+    base = dict(task="digits", model=tiny_model_dir, M=4, rollout_batch=4, micro_batch=8, max_tokens=4, lr=3e-3,
+                warmup_steps=0, eval_examples=0, dtype="float32", out_dir=str(tmp_path))
+    train.main(train.Args(**base, steps=1))
+    out = capsys.readouterr().out
+    assert "curves: skipped" in out and f"python -m tools.figures curves {tmp_path}" in out
+    assert sorted(n for n in os.listdir(tmp_path) if not n.startswith(".")) == [
+        "checkpoint-000001", "completions.jsonl", "metrics.jsonl"]  # saved, and no curves.png
+    train.main(train.Args(**base, steps=2, resume=str(tmp_path), final_save=False))
+    assert [n for n in os.listdir(tmp_path) if "checkpoint" in n] == ["checkpoint-000001"]  # the one it read
+    assert [r["step"] for r in gpu_check.read_rows(str(tmp_path))] == [1, 2]
+    train.main(train.Args(**base, steps=4, save_every=3, resume=str(tmp_path), final_save=False))
+    assert sorted(n for n in os.listdir(tmp_path) if "checkpoint" in n) == [  # --save-every still saves
+        "checkpoint-000001", "checkpoint-000003"]
