@@ -345,3 +345,23 @@ def test_phase_memory_counts_the_engines_transient_buffers_apart_from_the_traine
     memory.start()
     memory.end("rollout")  # a phase with no call: nothing carried over from the last one
     assert memory.metrics()["mem/engine_transient_gb/rollout/rank0"] == 0.0
+
+
+def test_the_vllm_engine_refuses_expandable_segments_in_one_line_before_it_loads(monkeypatch):
+    """vLLM's sleep mode (its CuMem allocator) asserts on expandable segments: the engine refuses them first, in
+    one line, on a GPU (the CPU has no sleep mode); no vLLM is needed to get there."""
+    from plumbing.models import SamplingError
+    from plumbing.vllm_sampler import VLLMSampler, allocator_conf_error
+
+    assert allocator_conf_error({}) is None
+    assert allocator_conf_error({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}) is None
+    assert allocator_conf_error({"PYTORCH_ALLOC_CONF": "max_split_size_mb:128, expandable_segments:true"}) \
+        .startswith("PYTORCH_ALLOC_CONF sets expandable_segments:True")
+    for name, value in {"VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1",
+                        "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}.items():  # what the engine sets, restored after
+        monkeypatch.setenv(name, os.environ.get(name, value))
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(SamplingError, match="^PYTORCH_CUDA_ALLOC_CONF sets expandable_segments:True") as err:
+        VLLMSampler("/no/such/model", dtype="bfloat16", max_model_len=64, seed=0, gpu_memory_utilization=0.3)
+    assert "\n" not in str(err.value) and "--sampler vllm" in str(err.value)
