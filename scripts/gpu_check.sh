@@ -100,7 +100,16 @@ if os.path.exists(os.path.join(path, "config.json")):
 vocab_size = 512 if dry else 151936  # Qwen2.5's embedding rows
 special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 chars = list(string.printable[:95]) + ["\n"]
-filler = [f"<t{i}>" for i in range(vocab_size - len(special) - len(chars))]  # plain tokens up to full size
+
+def name(i):  # letters, then one digit: the last integer of a random completion is its last token's digit, so
+    word = ""  # arith's verifier pays about 1 sample in 10 where the answer is a digit, and the steps have a gradient
+    for _ in range(4):
+        i, letter = divmod(i, 26)
+        word += string.ascii_lowercase[letter]
+    return word
+
+
+filler = [f"<{name(i // 10)}{i % 10}>" for i in range(vocab_size - len(special) - len(chars))]  # up to full size
 core = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(special + chars + filler)}, merges=[],
                             unk_token="<|endoftext|>"))  # no merges: one token per character
 core.decoder = decoders.Fuse()
