@@ -145,9 +145,11 @@ HELP=$("$PY" train.py --help 2>/dev/null || true)
 if [[ $HELP == *--weight-check-every* ]]; then WEIGHT_CHECK=(--weight-check-every 1) VERDICT=(--weight-check); fi
 [ "$DRY" = 0 ] || VERDICT+=(--dry-run)
 
-# the work folder's size (model, checkpoints, logs), sampled each second and before each N's cleanup, where its
-# checkpoint is still there: the disk gate holds the peak against NEED_GB
-disk_sample() { { du -sk "$WORK" 2>/dev/null || true; } | awk '{print $1}' >> "$WORK/logs/disk_kb"; }
+# what the check wrote in the work folder (model, logs, run folders), sampled each second and before each N's
+# cleanup, while its checkpoint is still there: the disk gate holds the peak against NEED_GB
+disk_sample() {
+  { du -sck "$WORK"/model "$WORK"/logs "$WORK"/run-* 2>/dev/null || true; } | awk 'END {print $1}' >> "$WORK/logs/disk_kb"
+}
 ( while sleep 1; do disk_sample; done ) > /dev/null 2>&1 &
 DISK_WATCH=$!
 trap 'kill "$DISK_WATCH" 2>/dev/null || true' EXIT

@@ -29,7 +29,8 @@ def rows_for(ranks: int, steps: int = 4, **per_rank) -> list[dict]:
     healthy = {"engine/device": list(range(ranks)), "mem/device": list(range(ranks)),
                "mem/used_before_sleep_gb": [60.0] * ranks, "mem/used_after_sleep_gb": [20.0] * ranks,
                **{f"mem/peak_gb/{p}": [10.0] * ranks for p in gpu_check.PHASES}, **per_rank}
-    return [{"step": s, **base, "sync/sampler_moved": 3e-2 if s == steps else 2e-4,  # the last step: lr 1e-4
+    return [{"step": s, **base, "lr": 1e-4 if s == steps else 1e-6,  # the last step resumed at a large lr
+             "sync/sampler_moved": 3e-2 if s == steps else 2e-4,
              **{f"{k}/rank{r}": v[r] for k, v in healthy.items() for r in range(ranks)}} for s in range(1, steps + 1)]
 
 
@@ -223,6 +224,8 @@ def test_the_update_gate_fails_when_the_large_step_moved_the_engine_no_more_than
     old = [{k: v for k, v in row.items() if k != "sync/sampler_moved"} for row in rows_for(1)]
     assert gpu_check.update_gate(old, 1e-4)[0] == "FAIL"  # a train.py that does not record it cannot pass
     assert gpu_check.update_gate([], 1e-4) == ("FAIL", "no metrics")
+    status, detail = gpu_check.update_gate(rows_for(1)[:-1], 1e-4)  # the save run's steps only
+    assert status == "FAIL" and detail.endswith("the resume did not run its step")
 
 
 def test_the_sampler_moved_measure_compares_the_tokens_both_probes_drew():

@@ -29,6 +29,7 @@ import glob
 import importlib
 import importlib.util
 import json
+import math
 import os
 import re
 import shutil
@@ -79,16 +80,21 @@ def sync_gate(rows: list[dict], tolerance: float, lr_step: float) -> tuple[str, 
 
 
 def update_gate(rows: list[dict], lr_step: float) -> tuple[str, str]:
-    """The last step, at learning rate `lr_step`, moved the engine's probe log-probs (sync/sampler_moved, the
-    least of the ranks') more than every earlier, small-lr step did: an engine that missed the update does not."""
-    moved = [r.get("sync/sampler_moved") for r in rows]
-    if len(rows) < 2 or None in moved:
-        return "FAIL", (f"sync/sampler_moved logged at {len(moved) - moved.count(None)} of {len(rows)} steps: this "
-                        "train.py does not record how far the engine moved" if rows else "no metrics")
-    small = max(moved[:-1])
-    detail = f"the engine's probe log-probs moved {moved[-1]:.2e} nats after the lr {lr_step:g} step, " \
-             f"at most {small:.2e} after a smaller step"
-    if moved[-1] <= small:
+    """The steps at learning rate `lr_step` (the resumed one) moved the engine's probe log-probs (sync/sampler_moved,
+    the least of the ranks') more than every smaller-lr step did: an engine that missed the update does not."""
+    if not rows:
+        return "FAIL", "no metrics"
+    if any("sync/sampler_moved" not in r for r in rows):
+        return "FAIL", "metrics.jsonl has no sync/sampler_moved at some step: this train.py does not record how far " \
+                       "the engine moved"
+    at_lr = [(r.get("lr", 0.0), r["sync/sampler_moved"]) for r in rows]
+    large = [moved for lr, moved in at_lr if math.isclose(lr, lr_step)]
+    small = [moved for lr, moved in at_lr if lr < lr_step and not math.isclose(lr, lr_step)]
+    if not large or not small:
+        return "FAIL", f"no step at lr {lr_step:g} and a smaller one to compare: the resume did not run its step"
+    detail = f"the engine's probe log-probs moved {min(large):.2e} nats after the lr {lr_step:g} step, " \
+             f"at most {max(small):.2e} after a smaller step"
+    if min(large) <= max(small):
         return "FAIL", f"the engine did not take the update: {detail}"
     return "PASS", detail
 
