@@ -148,6 +148,7 @@ class PhaseMemory:
     def __init__(self, device):
         self.device, self.on, self.engine, self.asleep = device, device.type == "cuda", 0, 0
         self.trainer_peak, self.transient = 0, 0  # this phase's, in bytes: outside, and inside the engine's calls
+        self.in_engine = False
         self.values = {"mem/device": float(device.index or 0)} if self.on else {}
 
     def build(self, make_sampler, *args, **kwargs):
@@ -168,6 +169,9 @@ class PhaseMemory:
     def _engine_call(self, call):
         """`call`, with the peak before it kept as the trainer's and the peak inside it as the engine's transient."""
         def counted(*args, **kwargs):
+            if self.in_engine:  # one engine call inside another: the outer one counts both
+                return call(*args, **kwargs)
+            self.in_engine = True
             self.trainer_peak = max(self.trainer_peak, torch.cuda.max_memory_allocated(self.device))
             torch.cuda.reset_peak_memory_stats(self.device)
             start = torch.cuda.memory_allocated(self.device)
@@ -176,6 +180,7 @@ class PhaseMemory:
             finally:
                 self.transient = max(self.transient, torch.cuda.max_memory_allocated(self.device) - start)
                 torch.cuda.reset_peak_memory_stats(self.device)  # the trainer's count resumes from here
+                self.in_engine = False
         return counted
 
     def _used_gb(self) -> float:

@@ -289,6 +289,12 @@ def test_needs_names_each_missing_thing_in_one_line(tmp_path, monkeypatch):
     assert not lines["packages"][0] and "no_such_package_here" in lines["packages"][1]
     assert not lines["compiler"][0] and "no cc or gcc on PATH" in lines["compiler"][1]
     assert "requirements-vllm.txt" in lines["packages"][1]
+    monkeypatch.setattr(gpu_check, "PACKAGES", ())
+    monkeypatch.setitem(gpu_check.importlib.util.__dict__, "find_spec", lambda name: object())  # "vllm is here"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    lines = dict((line.split(":")[0], (ok, line)) for ok, line in gpu_check.needs("vllm", False, str(tmp_path), 1,
+                                                                                    {}))
+    assert not lines["allocator"][0] and "expandable_segments:True" in lines["allocator"][1]
 
 
 def test_needs_holds_each_gpus_free_memory_against_the_plans_peak(monkeypatch):
@@ -330,8 +336,13 @@ def test_phase_memory_counts_the_engines_transient_buffers_apart_from_the_traine
 
         def generate(self, *args):
             allocate(5000)
+            self.update_weights()  # an engine call inside another: still the engine's
             allocate(-5000)
             return "samples"
+
+        def update_weights(self):
+            allocate(700)
+            allocate(-700)
 
     memory = PhaseMemory(torch.device("cuda", 0))
     sampler = memory.build(Sampler)
@@ -344,7 +355,7 @@ def test_phase_memory_counts_the_engines_transient_buffers_apart_from_the_traine
     memory.end("sync")
     values = memory.metrics()
     assert values["mem/peak_gb/sync/rank0"] == 1500 / 1e9  # its 1000 and 500 more; the engine's 400 and 5000 not
-    assert values["mem/engine_transient_gb/sync/rank0"] == 5000 / 1e9
+    assert values["mem/engine_transient_gb/sync/rank0"] == 5700 / 1e9
     memory.start()
     memory.end("rollout")  # a phase with no call: nothing carried over from the last one
     assert memory.metrics()["mem/engine_transient_gb/rollout/rank0"] == 0.0

@@ -221,6 +221,11 @@ def needs(sampler: str, dry: bool, work: str, need_gb: float, run_args: dict) ->
                            "checks the path that compiles nothing)"))
     else:
         found.append((True, "compiler: none needed (the HF sampler's path compiles nothing)"))
+    if sampler == "vllm" and not dry and not missing:  # vLLM's sleep mode asserts on expandable segments
+        from plumbing.vllm_sampler import allocator_conf_error
+
+        error = allocator_conf_error(os.environ)
+        found.append((error is None, f"allocator: {error}" if error else "allocator: no expandable segments"))
     free = shutil.disk_usage(work).free / 1e9
     found.append((free >= need_gb, f"disk: {work} has {free:.0f} GB free, the check needs about {need_gb:g} GB"
                   + ("" if free >= need_gb else ": pass a work folder with more room")))
