@@ -209,9 +209,9 @@ def needs(sampler: str, dry: bool, work: str, need_gb: float, run_args: dict) ->
             missing.append(name)
         except Exception as err:  # noqa: BLE001 - whatever stops the import is the line's news
             missing.append(f"{name} ({type(err).__name__})")
-    found = [(not missing, f"packages: {', '.join(wanted)} " + ("importable" if not missing else
-             f"- missing or broken: {', '.join(missing)} (pip install -r requirements.txt"
-             + (" -r requirements-vllm.txt" if sampler == "vllm" else "") + ")"))]
+    found = [(not missing, f"packages: {', '.join(wanted)} importable" if not missing else
+              f"packages: missing or broken: {', '.join(missing)} (pip install -r requirements.txt"
+              + (" -r requirements-vllm.txt" if sampler == "vllm" else "") + ")")]
     plots = importlib.util.find_spec("matplotlib") is not None
     found.append((True, "plots: matplotlib " + ("importable" if plots else "missing: the run skips its curves")))
     compiler = shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")
