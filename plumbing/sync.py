@@ -67,7 +67,6 @@ class SyncProbe:
         return moved / max(count, 1)
 
 
-
 def check_sync(probe, before, step: int, tolerance: float, device) -> dict:
     """Stop the run (SyncError on every rank) unless every rank's sampler now computes its trainer's log-probs.
 
