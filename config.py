@@ -98,6 +98,8 @@ class _Args:
     seed: int = arg(0, "seed of data order and sampling")
     out_dir: str = arg("", "run folder (default runs/TASK-ADVANTAGE-sSEED)")
     save_every: int = arg(0, "checkpoint every N steps (0: only at the end)")
+    final_save: bool = arg(True, "checkpoint at the last step; --no-final-save: only every --save-every steps, for "
+                           "a run whose end nothing resumes (scripts/gpu_check.sh's resumed run)")
     keep_checkpoints: int = arg(0, "after each successful save keep only the newest K checkpoints (0: all); the "
                                 "paper presets keep 2, as the official configs' max_actor_ckpt_to_keep")
     log_completions: int = arg(8, "each step, append up to N samples (prompt, completion, reward, advantage, ...) "

@@ -185,7 +185,7 @@ def train(args: Args) -> dict:
         finally:
             log.write(metrics)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
-        if args.save_every and (step + 1) % args.save_every == 0 or step + 1 == args.steps:
+        if args.save_every and (step + 1) % args.save_every == 0 or step + 1 == args.steps and args.final_save:
             save_checkpoint(out_dir, step + 1, model, optimizer, scheduler, tokenizer, args)  # --keep-checkpoints
 
     # ---- the end: held-out score after training, curves, cleanup
@@ -194,9 +194,12 @@ def train(args: Args) -> dict:
         metrics.update({f"eval/{k}": v for k, v in evals.items()})
         run_log.report_eval(evals, out_dir, task, len(test_set), master)
     if master and os.path.exists(log.path):  # the curves: tools/ sits above plumbing/, so train.py draws them
-        from tools.figures import plot_training_curves
-
-        print(f"curves: {plot_training_curves([log.path], os.path.join(out_dir, 'curves.png'))}")
+        try:  # after the final save: a machine without matplotlib still ends its run, with the curves left to draw
+            from tools.figures import plot_training_curves
+        except ImportError as err:
+            print(f"curves: skipped ({err}); draw them elsewhere: python -m tools.figures curves {log.path}")
+        else:
+            print(f"curves: {plot_training_curves([log.path], os.path.join(out_dir, 'curves.png'))}")
     log.finish()
     if distributed:
         dist.barrier()  # leave together: a rank tearing down gloo while another still works can abort it

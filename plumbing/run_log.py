@@ -128,20 +128,32 @@ class MetricsLog:
 class PhaseMemory:
     """What one rank's GPU memory did in a step, as the rank measured it (CUDA only; on CPU nothing): the trainer's
     peak in each phase (the torch allocator's, reset as the phase starts, less what the engine holds through it),
-    the device memory in use just before and just after the sampler sleeps, whose difference is the engine's share,
-    and two devices: the trainer's (`mem/device`, LOCAL_RANK's) and the engine's as the engine reports it
-    (`engine/device`), which is where two ranks' engines could collide. scripts/gpu_check.sh checks them.
+    the engine's transient peak in each phase apart from it, the device memory in use just before and just after
+    the sampler sleeps, whose difference is the engine's share, and two devices: the trainer's (`mem/device`,
+    LOCAL_RANK's) and the engine's as the engine reports it (`engine/device`), which is where two ranks' engines
+    could collide. scripts/gpu_check.sh checks them.
 
     What the engine holds through torch's allocator: all it allocated while built, except while asleep, where a
     vLLM engine still holds it (its sleep unmaps the memory behind torch's back) and the HF sampler holds what its
-    sleep left allocated (its freed weights leave torch's count). The train phase is the one spent wholly asleep."""
+    sleep left allocated (its freed weights leave torch's count). The train phase is the one spent wholly asleep.
+
+    The engine's transient buffers (a forward's activations, the sampler's logits, a reload's casts: torch's
+    allocator, outside vLLM's pool) are what its calls (generate, update_weights, weight_checksums) allocate
+    above what was allocated as each began: `mem/engine_transient_gb/PHASE`. The trainer's peak is taken outside
+    those calls, so it holds only what tools/memory_plan.py plans for the trainer. One exception: update_weights
+    reads the trainer's full_weights as it goes, so each gathered parameter counts as the engine's."""
+
+    ENGINE_CALLS = ("generate", "update_weights", "weight_checksums")
 
     def __init__(self, device):
         self.device, self.on, self.engine, self.asleep = device, device.type == "cuda", 0, 0
+        self.trainer_peak, self.transient = 0, 0  # this phase's, in bytes: outside, and inside the engine's calls
+        self.in_engine = False
         self.values = {"mem/device": float(device.index or 0)} if self.on else {}
 
     def build(self, make_sampler, *args, **kwargs):
-        """make_sampler(...), counting what the engine allocates through torch's allocator (vLLM's memory pool)."""
+        """make_sampler(...), counting what the engine allocates through torch's allocator (vLLM's memory pool);
+        on CUDA its calls are then counted apart from the trainer's (`_engine_call`)."""
         before = torch.cuda.memory_allocated(self.device) if self.on else 0
         sampler = make_sampler(*args, **kwargs)
         if self.on:
@@ -149,7 +161,27 @@ class PhaseMemory:
             engine_device = sampler.device()
             self.values.update({"mem/engine_gb": self.engine / 1e9, "engine/device": float(
                 engine_device.index if engine_device.type == "cuda" else -1)})  # -1: not on a GPU at all
+            for name in self.ENGINE_CALLS:
+                if hasattr(sampler, name):
+                    setattr(sampler, name, self._engine_call(getattr(sampler, name)))
         return sampler
+
+    def _engine_call(self, call):
+        """`call`, with the peak before it kept as the trainer's and the peak inside it as the engine's transient."""
+        def counted(*args, **kwargs):
+            if self.in_engine:  # one engine call inside another: the outer one counts both
+                return call(*args, **kwargs)
+            self.in_engine = True
+            self.trainer_peak = max(self.trainer_peak, torch.cuda.max_memory_allocated(self.device))
+            torch.cuda.reset_peak_memory_stats(self.device)
+            start = torch.cuda.memory_allocated(self.device)
+            try:
+                return call(*args, **kwargs)
+            finally:
+                self.transient = max(self.transient, torch.cuda.max_memory_allocated(self.device) - start)
+                torch.cuda.reset_peak_memory_stats(self.device)  # the trainer's count resumes from here
+                self.in_engine = False
+        return counted
 
     def _used_gb(self) -> float:
         free, total = torch.cuda.mem_get_info(self.device)
@@ -158,6 +190,7 @@ class PhaseMemory:
     def start(self):
         if self.on:
             torch.cuda.reset_peak_memory_stats(self.device)
+            self.trainer_peak = self.transient = 0
 
     def sleep(self, sampler) -> int:
         """sampler.sleep(), with the device's used memory around it."""
@@ -170,11 +203,14 @@ class PhaseMemory:
         return freed
 
     def end(self, phase: str):
-        """The phase's peak, and a fresh count for the next one."""
+        """The phase's peaks, and fresh counts for the next one."""
         if self.on:
             engine = self.asleep if phase == "train" else self.engine  # rollout and sync peak with it awake
-            self.values[f"mem/peak_gb/{phase}"] = (torch.cuda.max_memory_allocated(self.device) - engine) / 1e9
+            peak = max(self.trainer_peak, torch.cuda.max_memory_allocated(self.device))
+            self.values[f"mem/peak_gb/{phase}"] = (peak - engine) / 1e9
+            self.values[f"mem/engine_transient_gb/{phase}"] = self.transient / 1e9
             torch.cuda.reset_peak_memory_stats(self.device)
+            self.trainer_peak = self.transient = 0
 
     def metrics(self) -> dict:
         return per_rank(self.values, self.device) if self.on else {}

@@ -54,6 +54,17 @@ class SyncProbe:
             return 0.0
         return ((self.trainer_logp - before.trainer_logp).abs() * self.mask).max().item()
 
+    def sampler_moved(self, before: "SyncProbe") -> float:
+        """Mean |sampler log-prob now - at `before`| over each probe row's tokens up to and including the first
+        that differs (the draw is seeded: the same weights draw the same tokens): 0 when the engine did not move.
+        scripts/gpu_check.sh asks its large-lr step to move it more than a small-lr step did."""
+        moved, count = 0.0, 0
+        for i, (now, then) in enumerate(zip(self.token_ids, before.token_ids)):
+            k = 1 + next((j for j, (a, b) in enumerate(zip(now, then)) if a != b),  # the first differing token,
+                         min(len(now), len(then)) - 1)  # else the last common one: the positions 0..k-1 compare
+            moved += (self.sampler_logp[i, :k] - before.sampler_logp[i, :k]).abs().sum().item()
+            count += k
+        return moved / max(count, 1)
 
 
 def check_sync(probe, before, step: int, tolerance: float, device) -> dict:
@@ -63,8 +74,10 @@ def check_sync(probe, before, step: int, tolerance: float, device) -> dict:
     last check while the sampler's stayed bit-identical (an update that never arrived, too small to exceed
     the tolerance on its own). Returns the sync metrics, one difference per rank.
     """
-    moved_alone = probe.trainer_moved_alone(before) if before is not None else 0.0
-    worst_diff, worst_moved = all_reduce_sum([probe.diff, moved_alone], device, op=dist.ReduceOp.MAX)
+    moved_alone, engine_moved = (probe.trainer_moved_alone(before), probe.sampler_moved(before)) \
+        if before is not None else (0.0, 0.0)
+    worst_diff, worst_moved, least_engine_moved = all_reduce_sum([probe.diff, moved_alone, -engine_moved], device,
+                                                                 op=dist.ReduceOp.MAX)  # the last: -min over ranks
     if worst_diff > tolerance:
         raise SyncError(f"step {step}: the sampler's log-probs differ from the trainer's by {worst_diff:.3g} nats "
                         f"> --sync-tolerance {tolerance:g}; the weight sync is broken")
@@ -72,7 +85,8 @@ def check_sync(probe, before, step: int, tolerance: float, device) -> dict:
         raise SyncError(f"step {step}: the trainer's log-probs moved by {worst_moved:.3g} nats and the "
                         f"sampler's did not change (difference {worst_diff:.3g}, --sync-tolerance {tolerance:g}): "
                         f"the weight sync never reached the sampler")
-    return {"sync/logprob_diff": worst_diff, **per_rank({"sync/logprob_diff": probe.diff}, device)}
+    return {"sync/logprob_diff": worst_diff, "sync/sampler_moved": -least_engine_moved,
+            **per_rank({"sync/logprob_diff": probe.diff}, device)}
 
 
 # ---------------------------------------------------------------- the weight check: the engine's tensors themselves

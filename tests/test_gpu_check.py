@@ -8,11 +8,15 @@ import dataclasses
 import json
 import os
 import subprocess
+import sys
 import types
 
 import pytest
 import torch
+from dist_train import DigitTask
 
+import tasks
+import train
 from tools import gpu_check
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,8 +29,9 @@ def rows_for(ranks: int, steps: int = 4, **per_rank) -> list[dict]:
     healthy = {"engine/device": list(range(ranks)), "mem/device": list(range(ranks)),
                "mem/used_before_sleep_gb": [60.0] * ranks, "mem/used_after_sleep_gb": [20.0] * ranks,
                **{f"mem/peak_gb/{p}": [10.0] * ranks for p in gpu_check.PHASES}, **per_rank}
-    return [{"step": s, **base, **{f"{k}/rank{r}": v[r] for k, v in healthy.items() for r in range(ranks)}}
-            for s in range(1, steps + 1)]
+    return [{"step": s, **base, "lr": 1e-4 if s == steps else 1e-6,  # the last step resumed at a large lr
+             "sync/sampler_moved": 3e-2 if s == steps else 2e-4,
+             **{f"{k}/rank{r}": v[r] for k, v in healthy.items() for r in range(ranks)}} for s in range(1, steps + 1)]
 
 
 def test_the_device_gate_fails_when_two_ranks_engines_share_a_device_and_passes_when_they_do_not():
@@ -114,9 +119,9 @@ def test_the_verdict_lines(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out.splitlines()
     verdict = {line.split()[1]: line.split()[0] for line in out if line.startswith("  ") and len(line.split()) > 2
                and line.split()[0] in ("PASS", "FAIL", "skip")}
-    assert verdict == {"runs": "PASS", "sync": "PASS", "weights": "skip", "devices": "FAIL", "sleep": "skip",
-                       "memory": "PASS", "disk": "FAIL"}
-    assert out[-1] == "gpu_check: FAILED (2 of 7 gates)"
+    assert verdict == {"runs": "PASS", "sync": "PASS", "update": "PASS", "weights": "skip", "devices": "FAIL",
+                       "sleep": "skip", "memory": "PASS", "disk": "FAIL"}
+    assert out[-1] == "gpu_check: FAILED (2 of 8 gates)"
     assert any("ranks [0, 1] share cuda:0" in line for line in out)
     assert any("rollout and sync not gated" in line for line in out)  # the HF sampler: the train phase only
 
@@ -169,7 +174,8 @@ def test_the_dry_run_checks_the_no_vllm_path_and_leaves_no_checkpoint(tmp_path):
     assert lines[0].startswith("gpu_check: --dry-run: checking the torchrun path with the HF sampler")
     assert lines[-1] == "gpu_check: ok"
     verdict = {line.split()[1]: line.split()[0] for line in lines if line.split()[0] in ("PASS", "FAIL", "skip")}
-    assert verdict["runs"] == verdict["sync"] == verdict["disk"] == "PASS"
+    assert verdict["runs"] == verdict["sync"] == verdict["update"] == verdict["disk"] == "PASS"
+    assert "compiler: none needed" in result.stdout and "disk: " in result.stdout  # what it needs, one line each
     assert verdict["devices"] == verdict["sleep"] == verdict["memory"] == "skip"
     import config  # the weight check runs after every sync where train.py has --weight-check-every
 
@@ -180,4 +186,196 @@ def test_the_dry_run_checks_the_no_vllm_path_and_leaves_no_checkpoint(tmp_path):
     assert rows[-1]["lr"] == 1e-4 and rows[1]["lr"] == 1e-6  # the resumed step at the large learning rate
     assert "changed flags: --lr 1e-06 -> 0.0001" in (tmp_path / "logs" / "run-1-resume.log").read_text()
     left = [name for name in os.listdir(tmp_path / "run-1") if "checkpoint" in name]
-    assert left == []  # saved at step 2, resumed from, then deleted; step 3's too
+    assert left == []  # saved at step 2, resumed from, then deleted; the resumed run saved none
+    assert (tmp_path / "logs" / "run-1-checkpoints").read_text().split() == ["checkpoint-000002"]
+
+
+def test_a_run_without_matplotlib_ends_with_its_checkpoint_and_a_resume_with_no_final_save_saves_nothing(
+        tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """What the quick check needs of train.py: a machine with no plotting library finishes its save run (the
+    curves are skipped in one line, after the final save), and the resumed run (--no-final-save) writes no
+    checkpoint that nothing would read."""
+    monkeypatch.setitem(tasks.TASKS, "digits", DigitTask())
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    monkeypatch.delitem(sys.modules, "tools.figures", raising=False)
+    base = dict(task="digits", model=tiny_model_dir, M=4, rollout_batch=4, micro_batch=8, max_tokens=4, lr=3e-3,
+                warmup_steps=0, eval_examples=0, dtype="float32", out_dir=str(tmp_path))
+    train.main(train.Args(**base, steps=1))
+    out = capsys.readouterr().out
+    assert "curves: skipped" in out and f"python -m tools.figures curves {tmp_path}" in out
+    assert sorted(n for n in os.listdir(tmp_path) if not n.startswith(".")) == [
+        "checkpoint-000001", "completions.jsonl", "metrics.jsonl"]  # saved, and no curves.png
+    train.main(train.Args(**base, steps=2, resume=str(tmp_path), final_save=False))
+    assert [n for n in os.listdir(tmp_path) if "checkpoint" in n] == ["checkpoint-000001"]  # the one it read
+    assert [r["step"] for r in gpu_check.read_rows(str(tmp_path))] == [1, 2]
+    train.main(train.Args(**base, steps=4, save_every=3, resume=str(tmp_path), final_save=False))
+    assert sorted(n for n in os.listdir(tmp_path) if "checkpoint" in n) == [  # --save-every still saves
+        "checkpoint-000001", "checkpoint-000003"]
+
+
+def test_the_update_gate_fails_when_the_large_step_moved_the_engine_no_more_than_a_small_one():
+    assert gpu_check.update_gate(rows_for(1), 1e-4)[0] == "PASS"
+    stale = rows_for(1)
+    stale[-1]["sync/sampler_moved"] = 1e-4  # under the 2e-4 of a small-lr step
+    status, detail = gpu_check.update_gate(stale, 1e-4)
+    assert status == "FAIL" and detail.startswith("the engine did not take the update: ")
+    stale[-1]["sync/sampler_moved"] = 0.0  # an engine that never moved
+    assert gpu_check.update_gate(stale, 1e-4)[0] == "FAIL"
+    old = [{k: v for k, v in row.items() if k != "sync/sampler_moved"} for row in rows_for(1)]
+    assert gpu_check.update_gate(old, 1e-4)[0] == "FAIL"  # a train.py that does not record it cannot pass
+    assert gpu_check.update_gate([], 1e-4) == ("FAIL", "no metrics")
+    status, detail = gpu_check.update_gate(rows_for(1)[:-1], 1e-4)  # the save run's steps only
+    assert status == "FAIL" and detail.endswith("the resume did not run its step")
+
+
+def test_the_sampler_moved_measure_compares_the_tokens_both_probes_drew():
+    from plumbing.sync import SyncProbe
+
+    mask = torch.ones(2, 3)
+    before = SyncProbe([[1, 2, 3], [4, 5, 6]], torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -1.0, -1.0]]),
+                       torch.zeros(2, 3), mask)
+    assert before.sampler_moved(before) == 0.0  # the same engine draws the same tokens with the same log-probs
+    now = SyncProbe([[1, 2, 3], [4, 9, 6]], torch.tensor([[-1.0, -2.0, -3.5], [-1.25, -2.0, -1.0]]),
+                    torch.zeros(2, 3), mask)
+    # row 0: all three tokens, 0.5 moved; row 1: up to its first new token (9), 0.25 + 1.0; 5 positions
+    assert now.sampler_moved(before) == pytest.approx(1.75 / 5)
+
+
+def disk_folder(tmp_path, peak_gb=None, held=("checkpoint-000002",), left=()):
+    """A work folder as gpu_check.sh leaves it for the disk gate: the peak, each N's listing, what survived."""
+    (tmp_path / "logs").mkdir(exist_ok=True)
+    if peak_gb is not None:
+        (tmp_path / "logs" / "disk_peak_gb").write_text(f"{peak_gb}\n")
+    (tmp_path / "logs" / "run-1-checkpoints").write_text("".join(f"{name}\n" for name in held))
+    for name in left:
+        (tmp_path / "run-1" / name).mkdir(parents=True)
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("peak, held, left, message", [
+    (None, ("checkpoint-000002",), (), "no measurement of the work folder's size"),
+    (23.4, ("checkpoint-000002",), (), "the work folder peaked at 23.4 GB, over the 23 GB the check asked for"),
+    (21.6, ("checkpoint-000002", "checkpoint-000003"), (), "run-1 held checkpoint-000003 beside checkpoint-000002, "
+     "which its resume read: a save nothing reads"),
+    (21.6, ("checkpoint-000002", ".tmp-checkpoint-000003"), (), "a save cut off"),
+    (21.6, ("checkpoint-000002",), ("checkpoint-000002",), "1 checkpoint folder(s) left after the cleanup"),
+])
+def test_the_disk_gate_fails_on_a_peak_over_the_plan_or_a_checkpoint_nothing_reads(tmp_path, peak, held, left,
+                                                                                  message):
+    status, detail = gpu_check.disk_gate(disk_folder(tmp_path, peak, held, left), ["1"], 23, 2)
+    assert status == "FAIL" and message in detail
+
+
+def test_the_disk_gate_passes_a_peak_within_the_plan_and_only_the_checkpoint_read(tmp_path):
+    status, detail = gpu_check.disk_gate(disk_folder(tmp_path, 21.6), ["1"], 23, 2)
+    assert status == "PASS" and "peaked at 21.60 GB of the 23 GB" in detail
+    assert gpu_check.disk_gate(disk_folder(tmp_path, 21.6, held=()), ["1"], 23, 2)[0] == "PASS"  # save run failed
+
+
+def test_needs_names_each_missing_thing_in_one_line(tmp_path, monkeypatch):
+    """tools.gpu_check --needs: the HF path needs no compiler; vLLM's does; a missing package, too little disk or
+    too little GPU memory each fail their own line."""
+    monkeypatch.setattr(gpu_check.shutil, "which", lambda name: None)  # no cc, no gcc
+    found = gpu_check.needs("hf", True, str(tmp_path), 1, {})
+    assert all(ok for ok, _ in found) and "compiler: none needed" in found[2][1]
+    lines = dict((line.split(":")[0], (ok, line)) for ok, line in gpu_check.needs("vllm", True, str(tmp_path), 1e9,
+                                                                                    {}))
+    assert lines["compiler"][0] and not lines["disk"][0]  # --dry-run compiles nothing; 1e9 GB is not free
+    assert lines["disk"][1].endswith("pass a work folder with more room")
+    monkeypatch.setattr(gpu_check, "PACKAGES", (*gpu_check.PACKAGES, "no_such_package_here"))
+    monkeypatch.setattr(gpu_check, "gpu_memory_need", lambda run_args: (True, "GPU memory: faked"))
+    lines = dict((line.split(":")[0], (ok, line)) for ok, line in gpu_check.needs("vllm", False, str(tmp_path), 1,
+                                                                                    {}))
+    assert not lines["packages"][0] and "no_such_package_here" in lines["packages"][1]
+    assert not lines["compiler"][0] and "no cc or gcc on PATH" in lines["compiler"][1]
+    assert "requirements-vllm.txt" in lines["packages"][1]
+    monkeypatch.setattr(gpu_check, "PACKAGES", ())
+    monkeypatch.setitem(gpu_check.importlib.util.__dict__, "find_spec", lambda name: object())  # "vllm is here"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    lines = dict((line.split(":")[0], (ok, line)) for ok, line in gpu_check.needs("vllm", False, str(tmp_path), 1,
+                                                                                    {}))
+    assert not lines["allocator"][0] and "expandable_segments:True" in lines["allocator"][1]
+
+
+def test_needs_holds_each_gpus_free_memory_against_the_plans_peak(monkeypatch):
+    run_args = {"model": "Qwen/Qwen2.5-1.5B", "task": "arith", "M": 8, "rollout_batch": 16, "micro_batch": 16,
+                "max_tokens": 256, "dtype": "bfloat16", "gpu_memory_utilization": 0.3, "beta": 0.001}
+    free = {0: 140e9, 1: 10e9}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i=0: (free[i], 150e9))
+    ok, line = gpu_check.gpu_memory_need(run_args)
+    assert not ok and "too little on cuda:1 10.0 GB" in line
+    free[1] = 140e9
+    assert gpu_check.gpu_memory_need(run_args)[0]
+
+
+def test_phase_memory_counts_the_engines_transient_buffers_apart_from_the_trainers(monkeypatch):
+    """A sampler call that allocates above what was allocated as it began (a forward's activations, a reload's
+    casts) is the engine's transient, mem/engine_transient_gb/PHASE; the trainer's peak is taken outside it."""
+    from plumbing.run_log import PhaseMemory
+
+    allocated = {"now": 1000, "peak": 1000}
+
+    def allocate(n):
+        allocated["now"] += n
+        allocated["peak"] = max(allocated["peak"], allocated["now"])
+
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: allocated["now"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: allocated["peak"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
+                        lambda device=None: allocated.update(peak=allocated["now"]))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (50e9, 150e9))
+
+    class Sampler:  # 400 bytes held; 5000 more for a moment in every generate
+        def __init__(self):
+            allocate(400)
+
+        def device(self):
+            return torch.device("cuda", 0)
+
+        def generate(self, *args):
+            allocate(5000)
+            self.update_weights()  # an engine call inside another: still the engine's
+            allocate(-5000)
+            return "samples"
+
+        def update_weights(self):
+            allocate(700)
+            allocate(-700)
+
+    memory = PhaseMemory(torch.device("cuda", 0))
+    sampler = memory.build(Sampler)
+    memory.start()
+    allocate(300)  # the trainer's own, before the engine's call ...
+    allocate(-300)
+    assert sampler.generate("prompts") == "samples"
+    allocate(500)  # ... and after it
+    allocate(-500)
+    memory.end("sync")
+    values = memory.metrics()
+    assert values["mem/peak_gb/sync/rank0"] == 1500 / 1e9  # its 1000 and 500 more; the engine's 400 and 5000 not
+    assert values["mem/engine_transient_gb/sync/rank0"] == 5700 / 1e9
+    memory.start()
+    memory.end("rollout")  # a phase with no call: nothing carried over from the last one
+    assert memory.metrics()["mem/engine_transient_gb/rollout/rank0"] == 0.0
+
+
+def test_the_vllm_engine_refuses_expandable_segments_in_one_line_before_it_loads(monkeypatch):
+    """vLLM's sleep mode (its CuMem allocator) asserts on expandable segments: the engine refuses them first, in
+    one line, on a GPU (the CPU has no sleep mode); no vLLM is needed to get there."""
+    from plumbing.models import SamplingError
+    from plumbing.vllm_sampler import VLLMSampler, allocator_conf_error
+
+    assert allocator_conf_error({}) is None
+    assert allocator_conf_error({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}) is None
+    assert allocator_conf_error({"PYTORCH_ALLOC_CONF": "max_split_size_mb:128, expandable_segments:true"}) \
+        .startswith("PYTORCH_ALLOC_CONF sets expandable_segments:True")
+    for name, value in {"VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1",
+                        "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}.items():  # what the engine sets, restored after
+        monkeypatch.setenv(name, os.environ.get(name, value))
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(SamplingError, match="^PYTORCH_CUDA_ALLOC_CONF sets expandable_segments:True") as err:
+        VLLMSampler("/no/such/model", dtype="bfloat16", max_model_len=64, seed=0, gpu_memory_utilization=0.3)
+    assert "\n" not in str(err.value) and "--sampler vllm" in str(err.value)

@@ -9,22 +9,34 @@ The gates, one verdict line each (PASS, FAIL or skip, with why):
    Any `train.py: error:` line of their logs is quoted (the sync check's and the weight check's one-line errors).
 2. sync: the sampler-trainer probe difference stayed within train.py's tolerance at every step, the last one
    taken at the large learning rate, where a stale engine shows.
+   update: the large-lr step moved the engine's probe log-probs (sync/sampler_moved) more than any small-lr step
+   did; else the engine did not take the update.
 3. weights: train.py compared the engine's weights with the trainer's after every sync (--weight-check-every 1),
    where this train.py has the flag; a failure is train.py's one line naming the parameter family.
 4. devices: no two ranks' engines on one device, as each engine reports its device (engine/device).
 5. sleep: a sleeping vLLM engine gave back at least half of its --gpu-memory-utilization share of the device.
-6. memory: the trainer's allocated peak per phase within 1.15 x tools/memory_plan.py's trainer_allocated.
-7. disk: no checkpoint left in the work folder: each N's were deleted once it had resumed from them.
+6. memory: the trainer's allocated peak per phase (the engine's transient buffers counted apart) within 1.15 x
+   tools/memory_plan.py's trainer_allocated (docs/memory_plan.md says what the 15% covers).
+7. disk: the work folder at its peak (sampled each second and before each N's cleanup) within what the check
+   asked for before it ran, and no checkpoint but the one each resume read.
+
+Before the first run, `--needs` checks and names, one line each, what the check needs: packages, a compiler
+(only where the path compiles), disk and GPU memory (`needs`).
 """
 
 import argparse
 import glob
+import importlib
+import importlib.util
 import json
+import math
 import os
 import re
+import shutil
 import sys
 
-MEMORY_SLACK = 1.15  # measured over planned before the memory gate fails: the plan is arithmetic, not a measurement
+MEMORY_SLACK = 1.15  # measured over planned before the memory gate fails (docs/memory_plan.md: what it covers)
+PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "tqdm")  # the torchrun path on arith
 PHASES = ("rollout", "train", "sync")
 PEAK_TFLOPS = {"H200": 989, "H100": 989, "H800": 989, "A100": 312, "A800": 312, "L40S": 362, "L4": 121, "A10": 125}
 
@@ -65,6 +77,26 @@ def sync_gate(rows: list[dict], tolerance: float, lr_step: float) -> tuple[str, 
     detail = (f"probe difference max {worst:.2e} nats (tolerance {tolerance:g}); after the lr {lr_step:g} step "
               f"{diffs[-1]:.2e}")
     return ("FAIL" if worst > tolerance else "PASS"), detail
+
+
+def update_gate(rows: list[dict], lr_step: float) -> tuple[str, str]:
+    """The steps at learning rate `lr_step` (the resumed one) moved the engine's probe log-probs (sync/sampler_moved,
+    the least of the ranks') more than every smaller-lr step did: an engine that missed the update does not."""
+    if not rows:
+        return "FAIL", "no metrics"
+    if any("sync/sampler_moved" not in r for r in rows):
+        return "FAIL", "metrics.jsonl has no sync/sampler_moved at some step: this train.py does not record how far " \
+                       "the engine moved"
+    at_lr = [(r.get("lr", 0.0), r["sync/sampler_moved"]) for r in rows]
+    large = [moved for lr, moved in at_lr if math.isclose(lr, lr_step)]
+    small = [moved for lr, moved in at_lr if lr < lr_step and not math.isclose(lr, lr_step)]
+    if not large or not small:
+        return "FAIL", f"no step at lr {lr_step:g} and a smaller one to compare: the resume did not run its step"
+    detail = f"the engine's probe log-probs moved {min(large):.2e} nats after the lr {lr_step:g} step, " \
+             f"at most {max(small):.2e} after a smaller step"
+    if min(large) <= max(small):
+        return "FAIL", f"the engine did not take the update: {detail}"
+    return "PASS", detail
 
 
 def weight_gate(enabled: bool, rows: list[dict], errors: list[str], runs_ok: bool) -> tuple[str, str]:
@@ -127,19 +159,102 @@ def memory_gate(rows: list[dict], ranks: int, planned_gb: dict, gated: tuple) ->
             if gb > MEMORY_SLACK * planned_gb[phase]:
                 over.append(f"rank {r}'s {phase} peak {gb:.1f} GB > {MEMORY_SLACK} x plan {planned_gb[phase]:.1f}")
     detail = ", ".join(f"{ph} {worst[ph]:.1f} GB (plan {planned_gb[ph]:.1f})" for ph in gated)
+    transient = {ph: max(row.get(f"mem/engine_transient_gb/{ph}/rank{r}", 0.0) for row in rows for r in range(ranks))
+                 for ph in PHASES}
+    detail += "; the engine's transient buffers apart: " + ", ".join(f"{ph} {gb:.1f} GB" for ph, gb in
+                                                                      transient.items())
     return ("FAIL", "; ".join(over)) if over else ("PASS", f"trainer peaks {detail}")
 
 
-def disk_gate(work: str) -> tuple[str, str]:
-    """No checkpoint of any N is left: gpu_check.sh deletes each N's once it has resumed from them."""
+def disk_gate(work: str, runs: list[str], need_gb: float, save_step: int) -> tuple[str, str]:
+    """The work folder's peak size (gpu_check.sh: logs/disk_peak_gb, sampled each second and before each N's
+    cleanup) within `need_gb`, the room the check asked for before it ran; each N held no checkpoint but the one
+    its resume read (logs/run-N-checkpoints, listed before the cleanup); none is left now."""
+    peak_path = os.path.join(work, "logs", "disk_peak_gb")
+    if not os.path.exists(peak_path):
+        return "FAIL", "no measurement of the work folder's size (logs/disk_peak_gb)"
+    peak = float(open(peak_path).read())
+    problems = [f"the work folder peaked at {peak:.1f} GB, over the {need_gb:g} GB the check asked for"] \
+        if peak > need_gb else []
+    read = f"checkpoint-{save_step:06d}"
+    for ranks in runs:
+        listed = os.path.join(work, "logs", f"run-{ranks}-checkpoints")
+        held = open(listed).read().split() if os.path.exists(listed) else []
+        if extra := [name for name in held if name != read]:
+            why = "a save cut off" if any(n.startswith(".tmp") for n in extra) else "a save nothing reads"
+            problems.append(f"run-{ranks} held {', '.join(extra)} beside {read}, which its resume read: {why}")
     left = sorted(glob.glob(os.path.join(work, "run-*", "checkpoint-*")) +
                   glob.glob(os.path.join(work, "run-*", ".tmp-checkpoint-*")))
     if left:
-        return "FAIL", f"{len(left)} checkpoint folder(s) left, e.g. {left[0]}"
-    peak = os.path.join(work, "logs", "disk_peak_gb")
-    grew = f"; the work folder's filesystem grew by at most {float(open(peak).read()):.1f} GB (sampled each second)" \
-        if os.path.exists(peak) else ""
-    return "PASS", f"no checkpoint left{grew}"
+        problems.append(f"{len(left)} checkpoint folder(s) left after the cleanup, e.g. {left[0]}")
+    if problems:
+        return "FAIL", "; ".join(problems)
+    return "PASS", f"the work folder peaked at {peak:.2f} GB of the {need_gb:g} GB asked for; one checkpoint per N, " \
+                   f"{read}, read by its resume; none left"
+
+
+def needs(sampler: str, dry: bool, work: str, need_gb: float, run_args: dict) -> list[tuple[bool, str]]:
+    """What the check needs before its first run, one (ok, line) each: the path's packages, a C compiler where
+    the path compiles (vLLM's CUDA graphs and compiled kernels; the HF sampler's path compiles nothing), the work
+    folder's free disk, and each GPU's free memory against the plan's peak for one rank."""
+    wanted = PACKAGES + (("vllm",) if sampler == "vllm" else ())
+    missing = []
+    for name in wanted:
+        if name == "vllm":  # found, not imported: the run imports it first thing, and that takes a while
+            missing += [] if importlib.util.find_spec(name) else [name]
+            continue
+        try:  # imported, not only found: a broken install (torchvision beside a CPU torch) fails here, not later
+            importlib.import_module(name)
+        except ModuleNotFoundError:
+            missing.append(name)
+        except Exception as err:  # noqa: BLE001 - whatever stops the import is the line's news
+            missing.append(f"{name} ({type(err).__name__})")
+    found = [(not missing, f"packages: {', '.join(wanted)} importable" if not missing else
+              f"packages: missing or broken: {', '.join(missing)} (pip install -r requirements.txt"
+              + (" -r requirements-vllm.txt" if sampler == "vllm" else "") + ")")]
+    plots = importlib.util.find_spec("matplotlib") is not None
+    found.append((True, "plots: matplotlib " + ("importable" if plots else "missing: the run skips its curves")))
+    compiler = shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")
+    if sampler == "vllm" and not dry:
+        found.append((compiler is not None, f"compiler: {compiler} (vLLM compiles kernels at run time)" if compiler
+                      else "compiler: no cc or gcc on PATH, and vLLM compiles kernels at run time (SAMPLER=hf "
+                           "checks the path that compiles nothing)"))
+    else:
+        found.append((True, "compiler: none needed (the HF sampler's path compiles nothing)"))
+    if sampler == "vllm" and not dry and not missing:  # vLLM's sleep mode asserts on expandable segments
+        from plumbing.vllm_sampler import allocator_conf_error
+
+        error = allocator_conf_error(os.environ)
+        found.append((error is None, f"allocator: {error}" if error else "allocator: no expandable segments"))
+    free = shutil.disk_usage(work).free / 1e9
+    found.append((free >= need_gb, f"disk: {work} has {free:.0f} GB free, the check needs about {need_gb:g} GB"
+                  + ("" if free >= need_gb else ": pass a work folder with more room")))
+    if dry:
+        found.append((True, "GPU memory: none needed (--dry-run runs on the CPU)"))
+    elif any(m.split()[0] == "torch" for m in missing):
+        found.append((False, "GPU memory: not checked without torch"))
+    else:
+        found.append(gpu_memory_need(run_args))
+    return found
+
+
+def gpu_memory_need(run_args: dict) -> tuple[bool, str]:
+    """Each visible GPU's free memory against tools/memory_plan.py's peak for one rank (N = 1 holds the most)."""
+    import torch
+
+    from tools.memory_plan import plan
+
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        return False, "GPU memory: no GPU visible to torch (use --dry-run on a CPU)"
+    frees = [torch.cuda.mem_get_info(i) for i in range(torch.cuda.device_count())]  # (free, total) bytes
+    total = min(t for _, t in frees)
+    need = plan({**run_args}, gpus=1, gpu_gb=total / 2**30, grad_checkpointing=True, prompt_tokens=128,
+                torchrun=True).peak
+    short = [f"cuda:{i} {f / 1e9:.1f}" for i, (f, _) in enumerate(frees) if f < need]
+    line = f"GPU memory: the plan's peak for one rank is {need / 1e9:.1f} GB; free " + ", ".join(
+        f"cuda:{i} {f / 1e9:.1f} of {t / 1e9:.1f} GB" for i, (f, t) in enumerate(frees))
+    return not short, line + (f" - too little on {', '.join(short)} GB: free it, or pick others with "
+                              "CUDA_VISIBLE_DEVICES" if short else "")
 
 
 def error_lines(work: str, ranks: str) -> list[str]:
@@ -183,9 +298,13 @@ def report(rows: list[dict], ranks: int, device_name: str, peak_tflops: float):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("work")
-    parser.add_argument("--runs", nargs="+", required=True, help="the N of each torchrun --nproc_per_node N")
+    parser.add_argument("--needs", action="store_true", help="before the runs: check what the check needs, and exit")
+    parser.add_argument("--runs", nargs="+", default=[], help="the N of each torchrun --nproc_per_node N")
     parser.add_argument("--sampler", choices=("hf", "vllm"), required=True)
-    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--steps", type=int, default=0)
+    parser.add_argument("--save-step", type=int, default=0, help="the step of the checkpoint each resume read "
+                        "(default: steps - 1)")
+    parser.add_argument("--disk-need-gb", type=float, default=23.0, help="the room the check asked for")
     parser.add_argument("--dry-run", action="store_true", help="CPU: no device, sleep or memory gate")
     parser.add_argument("--weight-check", action="store_true", help="train.py ran --weight-check-every 1")
     parser.add_argument("--lr-step", type=float, default=1e-4, help="the resumed step's learning rate")
@@ -193,6 +312,13 @@ def main(argv=None) -> int:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     parser.add_argument("--run-args", default="{}", help="train.py's flags for the plan, as JSON")
     cli = parser.parse_args(argv)
+    if cli.needs:
+        found = needs(cli.sampler, cli.dry_run, cli.work, cli.disk_need_gb, json.loads(cli.run_args))
+        for ok, line in found:
+            print(f"gpu_check: {'' if ok else 'MISSING '}{line}")
+        return 0 if all(ok for ok, _ in found) else 1
+    if not cli.runs or cli.steps < 2:
+        parser.error("the verdict needs --runs and --steps >= 2")
     from config import SYNC_TOLERANCE
 
     device_name, total_gb, peak = "cpu", 0.0, 0.0
@@ -214,6 +340,7 @@ def main(argv=None) -> int:
             gates["sync"] = sync_gate(rows, SYNC_TOLERANCE["float32" if cli.dry_run else "bfloat16"], cli.lr_step)
         else:
             gates["sync"] = ("FAIL", "no metrics")
+        gates["update"] = update_gate(rows, cli.lr_step)
         gates["weights"] = weight_gate(cli.weight_check, rows, errors, runs[0] == "PASS")
         if cli.dry_run or not rows:
             why = "the CPU has no devices to share or memory to plan" if cli.dry_run else "no metrics"
@@ -228,7 +355,7 @@ def main(argv=None) -> int:
                 status, detail = gates["memory"]
                 gates["memory"] = (status, detail + " (rollout and sync not gated: the plan models vLLM's engine)")
         verdict += [(ranks, gate, *result) for gate, result in gates.items()]
-    verdict.append(("all", "disk", *disk_gate(cli.work)))
+    verdict.append(("all", "disk", *disk_gate(cli.work, cli.runs, cli.disk_need_gb, cli.save_step or cli.steps - 1)))
     failed = [v for v in verdict if v[2] == "FAIL"]
     print(f"gpu_check verdict ({cli.sampler} sampler, N = {' '.join(cli.runs)}, {device_name}):")
     for ranks, gate, status, detail in verdict:
