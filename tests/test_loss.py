@@ -162,13 +162,14 @@ def test_masked_tokens_never_contribute():
     old, ref = torch.randn(2, 6), torch.randn(2, 6)
     mask = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0]], dtype=torch.float32)
     for agg in ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]:
-        loss, _ = policy_loss(logp, old, torch.tensor([1.0, -2.0]), mask, ref_logp=ref, beta=0.1, agg=agg, norm_len=6)
+        loss, _ = policy_loss(logp, old, torch.tensor([1.0, -2.0]), mask, ref_logp=ref, beta=0.1, loss_agg=agg,
+                              norm_len=6)
         logp.grad = None
         loss.backward()
         assert (logp.grad[mask == 0] == 0).all()
         garbage = logp.detach().clone()
         garbage[mask == 0] = 1e3  # padded positions hold junk
-        loss2, _ = policy_loss(garbage, old, torch.tensor([1.0, -2.0]), mask, ref_logp=ref, beta=0.1, agg=agg,
+        loss2, _ = policy_loss(garbage, old, torch.tensor([1.0, -2.0]), mask, ref_logp=ref, beta=0.1, loss_agg=agg,
                                norm_len=6)
         assert torch.allclose(loss.detach(), loss2)
 
@@ -213,7 +214,7 @@ def assert_invariant_to_micro_batches_and_ranks(agg):
     theta = torch.randn(B, K, dtype=torch.float64, requires_grad=True)  # stands in for the policy parameters
     old, ref = torch.randn(B, K, dtype=torch.float64), torch.randn(B, K, dtype=torch.float64)
     adv = torch.randn(B, dtype=torch.float64)
-    kw = dict(ref_logp=None, beta=0.1, agg=agg, norm_len=K)
+    kw = dict(ref_logp=None, beta=0.1, loss_agg=agg, norm_len=K)
 
     def loss_of(rows, denominator):
         mask, T = _padded(rows, lengths)
@@ -381,8 +382,9 @@ def test_token_tis_weights_by_hand_and_carry_no_gradient():
     old = logp.detach().clone().requires_grad_()  # on-policy: rho = 1, no clip active
     sampler = old.detach() - torch.log(torch.tensor([[2.0, 0.5, 4.0]]))
     mask, adv = torch.ones(1, 3), torch.tensor([1.0])
-    weights = tis_weights(old, sampler, 3.0)
+    weights, capped = tis_weights(old, sampler, mask, 3.0)
     assert torch.allclose(weights, torch.tensor([[2.0, 0.5, 3.0]])) and not weights.requires_grad
+    assert capped.tolist() == [[False, False, True]]
     loss, m = policy_loss(logp, old, adv, mask, beta=0.0, is_correction="token-tis", sampler_logp=sampler, is_cap=3.0)
     assert loss.item() == pytest.approx(-(2.0 + 0.5 + 3.0) / 3)  # -A * rho * w, token mean
     assert m["is_ratio_mean"] == pytest.approx((2 + 0.5 + 4) / 3) and m["is_clip_frac"] == pytest.approx(1 / 3)
@@ -471,7 +473,7 @@ def test_masked_rows_give_the_loss_of_the_batch_without_them(agg):
     masked = mask * keep[:, None]
 
     def loss(rows, m):
-        value, _ = policy_loss(logp[rows], old[rows], adv[rows], m, ref_logp=ref[rows], beta=0.1, agg=agg,
+        value, _ = policy_loss(logp[rows], old[rows], adv[rows], m, ref_logp=ref[rows], beta=0.1, loss_agg=agg,
                                denominator=loss_denominator(m, agg, 6), norm_len=6)
         return value
 
@@ -487,6 +489,6 @@ def test_every_row_masked_is_a_loss_of_zero_not_nan():
     logp, old, adv, mask = pg_case()
     for agg in AGGREGATIONS:
         zero = torch.zeros_like(mask)
-        value, _ = policy_loss(logp, old, adv, zero, beta=0.0, agg=agg, denominator=loss_denominator(zero, agg, 3),
-                               norm_len=3)
+        value, _ = policy_loss(logp, old, adv, zero, beta=0.0, loss_agg=agg,
+                               denominator=loss_denominator(zero, agg, 3), norm_len=3)
         assert value.item() == 0.0, agg
