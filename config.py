@@ -120,14 +120,15 @@ def loss_option_defaults() -> dict:
 
 
 def _loss_option_help() -> dict:
-    """{option: help} from policy_loss's docstring: the "name: help" lines after "Options", one indent in, each
+    """{option: help} from policy_loss's docstring: the "name: help" lines after "Options", all indented alike, each
     continued by the lines indented deeper below it."""
-    helps, name = {}, None
+    helps, name, indent = {}, None, None
     for line in inspect.getdoc(policy_loss).split("Options", 1)[1].splitlines()[1:]:
-        head, _, rest = line.strip().partition(": ")
-        if line.startswith("    ") and not line.startswith("     ") and head in loss_option_defaults():
+        depth, (head, _, rest) = len(line) - len(line.lstrip()), line.strip().partition(": ")
+        indent = depth if indent is None else indent
+        if depth == indent and head in loss_option_defaults():
             name, helps[head] = head, rest
-        elif name and line.startswith("        "):
+        elif name and depth > indent:
             helps[name] += " " + line.strip()
         else:
             name = None
