@@ -123,7 +123,7 @@ def _loss_option_help() -> dict:
     """{option: help} from policy_loss's docstring: the "name: help" lines after "Options", all indented alike, each
     continued by the lines indented deeper below it."""
     helps, name, indent = {}, None, None
-    for line in inspect.getdoc(policy_loss).split("Options", 1)[1].splitlines()[1:]:
+    for line in inspect.getdoc(policy_loss).split("\nOptions", 1)[1].splitlines()[1:]:
         depth, (head, _, rest) = len(line) - len(line.lstrip()), line.strip().partition(": ")
         indent = depth if indent is None else indent
         if depth == indent and head in loss_option_defaults():

@@ -249,6 +249,7 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
             mb["old_logp"] = None if on_policy else sequence_logprobs(model, *inputs)
     sums = dict.fromkeys(["tokens", "entropy", "sampler_diff", "grad_norm"], 0.0)
     kinds = {}  # loss/NAME: Share or TokenMean, as policy_loss returned it; its sum is in sums[loss/NAME]
+    options = config.loss_options(args)  # every loss flag, by name: --clip-low, --beta, --kl-estimator, ...
     for epoch in range(args.ppo_epochs):
         for micro in minibatches:
             denominator = torch.stack([loss_denominator(mb["mask"], args.loss_agg, args.max_tokens)
@@ -265,7 +266,7 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
                 old_logp = logp.detach() if on_policy else mb["old_logp"]
                 loss, m = policy_loss(logp, old_logp, mb["adv"], mb["mask"], ref_logp=mb["ref_logp"],
                                       sampler_logp=mb["sampler_logp"], entropy=entropy, denominator=denominator,
-                                      norm_len=args.max_tokens, **config.loss_options(args))  # every loss flag
+                                      norm_len=args.max_tokens, **options)
                 (loss * world).backward()
                 n = mb["mask"].sum().item()
                 sums["entropy"] += (entropy.detach() * mb["mask"]).sum().item()  # policy/entropy: a token mean

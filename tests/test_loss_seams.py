@@ -39,7 +39,9 @@ def test_every_policy_loss_option_is_a_flag_with_its_default_and_help():
 def test_a_new_option_of_policy_loss_is_a_flag_without_editing_config(monkeypatch):
     """A fork adds a keyword option (and its help line) to policy_loss: config builds the flag from them alone."""
     def forked(logp, old_logp, adv, mask, *, ref_logp=None, length_coef: float = 0.0, clip_low=0.2):
-        """Options, each a train.py flag:
+        """A fork's loss.
+
+        Options, each a train.py flag:
             length_coef: a penalty per token
                 of the answer
             clip_low: PPO clip
