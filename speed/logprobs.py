@@ -5,7 +5,9 @@ entropy of the same distribution. It holds a float32 (B, K, V) log-softmax, and 
 at a 150k vocabulary that is the largest tensor of a training step. `chunked_token_logprobs` computes the same
 values (float32, within a few ulp: tests/test_loss.py::test_chunked_token_logprobs_equal_the_plain_version, values
 and gradients at several chunk sizes) a chunk of rows at a time and saves only each row's logsumexp, so its extra
-memory is one chunk. loss.sequence_logprobs, which training calls, runs it; a GPU needs the bound too.
+memory is one chunk. loss.sequence_logprobs, which training calls, runs it; a GPU needs the bound too. Under
+--entropy-coef the entropy gets a gradient as well (`entropy_grad`: the row's entropy is saved beside its logsumexp,
+tests/test_loss.py::test_chunked_entropy_gradient_equals_autograd); without it the kernel runs as it always did.
 
     python -m pytest tests/test_loss.py -k "token_logprobs or entropy"
 """
