@@ -1,14 +1,16 @@
 """train.py's command line: Args (one field per flag, each with its default and help), the paper's presets
 (Appendix B.1, Tables B.1-B.2) and the checks that turn a bad flag into one line.
 
-Estimator hyperparameters (`--tau`, `--eps`, ...) are not listed here: Args gets one field per entry of
-advantage.estimator_params(), so a new estimator's hyperparameter is a flag without editing this file.
+Estimator hyperparameters (`--tau`, `--eps`, ...) and the loss's options (`--clip-low`, `--beta`, `--ratio`, ...) are
+not listed here: Args gets one field per entry of advantage.estimator_params() and one per option of
+loss.policy_loss (`loss_options`), so a new hyperparameter or loss option is a flag without editing this file.
 
     python train.py --help
 """
 
 import argparse
 import importlib.util
+import inspect
 import math
 import os
 import shutil
@@ -17,7 +19,7 @@ from dataclasses import asdict, dataclass, field, fields, make_dataclass, replac
 import torch
 
 from advantage import ESTIMATORS, compute_advantages, estimator_params, hyperparameter_ranges, hyperparameters
-from loss import AGGREGATIONS, IS_CORRECTIONS, RATIOS, ROW_FILTERS
+from loss import OPTION_CHOICES, ROW_FILTERS, policy_loss
 from plumbing.checkpoint import find_checkpoint, model_file_error, resume_error
 from plumbing.cli import OneLineParser, first_line
 from plumbing.models import has_bf16_units
@@ -56,22 +58,11 @@ class _Args:
     warmup_steps: int = arg(2, "linear learning-rate warmup, in optimizer steps")
     weight_decay: float = arg(0.01, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping")
-    clip_low: float = arg(0.2, "PPO clip: ratio >= 1 - clip_low")
-    clip_high: float = arg(0.28, "PPO clip: ratio <= 1 + clip_high")
-    beta: float = arg(1e-3, "reference KL coefficient (k3); 0 skips the reference model")
-    is_correction: str = arg("none", "token-tis: weight each token's policy-gradient term by min(pi_old / "
-                             "pi_sampler, --is-cap), detached (truncated importance sampling for the gap between "
-                             "the sampler's and the trainer's log-probs); none: the paper's runs")
-    is_cap: float = arg(2.0, "--is-correction token-tis: the cap C on pi_old / pi_sampler")
     mask_truncated: bool = arg(False, "completions cut at --max-tokens get no loss weight and leave the loss "
                                "denominator (DAPO's overlong filtering); they still count in their group's "
                                "advantages")
-    ratio: str = arg("token", "importance ratio the PPO clip acts on (loss.py: RATIOS): token, the paper's; a fork "
-                     "adds e.g. GSPO's per-sequence one (docs/fork.md)")
     row_filter: str = arg("none", "batch filter (loss.py: ROW_FILTERS): the samples it drops get no loss weight and "
                           "leave the loss denominator; they still count in their group's advantages")
-    loss_agg: str = arg("token-mean", f"loss aggregation (loss.py): {', '.join(AGGREGATIONS)}; the paper's is "
-                        "token-mean, Dr. GRPO's seq-mean-token-sum-norm (length max-tokens)")
     dtype: str = arg("auto", "bfloat16 (autocast over float32 master weights), float32, or auto: bfloat16 where "
                      "the hardware has bf16 matrix units (GPUs, CPUs with AVX512-BF16/AMX), else float32")
     sampler: str = arg("auto", "auto (vllm on a GPU, where it must be installed; hf on CPU), hf or vllm")
@@ -123,8 +114,44 @@ def _estimator_fields():
         yield name, kind, arg(default, HPARAM_HELP.get(name, f"hyperparameter of --advantage {'/'.join(users)}"))
 
 
-Args = make_dataclass("Args", list(_estimator_fields()), bases=(_Args,))
-Args.__module__, Args.__doc__ = __name__, "train.py's flags: _Args's, then one per estimator hyperparameter."
+def loss_option_defaults() -> dict:
+    """loss.policy_loss's options, {name: default}: its keyword-only parameters whose default is not None (the
+    others, ref_logp, entropy, denominator, ..., are tensors and sizes train.py passes)."""
+    return {p.name: p.default for p in inspect.signature(policy_loss).parameters.values()
+            if p.kind is p.KEYWORD_ONLY and p.default is not None}
+
+
+def _loss_option_help() -> dict:
+    """{option: help} from policy_loss's docstring: the "name: help" lines after "Options", all indented alike, each
+    continued by the lines indented deeper below it."""
+    helps, name, indent = {}, None, None
+    for line in inspect.getdoc(policy_loss).split("\nOptions", 1)[1].splitlines()[1:]:
+        depth, (head, _, rest) = len(line) - len(line.lstrip()), line.strip().partition(": ")
+        indent = depth if indent is None else indent
+        if depth == indent and head in loss_option_defaults():
+            name, helps[head] = head, rest
+        elif name and depth > indent:
+            helps[name] += " " + line.strip()
+        else:
+            name = None
+    return helps
+
+
+def _loss_option_fields():
+    helps = _loss_option_help()
+    for name, default in loss_option_defaults().items():
+        choices = f" (loss.py: {', '.join(OPTION_CHOICES[name])})" if name in OPTION_CHOICES else ""
+        yield name, type(default), arg(default, helps.get(name, "an option of loss.policy_loss") + choices)
+
+
+def loss_options(args) -> dict:
+    """What ppo_update passes policy_loss: every option, by name, from the flags."""
+    return {name: getattr(args, name) for name in loss_option_defaults()}
+
+
+Args = make_dataclass("Args", [*_estimator_fields(), *_loss_option_fields()], bases=(_Args,))
+Args.__module__, Args.__doc__ = __name__, ("train.py's flags: _Args's, then one per estimator hyperparameter and one "
+                                           "per option of loss.policy_loss.")
 
 
 def resolve_auto(args: Args) -> Args:
@@ -201,9 +228,8 @@ def choices() -> dict:
     """Each string flag's registry, whose keys are its valid values: a fork's new entry is a valid value at once."""
     from rollout import SAMPLERS  # imports transformers: only when checking
 
-    return {"advantage": ESTIMATORS, "reward": ("exact", *REWARD_TERMS), "loss_agg": AGGREGATIONS, "ratio": RATIOS,
-            "is_correction": IS_CORRECTIONS, "row_filter": ROW_FILTERS, "sampler": ("auto", *SAMPLERS),
-            "dtype": ("auto", "bfloat16", "float32")}
+    return {"advantage": ESTIMATORS, "reward": ("exact", *REWARD_TERMS), **OPTION_CHOICES, "row_filter": ROW_FILTERS,
+            "sampler": ("auto", *SAMPLERS), "dtype": ("auto", "bfloat16", "float32")}
 
 
 def check_args(args: Args) -> str | None:
@@ -225,6 +251,7 @@ def check_args(args: Args) -> str | None:
          or importlib.util.find_spec("vllm") is not None, f"--sampler {args.sampler} samples with vLLM, which is not "
          "installed: pip install -r requirements-vllm.txt, or pass --sampler hf (much slower)"),
         (math.isfinite(args.is_cap) and args.is_cap > 0, "--is-cap must be finite and > 0"),
+        (math.isfinite(args.entropy_coef), "--entropy-coef must be finite"),
         (args.reward != "exact" or task.has_verifier or args.reward_weights,
          f"task {args.task} has no verifier: use --reward sim"),
         (min(args.M, args.rollout_batch, args.micro_batch, args.minibatches, args.ppo_epochs, args.steps,
@@ -268,6 +295,12 @@ def check_args(args: Args) -> str | None:
     if args.demo_file and ("sim" not in weights or not os.path.isfile(args.demo_file)):
         return (f"--demo-file {args.demo_file} does not exist" if "sim" in weights else "--demo-file is read only "
                 "for a similarity reward: --reward sim, or a sim term in --reward-weights")
+    try:  # the loss checks its own options (loss.py: --loss-terms, --is-cap for a mask) on a dummy batch
+        zeros = torch.zeros(1, 2)
+        policy_loss(zeros, zeros, torch.zeros(1), torch.ones(1, 2), ref_logp=zeros, sampler_logp=zeros, entropy=zeros,
+                    norm_len=args.max_tokens, **loss_options(args))
+    except ValueError as err:
+        return first_line(err, limit=None)
     try:  # the estimator checks its own hyperparameters (advantage.py) on a dummy group
         compute_advantages(args.advantage, torch.zeros(1, 2), **estimator_hparams(args))
     except ValueError as err:

@@ -34,7 +34,7 @@ import config
 from advantage import compute_advantages
 from config import Args, check_args, parse_args
 from grad_alloc import allocation_metrics
-from loss import ROW_FILTERS, loss_denominator, pad_batch, policy_loss, sequence_logprobs
+from loss import ROW_FILTERS, Share, TokenMean, loss_denominator, pad_batch, policy_loss, sequence_logprobs
 from plumbing import run_log
 from plumbing.checkpoint import (
     CheckpointError,
@@ -217,11 +217,6 @@ def reuses_training_logprobs(args: Args) -> bool:
     return args.ppo_epochs == 1 and args.minibatches == 1
 
 
-SHARED_DENOMINATOR = ("pg_loss", "kl")  # policy_loss divides by the whole minibatch's denominator: shares add up
-TOKEN_MEANS = ("clip_frac_low", "clip_frac_high", "ratio_mean")  # each micro-batch's token mean: weight by tokens
-IS_MEANS = ("is_ratio_mean", "is_clip_frac")  # --is-correction token-tis
-
-
 def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sampler_logps, adv, args, pad_id,
                keep=None):
     """PPO epochs over minibatches of this rank's sequences, one optimizer step per minibatch (Section 4).
@@ -255,8 +250,9 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
             inputs = (mb["input_ids"], mb["attention_mask"], mb["mask"].shape[1], args.temperature)
             mb["ref_logp"] = sequence_logprobs(ref_model, *inputs) if ref_model is not None else None
             mb["old_logp"] = None if on_policy else sequence_logprobs(model, *inputs)
-    means = (*TOKEN_MEANS, *IS_MEANS) if args.is_correction != "none" else TOKEN_MEANS
-    sums = dict.fromkeys([*SHARED_DENOMINATOR, *means, "tokens", "entropy", "sampler_diff", "grad_norm"], 0.0)
+    sums = dict.fromkeys(["tokens", "entropy", "sampler_diff", "grad_norm"], 0.0)
+    kinds = {}  # loss/NAME: Share or TokenMean, as policy_loss returned it; its sum is in sums[loss/NAME]
+    options = config.loss_options(args)  # every loss flag, by name: --clip-low, --beta, --kl-estimator, ...
     for epoch in range(args.ppo_epochs):
         for micro in minibatches:
             denominator = torch.stack([loss_denominator(mb["mask"], args.loss_agg, args.max_tokens)
@@ -268,20 +264,20 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
                     model.set_requires_gradient_sync(i == len(micro) - 1)
                 with autocast:
                     logp, entropy = sequence_logprobs(model, mb["input_ids"], mb["attention_mask"],
-                                                      mb["mask"].shape[1], args.temperature, entropy=True)  # (B, K)
+                                                      mb["mask"].shape[1], args.temperature, entropy=True,
+                                                      entropy_grad=args.entropy_coef != 0)  # (B, K) each
                 old_logp = logp.detach() if on_policy else mb["old_logp"]
-                loss, m = policy_loss(logp, old_logp, mb["adv"], mb["mask"], clip_low=args.clip_low,
-                                      clip_high=args.clip_high, ref_logp=mb["ref_logp"], beta=args.beta,
-                                      agg=args.loss_agg, denominator=denominator, norm_len=args.max_tokens,
-                                      ratio=args.ratio, is_correction=args.is_correction,
-                                      sampler_logp=mb["sampler_logp"], is_cap=args.is_cap)
+                loss, m = policy_loss(logp, old_logp, mb["adv"], mb["mask"], ref_logp=mb["ref_logp"],
+                                      sampler_logp=mb["sampler_logp"], entropy=entropy, denominator=denominator,
+                                      norm_len=args.max_tokens, **options)
                 (loss * world).backward()
                 n = mb["mask"].sum().item()
-                sums["entropy"] += (entropy * mb["mask"]).sum().item()  # policy/entropy: a token mean
-                for key in SHARED_DENOMINATOR:
-                    sums[key] += m[key]
-                for key in means:
-                    sums[key] += m[key] * n
+                sums["entropy"] += (entropy.detach() * mb["mask"]).sum().item()  # policy/entropy: a token mean
+                for key, value in m.items():  # each of policy_loss's metrics, reduced as it says: loss/KEY
+                    if type(value) not in (Share, TokenMean):
+                        raise TypeError(f"policy_loss metric {key!r} must be a loss.Share or a loss.TokenMean")
+                    kinds[f"loss/{key}"] = type(value)
+                    sums[f"loss/{key}"] = sums.get(f"loss/{key}", 0.0) + (value if type(value) is Share else value * n)
                 sums["tokens"] += n
                 if epoch == 0:  # sampler vs trainer log-probs of the same tokens, before any update
                     sums["sampler_diff"] += ((old_logp - mb["sampler_logp"]).abs() * mb["mask"]).sum().item()
@@ -293,8 +289,7 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
             optimizer.zero_grad(set_to_none=True)
     total = dict(zip(sums, all_reduce_sum(list(sums.values()), device)))
     updates, tokens = args.ppo_epochs * len(minibatches), max(total["tokens"], 1)
-    return {**{f"loss/{key.removesuffix('_loss')}": total[key] / updates for key in SHARED_DENOMINATOR},
-            **{f"loss/{key}": total[key] / tokens for key in means},
+    return {**{key: total[key] / (updates if kind is Share else tokens) for key, kind in kinds.items()},
             "policy/entropy": total["entropy"] / tokens,
             "grad/norm": total["grad_norm"] / (updates * world),  # the same on every rank: undo the sum
             "lr": lr, "sync/rollout_logprob_diff": total["sampler_diff"] * args.ppo_epochs / tokens}

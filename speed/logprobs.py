@@ -5,7 +5,9 @@ entropy of the same distribution. It holds a float32 (B, K, V) log-softmax, and 
 at a 150k vocabulary that is the largest tensor of a training step. `chunked_token_logprobs` computes the same
 values (float32, within a few ulp: tests/test_loss.py::test_chunked_token_logprobs_equal_the_plain_version, values
 and gradients at several chunk sizes) a chunk of rows at a time and saves only each row's logsumexp, so its extra
-memory is one chunk. loss.sequence_logprobs, which training calls, runs it; a GPU needs the bound too.
+memory is one chunk. loss.sequence_logprobs, which training calls, runs it; a GPU needs the bound too. Under
+--entropy-coef the entropy gets a gradient as well (`entropy_grad`: the row's entropy is saved beside its logsumexp,
+tests/test_loss.py::test_chunked_entropy_gradient_equals_autograd); without it the kernel runs as it always did.
 
     python -m pytest tests/test_loss.py -k "token_logprobs or entropy"
 """
@@ -24,14 +26,16 @@ def _chunks(n_rows: int, vocab: int, device: torch.device):
 
 
 # ---- SPEED and MEMORY TRICK (skippable; the GPU path needs it too): equals log_softmax(logits / T)[target];
-# tests/test_loss.py::test_chunked_token_logprobs_equal_the_plain_version
+# tests/test_loss.py::test_chunked_token_logprobs_equal_the_plain_version, and for the entropy's gradient
+# tests/test_loss.py::test_chunked_entropy_gradient_equals_autograd
 class _TokenLogprobs(torch.autograd.Function):
     """log softmax(logits / T)[target], chunked over rows; saves only the logsumexp for backward. With
-    `entropy`, also each position's entropy H = lse - sum_v p_v z_v (z = logits / T) from the same chunks, without
-    a gradient (policy/entropy is watched, not trained); otherwise an empty tensor."""
+    `entropy`, also each position's entropy H = lse - sum_v p_v z_v (z = logits / T) from the same chunks: without a
+    gradient (policy/entropy is watched), or with `entropy_grad` with one (--entropy-coef trains on it; H is then
+    saved too); otherwise an empty tensor."""
 
     @staticmethod
-    def forward(ctx, logits, targets, temperature, entropy):
+    def forward(ctx, logits, targets, temperature, entropy, entropy_grad):
         flat = logits.reshape(-1, logits.shape[-1])  # (N, V)
         flat_targets = targets.reshape(-1)  # (N,)
         lse = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)  # (N,)
@@ -44,14 +48,21 @@ class _TokenLogprobs(torch.autograd.Function):
             if entropy:  # H = lse - sum_v softmax(z)_v z_v; one more chunk-sized buffer. Elementwise ops, which
                 # autocast leaves in float32: a bf16 dot product would round the large sum_v p_v z_v that H cancels
                 ent[a:b] = lse[a:b] - (chunk - lse[a:b, None]).exp_().mul_(chunk).sum(-1)
-        ctx.save_for_backward(logits, targets, lse)
-        ctx.temperature = temperature
+        ctx.temperature, ctx.entropy_grad = temperature, entropy and entropy_grad
+        if ctx.entropy_grad:
+            ctx.save_for_backward(logits, targets, lse, ent)
+            ctx.set_materialize_grads(False)  # a None says which of the two outputs the loss used
+        else:
+            ctx.save_for_backward(logits, targets, lse)
         ent = ent.view(targets.shape) if entropy else ent
-        ctx.mark_non_differentiable(ent)
+        if not ctx.entropy_grad:
+            ctx.mark_non_differentiable(ent)
         return out.view(targets.shape), ent
 
     @staticmethod
     def backward(ctx, grad_out, grad_entropy):
+        if ctx.entropy_grad:
+            return _backward_with_entropy(ctx, grad_out, grad_entropy), None, None, None, None
         logits, targets, lse = ctx.saved_tensors
         T = ctx.temperature
         flat = logits.reshape(-1, logits.shape[-1])
@@ -64,12 +75,35 @@ class _TokenLogprobs(torch.autograd.Function):
             probs.mul_(-g[a:b, None] / T)
             probs.scatter_add_(-1, flat_targets[a:b, None], (g[a:b] / T)[:, None])
             grad[a:b] = probs.to(grad.dtype)
-        return grad.view_as(logits), None, None, None
+        return grad.view_as(logits), None, None, None, None
+
+
+def _backward_with_entropy(ctx, grad_out, grad_entropy):
+    """The logits' gradient from both outputs. With z = logits / T, p = softmax(z), H = -sum_v p_v log p_v:
+    d logp[y] / dz = onehot(y) - p, and dH / dz_j = -sum_v (d p_v / d z_j)(log p_v + 1) = -p_j (log p_j + H);
+    each times 1 / T for the logits. One more chunk-sized buffer than the plain backward."""
+    logits, targets, lse, ent = ctx.saved_tensors
+    T = ctx.temperature
+    flat = logits.reshape(-1, logits.shape[-1])
+    flat_targets = targets.reshape(-1)
+    zeros = lse.new_zeros(lse.shape)
+    g = zeros if grad_out is None else grad_out.reshape(-1).float()  # (N,)
+    g_ent = zeros if grad_entropy is None else grad_entropy.reshape(-1).float()  # (N,)
+    grad = torch.empty_like(flat)
+    for a, b in _chunks(flat.shape[0], flat.shape[1], flat.device):
+        log_p = flat[a:b].to(torch.float32, copy=True).div_(T).sub_(lse[a:b, None])  # (n, V) log p
+        probs = log_p.exp()  # (n, V)
+        # p * (-g - g_H (log p + H)) / T, then + g / T at the target
+        probs.mul_(log_p.add_(ent[a:b, None]).mul_(-g_ent[a:b, None]).sub_(g[a:b, None])).div_(T)
+        probs.scatter_add_(-1, flat_targets[a:b, None], (g[a:b] / T)[:, None])
+        grad[a:b] = probs.to(grad.dtype)
+    return grad.view_as(logits)
 
 
 def chunked_token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-                           entropy: bool = False):
+                           entropy: bool = False, entropy_grad: bool = False):
     """loss.token_logprobs in row chunks: (B, T, V) logits, (B, T) targets -> (B, T) float32 log-probs under
-    softmax(logits / temperature); with `entropy`, the pair (log-probs, (B, T) entropies, no gradient)."""
-    logp, ent = _TokenLogprobs.apply(logits, targets, float(temperature), entropy)
+    softmax(logits / temperature); with `entropy`, the pair (log-probs, (B, T) entropies: with `entropy_grad` their
+    gradient flows to the logits, else none)."""
+    logp, ent = _TokenLogprobs.apply(logits, targets, float(temperature), entropy, entropy_grad)
     return (logp, ent) if entropy else logp

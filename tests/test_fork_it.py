@@ -2,7 +2,7 @@
 
 Each code block below is docs/fork.md's, character for character (test_docs_show_exactly_this_code checks it).
 The `fork` fixture copies the repository and appends each block to the stage file the page names, which is what
-pasting it below the registry does; nothing in this checkout changes. In the copy, with all seven recipes at once:
+pasting it below the registry does; nothing in this checkout changes. In the copy, with all the recipes at once:
 each recipe does what it says (a script run there), every fast test that reaches a registry stays green
 (so tests check what a registry contains, never that it equals a list), and train.py trains two steps with every
 new flag, then eval.py scores the new task with its new reward term.
@@ -69,16 +69,6 @@ def equal_rewards(rewards, truncated):
 ROW_FILTERS["equal-rewards"] = equal_rewards
 '''
 
-RATIO = '''\
-def sequence_log_ratio(logp, old_logp, mask):
-    """GSPO (Zheng et al. 2025): one ratio per sequence, the mean token log-ratio, clipped per sequence."""
-    log_ratio = ((logp - old_logp) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # (B, 1)
-    return log_ratio.expand_as(logp)  # (B, K)
-
-
-RATIOS["sequence"] = sequence_log_ratio
-'''
-
 OWN_TASK = '''\
 def mentions_keyword(completion, example) -> float:
     """1 when the answer names the row's keyword: this task's own reward, a --reward-weights term."""
@@ -94,8 +84,26 @@ REWARD_TERMS["mentions"] = mentions_keyword
 TASKS["topic"] = Task(name="topic", columns=("topic", "keyword", "example"), key=("topic",), make_example=_topic)
 '''
 
+KL_ESTIMATOR = '''\
+def kl_k3_clipped(logp, ref_logp):
+    """k3 capped at 10 per token, as verl's low_var_kl: one token far from the reference cannot swamp the KL."""
+    return kl_k3(logp, ref_logp).clamp(max=10.0)  # (B, T)
+
+
+KL_ESTIMATORS["k3-clipped"] = kl_k3_clipped
+'''
+
+LOSS_TERM = '''\
+def logratio_l2(logp, old_logp, mask):
+    """A trust region by penalty: (log pi_theta - log pi_old)^2 per token, beside the clip (0 until pi_theta moves)."""
+    return (logp - old_logp) ** 2  # (B, T)
+
+
+LOSS_TERMS["l2"] = logratio_l2
+'''
+
 RECIPES = [("advantage.py", ESTIMATOR), ("tasks.py", TASK), ("loss.py", AGGREGATION), ("rewards.py", REWARD_TERM),
-           ("loss.py", ROW_FILTER), ("loss.py", RATIO), ("tasks.py", OWN_TASK)]
+           ("loss.py", ROW_FILTER), ("tasks.py", OWN_TASK), ("loss.py", KL_ESTIMATOR), ("loss.py", LOSS_TERM)]
 
 
 def repository_files():
@@ -111,7 +119,7 @@ def repository_files():
 
 @pytest.fixture(scope="module")
 def fork(tmp_path_factory):
-    """A copy of the repository with the seven recipes appended to their files, and its data files."""
+    """A copy of the repository with the recipes appended to their files, and its data files."""
     root = tmp_path_factory.mktemp("fork")
     for name in repository_files():
         os.makedirs(root / os.path.dirname(name), exist_ok=True)
@@ -182,12 +190,6 @@ assert arith.reward("word " * 400, example, kind="brevity") == 0.0  # negative, 
 keep = loss.ROW_FILTERS["equal-rewards"](torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.zeros(2, 2, dtype=torch.bool))
 assert keep.expand(2, 2).tolist() == [[True, True], [False, False]]
 
-# 6. GSPO's ratio: one per sequence, so a sequence is clipped whole
-logp = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]], requires_grad=True)
-old = torch.tensor([[-1.0, -1.6], [-1.0, -1.0]])  # sequence 0: mean log-ratio 0.3, ratio 1.35 > 1.28
-_, m = policy_loss(logp, old, torch.tensor([1.0, 1.0]), torch.ones(2, 2), ratio="sequence")
-assert m["clip_frac_high"] == pytest.approx(0.5)  # both tokens of sequence 0, none of sequence 1
-
 # 7. the task with its own reward term, safe without a decorator
 topic = tasks.get_task("topic")
 rows = topic.load("train", data_file="topics.jsonl")
@@ -197,6 +199,18 @@ assert topic.reward("nothing here", row, kind="mentions") == 0.0
 rewards.STRICT = False  # as in training: an exception scores 0 and is counted
 assert topic.reward("x", tasks.Example(prompt=[], gold=None, reference=""), kind="mentions") == 0.0
 assert rewards.take_error_count() == 1
+
+# 8. the KL estimator: k3 below 10, capped at 10 above; chosen by name, so --kl-estimator takes it
+logp, ref = torch.tensor([[0.0, 0.0]]), torch.tensor([[0.5, 20.0]])  # k3: e^0.5 - 1.5 = 0.149, e^20 - 21 ~ 5e8
+k3 = torch.tensor(0.5).exp().item() - 1.5
+assert torch.allclose(loss.KL_ESTIMATORS["k3-clipped"](logp, ref), torch.tensor([[k3, 10.0]]))
+_, m = policy_loss(logp, logp, torch.zeros(1), torch.ones(1, 2), ref_logp=ref, kl_estimator="k3-clipped")
+assert m["kl"] == pytest.approx((k3 + 10) / 2, rel=1e-5)
+
+# 9. the loss term: COEF x its token mean in the loss, its token mean in the metrics
+logp = torch.tensor([[0.1, -0.2, 0.3]], requires_grad=True)
+value, m = policy_loss(logp, torch.zeros(1, 3), torch.zeros(1), torch.ones(1, 3), beta=0.0, loss_terms="l2=0.1")
+assert m["l2"] == pytest.approx(0.14 / 3) and value.item() == pytest.approx(0.1 * 0.14 / 3)
 print("recipes ok")
 '''
 
@@ -219,7 +233,8 @@ def test_each_recipe_does_what_it_says_in_the_fork(fork):
 # presets. The fork's fast suite runs every test that does in its own code, or that names a helper, constant or
 # fixture (its file's or conftest's) reaching a registry by name; and all of test_layout (the recipes add code to
 # stage files). A helper that builds Args (tiny_args) pins nothing: a test pins the flags only by listing them.
-REGISTRY_NAMES = r"ESTIMATORS|TASKS|AGGREGATIONS|REWARD_TERMS|ROW_FILTERS|RATIOS|IS_CORRECTIONS|SAMPLERS|PRESETS"
+REGISTRY_NAMES = (r"ESTIMATORS|TASKS|AGGREGATIONS|REWARD_TERMS|ROW_FILTERS|RATIOS|IS_CORRECTIONS|SAMPLERS|PRESETS"
+                  r"|KL_ESTIMATORS|LOSS_TERMS|OPTION_CHOICES")
 REACHES_A_REGISTRY = re.compile(REGISTRY_NAMES + r"|choices\(|must be one of|--help|estimator_params|hyperparameter"
                                 r"|Args\(")
 
@@ -294,7 +309,8 @@ def test_the_fork_suite_holds_every_test_that_reaches_a_registry(tmp_path):
 
 @pytest.mark.slow
 def test_the_fast_suite_stays_green_in_the_fork(fork):
-    """Every registry holds one more entry (three hold two): a test that pinned a registry to a list fails here."""
+    """Every registry a recipe reaches holds one more entry (TASKS and REWARD_TERMS two): a test that pinned a
+    registry to a list fails here."""
     result = run_in(fork, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p", "no:cacheprovider",
                     *registry_tests(), timeout=1800)
     assert result.returncode == 0, result.stdout[-3000:]
@@ -302,24 +318,27 @@ def test_the_fast_suite_stays_green_in_the_fork(fork):
 
 @pytest.mark.slow
 def test_train_and_eval_run_with_every_recipe(fork, tiny_model_dir):
-    """train.py two steps with the page's flags for recipes 1-6, then two steps of the new task on its own reward
-    term, then eval.py scoring that run's checkpoint with the term."""
+    """train.py two steps with the page's flags for the recipes (and the built-in --ratio sequence), then two steps
+    of the new task on its own reward term, then eval.py scoring that run's checkpoint with the term."""
     common = ["--model", tiny_model_dir, "--M", "4", "--rollout-batch", "4", "--micro-batch", "8", "--steps", "2",
               "--max-tokens", "4", "--warmup-steps", "0", "--eval-examples", "0", "--dtype", "float32"]
     result = run_in(fork, "train.py", "--task", "qa", "--data-file", "qa.jsonl", "--advantage", "floorgrpo",
                     "--std-floor", "0.2", "--loss-agg", "seq-mean-token-sum", "--reward-weights",
                     "exact=1,brevity=0.1", "--row-filter", "equal-rewards", "--ratio", "sequence",
-                    "--alloc-estimators", "all", "--out-dir", "run-qa", *common)
+                    "--kl-estimator", "k3-clipped", "--loss-terms", "l2=0.1", "--alloc-estimators", "all",
+                    "--out-dir", "run-qa", *common)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = [json.loads(line) for line in open(fork / "run-qa" / "metrics.jsonl")]
     assert [m["step"] for m in metrics] == [1, 2]
     assert all(m["loss/pg"] == m["loss/pg"] for m in metrics)  # not NaN, even where the filter left no row
     assert all("alloc/floorgrpo/0.9-1" in m and 0.0 <= m["reward/brevity"] <= 1.0 for m in metrics)
+    assert all(m["loss/l2"] == 0.0 for m in metrics)  # the new term's metric, with no other edit; 0 on-policy
     saved = json.loads(run_in(fork, "-c", "import json; from plumbing.checkpoint import find_checkpoint, "
                               "read_trainer_state; print(json.dumps(read_trainer_state(find_checkpoint('run-qa'))"
                               "['args']))").stdout)
-    assert (saved["advantage"], saved["std_floor"], saved["loss_agg"], saved["row_filter"], saved["ratio"]) == \
-        ("floorgrpo", 0.2, "seq-mean-token-sum", "equal-rewards", "sequence")
+    assert (saved["advantage"], saved["std_floor"], saved["loss_agg"], saved["row_filter"], saved["ratio"],
+            saved["kl_estimator"], saved["loss_terms"]) == \
+        ("floorgrpo", 0.2, "seq-mean-token-sum", "equal-rewards", "sequence", "k3-clipped", "l2=0.1")
 
     result = run_in(fork, "train.py", "--task", "topic", "--data-file", "topics.jsonl", "--reward-weights",
                     "mentions=1,sim=0.5", "--out-dir", "run-topic", *common)

@@ -1,5 +1,7 @@
 """loss.py: log-probs against the naive formula, PPO-clip gradients, k3 KL, masking, batch layout."""
 
+import math
+
 import pytest
 import torch
 
@@ -7,7 +9,11 @@ import loss
 from loss import (
     AGGREGATIONS,
     IS_CORRECTIONS,
+    KL_ESTIMATORS,
+    LOSS_TERMS,
     RATIOS,
+    Share,
+    TokenMean,
     aggregate,
     kl_k3,
     loss_denominator,
@@ -162,13 +168,14 @@ def test_masked_tokens_never_contribute():
     old, ref = torch.randn(2, 6), torch.randn(2, 6)
     mask = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0]], dtype=torch.float32)
     for agg in ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]:
-        loss, _ = policy_loss(logp, old, torch.tensor([1.0, -2.0]), mask, ref_logp=ref, beta=0.1, agg=agg, norm_len=6)
+        loss, _ = policy_loss(logp, old, torch.tensor([1.0, -2.0]), mask, ref_logp=ref, beta=0.1, loss_agg=agg,
+                              norm_len=6)
         logp.grad = None
         loss.backward()
         assert (logp.grad[mask == 0] == 0).all()
         garbage = logp.detach().clone()
         garbage[mask == 0] = 1e3  # padded positions hold junk
-        loss2, _ = policy_loss(garbage, old, torch.tensor([1.0, -2.0]), mask, ref_logp=ref, beta=0.1, agg=agg,
+        loss2, _ = policy_loss(garbage, old, torch.tensor([1.0, -2.0]), mask, ref_logp=ref, beta=0.1, loss_agg=agg,
                                norm_len=6)
         assert torch.allclose(loss.detach(), loss2)
 
@@ -213,7 +220,7 @@ def assert_invariant_to_micro_batches_and_ranks(agg):
     theta = torch.randn(B, K, dtype=torch.float64, requires_grad=True)  # stands in for the policy parameters
     old, ref = torch.randn(B, K, dtype=torch.float64), torch.randn(B, K, dtype=torch.float64)
     adv = torch.randn(B, dtype=torch.float64)
-    kw = dict(ref_logp=None, beta=0.1, agg=agg, norm_len=K)
+    kw = dict(ref_logp=None, beta=0.1, loss_agg=agg, norm_len=K)
 
     def loss_of(rows, denominator):
         mask, T = _padded(rows, lengths)
@@ -381,8 +388,9 @@ def test_token_tis_weights_by_hand_and_carry_no_gradient():
     old = logp.detach().clone().requires_grad_()  # on-policy: rho = 1, no clip active
     sampler = old.detach() - torch.log(torch.tensor([[2.0, 0.5, 4.0]]))
     mask, adv = torch.ones(1, 3), torch.tensor([1.0])
-    weights = tis_weights(old, sampler, 3.0)
+    weights, capped = tis_weights(old, sampler, mask, 3.0)
     assert torch.allclose(weights, torch.tensor([[2.0, 0.5, 3.0]])) and not weights.requires_grad
+    assert capped.tolist() == [[False, False, True]]
     loss, m = policy_loss(logp, old, adv, mask, beta=0.0, is_correction="token-tis", sampler_logp=sampler, is_cap=3.0)
     assert loss.item() == pytest.approx(-(2.0 + 0.5 + 3.0) / 3)  # -A * rho * w, token mean
     assert m["is_ratio_mean"] == pytest.approx((2 + 0.5 + 4) / 3) and m["is_clip_frac"] == pytest.approx(1 / 3)
@@ -411,7 +419,7 @@ def test_is_correction_is_chosen_by_name_from_its_registry():
         policy_loss(logp, old, adv, mask, is_correction="tis", sampler_logp=sampler, is_cap=2.0)
 
 
-# ---- the importance ratio: RATIOS, and docs/fork.md's GSPO recipe
+# ---- the importance ratio: RATIOS (the paper's token ratio, GSPO's sequence ratio)
 
 def test_the_token_ratio_is_todays_arithmetic_bit_for_bit():
     """ratio="token" (the default) computes exp(clamp(logp - old_logp)) as before RATIOS existed: the same loss,
@@ -430,20 +438,13 @@ def test_the_token_ratio_is_todays_arithmetic_bit_for_bit():
         policy_loss(logp, old, adv, mask, ratio="tokens")
 
 
-def sequence_log_ratio(logp, old_logp, mask):
-    """GSPO (Zheng et al. 2025): one ratio per sequence, the mean token log-ratio, clipped per sequence."""
-    log_ratio = ((logp - old_logp) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # (B, 1)
-    return log_ratio.expand_as(logp)  # (B, K)
-
-
-def test_a_sequence_ratio_added_to_the_registry_clips_whole_sequences(monkeypatch):
-    """docs/fork.md's GSPO recipe (sequence_log_ratio above, as the recipe writes it) registered by name: every token
-    of a sequence gets the sequence's ratio, so the clip and its clip fraction count whole sequences. By hand:
-    row 0's token log-ratios 0.6, 0.3, 0 average 0.3, rho = e^0.3 = 1.35 > 1.28 with A = 1: its three tokens are
-    clipped (token by token only the first two would be); row 1's 0.2, -0.2 (and a masked junk token) average 0,
-    rho = 1. So clip_frac_high = 3/5 (token ratio: 2/5), the loss is (3 x -1.28 + 2 x 1) / 5, row 0 gets no
-    gradient, and each of row 1's two tokens moves both of its terms -A rho / 5 through the mean: 2 x 1/2 x 1/5."""
-    monkeypatch.setitem(loss.RATIOS, "sequence", sequence_log_ratio)
+def test_the_sequence_ratio_clips_whole_sequences():
+    """--ratio sequence, GSPO's (built in): every token of a sequence gets the sequence's ratio, so the clip and its
+    clip fraction count whole sequences. By hand: row 0's token log-ratios 0.6, 0.3, 0 average 0.3,
+    rho = e^0.3 = 1.35 > 1.28 with A = 1: its three tokens are clipped (token by token only the first two would be);
+    row 1's 0.2, -0.2 (and a masked junk token) average 0, rho = 1. So clip_frac_high = 3/5 (token ratio: 2/5), the
+    loss is (3 x -1.28 + 2 x 1) / 5, row 0 gets no gradient, and each of row 1's two tokens gets -A rho / 5 = 0.2."""
+    assert "sequence" in RATIOS
     old = torch.zeros(2, 3)
     logp = torch.tensor([[0.6, 0.3, 0.0], [0.2, -0.2, 5.0]], requires_grad=True)
     adv, mask = torch.tensor([1.0, -1.0]), torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
@@ -456,6 +457,23 @@ def test_a_sequence_ratio_added_to_the_registry_clips_whole_sequences(monkeypatc
     assert torch.allclose(grad, torch.tensor([[0.0, 0.0, 0.0], [0.2, 0.2, 0.0]]))
     _, m_token = policy_loss(logp, old, adv, mask, beta=0.0)  # the default, token by token
     assert m_token["clip_frac_high"] == pytest.approx(2 / 5)
+
+
+def test_the_sequence_ratio_has_gspo_tokens_gradient():
+    """GSPO-token (Zheng et al. 2025): s_i,t = sg[s_i] pi(z_t) / sg[pi(z_t)], so token t's term -A s_i w_t moves only
+    its own log-prob: d loss / d logp_t = -A s_i w_t / N. With per-token weights w_t (token-tis, pi_old / pi_sampler =
+    2, 1, 0.5, uncapped) that differs from the gradient of the plain mean log-ratio, which spreads each token's term
+    evenly over the sequence: -A s_i mean(w) / N on every token. By hand, one sequence of 3 tokens, A = 1, the
+    log-ratios 0.03, 0, -0.03 (mean 0, s = 1, no clip): the gradient is -(2, 1, 0.5) / 3, the mean form's -7/6 / 3."""
+    logp = torch.tensor([[0.03, 0.0, -0.03]], requires_grad=True)
+    old, mask, adv = torch.zeros(1, 3), torch.ones(1, 3), torch.tensor([1.0])
+    sampler = old - torch.log(torch.tensor([[2.0, 1.0, 0.5]]))
+    value, _ = policy_loss(logp, old, adv, mask, beta=0.0, ratio="sequence", is_correction="token-tis",
+                           sampler_logp=sampler, is_cap=10.0)
+    assert value.item() == pytest.approx(-(2 + 1 + 0.5) / 3)
+    (grad,) = torch.autograd.grad(value, logp)
+    assert torch.allclose(grad, -torch.tensor([[2.0, 1.0, 0.5]]) / 3)
+    assert not torch.allclose(grad, torch.full((1, 3), -3.5 / 3 / 3))  # the plain mean log-ratio's gradient
 
 
 @pytest.mark.parametrize("agg", list(AGGREGATIONS))
@@ -471,7 +489,7 @@ def test_masked_rows_give_the_loss_of_the_batch_without_them(agg):
     masked = mask * keep[:, None]
 
     def loss(rows, m):
-        value, _ = policy_loss(logp[rows], old[rows], adv[rows], m, ref_logp=ref[rows], beta=0.1, agg=agg,
+        value, _ = policy_loss(logp[rows], old[rows], adv[rows], m, ref_logp=ref[rows], beta=0.1, loss_agg=agg,
                                denominator=loss_denominator(m, agg, 6), norm_len=6)
         return value
 
@@ -487,6 +505,171 @@ def test_every_row_masked_is_a_loss_of_zero_not_nan():
     logp, old, adv, mask = pg_case()
     for agg in AGGREGATIONS:
         zero = torch.zeros_like(mask)
-        value, _ = policy_loss(logp, old, adv, zero, beta=0.0, agg=agg, denominator=loss_denominator(zero, agg, 3),
-                               norm_len=3)
+        value, _ = policy_loss(logp, old, adv, zero, beta=0.0, loss_agg=agg,
+                               denominator=loss_denominator(zero, agg, 3), norm_len=3)
         assert value.item() == 0.0, agg
+
+
+# ---- --kl-estimator (KL_ESTIMATORS), --entropy-coef, --loss-terms (LOSS_TERMS), the seq/mask IS corrections
+
+def test_kl_estimators_by_hand():
+    """pi = 1/2, pi_ref = 1/4 on a token: log(pi / pi_ref) = ln 2, so k1 = ln 2, k2 = (ln 2)^2 / 2, and
+    k3 = r - ln r - 1 with r = pi_ref / pi = 1/2: ln 2 - 1/2 (Schulman's note); at pi = pi_ref all three are 0.
+    policy_loss picks one by name (k3 by default) and adds beta times its token mean."""
+    assert {"k1", "k2", "k3"} <= set(KL_ESTIMATORS)
+    logp, ref = torch.log(torch.tensor([[0.5, 0.3]])), torch.log(torch.tensor([[0.25, 0.3]]))
+    ln2 = math.log(2)
+    want = {"k1": ln2, "k2": ln2 ** 2 / 2, "k3": ln2 - 0.5}
+    for name, value in want.items():
+        got = KL_ESTIMATORS[name](logp, ref)
+        assert got[0, 0].item() == pytest.approx(value, rel=1e-6) and got[0, 1].item() == 0.0, name
+        loss, m = policy_loss(logp, logp, torch.zeros(1), torch.ones(1, 2), ref_logp=ref, beta=0.5, kl_estimator=name)
+        assert m["kl"] == pytest.approx(value / 2, rel=1e-6) and loss.item() == pytest.approx(0.5 * value / 2, rel=1e-6)
+    with pytest.raises(ValueError, match="unknown KL estimator 'k4'; choose one of .*k3"):
+        policy_loss(logp, logp, torch.zeros(1), torch.ones(1, 2), ref_logp=ref, kl_estimator="k4")
+
+
+def test_the_default_kl_estimator_is_k3_bit_for_bit():
+    logp, old, adv, mask = pg_case()
+    ref = old + 0.2
+    default, m_default = policy_loss(logp, old, adv, mask, ref_logp=ref, beta=0.3)
+    named, m_named = policy_loss(logp, old, adv, mask, ref_logp=ref, beta=0.3, kl_estimator="k3")
+    assert torch.equal(default, named) and m_default == m_named
+    assert m_default["kl"] == aggregate(kl_k3(logp, ref), mask).item()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("rows", [1, 3, 1000])
+def test_chunked_entropy_gradient_equals_autograd(rows, temperature, monkeypatch):
+    """With entropy_grad the kernel's hand-written backward gives the entropy's gradient: equal to autograd's through
+    the plain token_logprobs (float64 logits; both compute in float32), for a loss of the log-probs and the
+    entropies together, of the entropies alone, and of the log-probs alone, at several chunk sizes."""
+    monkeypatch.setattr(CHUNK, 40 * rows)
+    torch.manual_seed(8)
+    logits = (torch.randn(2, 5, 40, dtype=torch.float64) * 2).requires_grad_()
+    targets = torch.randint(0, 40, (2, 5))
+    w_logp, w_ent = torch.randn(2, 5, dtype=torch.float64), torch.randn(2, 5, dtype=torch.float64)
+    fast, fast_ent = chunked_token_logprobs(logits, targets, temperature, entropy=True, entropy_grad=True)
+    plain, plain_ent = token_logprobs(logits, targets, temperature, entropy=True, entropy_grad=True)
+    assert fast_ent.requires_grad and plain_ent.requires_grad
+    assert torch.allclose(fast_ent, plain_ent, atol=1e-5)
+    for loss_of in (lambda lp, h: (lp * w_logp).sum() + (h * w_ent).sum(), lambda lp, h: (h * w_ent).sum(),
+                    lambda lp, h: (lp * w_logp).sum()):
+        (ours,) = torch.autograd.grad(loss_of(fast, fast_ent), logits, retain_graph=True)
+        (want,) = torch.autograd.grad(loss_of(plain, plain_ent), logits, retain_graph=True)
+        assert torch.allclose(ours, want, atol=1e-5) and want.abs().max() > 0.1
+    (h_only,) = torch.autograd.grad((fast_ent * w_ent).sum(), logits, retain_graph=True)
+    expected = torch.autograd.grad((torch.distributions.Categorical(logits=logits / temperature).entropy()
+                                    * w_ent).sum(), logits)[0]  # -p (log p + H) / T per row, by torch
+    assert torch.allclose(h_only, expected, atol=1e-5)
+
+
+def test_entropy_grad_changes_no_log_prob_and_no_log_prob_gradient():
+    """Asking for the entropy's gradient leaves the log-probs, the entropies and the gradient of a loss of the
+    log-probs alone bit-identical to the default path, whose entropy has no gradient."""
+    torch.manual_seed(9)
+    logits = (torch.randn(3, 7, 50) * 3).requires_grad_()
+    targets, weights = torch.randint(0, 50, (3, 7)), torch.randn(3, 7)
+    logp, ent = chunked_token_logprobs(logits, targets, 0.7, entropy=True)
+    logp_g, ent_g = chunked_token_logprobs(logits, targets, 0.7, entropy=True, entropy_grad=True)
+    assert not ent.requires_grad and ent_g.requires_grad
+    assert torch.equal(logp, logp_g) and torch.equal(ent, ent_g)
+    (plain,) = torch.autograd.grad((logp * weights).sum(), logits)
+    (with_grad,) = torch.autograd.grad((logp_g * weights).sum(), logits)
+    assert torch.allclose(plain, with_grad, atol=1e-7)
+
+
+def test_entropy_bonus_subtracts_the_aggregated_entropy():
+    """--entropy-coef c: loss = L_pg + beta KL - c agg(H), logged as loss/entropy (a Share, like loss/pg); its
+    gradient with respect to H is -c / N on every loss token. At c = 0 nothing changes and no metric appears."""
+    logp, old, adv, mask = pg_case()
+    entropy = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 99.0]], requires_grad=True)  # the masked 99 never counts
+    plain, m_plain = policy_loss(logp, old, adv, mask, beta=0.0)
+    off, m_off = policy_loss(logp, old, adv, mask, beta=0.0, entropy=entropy, entropy_coef=0.0)
+    assert torch.equal(off, plain) and m_off == m_plain and "entropy" not in m_off
+    bonus, m = policy_loss(logp, old, adv, mask, beta=0.0, entropy=entropy, entropy_coef=0.1)
+    assert m["entropy"] == pytest.approx(15 / 5) and isinstance(m["entropy"], Share)
+    assert bonus.item() == pytest.approx(plain.item() - 0.1 * 3.0)
+    (grad,) = torch.autograd.grad(bonus, entropy)
+    assert torch.allclose(grad, -0.1 / 5 * mask)
+    with pytest.raises(ValueError, match="entropy_coef needs the entropies"):
+        policy_loss(logp, old, adv, mask, entropy_coef=0.1)
+
+
+def test_every_metric_says_how_it_reduces():
+    """train.py reduces policy_loss's metrics by their kind: a Share (over the shared denominator) or a TokenMean."""
+    logp, old, adv, mask = pg_case()
+    _, m = policy_loss(logp, old, adv, mask, ref_logp=old, is_correction="token-tis", sampler_logp=old,
+                       entropy=torch.ones(2, 3), entropy_coef=0.1)
+    assert {key for key, value in m.items() if isinstance(value, Share)} >= {"pg", "kl", "entropy"}
+    assert {key for key, value in m.items() if isinstance(value, TokenMean)} >= {"clip_frac_low", "ratio_mean",
+                                                                                 "is_clip_frac"}
+    assert all(isinstance(value, (Share, TokenMean)) for value in m.values())
+
+
+def logratio_l2(logp, old_logp, mask):
+    return (logp - old_logp) ** 2  # (B, T)
+
+
+def test_a_loss_term_is_added_with_its_coefficient_and_logged(monkeypatch):
+    """--loss-terms NAME=COEF: policy_loss adds COEF x agg(term) and returns agg(term) under NAME, a Share. By hand,
+    log-ratios 0.1, -0.2, 0.3 on one sequence: the term's token mean is (0.01 + 0.04 + 0.09) / 3."""
+    monkeypatch.setitem(LOSS_TERMS, "l2", logratio_l2)
+    logp = torch.tensor([[0.1, -0.2, 0.3]], requires_grad=True)
+    old, mask, adv = torch.zeros(1, 3), torch.ones(1, 3), torch.tensor([0.0])  # A = 0: the pg term is 0
+    value, m = policy_loss(logp, old, adv, mask, beta=0.0, loss_terms="l2=2")
+    assert m["l2"] == pytest.approx(0.14 / 3) and isinstance(m["l2"], Share)
+    assert value.item() == pytest.approx(2 * 0.14 / 3)
+    assert torch.allclose(torch.autograd.grad(value, logp)[0], 2 * 2 * logp.detach() / 3)
+    _, m_off = policy_loss(logp, old, adv, mask, beta=0.0)
+    assert "l2" not in m_off
+    for text, message in (("l2", "not NAME=COEF"), ("l2=inf", "finite"), ("nope=1", "unknown term 'nope'"),
+                          ("l2=1,l2=2", "given twice")):
+        with pytest.raises(ValueError, match=f"--loss-terms: .*{message}"):
+            policy_loss(logp, old, adv, mask, loss_terms=text)
+
+
+def is_case():
+    """One sequence of 3 tokens (and a padded 4th) with pi_old / pi_sampler = 2, 0.5, 4 (junk 1e6 on the pad)."""
+    old = torch.zeros(1, 4)
+    sampler = old - torch.log(torch.tensor([[2.0, 0.5, 4.0, 1e6]]))
+    return old, sampler, torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+
+
+def test_sequence_truncated_is_by_hand():
+    """seq-tis: w = min(prod_t pi_old / pi_sampler, C) on every token, from the loss tokens only: prod = 2 x 0.5 x 4 =
+    4, so C = 3 gives 3 (capped on every token), C = 5 gives 4; computed in log space and detached."""
+    assert "seq-tis" in IS_CORRECTIONS
+    old, sampler, mask = is_case()
+    w, capped = IS_CORRECTIONS["seq-tis"](old, sampler, mask, 3.0)
+    assert torch.allclose(w[:, :3], torch.full((1, 3), 3.0)) and capped[:, :3].all()
+    w, capped = IS_CORRECTIONS["seq-tis"](old.requires_grad_(), sampler, mask, 5.0)
+    assert torch.allclose(w[:, :3], torch.full((1, 3), 4.0)) and not capped[:, :3].any() and not w.requires_grad
+    logp = old.detach().clone().requires_grad_()
+    loss, m = policy_loss(logp, old.detach(), torch.tensor([1.0]), mask, beta=0.0, is_correction="seq-tis",
+                          sampler_logp=sampler, is_cap=3.0)
+    assert loss.item() == pytest.approx(-3.0) and m["is_clip_frac"] == 1.0  # -A rho w, rho = 1
+    assert m["is_ratio_mean"] == pytest.approx((2 + 0.5 + 4) / 3)  # the per-token ratios, as for token-tis
+
+
+def test_token_and_sequence_masks_by_hand():
+    """token-mask: w_t = pi_old / pi_sampler inside [1/C, C], else 0. C = 3: ratios 2, 0.5 stay, 4 is dropped (1/3 of
+    the tokens masked). seq-mask: the product 4 is outside [1/3, 3], so the whole sequence drops (weight 0, still in
+    the denominator); with C = 5 it stays with weight 4 on every token. C < 1 leaves an empty band: an error."""
+    assert {"token-mask", "seq-mask"} <= set(IS_CORRECTIONS)
+    old, sampler, mask = is_case()
+    w, masked = IS_CORRECTIONS["token-mask"](old, sampler, mask, 3.0)
+    assert torch.allclose(w[:, :3], torch.tensor([[2.0, 0.5, 0.0]])) and masked[:, :3].tolist() == [[False, False,
+                                                                                                    True]]
+    w, masked = IS_CORRECTIONS["seq-mask"](old, sampler, mask, 3.0)
+    assert torch.equal(w[:, :3], torch.zeros(1, 3)) and masked[:, :3].all()
+    w, masked = IS_CORRECTIONS["seq-mask"](old, sampler, mask, 5.0)
+    assert torch.allclose(w[:, :3], torch.full((1, 3), 4.0)) and not masked[:, :3].any()
+    logp = old.clone().requires_grad_()
+    loss, m = policy_loss(logp, old, torch.tensor([1.0]), mask, beta=0.0, is_correction="token-mask",
+                          sampler_logp=sampler, is_cap=3.0)
+    assert loss.item() == pytest.approx(-(2 + 0.5 + 0) / 3) and m["is_clip_frac"] == pytest.approx(1 / 3)
+    assert torch.allclose(torch.autograd.grad(loss, logp)[0], -torch.tensor([[2.0, 0.5, 0.0, 0.0]]) / 3)
+    for name in ("token-mask", "seq-mask"):
+        with pytest.raises(ValueError, match="--is-cap 0.5: a mask correction keeps ratios in"):
+            policy_loss(logp, old, torch.tensor([1.0]), mask, is_correction=name, sampler_logp=sampler, is_cap=0.5)

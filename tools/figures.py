@@ -39,7 +39,7 @@ CURVE_KEYS = [  # (metrics key, panel title), in panel order; keys no run logged
     ("reward/mean", "mean reward"),
     ("reward/pass_rate", "pass rate"),
     ("loss/pg", "policy-gradient loss"),
-    ("loss/kl", "KL to reference (k3)"),
+    ("loss/kl", "KL to reference"),  # and the runs' --kl-estimator (kl_estimator_of)
     ("response/len_mean", "mean response length (tokens)"),
     ("grad/norm", "gradient norm"),
     ("adv/zero_group_frac", "fraction of zero-advantage groups"),
@@ -129,6 +129,18 @@ def _series(rows: list[dict], key: str):
     return xs, ys
 
 
+def kl_estimator_of(metrics_path: str) -> str | None:
+    """The --kl-estimator of the run that wrote `metrics_path`, from the args its newest checkpoint saved (k3 where
+    they predate the flag: k3 was the only one); None without a readable checkpoint."""
+    from plumbing.checkpoint import CheckpointError, find_checkpoint, read_trainer_state
+
+    ckpt = find_checkpoint(os.path.dirname(os.path.abspath(metrics_path)))
+    try:
+        return read_trainer_state(ckpt)["args"].get("kl_estimator", "k3") if ckpt else None
+    except (CheckpointError, OSError):
+        return None
+
+
 def plot_training_curves(metrics_paths: list[str], out_path: str, labels: list[str] | None = None) -> str:
     """A panel per main metric (CURVE_KEYS that any run logged), every run overlaid with its label."""
     if isinstance(metrics_paths, str):
@@ -147,7 +159,9 @@ def plot_training_curves(metrics_paths: list[str], out_path: str, labels: list[s
     ncols = min(3, len(keys))
     nrows = math.ceil(len(keys) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.2 * nrows), squeeze=False)
+    estimators = sorted(set(filter(None, map(kl_estimator_of, metrics_paths))))  # the KL panel names them
     for ax, (key, title) in zip(axes.flat, keys):
+        title = f"{title} ({' / '.join(estimators)})" if key == "loss/kl" and estimators else title
         for label, rows in runs:
             xs, ys = _series(rows, key)
             if ys:
