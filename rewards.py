@@ -41,45 +41,10 @@ from typing import Any
 from plumbing.boxes import _depth, _last_box_run, last_boxed, last_boxes, plain_number  # noqa: F401 (re-exported)
 from plumbing.math_worker import MathWorker
 
-MATH_TIMEOUT_S = 3.0  # wall time for one math-verify call before the worker is killed (counted in reward/errors)
-MAX_ANSWER_CHARS = 1000  # math answers: the boxed content, or without a box the tail, that reaches sympy
-MAX_DEPTH = 10  # deeper bracket nesting scores 0 without parsing: its parse alone can outlast the timeout
-MAX_EXPR_CHARS = 200  # a Countdown expression over four numbers is ~25 characters
-MAX_WORDS = 20_000  # per side, for the O(n * m / 64) LCS
-
-
-def _text(value) -> str:
-    """Model output as str; bytes are decoded with replacement, anything else stringified."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value).decode("utf-8", errors="replace")
-    return "" if value is None else str(value)
-
-
-STRICT = os.environ.get("SOFTMAX_GRPO_STRICT_REWARDS", "") == "1"  # True: a reward's exception raises
-_errors = {"count": 0, "printed": False}
-_errors_lock = threading.Lock()
-
-
-def take_error_count() -> int:
-    """Exceptions the rewards caught (and scored 0) since the last call; resets the count."""
-    with _errors_lock:
-        count, _errors["count"] = _errors["count"], 0
-    return count
-
-
-def _count_error(message: str):
-    """Count one reward error (reward/errors); print `message` for the first one of the run."""
-    with _errors_lock:
-        _errors["count"] += 1
-        first, _errors["printed"] = not _errors["printed"], True
-    if first:
-        print(f"rewards.py: {message}; later errors are only counted (reward/errors).", file=sys.stderr, flush=True)
-
 
 def safe_reward(fn):
-    """Make a reward total: an exception scores 0 (counted; the first traceback printed); clip to [0, 1]."""
+    """Make a reward total (every reward below wears it): an exception scores 0 (counted; the first traceback
+    printed); clip to [0, 1]."""
     @functools.wraps(fn)
     def wrapped(*args):
         try:
@@ -93,60 +58,7 @@ def safe_reward(fn):
     return wrapped
 
 
-def final_answer(text) -> str:
-    """Text after the last </think> when present, then inside the last <answer>...</answer>.
-
-    "" when a <think> is never closed: the trace was cut off before any answer (departure 4).
-    """
-    text = _text(text)
-    end = text.rfind("</think>")
-    if end >= 0:
-        text = text[end + len("</think>"):]
-    elif "<think>" in text:
-        return ""
-    start = text.rfind("<answer>")
-    if start >= 0:
-        text = text[start + len("<answer>"):]
-        close = text.find("</answer>")
-        text = text if close < 0 else text[:close]  # unclosed (truncated) answer: keep the rest
-    return text.strip()
-
-
 # ---------------------------------------------------------------- math (GSM8K, DeepMath)
-_math_worker = MathWorker(timeout=MATH_TIMEOUT_S, on_failure=_count_error)  # a timeout is a counted error
-os.register_at_fork(after_in_child=lambda: globals().update(
-    _math_worker=MathWorker(timeout=MATH_TIMEOUT_S, on_failure=_count_error)))
-atexit.register(lambda: _math_worker.close())
-
-
-_UNIT_WORDS = re.compile(r"(?:\\(?:text|mbox|textrm)\{\s*)?(-?[0-9][0-9,]*(?:\.[0-9]+)?)"
-                         r"(?:\s+|\s*\}?\s*\\(?:text|mbox|textrm)\{\s*)[A-Za-z]{2,}(?:\s+[A-Za-z]+)*\.?\s*\}?")
-
-
-_FINAL_STATEMENT = re.compile(r"final answer is\b", re.IGNORECASE)  # the phrase math-verify's extraction ranks first
-
-
-def math_answer(completion) -> str:
-    """What math-verify judges: \\boxed{the last run of boxes} wherever it is in the answer; but a statement
-    "the final answer is ..." after it (or with no box at all) is the answer, up to its line's end; else the
-    answer's tail.
-
-    A number followed by unit words in the box is the number; the unicode minus is "-" (departure 4).
-    """
-    answer = final_answer(completion).replace("\u2212", "-")
-    boxes, box_end = _last_box_run(answer, limit=MAX_ANSWER_CHARS)
-    stated = [match.start() for match in _FINAL_STATEMENT.finditer(answer)]
-    if stated and stated[-1] > box_end:
-        line_end = answer.find("\n", stated[-1])
-        return answer[stated[-1]:line_end if line_end >= 0 else len(answer)][:MAX_ANSWER_CHARS]
-    if not boxes:
-        return answer[-MAX_ANSWER_CHARS:]
-    boxes = [units.group(1) if (units := _UNIT_WORDS.fullmatch(box)) else box for box in boxes]
-    if sum(map(len, boxes)) > MAX_ANSWER_CHARS:  # a run too long for sympy: its last box alone
-        boxes = boxes[-1:]
-    return "\\boxed{" + ", ".join(boxes) + "}"  # several boxes: one set, as math-verify reads them
-
-
 @safe_reward
 def math_reward(completion, gold) -> float:
     """1.0 when the final answer equals `gold` under math-verify, with gold wrapped in \\boxed{}."""
@@ -159,47 +71,6 @@ def math_reward(completion, gold) -> float:
 
 
 # ---------------------------------------------------------------- Countdown
-_OPERATORS = {"×": "*", "÷": "/", "−": "-", "–": "-", "·": "*", "\\times": "*", "\\cdot": "*",
-              "\\div": "/", "\\left": "", "\\right": "", "$": ""}
-class _DivisionByZero(Exception):
-    """A model's expression divides by zero: a wrong answer, not a bug."""
-
-
-_ALLOWED_NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant,
-                  ast.Add, ast.Sub, ast.Mult, ast.Div, ast.USub, ast.UAdd)
-
-
-def countdown_expression(completion) -> str:
-    """The candidate expression: last \\boxed{} of the final answer, else its last non-empty line."""
-    answer = final_answer(completion)
-    boxed = last_boxed(answer)
-    lines = [line for line in answer.splitlines() if line.strip()]
-    expr = boxed if boxed is not None else (lines[-1] if lines else "")
-    for symbol, ascii_op in _OPERATORS.items():
-        expr = expr.replace(symbol, ascii_op)
-    return expr.strip().rstrip(".").strip()
-
-
-def _evaluate(node) -> Fraction:
-    """Exact rational value of a tree that already passed the whitelist."""
-    if isinstance(node, ast.Expression):
-        return _evaluate(node.body)
-    if isinstance(node, ast.Constant):
-        return Fraction(node.value)
-    if isinstance(node, ast.UnaryOp):
-        return -_evaluate(node.operand) if isinstance(node.op, ast.USub) else _evaluate(node.operand)
-    left, right = _evaluate(node.left), _evaluate(node.right)
-    if isinstance(node.op, ast.Add):
-        return left + right
-    if isinstance(node.op, ast.Sub):
-        return left - right
-    if isinstance(node.op, ast.Mult):
-        return left * right
-    if right == 0:
-        raise _DivisionByZero
-    return left / right
-
-
 @safe_reward
 def countdown_reward(completion, numbers, target) -> float:
     """1.0 when the expression uses each of `numbers` exactly once, only + - * / ( ), = target."""
@@ -239,37 +110,6 @@ def integer_reward(completion, gold) -> float:
 
 
 # ---------------------------------------------------------------- similarity (Appendix B.5)
-_NO_PUNCTUATION = str.maketrans("", "", string.punctuation)
-
-
-def squad_words(text) -> list[str]:
-    """SQuAD v1.1 normalisation: lowercase, drop punctuation, drop a/an/the, split on whitespace."""
-    text = _text(text).lower().translate(_NO_PUNCTUATION)
-    return re.sub(r"\b(a|an|the)\b", " ", text).split()
-
-
-def lcs_length(a: list[str], b: list[str]) -> int:
-    """Longest common subsequence of two word lists, bit-parallel over b (Hyyro 2004)."""
-    positions = {}
-    for j, word in enumerate(b):
-        positions[word] = positions.get(word, 0) | (1 << j)  # bit j set where b[j] == word
-    full = (1 << len(b)) - 1
-    v = full  # zero bits of v mark the LCS so far
-    for word in a:
-        match = positions.get(word)
-        if match:
-            u = v & match
-            v = ((v + u) | (v - u)) & full
-    return len(b) - v.bit_count()
-
-
-def _f1(overlap: int, n_pred: int, n_ref: int) -> float:
-    if overlap == 0:
-        return 0.0
-    precision, recall = overlap / n_pred, overlap / n_ref
-    return 2 * precision * recall / (precision + recall)
-
-
 @safe_reward
 def similarity_reward(completion, reference) -> float:
     """r_sim = 0.6 * F1_SQuAD + 0.4 * ROUGE-L F1 of the final answer vs `reference` (Appendix B.5)."""
@@ -302,3 +142,169 @@ REWARD_TERMS: dict[str, Callable[[str, Any], float]] = {
     "sim": lambda completion, example: similarity_reward(completion, example.reference),  # Appendix B.5
     "format": lambda completion, example: format_reward(completion),  # the official OpenThoughts run: 0.35 of it
 }
+
+
+# ---------------------------------------------------------------- reading the answer the rewards above score
+def final_answer(text) -> str:
+    """Text after the last </think> when present, then inside the last <answer>...</answer>.
+
+    "" when a <think> is never closed: the trace was cut off before any answer (departure 4).
+    """
+    text = _text(text)
+    end = text.rfind("</think>")
+    if end >= 0:
+        text = text[end + len("</think>"):]
+    elif "<think>" in text:
+        return ""
+    start = text.rfind("<answer>")
+    if start >= 0:
+        text = text[start + len("<answer>"):]
+        close = text.find("</answer>")
+        text = text if close < 0 else text[:close]  # unclosed (truncated) answer: keep the rest
+    return text.strip()
+
+
+_UNIT_WORDS = re.compile(r"(?:\\(?:text|mbox|textrm)\{\s*)?(-?[0-9][0-9,]*(?:\.[0-9]+)?)"
+                         r"(?:\s+|\s*\}?\s*\\(?:text|mbox|textrm)\{\s*)[A-Za-z]{2,}(?:\s+[A-Za-z]+)*\.?\s*\}?")
+
+
+_FINAL_STATEMENT = re.compile(r"final answer is\b", re.IGNORECASE)  # the phrase math-verify's extraction ranks first
+
+
+def math_answer(completion) -> str:
+    """What math-verify judges: \\boxed{the last run of boxes} wherever it is in the answer; but a statement
+    "the final answer is ..." after it (or with no box at all) is the answer, up to its line's end; else the
+    answer's tail.
+
+    A number followed by unit words in the box is the number; the unicode minus is "-" (departure 4).
+    """
+    answer = final_answer(completion).replace("\u2212", "-")
+    boxes, box_end = _last_box_run(answer, limit=MAX_ANSWER_CHARS)
+    stated = [match.start() for match in _FINAL_STATEMENT.finditer(answer)]
+    if stated and stated[-1] > box_end:
+        line_end = answer.find("\n", stated[-1])
+        return answer[stated[-1]:line_end if line_end >= 0 else len(answer)][:MAX_ANSWER_CHARS]
+    if not boxes:
+        return answer[-MAX_ANSWER_CHARS:]
+    boxes = [units.group(1) if (units := _UNIT_WORDS.fullmatch(box)) else box for box in boxes]
+    if sum(map(len, boxes)) > MAX_ANSWER_CHARS:  # a run too long for sympy: its last box alone
+        boxes = boxes[-1:]
+    return "\\boxed{" + ", ".join(boxes) + "}"  # several boxes: one set, as math-verify reads them
+
+
+_OPERATORS = {"×": "*", "÷": "/", "−": "-", "–": "-", "·": "*", "\\times": "*", "\\cdot": "*",
+              "\\div": "/", "\\left": "", "\\right": "", "$": ""}
+
+
+class _DivisionByZero(Exception):
+    """A model's expression divides by zero: a wrong answer, not a bug."""
+
+
+_ALLOWED_NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant,
+                  ast.Add, ast.Sub, ast.Mult, ast.Div, ast.USub, ast.UAdd)
+
+
+def countdown_expression(completion) -> str:
+    """The candidate expression: last \\boxed{} of the final answer, else its last non-empty line."""
+    answer = final_answer(completion)
+    boxed = last_boxed(answer)
+    lines = [line for line in answer.splitlines() if line.strip()]
+    expr = boxed if boxed is not None else (lines[-1] if lines else "")
+    for symbol, ascii_op in _OPERATORS.items():
+        expr = expr.replace(symbol, ascii_op)
+    return expr.strip().rstrip(".").strip()
+
+
+def _evaluate(node) -> Fraction:
+    """Exact rational value of a tree that already passed the whitelist."""
+    if isinstance(node, ast.Expression):
+        return _evaluate(node.body)
+    if isinstance(node, ast.Constant):
+        return Fraction(node.value)
+    if isinstance(node, ast.UnaryOp):
+        return -_evaluate(node.operand) if isinstance(node.op, ast.USub) else _evaluate(node.operand)
+    left, right = _evaluate(node.left), _evaluate(node.right)
+    if isinstance(node.op, ast.Add):
+        return left + right
+    if isinstance(node.op, ast.Sub):
+        return left - right
+    if isinstance(node.op, ast.Mult):
+        return left * right
+    if right == 0:
+        raise _DivisionByZero
+    return left / right
+
+
+_NO_PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+
+def squad_words(text) -> list[str]:
+    """SQuAD v1.1 normalisation: lowercase, drop punctuation, drop a/an/the, split on whitespace."""
+    text = _text(text).lower().translate(_NO_PUNCTUATION)
+    return re.sub(r"\b(a|an|the)\b", " ", text).split()
+
+
+def lcs_length(a: list[str], b: list[str]) -> int:
+    """Longest common subsequence of two word lists, bit-parallel over b (Hyyro 2004)."""
+    positions = {}
+    for j, word in enumerate(b):
+        positions[word] = positions.get(word, 0) | (1 << j)  # bit j set where b[j] == word
+    full = (1 << len(b)) - 1
+    v = full  # zero bits of v mark the LCS so far
+    for word in a:
+        match = positions.get(word)
+        if match:
+            u = v & match
+            v = ((v + u) | (v - u)) & full
+    return len(b) - v.bit_count()
+
+
+def _f1(overlap: int, n_pred: int, n_ref: int) -> float:
+    if overlap == 0:
+        return 0.0
+    precision, recall = overlap / n_pred, overlap / n_ref
+    return 2 * precision * recall / (precision + recall)
+
+
+def _text(value) -> str:
+    """Model output as str; bytes are decoded with replacement, anything else stringified."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", errors="replace")
+    return "" if value is None else str(value)
+
+
+# ---------------------------------------------------------------- limits, and the errors the rewards count
+MATH_TIMEOUT_S = 3.0  # wall time for one math-verify call before the worker is killed (counted in reward/errors)
+MAX_ANSWER_CHARS = 1000  # math answers: the boxed content, or without a box the tail, that reaches sympy
+MAX_DEPTH = 10  # deeper bracket nesting scores 0 without parsing: its parse alone can outlast the timeout
+MAX_EXPR_CHARS = 200  # a Countdown expression over four numbers is ~25 characters
+MAX_WORDS = 20_000  # per side, for the O(n * m / 64) LCS
+
+
+STRICT = os.environ.get("SOFTMAX_GRPO_STRICT_REWARDS", "") == "1"  # True: a reward's exception raises
+_errors = {"count": 0, "printed": False}
+_errors_lock = threading.Lock()
+
+
+def take_error_count() -> int:
+    """Exceptions the rewards caught (and scored 0) since the last call; resets the count."""
+    with _errors_lock:
+        count, _errors["count"] = _errors["count"], 0
+    return count
+
+
+def _count_error(message: str):
+    """Count one reward error (reward/errors); print `message` for the first one of the run."""
+    with _errors_lock:
+        _errors["count"] += 1
+        first, _errors["printed"] = not _errors["printed"], True
+    if first:
+        print(f"rewards.py: {message}; later errors are only counted (reward/errors).", file=sys.stderr, flush=True)
+
+
+_math_worker = MathWorker(timeout=MATH_TIMEOUT_S, on_failure=_count_error)  # a timeout is a counted error
+os.register_at_fork(after_in_child=lambda: globals().update(
+    _math_worker=MathWorker(timeout=MATH_TIMEOUT_S, on_failure=_count_error)))
+atexit.register(lambda: _math_worker.close())
