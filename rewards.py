@@ -12,7 +12,7 @@ the test suite runs that way (tests/conftest.py).
     final_answer(text)                     answer part of a think-then-answer completion
     math_reward(completion, gold)          math-verify against \\boxed{gold} (GSM8K, DeepMath)
     countdown_reward(completion, numbers, target)   exact rational check of an expression (Countdown)
-    integer_reward(completion, gold)       last integer or boxed integer (the `arith` demo task)
+    integer_reward(completion, gold)       last number or boxed number, a whole one (the `arith` demo task)
     similarity_reward(completion, reference)   r_sim = 0.6 F1_SQuAD + 0.4 ROUGE-L F1 (Appendix B.5)
     format_reward(completion)              1 for exactly one non-empty <think>...</think> + an answer
     REWARD_TERMS                           --reward-weights' terms by name, each (completion, example) -> float;
@@ -101,12 +101,12 @@ def countdown_reward(completion, numbers, target) -> float:
 # ---------------------------------------------------------------- arith (CPU demo)
 @safe_reward
 def integer_reward(completion, gold) -> float:
-    """1.0 when the boxed answer, else the last integer of the final answer, equals int(gold)."""
-    answer = final_answer(completion).replace("\u2212", "-")
-    boxed = last_boxed(answer)
-    answer = (boxed if boxed is not None else answer)[-MAX_ANSWER_CHARS:]
-    found = re.findall(r"-?[0-9]+(?:,[0-9]{3})*", answer)
-    return float(bool(found) and int(found[-1].replace(",", "")) == int(_text(gold).strip()))
+    """1.0 when the boxed answer, else the last number of the final answer, is the integer `gold`: both read by
+    integer_answer, so "2.5" and "1,5" are not 5 (nor 25 or 15) and "1,234" is 1234 on either side."""
+    answer, gold = integer_answer(completion), integer_answer(gold)
+    if not re.fullmatch(r"-?[0-9]+", gold):
+        raise ValueError(f"integer_reward: the gold answer {gold!r} is not an integer")  # a bad row, not a miss
+    return float(answer == gold)
 
 
 # ---------------------------------------------------------------- similarity (Appendix B.5)
@@ -190,6 +190,27 @@ def math_answer(completion) -> str:
     if sum(map(len, boxes)) > MAX_ANSWER_CHARS:  # a run too long for sympy: its last box alone
         boxes = boxes[-1:]
     return "\\boxed{" + ", ".join(boxes) + "}"  # several boxes: one set, as math-verify reads them
+
+
+# A number as written: digits with "," "." or "/" inside ("1,234", "2.5", "3/4", "1,5") and an exponent ("1e5").
+_NUMBER = re.compile(r"-?[0-9]+(?:[.,/][0-9]+)*(?:[eE][-+]?[0-9]+)?")
+
+
+def integer_answer(text) -> str:
+    """What integer_reward compares, and eval.py reports for arith: the last \\boxed{} of the final answer, else
+    the final answer, read for its last number. A whole number comes back as its digits ("1,234" -> "1234",
+    "7.0" -> "7", "-3"); any other number as written ("2.5", "1,5", "3/4", "1e5"), which equals no integer gold;
+    "" when there is none. A comma is a thousands separator only between groups of three digits."""
+    answer = final_answer(text).replace("\u2212", "-")
+    boxed = last_boxed(answer)
+    found = _NUMBER.findall((boxed if boxed is not None else answer)[-MAX_ANSWER_CHARS:])
+    if not found:
+        return ""
+    number = found[-1]
+    if re.fullmatch(r"-?[0-9]{1,3}(?:,[0-9]{3})+|-?[0-9]+(?:\.0+)?", number):
+        number = number.replace(",", "").split(".")[0]
+        return str(int(number))  # "007" -> "7", "-0" -> "0"
+    return number
 
 
 _OPERATORS = {"×": "*", "÷": "/", "−": "-", "–": "-", "·": "*", "\\times": "*", "\\cdot": "*",

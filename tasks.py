@@ -25,6 +25,7 @@ from rewards import (
     countdown_expression,
     countdown_reward,
     final_answer,
+    integer_answer,
     integer_reward,
     last_boxed,
     math_reward,
@@ -123,7 +124,7 @@ TASKS: dict[str, Task] = {task.name: task for task in [
          key=("conversations",), key_text=lambda row: _openthoughts_turns(row["conversations"])[0],
          make_example=lambda row: _openthoughts(row), prompt_tokens=2048),  # the official openthoughts.yaml
     Task(name="arith", generate=lambda split, limit, seed: _arith(split, limit, seed),
-         verifier=lambda completion, ex: integer_reward(completion, ex.gold), answer=lambda text: _last_integer(text),
+         verifier=lambda completion, ex: integer_reward(completion, ex.gold), answer=integer_answer,
          prompt_tokens=40),
     Task(name="countdown24", generate=lambda split, limit, seed: _countdown24(split, limit, seed),
          verifier=lambda completion, ex: countdown_reward(completion, ex.meta["numbers"], ex.meta["target"]),
@@ -185,6 +186,7 @@ class Example:
     reference: str  # demonstration for the similarity reward ("" when none)
     meta: dict = field(default_factory=dict)  # task extras, JSON-serialisable
     uid: str = ""  # stable id: task name + hash of the prompt (+ "#pass" for repeated problems)
+    source: str = ""  # where its row is, "rows.jsonl line 3", for errors about it ("" when generated)
 
 
 # ---------------------------------------------------------------- prompts, and the row readers TASKS names
@@ -205,16 +207,15 @@ def _boxed_or_answer(completion: str) -> str:
     return answer if boxed is None else boxed
 
 
-def _last_integer(completion: str) -> str:
-    found = re.findall(r"-?[0-9]+", _boxed_or_answer(completion).replace(",", "")[-1000:])
-    return found[-1] if found else ""
-
-
 def _gsm8k(row: dict) -> Example:
     if "####" not in str(row["answer"]):
         raise ValueError("its answer has no final '#### N'")
     reasoning, _, answer = str(row["answer"]).rpartition("####")
-    gold = answer.strip().replace(",", "")
+    gold = answer.strip()
+    if not re.fullmatch(r"-?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?", gold):  # "1,5": 15, or 1.5?
+        raise ValueError(f"its final answer '#### {gold}' is not one number (a comma may only group thousands, "
+                         "as in 1,500)")
+    gold = gold.replace(",", "")  # as math_reward reads a gold (plumbing/boxes.py: plain_number)
     reasoning = re.sub(r"<<[^>]*>>", "", reasoning).strip()  # drop calculator notes "<<48/2=24>>"
     return Example(_chat(f"{row['question']}\n{BOXED}"), gold, f"{reasoning}\nThe answer is \\boxed{{{gold}}}.")
 
