@@ -230,7 +230,7 @@ def check_args(args: Args) -> str | None:
                                     "--steps and --max-tokens must be >= 1"),
         (args.M >= 2, f"--M must be >= 2, got {args.M}: a group advantage compares a prompt's samples, and in a "
                       "group of one every advantage is 0"),
-        (args.rollout_batch % (world * args.minibatches) == 0,
+        (args.rollout_batch % max(1, world * args.minibatches) == 0,  # the list is built whole: 0 is refused above
          f"--rollout-batch ({args.rollout_batch}) must divide evenly by ranks x minibatches ({world} x "
          f"{args.minibatches})"),
         (math.isfinite(args.lr) and args.lr > 0 and args.max_grad_norm > 0,
@@ -279,7 +279,8 @@ def check_args(args: Args) -> str | None:
     for ok, message in rules:
         if not ok:
             return message
-    if error := checks.input_error(args, splits=("train", "test") if args.eval_examples else ("train",)):
+    splits = ("train", "test") if args.eval_examples else ("train",)
+    if error := checks.data_file_error(args, splits) or checks.model_flag_error(args):
         return error
     if args.demo_file and getattr(task, "demos", None) is None:
         return f"--demo-file: task {args.task} keeps its demonstrations in its own rows (only countdown joins them)"

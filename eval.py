@@ -152,7 +152,7 @@ def parse_args(argv=None):
         parser.error("--limit and --batch-size must be >= 1, --samples >= 0")
     # train.py's checks of the flags both commands take (plumbing/checks.py), so each means the same in both
     if error := checks.sampling_flag_error(args, seed_max=checks.SEED_LIMIT - 1, seed_why=" (the sampler's seed "
-                                           "takes 32 bits)") or checks.input_error(args, splits=(args.split,)):
+                                           "takes 32 bits)") or checks.data_file_error(args, (args.split,)):
         parser.error(error)
     args.out = args.out or os.path.join(args.model if os.path.isdir(args.model) else ".",
                                         f"eval_{args.task}_{args.split}.json")  # by default beside the model
@@ -202,6 +202,8 @@ def main(argv=None) -> dict:
         weights = reward_weights(task, args.reward, args.reward_weights) if args.reward_weights else None
         examples = task.load(args.split, data_file=args.data_file, limit=args.limit, seed=args.seed,
                              demos="sim" in (weights or {args.reward: 1}), demo_file=args.demo_file)  # joined
+        if error := checks.model_flag_error(args):  # before the judge and the model: a hub id with no hub, ...
+            raise ModelLoadError(error)
         if not examples:  # a pass@1 of 0.0 over no rows would read as a result
             raise DataError(f"no {args.split} rows to evaluate in {args.data_file or task.name} (tasks.py holds out "
                             "~10% by prompt hash; a {split} file holds one split): nothing is scored")

@@ -135,14 +135,18 @@ def sampling_flag_error(args, *, seed_max: int, seed_why: str = "") -> str | Non
     return None
 
 
-def input_error(args, splits) -> str | None:
-    """The first problem with --data-file (each of `splits`' files when its name holds "{split}") or --model
-    (its files, the hub when it is a hub id, its context against --max-tokens) as one line, or None."""
+def data_file_error(args, splits) -> str | None:
+    """The problem with --data-file (each of `splits`' files when its name holds "{split}") as one line, or None."""
     from plumbing.data import data_file_error
+
+    return data_file_error(args.data_file, splits=splits) if args.data_file else None
+
+
+def model_flag_error(args) -> str | None:
+    """The first problem with --model (its files; the hub, when it is a hub id) or with --max-tokens against its
+    context, as one line, or None."""
     from plumbing.models import model_context, model_error
 
-    if args.data_file and (error := data_file_error(args.data_file, splits=splits)):
-        return error
     if error := model_error(args.model):
         return error
     context = model_context(args.model)  # a local folder's config.json; None for a hub id (checked at load)

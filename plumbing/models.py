@@ -51,8 +51,8 @@ def model_error(model: str) -> str | None:
         return f"--model {model}: {error}" if error else None
     if os.path.exists(model):
         return f"--model {model} is a file; pass a model folder, a hub id or the alias smollm2-135m"
-    if model.startswith((".", "/", "~")) or model.count("/") > 1:  # a path, not an "org/name" hub id
-        return f"--model {model}: no such folder"
+    if model.startswith((".", "/", "~")) or model.count("/") > 1:  # a path, not a hub id ("org/name", "gpt2")
+        return None  # the load says so in its one line (model_load_error)
     if not _offline() and not hub_reachable():
         return (f"--model {model}: cannot reach the Hugging Face Hub to download it; pass a local model folder, or "
                 "set HF_HUB_OFFLINE=1 to use a cached copy")

@@ -215,7 +215,8 @@ def test_a_prompt_longer_than_the_models_context_is_one_line_naming_its_row(tiny
     before = snapshot(tmp_path)
     result = run("train.py", "--task", "gsm8k", "--model", tiny_model_dir, "--data-file", data, "--max-tokens", "16",
                  "--out-dir", tmp_path / "run")
-    assert_one_line(result, 1, "train.py: error: row ", "tokens, more than the 1008 the model's context leaves")
+    assert_one_line(result, 1, f"train.py: error: {data} line 3 ", "tokens, more than the 1008 the model's context "
+                    "leaves")
     assert snapshot(tmp_path) == before and not (tmp_path / "run" / "metrics.jsonl").exists()
 
 

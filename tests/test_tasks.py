@@ -182,7 +182,8 @@ def test_data_errors_are_one_line(tmp_path, monkeypatch):
     assert "openai/gsm8k" in message and "--data-file" in message
     monkeypatch.undo()
 
-    assert "x.jsonl does not exist" in one_line_error(lambda: get_task("gsm8k").load(data_file=str(tmp_path / "x.jsonl")))
+    missing = str(tmp_path / "x.jsonl")
+    assert "x.jsonl does not exist" in one_line_error(lambda: get_task("gsm8k").load(data_file=missing))
     assert ".parquet" in one_line_error(lambda: get_task("gsm8k").load(data_file=str(tmp_path / "x.csv")))
     broken = tmp_path / "broken.jsonl"
     broken.write_text("{not json\n")
