@@ -156,7 +156,7 @@ def parse_args(argv=None):
         parser.error(error)
     args.out = args.out or os.path.join(args.model if os.path.isdir(args.model) else ".",
                                         f"eval_{args.task}_{args.split}.json")  # by default beside the model
-    # before anything loads: an unwritable --out or a damaged model file costs a second, not an evaluation
+    # before anything loads: an unwritable --out costs a second, not an evaluation (the model: main, before it loads)
     if error := write_error(args.out, "--out"):
         parser.error(error)
     return args
