@@ -20,7 +20,8 @@ import torch
 
 from advantage import ESTIMATORS, compute_advantages, estimator_params, hyperparameter_ranges, hyperparameters
 from loss import OPTION_CHOICES, ROW_FILTERS, policy_loss
-from plumbing.checkpoint import find_checkpoint, model_file_error, resume_error
+from plumbing import checks
+from plumbing.checkpoint import find_checkpoint, resume_error
 from plumbing.cli import OneLineParser, first_line
 from plumbing.models import has_bf16_units
 from plumbing.run_folder import run_dir, run_folder_error  # noqa: F401 (config.run_dir)
@@ -245,11 +246,10 @@ def check_args(args: Args) -> str | None:
     for name, registry in choices().items():
         if getattr(args, name) not in registry:
             return f"{flag(name)} must be one of {', '.join(registry)}"
-    world = int(os.environ.get("WORLD_SIZE", 1))
+    world = args.plan_gpus if args.plan else int(os.environ.get("WORLD_SIZE", 1))  # --plan: the ranks it plans
     rules = [
-        (args.sampler == "hf" or (args.sampler == "auto" and not torch.cuda.is_available())
-         or importlib.util.find_spec("vllm") is not None, f"--sampler {args.sampler} samples with vLLM, which is not "
-         "installed: pip install -r requirements-vllm.txt, or pass --sampler hf (much slower)"),
+        (not args.plan or (args.plan_gpus >= 1 and math.isfinite(args.plan_gpu_gb) and args.plan_gpu_gb > 0),
+         "--plan-gpus must be >= 1 and --plan-gpu-gb finite and > 0"),
         (math.isfinite(args.is_cap) and args.is_cap > 0, "--is-cap must be finite and > 0"),
         (math.isfinite(args.entropy_coef), "--entropy-coef must be finite"),
         (args.reward != "exact" or task.has_verifier or args.reward_weights,
@@ -259,7 +259,7 @@ def check_args(args: Args) -> str | None:
                                     "--steps and --max-tokens must be >= 1"),
         (args.M >= 2, f"--M must be >= 2, got {args.M}: a group advantage compares a prompt's samples, and in a "
                       "group of one every advantage is 0"),
-        (args.rollout_batch % (world * args.minibatches) == 0,
+        (args.rollout_batch % max(1, world * args.minibatches) == 0,  # the list is built whole: 0 is refused above
          f"--rollout-batch ({args.rollout_batch}) must divide evenly by ranks x minibatches ({world} x "
          f"{args.minibatches})"),
         (math.isfinite(args.lr) and args.lr > 0 and args.max_grad_norm > 0,
@@ -270,46 +270,61 @@ def check_args(args: Args) -> str | None:
          "--max-num-seqs must be >= 0"),
         (math.isfinite(args.weight_decay) and args.weight_decay >= 0 and math.isfinite(args.beta) and args.beta >= 0,
          "--weight-decay and --beta must be finite and >= 0"),
-        (1e-3 <= args.temperature < math.inf and 0 < args.top_p <= 1, "--temperature must be finite and >= 0.001 "
-         "(below it logits / T overflow; a small --top-p samples near-greedily) and --top-p in (0, 1]"),
-        (args.seed >= 0, f"--seed must be >= 0, got {args.seed}"),
+        (0 < args.top_p <= 1, "--top-p must be in (0, 1]"),
         (0 <= args.clip_low < 1 and args.clip_high >= 0, "--clip-low must be in [0, 1), --clip-high >= 0"),
         (0 < args.gpu_memory_utilization < 1, "--gpu-memory-utilization must be in (0, 1)"),
         (args.sync_tolerance >= 0, "--sync-tolerance must be >= 0"),
-        (not args.data_file or os.path.isfile(args.data_file), f"--data-file {args.data_file} does not exist"),
-        (not args.compile or torch.cuda.is_available() or any(map(shutil.which, (os.environ.get("CXX", "g++"),
-                                                                                 "g++", "c++", "clang++"))),
-         "--compile on CPU needs a C++ compiler (g++, c++ or clang++ on PATH, or $CXX); none found"),
+        (args.steps < 2**24, f"--steps must be below 2^24 = {2**24:,}: rollout.step_seed gives each step 24 bits"),
         (all(name in ESTIMATORS for name in alloc_estimators(args)),
          f"--alloc-estimators must name estimators of {', '.join(ESTIMATORS)}, or all"),
     ]
     for ok, message in rules:
         if not ok:
             return message
+    seed_max = checks.largest_seed(args.steps, args.rollout_batch, args.M, world)
+    if error := checks.sampling_flag_error(args, seed_max=seed_max, seed_why=(
+            f" with --steps {args.steps}, --rollout-batch {args.rollout_batch} and --M {args.M} (each sample's seed, "
+            "rollout.step_seed, must stay below 2^64; np.random.seed's below 2^32)")):
+        return error
     try:  # --reward-weights' terms and weights, or --reward alone (tasks.py: reward_weights)
         weights = reward_weights(task, args.reward, args.reward_weights)
     except ValueError as err:
         return str(err)
-    if args.demo_file and getattr(task, "demos", None) is None:
-        return f"--demo-file: task {args.task} keeps its demonstrations in its own rows (only countdown joins them)"
-    if args.demo_file and ("sim" not in weights or not os.path.isfile(args.demo_file)):
-        return (f"--demo-file {args.demo_file} does not exist" if "sim" in weights else "--demo-file is read only "
-                "for a similarity reward: --reward sim, or a sim term in --reward-weights")
+    try:  # the estimator checks its own hyperparameters (advantage.py) on a dummy group
+        compute_advantages(args.advantage, torch.zeros(1, 2), **estimator_hparams(args))
+    except ValueError as err:
+        return f"--advantage {args.advantage}: {first_line(err, limit=None)}"
     try:  # the loss checks its own options (loss.py: --loss-terms, --is-cap for a mask) on a dummy batch
         zeros = torch.zeros(1, 2)
         policy_loss(zeros, zeros, torch.zeros(1), torch.ones(1, 2), ref_logp=zeros, sampler_logp=zeros, entropy=zeros,
                     norm_len=args.max_tokens, **loss_options(args))
     except ValueError as err:
         return first_line(err, limit=None)
-    try:  # the estimator checks its own hyperparameters (advantage.py) on a dummy group
-        compute_advantages(args.advantage, torch.zeros(1, 2), **estimator_hparams(args))
-    except ValueError as err:
-        return f"--advantage {args.advantage}: {first_line(err, limit=None)}"
+    if args.plan:  # a plan reads no file and does not care whether the run folder is taken
+        return None
+    # ---- what the run reads and writes: files, installed tools, the model, the run folder
+    rules = [
+        (args.sampler == "hf" or (args.sampler == "auto" and not torch.cuda.is_available())
+         or importlib.util.find_spec("vllm") is not None, f"--sampler {args.sampler} samples with vLLM, which is not "
+         "installed: pip install -r requirements-vllm.txt, or pass --sampler hf (much slower)"),
+        (not args.compile or torch.cuda.is_available() or any(map(shutil.which, (os.environ.get("CXX", "g++"),
+                                                                                 "g++", "c++", "clang++"))),
+         "--compile on CPU needs a C++ compiler (g++, c++ or clang++ on PATH, or $CXX); none found"),
+    ]
+    for ok, message in rules:
+        if not ok:
+            return message
+    splits = ("train", "test") if args.eval_examples else ("train",)
+    if error := checks.data_file_error(args, splits) or checks.model_flag_error(args):
+        return error
+    if args.demo_file and getattr(task, "demos", None) is None:
+        return f"--demo-file: task {args.task} keeps its demonstrations in its own rows (only countdown joins them)"
+    if args.demo_file and ("sim" not in weights or not os.path.isfile(args.demo_file)):
+        return (f"--demo-file {args.demo_file} does not exist" if "sim" in weights else "--demo-file is read only "
+                "for a similarity reward: --reward sim, or a sim term in --reward-weights")
     keeps = (*RESUME_KEEPS, *hyperparameters(ESTIMATORS[args.advantage]))
     if args.resume and (error := resume_error(args.resume, run_dir(args), asdict(args), keeps)):
         return error
-    if os.path.isdir(args.model) and (error := model_file_error(args.model)):
-        return f"--model {args.model}: {error}"
     return run_folder_error(run_dir(args), find_checkpoint(args.resume) if args.resume else None)
 
 
@@ -327,9 +342,7 @@ def parse_args(argv=None) -> Args:
                                 f"(default {f.default!r}, unless the task's preset sets it)")
     given = vars(parser.parse_args(argv))
     args = Args(**{**PRESETS.get(given.get("task", Args.task), {}), **given})
-    if args.plan:  # unchecked: a plan reads no file and does not care whether the run folder is taken
-        return args  # train.py prints it (tools/memory_plan.py: print_plan)
-    error = check_args(args)
+    error = check_args(args)  # with --plan, the flags only: train.py prints the plan (tools/memory_plan.py)
     if error:
         parser.error(error)
     return args

@@ -22,10 +22,10 @@ import sys
 import torch
 from tqdm import tqdm
 
-from plumbing.checkpoint import model_file_error
+from plumbing import checks
 from plumbing.cli import OneLineParser, first_line
 from plumbing.files import write_error, write_json
-from plumbing.models import ModelLoadError, SamplingError, load_tokenizer
+from plumbing.models import ModelLoadError, SamplingError, load_tokenizer, model_context
 from plumbing.prompts import encode_prompts
 from rollout import make_sampler, resolve_model
 from tasks import REWARD_TERMS, DataError, get_task, reward_weights
@@ -148,13 +148,16 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if error := judge.judge_args_error(args):
         parser.error(error)
-    if min(1 if args.limit is None else args.limit, args.max_tokens, args.batch_size) < 1 or args.samples < 0 or (
-            args.samples and not args.temperature > 0):  # the temperature is read only for sampled pass@k
-        parser.error("--limit, --max-tokens and --batch-size must be >= 1, --samples >= 0 and --temperature > 0")
+    if min(1 if args.limit is None else args.limit, args.batch_size) < 1 or args.samples < 0:
+        parser.error("--limit and --batch-size must be >= 1, --samples >= 0")
+    # train.py's checks of the flags both commands take (plumbing/checks.py), so each means the same in both
+    if error := checks.sampling_flag_error(args, seed_max=checks.SEED_LIMIT - 1, seed_why=" (the sampler's seed "
+                                           "takes 32 bits)") or checks.data_file_error(args, (args.split,)):
+        parser.error(error)
     args.out = args.out or os.path.join(args.model if os.path.isdir(args.model) else ".",
                                         f"eval_{args.task}_{args.split}.json")  # by default beside the model
-    # before anything loads: an unwritable --out or a damaged model file costs a second, not an evaluation
-    if error := write_error(args.out, "--out") or (os.path.isdir(args.model) and model_file_error(args.model)):
+    # before anything loads: an unwritable --out costs a second, not an evaluation (the model: main, before it loads)
+    if error := write_error(args.out, "--out"):
         parser.error(error)
     return args
 
@@ -163,13 +166,28 @@ def load_sampler(args, examples):
     backend = args.sampler or ("vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf")
     try:
         path = resolve_model(args.model)
+        # as train.py: a prompt the context cannot hold beside --max-tokens is refused, naming its row, not scored
+        room = (model_context(path) or _hub_context(path) or sys.maxsize) - args.max_tokens
+        if room < 1:
+            raise DataError(f"--max-tokens {args.max_tokens} leaves no room for a prompt in the model's context of "
+                            f"{room + args.max_tokens} tokens: pass a smaller --max-tokens")
         # vLLM needs the context length up front: long-context tasks (meetingbank) exceed its default
-        prompts = encode_prompts(load_tokenizer(path), [e for e in examples if _valid_prompt(e.prompt)])
+        prompts = encode_prompts(load_tokenizer(path), [e for e in examples if _valid_prompt(e.prompt)], max_len=room)
         return make_sampler(backend, path, dtype="bfloat16" if backend == "hf" else "auto", seed=args.seed,
                             max_model_len=max(map(len, prompts), default=0) + args.max_tokens)
     except (OSError, ValueError) as err:  # a ModelLoadError is one line already, naming --model and HF_HUB_OFFLINE
         raise err if isinstance(err, (ModelLoadError, DataError)) else ModelLoadError(
             f"cannot use model {args.model!r}: {first_line(err, limit=None)}") from None
+
+
+def _hub_context(path) -> int | None:
+    """A hub model's context length from its config (cached, or one small download)."""
+    from transformers import AutoConfig
+
+    try:
+        return getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
+    except (OSError, ValueError):
+        return None  # the model load below says why, in one line
 
 
 def main(argv=None) -> dict:
@@ -184,6 +202,11 @@ def main(argv=None) -> dict:
         weights = reward_weights(task, args.reward, args.reward_weights) if args.reward_weights else None
         examples = task.load(args.split, data_file=args.data_file, limit=args.limit, seed=args.seed,
                              demos="sim" in (weights or {args.reward: 1}), demo_file=args.demo_file)  # joined
+        if error := checks.model_flag_error(args):  # before the judge and the model: a hub id with no hub, ...
+            raise ModelLoadError(error)
+        if not examples:  # a pass@1 of 0.0 over no rows would read as a result
+            raise DataError(f"no {args.split} rows to evaluate in {args.data_file or task.name} (tasks.py holds out "
+                            "~10% by prompt hash; a {split} file holds one split): nothing is scored")
         # before the model loads and generates: an unreachable judge should cost seconds, not a run
         judges = judge.connect_judges(args) if args.judge_url else []
         sampler = load_sampler(args, examples)

@@ -12,7 +12,7 @@ the test suite runs that way (tests/conftest.py).
     final_answer(text)                     answer part of a think-then-answer completion
     math_reward(completion, gold)          math-verify against \\boxed{gold} (GSM8K, DeepMath)
     countdown_reward(completion, numbers, target)   exact rational check of an expression (Countdown)
-    integer_reward(completion, gold)       last integer or boxed integer (the `arith` demo task)
+    integer_reward(completion, gold)       last number or boxed number, a whole one (the `arith` demo task)
     similarity_reward(completion, reference)   r_sim = 0.6 F1_SQuAD + 0.4 ROUGE-L F1 (Appendix B.5)
     format_reward(completion)              1 for exactly one non-empty <think>...</think> + an answer
     REWARD_TERMS                           --reward-weights' terms by name, each (completion, example) -> float;
@@ -41,45 +41,10 @@ from typing import Any
 from plumbing.boxes import _depth, _last_box_run, last_boxed, last_boxes, plain_number  # noqa: F401 (re-exported)
 from plumbing.math_worker import MathWorker
 
-MATH_TIMEOUT_S = 3.0  # wall time for one math-verify call before the worker is killed (counted in reward/errors)
-MAX_ANSWER_CHARS = 1000  # math answers: the boxed content, or without a box the tail, that reaches sympy
-MAX_DEPTH = 10  # deeper bracket nesting scores 0 without parsing: its parse alone can outlast the timeout
-MAX_EXPR_CHARS = 200  # a Countdown expression over four numbers is ~25 characters
-MAX_WORDS = 20_000  # per side, for the O(n * m / 64) LCS
-
-
-def _text(value) -> str:
-    """Model output as str; bytes are decoded with replacement, anything else stringified."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value).decode("utf-8", errors="replace")
-    return "" if value is None else str(value)
-
-
-STRICT = os.environ.get("SOFTMAX_GRPO_STRICT_REWARDS", "") == "1"  # True: a reward's exception raises
-_errors = {"count": 0, "printed": False}
-_errors_lock = threading.Lock()
-
-
-def take_error_count() -> int:
-    """Exceptions the rewards caught (and scored 0) since the last call; resets the count."""
-    with _errors_lock:
-        count, _errors["count"] = _errors["count"], 0
-    return count
-
-
-def _count_error(message: str):
-    """Count one reward error (reward/errors); print `message` for the first one of the run."""
-    with _errors_lock:
-        _errors["count"] += 1
-        first, _errors["printed"] = not _errors["printed"], True
-    if first:
-        print(f"rewards.py: {message}; later errors are only counted (reward/errors).", file=sys.stderr, flush=True)
-
 
 def safe_reward(fn):
-    """Make a reward total: an exception scores 0 (counted; the first traceback printed); clip to [0, 1]."""
+    """Make a reward total (every reward below wears it): an exception scores 0 (counted; the first traceback
+    printed); clip to [0, 1]."""
     @functools.wraps(fn)
     def wrapped(*args):
         try:
@@ -93,6 +58,93 @@ def safe_reward(fn):
     return wrapped
 
 
+# ---------------------------------------------------------------- math (GSM8K, DeepMath)
+@safe_reward
+def math_reward(completion, gold) -> float:
+    """1.0 when the final answer equals `gold` under math-verify, with gold wrapped in \\boxed{}."""
+    answer = math_answer(completion)
+    gold = _text(gold).strip()
+    if not answer or not gold or _depth(answer) > MAX_DEPTH:
+        return 0.0
+    gold = gold if "\\boxed" in gold else "\\boxed{" + plain_number(gold) + "}"
+    return _math_worker.verify(answer, gold)
+
+
+# ---------------------------------------------------------------- Countdown
+@safe_reward
+def countdown_reward(completion, numbers, target) -> float:
+    """1.0 when the expression uses each of `numbers` exactly once, only + - * / ( ), = target."""
+    numbers, target = [int(n) for n in numbers], Fraction(int(target))
+    expr = countdown_expression(completion)
+    if expr.count("=") == 1:  # "... = 24" is accepted only with the right right-hand side
+        expr, rhs = expr.split("=")
+        if not re.fullmatch(r"\s*-?[0-9]{1,12}\s*", rhs) or int(rhs) != target:
+            return 0.0
+    if len(expr) > MAX_EXPR_CHARS or not re.fullmatch(r"[0-9+\-*/() ]+", expr) or _depth(expr) > 16:
+        return 0.0  # characters whitelisted before the parser sees them: no names, calls, dots
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError:  # "(3+3)*4*", "3 3 4 1", "(3+3)*4*1)": model text that is no expression, a wrong answer
+        return 0.0
+    nodes = list(ast.walk(tree))
+    if not all(isinstance(node, _ALLOWED_NODES) for node in nodes):
+        return 0.0  # Pow, FloorDiv, Mod, tuples, ...
+    used = [node.value for node in nodes if isinstance(node, ast.Constant)]
+    if any(type(value) is not int for value in used) or Counter(used) != Counter(numbers):
+        return 0.0  # each supplied integer exactly once, checked before any arithmetic
+    try:
+        return float(_evaluate(tree) == target)
+    except _DivisionByZero:
+        return 0.0
+
+
+# ---------------------------------------------------------------- arith (CPU demo)
+@safe_reward
+def integer_reward(completion, gold) -> float:
+    """1.0 when the boxed answer, else the last number of the final answer, is the integer `gold`: both read by
+    integer_answer, so "2.5" and "1,5" are not 5 (nor 25 or 15) and "1,234" is 1234 on either side."""
+    answer, gold = integer_answer(completion), integer_answer(gold)
+    if not re.fullmatch(r"-?[0-9]+", gold):
+        raise ValueError(f"integer_reward: the gold answer {gold!r} is not an integer")  # a bad row, not a miss
+    return float(answer == gold)
+
+
+# ---------------------------------------------------------------- similarity (Appendix B.5)
+@safe_reward
+def similarity_reward(completion, reference) -> float:
+    """r_sim = 0.6 * F1_SQuAD + 0.4 * ROUGE-L F1 of the final answer vs `reference` (Appendix B.5)."""
+    pred, ref = squad_words(final_answer(completion)), squad_words(reference)
+    if not pred or not ref:
+        return 0.0  # an empty reference gives no signal (and must not reward empty answers)
+    overlap = sum((Counter(pred) & Counter(ref)).values())  # SQuAD F1 counts shared words
+    lcs = lcs_length(pred[:MAX_WORDS], ref[:MAX_WORDS])
+    return 0.6 * _f1(overlap, len(pred), len(ref)) + 0.4 * _f1(lcs, len(pred), len(ref))
+
+
+@safe_reward
+def format_reward(completion) -> float:
+    """1.0 for exactly one non-empty <think>...</think> (nothing before it) and a non-empty answer."""
+    text = _text(completion)
+    if text.count("<think>") != 1 or text.count("</think>") != 1:
+        return 0.0
+    before, _, rest = text.partition("<think>")
+    thought, closed, _ = rest.partition("</think>")
+    return float(closed != "" and not before.strip() and bool(thought.strip())
+                 and bool(final_answer(text)))
+
+
+# ---------------------------------------------------------------- reward terms (--reward-weights)
+# r = sum_k w_k r_k over the terms --reward-weights names (train.py: score); "exact", the task's verifier, is not
+# here: Task.reward scores it. A term takes (completion, example) and may read example.reference, .gold, .meta.
+# Task.reward calls every term and verifier through safe_reward, so a fork's plain function is clipped to [0, 1]
+# and an exception in it scores 0: REWARD_TERMS["brevity"] = brevity_reward (docs/fork.md).
+REWARD_TERMS: dict[str, Callable[[str, Any], float]] = {
+    "sim": lambda completion, example: similarity_reward(completion, example.reference),  # Appendix B.5
+    "format": lambda completion, example: format_reward(completion),  # the official OpenThoughts run: 0.35 of it
+}
+
+
+# ---------------------------------------------------------------- reading the answer the rewards above score
 def final_answer(text) -> str:
     """Text after the last </think> when present, then inside the last <answer>...</answer>.
 
@@ -110,13 +162,6 @@ def final_answer(text) -> str:
         close = text.find("</answer>")
         text = text if close < 0 else text[:close]  # unclosed (truncated) answer: keep the rest
     return text.strip()
-
-
-# ---------------------------------------------------------------- math (GSM8K, DeepMath)
-_math_worker = MathWorker(timeout=MATH_TIMEOUT_S, on_failure=_count_error)  # a timeout is a counted error
-os.register_at_fork(after_in_child=lambda: globals().update(
-    _math_worker=MathWorker(timeout=MATH_TIMEOUT_S, on_failure=_count_error)))
-atexit.register(lambda: _math_worker.close())
 
 
 _UNIT_WORDS = re.compile(r"(?:\\(?:text|mbox|textrm)\{\s*)?(-?[0-9][0-9,]*(?:\.[0-9]+)?)"
@@ -147,20 +192,31 @@ def math_answer(completion) -> str:
     return "\\boxed{" + ", ".join(boxes) + "}"  # several boxes: one set, as math-verify reads them
 
 
-@safe_reward
-def math_reward(completion, gold) -> float:
-    """1.0 when the final answer equals `gold` under math-verify, with gold wrapped in \\boxed{}."""
-    answer = math_answer(completion)
-    gold = _text(gold).strip()
-    if not answer or not gold or _depth(answer) > MAX_DEPTH:
-        return 0.0
-    gold = gold if "\\boxed" in gold else "\\boxed{" + plain_number(gold) + "}"
-    return _math_worker.verify(answer, gold)
+# A number as written: digits with "," "." or "/" inside ("1,234", "2.5", "3/4", "1,5") and an exponent ("1e5").
+_NUMBER = re.compile(r"-?[0-9]+(?:[.,/][0-9]+)*(?:[eE][-+]?[0-9]+)?")
 
 
-# ---------------------------------------------------------------- Countdown
+def integer_answer(text) -> str:
+    """What integer_reward compares, and eval.py reports for arith: the last \\boxed{} of the final answer, else
+    the final answer, read for its last number. A whole number comes back as its digits ("1,234" -> "1234",
+    "7.0" -> "7", "-3"); any other number as written ("2.5", "1,5", "3/4", "1e5"), which equals no integer gold;
+    "" when there is none. A comma is a thousands separator only between groups of three digits."""
+    answer = final_answer(text).replace("\u2212", "-")
+    boxed = last_boxed(answer)
+    found = _NUMBER.findall((boxed if boxed is not None else answer)[-MAX_ANSWER_CHARS:])
+    if not found:
+        return ""
+    number = found[-1]
+    if re.fullmatch(r"-?[0-9]{1,3}(?:,[0-9]{3})+|-?[0-9]+(?:\.0+)?", number):
+        number = number.replace(",", "").split(".")[0]
+        return str(int(number))  # "007" -> "7", "-0" -> "0"
+    return number
+
+
 _OPERATORS = {"×": "*", "÷": "/", "−": "-", "–": "-", "·": "*", "\\times": "*", "\\cdot": "*",
               "\\div": "/", "\\left": "", "\\right": "", "$": ""}
+
+
 class _DivisionByZero(Exception):
     """A model's expression divides by zero: a wrong answer, not a bug."""
 
@@ -200,45 +256,6 @@ def _evaluate(node) -> Fraction:
     return left / right
 
 
-@safe_reward
-def countdown_reward(completion, numbers, target) -> float:
-    """1.0 when the expression uses each of `numbers` exactly once, only + - * / ( ), = target."""
-    numbers, target = [int(n) for n in numbers], Fraction(int(target))
-    expr = countdown_expression(completion)
-    if expr.count("=") == 1:  # "... = 24" is accepted only with the right right-hand side
-        expr, rhs = expr.split("=")
-        if not re.fullmatch(r"\s*-?[0-9]{1,12}\s*", rhs) or int(rhs) != target:
-            return 0.0
-    if len(expr) > MAX_EXPR_CHARS or not re.fullmatch(r"[0-9+\-*/() ]+", expr) or _depth(expr) > 16:
-        return 0.0  # characters whitelisted before the parser sees them: no names, calls, dots
-    try:
-        tree = ast.parse(expr, mode="eval")
-    except SyntaxError:  # "(3+3)*4*", "3 3 4 1", "(3+3)*4*1)": model text that is no expression, a wrong answer
-        return 0.0
-    nodes = list(ast.walk(tree))
-    if not all(isinstance(node, _ALLOWED_NODES) for node in nodes):
-        return 0.0  # Pow, FloorDiv, Mod, tuples, ...
-    used = [node.value for node in nodes if isinstance(node, ast.Constant)]
-    if any(type(value) is not int for value in used) or Counter(used) != Counter(numbers):
-        return 0.0  # each supplied integer exactly once, checked before any arithmetic
-    try:
-        return float(_evaluate(tree) == target)
-    except _DivisionByZero:
-        return 0.0
-
-
-# ---------------------------------------------------------------- arith (CPU demo)
-@safe_reward
-def integer_reward(completion, gold) -> float:
-    """1.0 when the boxed answer, else the last integer of the final answer, equals int(gold)."""
-    answer = final_answer(completion).replace("\u2212", "-")
-    boxed = last_boxed(answer)
-    answer = (boxed if boxed is not None else answer)[-MAX_ANSWER_CHARS:]
-    found = re.findall(r"-?[0-9]+(?:,[0-9]{3})*", answer)
-    return float(bool(found) and int(found[-1].replace(",", "")) == int(_text(gold).strip()))
-
-
-# ---------------------------------------------------------------- similarity (Appendix B.5)
 _NO_PUNCTUATION = str.maketrans("", "", string.punctuation)
 
 
@@ -270,35 +287,45 @@ def _f1(overlap: int, n_pred: int, n_ref: int) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-@safe_reward
-def similarity_reward(completion, reference) -> float:
-    """r_sim = 0.6 * F1_SQuAD + 0.4 * ROUGE-L F1 of the final answer vs `reference` (Appendix B.5)."""
-    pred, ref = squad_words(final_answer(completion)), squad_words(reference)
-    if not pred or not ref:
-        return 0.0  # an empty reference gives no signal (and must not reward empty answers)
-    overlap = sum((Counter(pred) & Counter(ref)).values())  # SQuAD F1 counts shared words
-    lcs = lcs_length(pred[:MAX_WORDS], ref[:MAX_WORDS])
-    return 0.6 * _f1(overlap, len(pred), len(ref)) + 0.4 * _f1(lcs, len(pred), len(ref))
+def _text(value) -> str:
+    """Model output as str; bytes are decoded with replacement, anything else stringified."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", errors="replace")
+    return "" if value is None else str(value)
 
 
-@safe_reward
-def format_reward(completion) -> float:
-    """1.0 for exactly one non-empty <think>...</think> (nothing before it) and a non-empty answer."""
-    text = _text(completion)
-    if text.count("<think>") != 1 or text.count("</think>") != 1:
-        return 0.0
-    before, _, rest = text.partition("<think>")
-    thought, closed, _ = rest.partition("</think>")
-    return float(closed != "" and not before.strip() and bool(thought.strip())
-                 and bool(final_answer(text)))
+# ---------------------------------------------------------------- limits, and the errors the rewards count
+MATH_TIMEOUT_S = 3.0  # wall time for one math-verify call before the worker is killed (counted in reward/errors)
+MAX_ANSWER_CHARS = 1000  # math answers: the boxed content, or without a box the tail, that reaches sympy
+MAX_DEPTH = 10  # deeper bracket nesting scores 0 without parsing: its parse alone can outlast the timeout
+MAX_EXPR_CHARS = 200  # a Countdown expression over four numbers is ~25 characters
+MAX_WORDS = 20_000  # per side, for the O(n * m / 64) LCS
 
 
-# ---------------------------------------------------------------- reward terms (--reward-weights)
-# r = sum_k w_k r_k over the terms --reward-weights names (train.py: score); "exact", the task's verifier, is not
-# here: Task.reward scores it. A term takes (completion, example) and may read example.reference, .gold, .meta.
-# Task.reward calls every term and verifier through safe_reward, so a fork's plain function is clipped to [0, 1]
-# and an exception in it scores 0: REWARD_TERMS["brevity"] = brevity_reward (docs/fork.md).
-REWARD_TERMS: dict[str, Callable[[str, Any], float]] = {
-    "sim": lambda completion, example: similarity_reward(completion, example.reference),  # Appendix B.5
-    "format": lambda completion, example: format_reward(completion),  # the official OpenThoughts run: 0.35 of it
-}
+STRICT = os.environ.get("SOFTMAX_GRPO_STRICT_REWARDS", "") == "1"  # True: a reward's exception raises
+_errors = {"count": 0, "printed": False}
+_errors_lock = threading.Lock()
+
+
+def take_error_count() -> int:
+    """Exceptions the rewards caught (and scored 0) since the last call; resets the count."""
+    with _errors_lock:
+        count, _errors["count"] = _errors["count"], 0
+    return count
+
+
+def _count_error(message: str):
+    """Count one reward error (reward/errors); print `message` for the first one of the run."""
+    with _errors_lock:
+        _errors["count"] += 1
+        first, _errors["printed"] = not _errors["printed"], True
+    if first:
+        print(f"rewards.py: {message}; later errors are only counted (reward/errors).", file=sys.stderr, flush=True)
+
+
+_math_worker = MathWorker(timeout=MATH_TIMEOUT_S, on_failure=_count_error)  # a timeout is a counted error
+os.register_at_fork(after_in_child=lambda: globals().update(
+    _math_worker=MathWorker(timeout=MATH_TIMEOUT_S, on_failure=_count_error)))
+atexit.register(lambda: _math_worker.close())

@@ -8,6 +8,8 @@ checking the rows is plumbing/data.py's. Each task's data, how to call it, and t
     python -m pytest tests/test_tasks.py -q
 """
 
+from __future__ import annotations  # Task names Example, defined below it
+
 import itertools
 import math
 import random
@@ -23,79 +25,12 @@ from rewards import (
     countdown_expression,
     countdown_reward,
     final_answer,
+    integer_answer,
     integer_reward,
     last_boxed,
     math_reward,
     safe_reward,
 )
-
-FORMAT_RULE = ("First think through the task inside <think> </think> tags, "
-               "then give your answer after </think>.")  # departure 1
-SYSTEM = "You are a helpful assistant. " + FORMAT_RULE
-POETRY_SYSTEM = "You are a helpful assistant that writes poetry. " + FORMAT_RULE
-BOXED = "Please reason step by step, and put your final answer within \\boxed{}."
-
-
-@dataclass
-class Example:
-    prompt: list[dict]  # chat messages [{"role": ..., "content": ...}]
-    gold: str | None  # verifier answer (None when the task has no verifier)
-    reference: str  # demonstration for the similarity reward ("" when none)
-    meta: dict = field(default_factory=dict)  # task extras, JSON-serialisable
-    uid: str = ""  # stable id: task name + hash of the prompt (+ "#pass" for repeated problems)
-
-
-def _chat(user: str, system: str | None = SYSTEM) -> list[dict]:
-    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
-
-
-def _boxed_or_answer(completion: str) -> str:
-    answer = final_answer(completion)
-    boxed = last_boxed(answer)
-    return answer if boxed is None else boxed
-
-
-def _last_integer(completion: str) -> str:
-    found = re.findall(r"-?[0-9]+", _boxed_or_answer(completion).replace(",", "")[-1000:])
-    return found[-1] if found else ""
-
-
-# ---------------------------------------------------------------- hub-backed tasks: one row -> Example
-def _gsm8k(row: dict) -> Example:
-    if "####" not in str(row["answer"]):
-        raise ValueError("its answer has no final '#### N'")
-    reasoning, _, answer = str(row["answer"]).rpartition("####")
-    gold = answer.strip().replace(",", "")
-    reasoning = re.sub(r"<<[^>]*>>", "", reasoning).strip()  # drop calculator notes "<<48/2=24>>"
-    return Example(_chat(f"{row['question']}\n{BOXED}"), gold, f"{reasoning}\nThe answer is \\boxed{{{gold}}}.")
-
-
-def _countdown(row: dict) -> Example:
-    numbers, target = data.integers(row["nums"], "nums"), data.integer(row["target"], "target")  # 24.5: refused
-    user = (f"Using the numbers {numbers}, write an arithmetic expression that equals {target}. "
-            "Use each number exactly once, with only +, -, *, / and parentheses.")
-    return Example(_chat(user), str(target), "", {"numbers": numbers, "target": target})
-
-
-def _deepmath(row: dict) -> Example:
-    solutions = [str(row[f"r1_solution_{i}"]) for i in (1, 2, 3) if row.get(f"r1_solution_{i}")]
-    shortest = min(solutions, key=len) if solutions else ""  # Appendix B.3: shortest of three
-    return Example(_chat(f"{row['question']}\n{BOXED}"), str(row["final_answer"]).strip(), final_answer(shortest))
-
-
-def _poetry(row: dict) -> Example:
-    return Example(_chat(str(row["instruction"]), POETRY_SYSTEM), None, str(row["poem"]))
-
-
-def _meetingbank(row: dict) -> Example:
-    user = f"Summarize this city council meeting transcript concisely and informatively.\n\n{row['prompt']}"
-    return Example(_chat(user), None, str(row["compressed_prompt"]))
-
-
-def _countdown_puzzle(row: dict) -> tuple:
-    """What joins a Countdown puzzle to its demonstration: the numbers sorted (their order does not change which
-    expressions solve it) and the target."""
-    return tuple(sorted(data.integers(row["nums"], "nums"))), data.integer(row["target"], "target")
 
 
 @dataclass(kw_only=True)
@@ -161,34 +96,36 @@ class Task:
 
 
 # A new task is one more entry here. `verifier(completion, example)` scores a completion (0 or 1);
-# `answer(completion)` is what eval.py reports as the extracted answer. The helpers named in a lambda are below.
+# `answer(completion)` is what eval.py reports as the extracted answer. The functions named in a lambda are below.
 TASKS: dict[str, Task] = {task.name: task for task in [
     Task(name="gsm8k", hub_id="openai/gsm8k", hub_config="main", hub_test_split="test",
-         columns=("question", "answer"), key=("question",), make_example=_gsm8k,
-         verifier=lambda completion, ex: math_reward(completion, ex.gold), answer=_boxed_or_answer),
+         columns=("question", "answer"), key=("question",), make_example=lambda row: _gsm8k(row),
+         verifier=lambda completion, ex: math_reward(completion, ex.gold), answer=lambda text: _boxed_or_answer(text)),
     Task(name="countdown", hub_id="Jiayi-Pan/Countdown-Tasks-3to4",
-         columns=("nums", "target"), key=("nums", "target"), make_example=_countdown,
+         columns=("nums", "target"), key=("nums", "target"), make_example=lambda row: _countdown(row),
          verifier=lambda completion, ex: countdown_reward(completion, ex.meta["numbers"], ex.meta["target"]),
          answer=countdown_expression,
          demos=Demonstrations(hub_id="HuggingFaceTB/Countdown-Task-GOLD", hub_config="verified_Qwen2.5-7B-Instruct",
                               columns=("nums", "target", "messages"), read=lambda row: _gold_demonstration(row),
-                              puzzle=_countdown_puzzle)),
+                              puzzle=lambda row: _countdown_puzzle(row))),
     Task(name="deepmath", hub_id="zwhe99/DeepMath-103K",
          columns=("question", "final_answer", "r1_solution_1", "r1_solution_2", "r1_solution_3"),
-         may_be_empty=("r1_solution_1", "r1_solution_2", "r1_solution_3"), key=("question",), make_example=_deepmath,
-         verifier=lambda completion, ex: math_reward(completion, ex.gold), answer=_boxed_or_answer),
+         may_be_empty=("r1_solution_1", "r1_solution_2", "r1_solution_3"), key=("question",),
+         make_example=lambda row: _deepmath(row),
+         verifier=lambda completion, ex: math_reward(completion, ex.gold), answer=lambda text: _boxed_or_answer(text)),
     Task(name="poetry", hub_id="jnb666/poems", columns=("instruction", "poem"),
-         key=("instruction",), make_example=_poetry,
+         key=("instruction",), make_example=lambda row: _poetry(row),
          hint=". jnb666/poems holds poems only; the paper wrote an instruction for each poem "
               "with an LLM: pass them with --data-file (columns instruction, poem)"),
     Task(name="meetingbank", hub_id="microsoft/MeetingBank-LLMCompressed",
-         columns=("prompt", "compressed_prompt"), key=("prompt",), make_example=_meetingbank,
+         columns=("prompt", "compressed_prompt"), key=("prompt",), make_example=lambda row: _meetingbank(row),
          prompt_tokens=2048),  # whole transcripts: as the official 512-prompt openthoughts.yaml
     Task(name="openthoughts", hub_id="open-thoughts/OpenThoughts3-1.2M", columns=("conversations",),
          key=("conversations",), key_text=lambda row: _openthoughts_turns(row["conversations"])[0],
          make_example=lambda row: _openthoughts(row), prompt_tokens=2048),  # the official openthoughts.yaml
     Task(name="arith", generate=lambda split, limit, seed: _arith(split, limit, seed),
-         verifier=lambda completion, ex: integer_reward(completion, ex.gold), answer=_last_integer, prompt_tokens=40),
+         verifier=lambda completion, ex: integer_reward(completion, ex.gold), answer=integer_answer,
+         prompt_tokens=40),
     Task(name="countdown24", generate=lambda split, limit, seed: _countdown24(split, limit, seed),
          verifier=lambda completion, ex: countdown_reward(completion, ex.meta["numbers"], ex.meta["target"]),
          answer=countdown_expression, prompt_tokens=120),
@@ -242,7 +179,76 @@ def reward_weights(task: Task, reward: str, text: str) -> dict[str, float]:
     return weights
 
 
-# ---------------------------------------------------------------- row readers TASKS names in a lambda
+@dataclass
+class Example:
+    prompt: list[dict]  # chat messages [{"role": ..., "content": ...}]
+    gold: str | None  # verifier answer (None when the task has no verifier)
+    reference: str  # demonstration for the similarity reward ("" when none)
+    meta: dict = field(default_factory=dict)  # task extras, JSON-serialisable
+    uid: str = ""  # stable id: task name + hash of the prompt (+ "#pass" for repeated problems)
+    source: str = ""  # where its row is, "rows.jsonl line 3", for errors about it ("" when generated)
+
+
+# ---------------------------------------------------------------- prompts, and the row readers TASKS names
+FORMAT_RULE = ("First think through the task inside <think> </think> tags, "
+               "then give your answer after </think>.")  # departure 1
+SYSTEM = "You are a helpful assistant. " + FORMAT_RULE
+POETRY_SYSTEM = "You are a helpful assistant that writes poetry. " + FORMAT_RULE
+BOXED = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+def _chat(user: str, system: str | None = SYSTEM) -> list[dict]:
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+
+
+def _boxed_or_answer(completion: str) -> str:
+    answer = final_answer(completion)
+    boxed = last_boxed(answer)
+    return answer if boxed is None else boxed
+
+
+def _gsm8k(row: dict) -> Example:
+    if "####" not in str(row["answer"]):
+        raise ValueError("its answer has no final '#### N'")
+    reasoning, _, answer = str(row["answer"]).rpartition("####")
+    gold = answer.strip()
+    if not re.fullmatch(r"-?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?", gold):  # "1,5": 15, or 1.5?
+        raise ValueError(f"its final answer '#### {gold}' is not one number (a comma may only group thousands, "
+                         "as in 1,500)")
+    gold = gold.replace(",", "")  # as math_reward reads a gold (plumbing/boxes.py: plain_number)
+    reasoning = re.sub(r"<<[^>]*>>", "", reasoning).strip()  # drop calculator notes "<<48/2=24>>"
+    return Example(_chat(f"{row['question']}\n{BOXED}"), gold, f"{reasoning}\nThe answer is \\boxed{{{gold}}}.")
+
+
+def _countdown(row: dict) -> Example:
+    numbers, target = data.integers(row["nums"], "nums"), data.integer(row["target"], "target")  # 24.5: refused
+    user = (f"Using the numbers {numbers}, write an arithmetic expression that equals {target}. "
+            "Use each number exactly once, with only +, -, *, / and parentheses.")
+    return Example(_chat(user), str(target), "", {"numbers": numbers, "target": target})
+
+
+def _deepmath(row: dict) -> Example:
+    solutions = [str(row[f"r1_solution_{i}"]) for i in (1, 2, 3) if row.get(f"r1_solution_{i}")]
+    shortest = min(solutions, key=len) if solutions else ""  # Appendix B.3: shortest of three
+    return Example(_chat(f"{row['question']}\n{BOXED}"), str(row["final_answer"]).strip(), final_answer(shortest))
+
+
+def _poetry(row: dict) -> Example:
+    return Example(_chat(str(row["instruction"]), POETRY_SYSTEM), None, str(row["poem"]))
+
+
+def _meetingbank(row: dict) -> Example:
+    user = f"Summarize this city council meeting transcript concisely and informatively.\n\n{row['prompt']}"
+    return Example(_chat(user), None, str(row["compressed_prompt"]))
+
+
+def _countdown_puzzle(row: dict) -> tuple:
+    """What joins a Countdown puzzle to its demonstration: the numbers sorted (their order does not change which
+    expressions solve it) and the target."""
+    return tuple(sorted(data.integers(row["nums"], "nums"))), data.integer(row["target"], "target")
+
+
+# ---------------------------------------------------------------- more row readers TASKS names
 def _openthoughts(row: dict) -> Example:
     question, response = _openthoughts_turns(row["conversations"])
     if not question.strip():

@@ -102,3 +102,55 @@ def sampling_memory_error(args, config, max_prompt: int, world: int, device: tor
     return (f"sampling {rows:,} sequences at once (--rollout-batch x --M per process) needs about {need / 1e9:.1f} "
             f"GB for the HF sampler's KV cache and logits, more than the {free / 1e9:.1f} GB free on {device.type}: "
             "lower --M or --rollout-batch")
+
+
+# ---------------------------------------------------------------- the flags train.py and eval.py share
+# One checker for both commands, so a flag means the same and is refused the same in each (config.check_args,
+# eval.parse_args). Each check reads flags or small files only: it runs once, before any model loads.
+MIN_TEMPERATURE = 1e-3  # below it logits / T overflow float32; a small --top-p samples near-greedily
+MAX_TOKENS = 2**24  # beyond any model's context: the sampler's (rows, tokens) buffers could not be allocated
+SEED_LIMIT = 2**32  # np.random.seed (plumbing/parallel.py) and vLLM's engine seed take 32 bits
+STREAM_LIMIT = 2**64  # torch.Generator.manual_seed takes 64 bits: every sample's stream must stay below it
+
+
+def largest_seed(steps: int, prompts_per_step: int, M: int, ranks: int) -> int:
+    """The largest --seed of a training run: each sample's stream, rollout.step_seed's ((seed * 2^24 + step) *
+    prompts_per_step + prompt) * M + k, stays below 2^64 for every step, and seed + rank below 2^32."""
+    return min((STREAM_LIMIT // (prompts_per_step * M) - steps) // 2**24, SEED_LIMIT - ranks)
+
+
+def sampling_flag_error(args, *, seed_max: int, seed_why: str = "") -> str | None:
+    """The first problem with --temperature, --max-tokens or --seed as one line, or None. `args` has those fields
+    (train.py's Args, eval.py's namespace); `seed_max` is the largest seed the command's sampling streams allow
+    (largest_seed for train.py), and `seed_why` says what sets it."""
+    if not MIN_TEMPERATURE <= args.temperature < math.inf:  # NaN fails both comparisons
+        return (f"--temperature must be finite and >= {MIN_TEMPERATURE:g} (below it logits / T overflow; a small "
+                f"--top-p samples near-greedily), got {args.temperature:g}")
+    if not 1 <= args.max_tokens <= MAX_TOKENS:
+        return f"--max-tokens must be >= 1 and at most {MAX_TOKENS:,}, got {args.max_tokens:,}"
+    if args.seed < 0:
+        return f"--seed must be >= 0, got {args.seed}"
+    if args.seed > seed_max:
+        return f"--seed must be at most {seed_max:,}{seed_why}, got {args.seed:,}"
+    return None
+
+
+def data_file_error(args, splits) -> str | None:
+    """The problem with --data-file (each of `splits`' files when its name holds "{split}") as one line, or None."""
+    from plumbing.data import data_file_error
+
+    return data_file_error(args.data_file, splits=splits) if args.data_file else None
+
+
+def model_flag_error(args) -> str | None:
+    """The first problem with --model (its files; the hub, when it is a hub id) or with --max-tokens against its
+    context, as one line, or None."""
+    from plumbing.models import model_context, model_error
+
+    if error := model_error(args.model):
+        return error
+    context = model_context(args.model)  # a local folder's config.json; None for a hub id (checked at load)
+    if context is not None and args.max_tokens >= context:
+        return (f"--max-tokens {args.max_tokens:,} leaves no room for a prompt in the model's context of {context:,} "
+                "tokens: pass a smaller --max-tokens")
+    return None

@@ -68,7 +68,7 @@ def load_rows(task, split: str, data_file: str | None, *, limit: int | None, see
     try:
         check_rows(rows, lines, task.columns, task.required, source, task.name, task.hint)
         found = _demonstrations(task, demo_file) if join else None
-        return _examples(task, rows, whole, lines, split, limit, seed, source, found)
+        return _examples(task, rows, whole, lines, split, limit, seed, source, found, needs_reference=demos)
     except UnicodeDecodeError as err:  # parquet or .json strings that are not UTF-8, met as they are read
         raise DataError(f"{source}: not UTF-8 text ({first_line(err, typed=True)})") from None
 
@@ -120,8 +120,9 @@ def _rows(task, split: str, data_file: str | None):
     return read_hub(task.hub_id, task.hub_config, hub_split, advice), task.hub_test_split is not None, None
 
 
-def _examples(task, rows, whole, lines, split, limit, seed, source, found=None) -> list:
-    """`found`: ({puzzle: reference}, where from) to join, or None."""
+def _examples(task, rows, whole, lines, split, limit, seed, source, found=None, needs_reference=False) -> list:
+    """`found`: ({puzzle: reference}, where from) to join, or None. `needs_reference`: the reward uses sim, so a row
+    without a demonstration is refused here, at load, not at the step that samples it."""
     digests, puzzles = [], []
     for i, values in enumerate(zip(*(rows[column] for column in task.key))):
         named = dict(zip(task.key, values))
@@ -157,9 +158,20 @@ def _examples(task, rows, whole, lines, split, limit, seed, source, found=None) 
             raise DataError(f"{source}: {where(lines, i)} is not a valid {task.name} example "
                             f"({first_line(err, typed=True)})") from None
         example.reference = str(row.get("reference") or (found[0][puzzles[i]] if found else example.reference))
-        example.uid = uids[i]
+        example.uid, example.source = uids[i], f"{source} {where(lines, i)}"  # the file's line, not the shuffled index
+        if needs_reference and not example.reference.strip():
+            raise DataError(f"{source}: {where(lines, i)} has no demonstration for the similarity reward "
+                            f"({_no_reference(task, rows)}); every row needs one for --reward sim")
         examples.append(example)
     return examples
+
+
+def _no_reference(task, rows) -> str:
+    """Why a row has no demonstration, and what gives it one."""
+    if "reference" in rows.column_names:
+        joined = f", or leave the column out to join {task.demos.hub_id}'s" if task.demos else ""
+        return f"its 'reference' is empty: give it a value{joined}"
+    return f"the {task.name} row gives an empty one: add a 'reference' column with a demonstration"
 
 
 def _demonstrations(task, demo_file: str | None) -> tuple[dict[tuple, str], str]:
@@ -218,38 +230,112 @@ def _row_problem(row: dict, required) -> str | None:
     return None
 
 
-def _line_problem(raw: bytes, required) -> str | None:
-    """What is wrong with one line of a JSON Lines file, or None."""
+class JSONNumber(float):
+    """A JSON number with a fraction or exponent, printed as the file wrote it: str() of "1e5" is "1e5", not
+    "100000.0"; it is still a float for the rows that want a number (countdown's target 24.0 is 24)."""
+
+    def __new__(cls, text: str):
+        number = super().__new__(cls, text)
+        number.text = text
+        return number
+
+    def __str__(self):
+        return self.text
+
+    __repr__ = __str__
+
+
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not JSON")  # Python's json reads NaN and Infinity; a row's text is not NaN
+
+
+def parse_json(text: str):
+    """JSON as the file holds it: strings stay the strings they are ("1e5", "null", "7"), numbers keep their text."""
+    return json.loads(text, parse_float=JSONNumber, parse_constant=_not_json)
+
+
+def _parse_line(raw: bytes, required) -> tuple[dict | None, str | None]:
+    """(the row, None) of one line of a JSON Lines file, or (None, what is wrong with it)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
-        return f"is not UTF-8 text (byte 0x{raw[err.start]:02x} at byte {err.start + 1} of the line)"
+        return None, f"is not UTF-8 text (byte 0x{raw[err.start]:02x} at byte {err.start + 1} of the line)"
     if len(text) > MAX_ROW_CHARS:  # before parsing: a 50 MB line costs a read, not a parse
-        return (f"is {len(text):,} characters long, over the {MAX_ROW_CHARS:,} a row may hold "
-                "(plumbing/data.py: MAX_ROW_CHARS)")
+        return None, (f"is {len(text):,} characters long, over the {MAX_ROW_CHARS:,} a row may hold "
+                      "(plumbing/data.py: MAX_ROW_CHARS)")
     try:
-        row = json.loads(text)
+        row = parse_json(text)
     except json.JSONDecodeError as err:
-        return f"is not valid JSON ({err.msg} at column {err.colno})"
-    return "is not a JSON object" if not isinstance(row, dict) else _row_problem(row, required)
+        return None, f"is not valid JSON ({err.msg} at column {err.colno})"
+    except ValueError as err:
+        return None, f"is not valid JSON ({err})"
+    if not isinstance(row, dict):
+        return None, "is not a JSON object"
+    return row, _row_problem(row, required)
 
 
-def check_jsonl(path: str, required, task: str, hint: str = "", flag: str = "--data-file") -> list[int]:
-    """Line numbers of the rows of a JSON Lines file (blank lines are skipped, as datasets does). DataError, one
-    line naming the first bad line and how many are bad, when any line is not UTF-8, not one JSON object,
-    longer than MAX_ROW_CHARS, or lacks a value for a `required` field."""
-    lines, first, bad = [], None, 0
+def check_jsonl(path: str, required, task: str, hint: str = "", flag: str = "--data-file") -> tuple[list, list[int]]:
+    """(rows, their line numbers) of a JSON Lines file, each value as the file holds it (blank lines are skipped,
+    as datasets does). DataError, one line naming the first bad line and how many are bad, when any line is not
+    UTF-8, not one JSON object, longer than MAX_ROW_CHARS, or lacks a value for a `required` field."""
+    rows, lines, first, bad = [], [], None, 0
     with open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
             lines.append(number)
-            if (problem := _line_problem(raw, required)) is not None:
+            row, problem = _parse_line(raw, required)
+            rows.append(row)
+            if problem is not None:
                 first, bad = first or f"line {number} {problem}", bad + 1
     if bad:
         raise DataError(f"{flag} {path}: {first}; {bad} of {len(lines)} rows are bad ({task} needs "
                         f"{', '.join(required)} in every row){hint}")
-    return lines
+    return rows, lines
+
+
+def _json_array(path: str, flag: str) -> list | None:
+    """The rows of a .json file that holds one array of objects, or None when it holds JSON Lines."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if not raw.lstrip().startswith(b"["):
+        return None
+    try:
+        rows = parse_json(raw.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise DataError(f"{flag} {path}: not UTF-8 text (byte 0x{raw[err.start]:02x} at byte {err.start + 1})"
+                        ) from None
+    except ValueError as err:
+        raise DataError(f"{flag} {path}: not valid JSON ({first_line(err)})") from None
+    bad = [i for i, row in enumerate(rows) if not isinstance(row, dict)]
+    if bad:
+        raise DataError(f"{flag} {path}: row {bad[0] + 1} of its array is not a JSON object")
+    return rows
+
+
+class Rows:
+    """A JSON file's rows with each value as the file holds it, read as a datasets.Dataset is here (column_names,
+    a column's values, select). datasets' JSON reader would re-type a column of mixed types through pandas: the
+    question "1e5" became 100000.0, "null" None, and countdown's target "7" the number 7."""
+
+    def __init__(self, rows: list[dict]):
+        self.rows = rows
+        self.column_names = list(dict.fromkeys(name for row in rows for name in row))
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, column: str) -> list:
+        return [row.get(column) for row in self.rows]
+
+    def __iter__(self):
+        return ({name: row.get(name) for name in self.column_names} for row in self.rows)
+
+    def select(self, indices) -> "Rows":
+        return Rows([self.rows[i] for i in indices])
+
+    def select_columns(self, columns) -> "Rows":
+        return Rows([{name: row.get(name) for name in columns} for row in self.rows])
 
 
 def _datasets():
@@ -261,18 +347,34 @@ def _datasets():
 
 def read_file(path: str, flag: str, required, task: str, hint: str = ""):
     """(datasets.Dataset, each row's line number, or None unless JSON Lines) of a local file given with `flag`."""
-    kind = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}.get(os.path.splitext(path)[1].lower())
-    if kind is None:
-        raise DataError(f"{flag} {path}: expected a .jsonl, .json or .parquet file")
-    if not os.path.isfile(path):
-        raise DataError(f"{flag} {path}: no such file")
+    if error := data_file_error(path, flag):
+        raise DataError(error)
     if os.path.getsize(path) == 0 or not open(path, "rb").read(4096).strip():  # datasets: "StopIteration: "
         raise DataError(f"{flag} {path}: the file is empty; it needs {task}'s rows")
-    lines = check_jsonl(path, required, task, hint, flag) if path.lower().endswith(".jsonl") else None
+    if path.lower().endswith((".json", ".jsonl")):  # read here, as the file holds it (Rows)
+        array = _json_array(path, flag) if path.lower().endswith(".json") else None
+        if array is None:
+            rows, lines = check_jsonl(path, required, task, hint, flag)
+            return Rows(rows), lines
+        return Rows(array), None  # check_rows checks each row's values, naming it "row N"
     try:
-        return _datasets().load_dataset(kind, data_files=path, split="train"), lines
+        return _datasets().load_dataset("parquet", data_files=path, split="train"), None
     except Exception as err:
         raise DataError(f"{flag} {path}: cannot read it ({first_line(err, typed=True)})") from None
+
+
+def data_file_error(path: str, flag: str = "--data-file", splits=("train", "test")) -> str | None:
+    """Why `path` cannot be read as a data file, as one line, or None: a name that is not .jsonl, .json or
+    .parquet, a folder, or no such file. With "{split}" in its name (one file per split), each of `splits`'."""
+    for name in dict.fromkeys(path.replace("{split}", split) for split in splits):
+        each = f" (one file per split: {{split}} in {path} stands for {' and '.join(splits)})" if name != path else ""
+        if os.path.isdir(name):
+            return f"{flag} {name} is a folder; pass a .jsonl, .json or .parquet file{each}"
+        if os.path.splitext(name)[1].lower() not in (".json", ".jsonl", ".parquet"):
+            return f"{flag} {name}: expected a .jsonl, .json or .parquet file"
+        if not os.path.isfile(name):
+            return f"{flag} {name} does not exist{each}"
+    return None
 
 
 def read_hub(hub_id: str, config: str | None, split: str, advice: str):
@@ -329,4 +431,22 @@ def load_data(args, task, weights: dict, master: bool = True):
     if args.eval_examples and not test_set and master:
         print(f"note: --data-file {args.data_file} leaves no held-out rows (tasks.py holds out ~10% by prompt "
               "hash): no evaluation before, during (--eval-every) or after training, no eval.json")
+    if master and (repeated := repeated_prompts(test_set, train_set)):
+        print(f"note: {len(repeated)} of {len(test_set)} held-out rows repeat a training prompt up to whitespace and "
+              f"case (first: {repeated[0].source or repeated[0].uid}): kept, but their score is not a held-out one")
     return train_set, test_set
+
+
+def _prompt_text(example) -> str:
+    return " ".join(" ".join(str(m.get("content", "")) for m in example.prompt).casefold().split())
+
+
+def repeated_prompts(held_out: list, train: list) -> list:
+    """The held-out examples whose prompt a training example has too, up to whitespace and case. The split hashes
+    the exact text, so a copy with another space or capital can land on both sides (and a hub's own test split, or
+    a {split} file, can repeat a training row outright). They are kept and named (train.py says so in one line):
+    dropping them would change the held-out set a run reports against."""
+    if not held_out:
+        return []
+    seen = {_prompt_text(example) for example in train}
+    return [example for example in held_out if _prompt_text(example) in seen]

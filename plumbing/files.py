@@ -6,6 +6,7 @@ leave a hidden .NAME.PID.tmp beside it, never a torn target).
 """
 
 import contextlib
+import errno
 import json
 import os
 import tempfile
@@ -13,8 +14,32 @@ import tempfile
 from plumbing.cli import first_line
 
 
+class WriteError(OSError):
+    """A write that did not happen (a full disk, a folder made read-only during a run), as one line; the file is
+    as it was. `strerror` is the system's reason ("Permission denied"), for callers that word their own line."""
+
+    def __init__(self, message: str, strerror: str | None = None):
+        super().__init__(message)
+        self.strerror = strerror
+
+
+AppendError = WriteError  # train.py's name for it: an append to the run log that did not happen
+
+
+def _write_failed(verb: str, path: str, err: OSError, kept: str) -> WriteError:
+    reason = err.strerror or first_line(err)
+    if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        why = "its folder is not writable (made read-only during the run?)"
+    elif err.errno in (errno.ENOSPC, errno.EDQUOT):
+        why = "is the disk full?"
+    else:
+        why = "is the disk full or failing?"
+    return WriteError(f"cannot {verb} {path} ({reason}): {why} {kept}", err.strerror)
+
+
 def write_whole(path: str, write) -> None:
-    """`write(f)` on a temporary text file beside `path`, then flushed to the disk and renamed into place."""
+    """`write(f)` on a temporary text file beside `path`, then flushed to the disk and renamed into place; a
+    failing disk or folder is a one-line WriteError."""
     folder, name = os.path.split(os.path.abspath(path))
     tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")  # the same folder: the rename stays on one file system
     try:
@@ -23,9 +48,11 @@ def write_whole(path: str, write) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
+    except BaseException as err:
+        with contextlib.suppress(OSError):
             os.remove(tmp)
+        if isinstance(err, OSError) and not isinstance(err, WriteError):
+            raise _write_failed("write", path, err, "The file is as it was before.") from None
         raise
 
 
@@ -38,15 +65,16 @@ def write_lines(path: str, lines) -> None:
     write_whole(path, lambda f: f.writelines(lines))
 
 
-class AppendError(OSError):
-    """An append that did not fit (a full disk); the message is one line, and the file is as it was before."""
-
-
 def append_lines(path: str, lines) -> None:
     """Text lines added at the end of `path`, all or none: on a failure (ENOSPC) the file is cut back to its old
-    length, so no torn last line is left for a reader or a resume, and AppendError says so in one line."""
+    length, so no torn last line is left for a reader or a resume, and AppendError says so in one line; so does a
+    file or folder that cannot be opened for writing (made read-only during the run)."""
     data = "".join(lines).encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    kept = "The file is as it was before this step, and the last checkpoint is intact"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise _write_failed("append to", path, err, kept) from None
     try:  # unbuffered: nothing is left to flush at close
         size = os.lseek(fd, 0, os.SEEK_END)
         done = 0
@@ -55,8 +83,7 @@ def append_lines(path: str, lines) -> None:
     except OSError as err:
         with contextlib.suppress(OSError):
             os.ftruncate(fd, size)
-        raise AppendError(f"cannot append to {path} ({err.strerror or first_line(err)}): is the disk full? The "
-                          "file is as it was before this step, and the last checkpoint is intact") from None
+        raise _write_failed("append to", path, err, kept) from None
     finally:
         os.close(fd)
 
@@ -66,6 +93,10 @@ def write_error(path: str, flag: str, folder: bool = False) -> str | None:
     or with folder=True a folder to write in, made later if missing (train.py --out-dir). Checked before anything
     loads, by creating (and removing) a file where the writes will go, so a read-only folder costs a second, not a
     run."""
+    try:  # a path the file system takes but UTF-8 cannot write: the save would fail after the training
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return f"{flag} {os.fsencode(path)!r} is not UTF-8 text: pass a path in UTF-8"
     if folder:
         if os.path.islink(path) and not os.path.exists(path):
             return f"{flag} {path} is a link to {os.readlink(path)}, which does not exist"

@@ -33,14 +33,62 @@ def model_load_error(path, err: BaseException) -> ModelLoadError:
                           "needs network access, or HF_HUB_OFFLINE=1 and the model in the local cache")
 
 
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+def model_error(model: str) -> str | None:
+    """Why --model cannot load, as one line, when that shows without loading it; else None. A local folder: its
+    weight files' headers (checkpoint.model_file_error). A hub id with the hub unreachable: said in seconds, as the
+    data path does (plumbing/data.py: hub_reachable), not after a minute of transformers' retries."""
+    from plumbing.checkpoint import model_file_error
+    from plumbing.data import hub_reachable
+
+    if model in EMBEDDED:
+        return None
+    if os.path.isdir(model):
+        error = model_file_error(model)
+        return f"--model {model}: {error}" if error else None
+    if os.path.exists(model):
+        return f"--model {model} is a file; pass a model folder, a hub id or the alias smollm2-135m"
+    if model.startswith((".", "/", "~")) or model.count("/") > 1:  # a path, not a hub id ("org/name", "gpt2")
+        return None  # the load says so in its one line (model_load_error)
+    if not _offline() and not hub_reachable():
+        return (f"--model {model}: cannot reach the Hugging Face Hub to download it; pass a local model folder, or "
+                "set HF_HUB_OFFLINE=1 to use a cached copy")
+    return None
+
+
+def model_context(model: str) -> int | None:
+    """The context length (max_position_embeddings) in a local model folder's config.json, the alias's once it is
+    converted; None for a hub id or a config without one."""
+    import json
+
+    path = resolve_model(model) if model not in EMBEDDED or _converted(model) else None
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            context = json.load(f).get("max_position_embeddings")
+    except (OSError, TypeError, ValueError, AttributeError):
+        return None
+    return context if isinstance(context, int) and not isinstance(context, bool) and context > 0 else None
+
+
+def _embedded_folder(name: str) -> str:
+    return os.path.join(os.environ.get("SOFTMAX_GRPO_CACHE", os.path.expanduser("~/.cache/softmax-grpo")), name)
+
+
+def _converted(name: str) -> bool:
+    return os.path.exists(os.path.join(_embedded_folder(name), "config.json"))
+
+
 def resolve_model(name_or_path: str) -> str:
     """Map an embedded-model alias to a local HF folder (converted once); pass anything else on."""
     if name_or_path not in EMBEDDED:
         return name_or_path
     package, gguf_name = EMBEDDED[name_or_path]
-    cache = os.environ.get("SOFTMAX_GRPO_CACHE", os.path.expanduser("~/.cache/softmax-grpo"))
-    target = os.path.join(cache, name_or_path)
-    if os.path.exists(os.path.join(target, "config.json")):
+    target = _embedded_folder(name_or_path)
+    cache = os.path.dirname(target)
+    if _converted(name_or_path):
         return target
     spec = importlib.util.find_spec(package)  # its __init__ imports `llm`; only find the folder
     if spec is None:

@@ -19,6 +19,11 @@ def special_tokens(tokenizer) -> list[str]:
     return sorted(names | {t.content for t in added.values() if getattr(t, "special", False)}, key=len, reverse=True)
 
 
+def _where(example, i: int) -> str:
+    """The file line of a row (Example.source), else its position in the list, with its uid."""
+    return f"{getattr(example, 'source', '') or f'row {i}'} ({getattr(example, 'uid', '')})"
+
+
 def encode_prompts(tokenizer, examples, max_len: int | None = None) -> list[list[int]]:
     """Chat-template token ids of each example's prompt, ending with the assistant turn's header. A row holding a
     special token is a DataError; with `max_len` (the context the model has left beside the completion), so is a
@@ -30,7 +35,7 @@ def encode_prompts(tokenizer, examples, max_len: int | None = None) -> list[list
         for message in ex.prompt:
             found = next((t for t in specials if t in str(message.get("content", ""))), None)
             if found is not None:
-                raise DataError(f"row {i} ({getattr(ex, 'uid', '')}): its {message.get('role', '')} text holds the "
+                raise DataError(f"{_where(ex, i)}: its {message.get('role', '')} text holds the "
                                 f"special token {found!r}, which the chat template would turn into a real turn "
                                 "marker; remove it from the data")
     try:
@@ -44,6 +49,6 @@ def encode_prompts(tokenizer, examples, max_len: int | None = None) -> list[list
     too_long = [i for i, p in enumerate(ids) if max_len is not None and len(p) > max_len]
     if too_long:
         i = too_long[0]
-        raise DataError(f"row {i} ({getattr(examples[i], 'uid', '')}): its prompt is {len(ids[i])} tokens, more than "
+        raise DataError(f"{_where(examples[i], i)}: its prompt is {len(ids[i])} tokens, more than "
                         f"the {max_len} the model's context leaves beside --max-tokens ({len(too_long)} such rows)")
     return ids

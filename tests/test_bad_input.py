@@ -215,7 +215,8 @@ def test_a_prompt_longer_than_the_models_context_is_one_line_naming_its_row(tiny
     before = snapshot(tmp_path)
     result = run("train.py", "--task", "gsm8k", "--model", tiny_model_dir, "--data-file", data, "--max-tokens", "16",
                  "--out-dir", tmp_path / "run")
-    assert_one_line(result, 1, "train.py: error: row ", "tokens, more than the 1008 the model's context leaves")
+    assert_one_line(result, 1, f"train.py: error: {data} line 3 ", "tokens, more than the 1008 the model's context "
+                    "leaves")
     assert snapshot(tmp_path) == before and not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
@@ -557,7 +558,8 @@ def test_a_data_file_with_only_held_out_rows_is_one_line(tiny_model_dir, tmp_pat
 def test_max_tokens_beyond_the_context_is_one_line(tiny_model_dir, tmp_path):
     result = run("train.py", *TINY_RUN[:6], "--max-tokens", "5000", "--model", tiny_model_dir, "--out-dir",
                  tmp_path / "run")
-    assert_one_line(result, 1, "train.py: error: --max-tokens 5000 leaves no room", "context of 1024 tokens")
+    assert_one_line(result, 2, "train.py: error: --max-tokens 5,000 leaves no room", "context of 1,024 tokens")
+    assert not (tmp_path / "run").exists()  # refused at the command line, from config.json: before the model loads
 
 
 def test_a_chat_template_that_escapes_the_sandbox_is_one_line(tiny_model_dir, tmp_path):

@@ -268,6 +268,7 @@ def test_unreachable_server_is_one_line_and_exit_1(tmp_path, capsys):
     # eval.py checks the judge before it loads a model: the missing model is never reached
     with pytest.raises(SystemExit) as exit_info:
         eval_cli.main(["--model", str(tmp_path / "no-model"), "--task", "poetry", "--data-file", POEMS,
+                       "--split", "train",  # its 6 poems hash to train: a test split with none is refused first
                        "--judge-url", url, "--judge-model", "m", "--judge-retries", "0"])
     err = capsys.readouterr().err  # (datasets may draw a progress bar above it)
     assert exit_info.value.code == 1 and "Traceback" not in err

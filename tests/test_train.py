@@ -202,7 +202,8 @@ def test_plan_prints_the_preset_and_exits_without_loading_or_refusing_a_taken_ru
     assert "every layer's saved tensors" in without.stdout and without.stdout != result.stdout
     bad = cli("--task", "deepmath", "--plan", "--plan-gpus", "0")
     assert bad.returncode == 2 and bad.stdout == ""
-    assert bad.stderr.strip().splitlines() == ["train.py: error: --plan: the plan needs gpus >= 1 and gpu_gb > 0"]
+    assert bad.stderr.strip().splitlines() == ["train.py: error: --plan-gpus must be >= 1 and --plan-gpu-gb finite "
+                                               "and > 0"]  # train.py's checks, with --plan-gpus as the ranks
 
 
 def test_batch_indices_cover_each_epoch_once_and_reshuffle():

@@ -268,7 +268,11 @@ class Judge:
         response = self.client.chat.completions.create(model=self.model, messages=messages,
                                                        temperature=self.temperature, max_tokens=self.max_tokens)
         choice = response.choices[0]
-        answer = {"raw": choice.message.content or "", "finish_reason": choice.finish_reason}
+        content = choice.message.content
+        if isinstance(content, list):  # content parts, [{"type": "text", "text": ...}]: their text, in order
+            content = "".join(str(part.get("text") or "") if isinstance(part, dict) else str(part) for part in content)
+        answer = {"raw": content if isinstance(content, str) else "" if content is None else str(content),
+                  "finish_reason": choice.finish_reason}
         reasoning = getattr(choice.message, "reasoning_content", None) or getattr(choice.message, "reasoning", None)
         if reasoning:
             answer["reasoning"] = reasoning
@@ -399,9 +403,14 @@ def judge_result(result: dict, judges: list[Judge], path: str, *, save_to: str |
             result["judge_summary"] = summarize(result, judges)
             write_json(save_to, result, indent=1)
     if failures:
+        import openai
+
+        # a server or network failure may pass; an answer this code cannot read comes back the same on a rerun
+        transient = all(isinstance(err, (openai.APIError, OSError)) for err in failures)
+        advice = ("rerun the same command to finish" if transient else "rerunning asks again and fails the same way: "
+                  "the judge's answers are not what judge.py reads (see the error)")
         raise JudgeError(f"{len(failures)} judge request(s) failed after retries (last: {type(failures[-1]).__name__}: "
-                         f"{first_line(failures[-1])}); the {answered} answered are saved in "
-                         f"{save_to}: rerun the same command to finish")
+                         f"{first_line(failures[-1])}); the {answered} answered are saved in {save_to}: {advice}")
     return result["judge_summary"]
 
 

@@ -264,8 +264,8 @@ def plan(args: dict, *, gpus: int, gpu_gb: float, grad_checkpointing: bool, prom
     scripts/gpu_check.sh runs it, is FSDP2 over one rank: a float32 reference, gathers, foreach AdamW)."""
     shape = model_shape(args["model"])
     prompt = prompt_tokens if prompt_tokens is not None else task_prompt_tokens(args["task"])
-    if gpus < 1 or gpu_gb <= 0:
-        raise ValueError("the plan needs gpus >= 1 and gpu_gb > 0")
+    if gpus < 1 or not (math.isfinite(gpu_gb) and gpu_gb > 0) or prompt < 1:
+        raise ValueError("the plan needs gpus >= 1, a finite gpu_gb > 0 and prompt_tokens >= 1")
     bf16 = args.get("dtype", "auto") in ("auto", "bfloat16")  # auto is bf16 on every GPU train.py targets
     c, K, ranks = 2 if bf16 else 4, args["max_tokens"], gpus
     per_minibatch = args["rollout_batch"] * args["M"] / (ranks * args.get("minibatches", 1))  # sequences, one rank
@@ -389,9 +389,10 @@ def paper_table(presets: dict, defaults: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from config import PRESETS, Args  # the presets live with the flags they set
+    from config import PRESETS, Args, check_args  # the presets live with the flags they set
+    from plumbing.cli import OneLineParser
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = OneLineParser("memory_plan.py", description=__doc__.split("\n")[0])
     parser.add_argument("--task", default="deepmath", help=f"a preset of train.py: {', '.join(PRESETS)}")
     parser.add_argument("--gpus", type=int, default=8, help="ranks (one GPU each)")
     parser.add_argument("--gpu-gb", type=float, default=80.0, help="memory per GPU, GiB")
@@ -406,6 +407,9 @@ def main(argv=None) -> int:
     if cli.task not in PRESETS:
         parser.error(f"--task must be one of {', '.join(PRESETS)}")
     args = {**Args().__dict__, **PRESETS[cli.task], "task": cli.task, **({"model": cli.model} if cli.model else {})}
+    # train.py's own checks of these flags on these GPUs (as train.py --plan): a plan train.py would refuse is none
+    if error := check_args(Args(**{**args, "plan": True, "plan_gpus": cli.gpus, "plan_gpu_gb": cli.gpu_gb})):
+        parser.error(error.replace("--plan-gpu-gb", "--gpu-gb").replace("--plan-gpus", "--gpus"))
     try:
         p = plan(args, gpus=cli.gpus, gpu_gb=cli.gpu_gb, grad_checkpointing=cli.grad_checkpointing,
                  prompt_tokens=cli.prompt_tokens)

@@ -117,13 +117,23 @@ def paired_difference(values: list[float], baseline: list[float], level: float =
 
 # ---- the grid spec
 
+MAX_SEEDS = 10_000  # one train.py run each: a spec past this is a typo, and its list alone could fill the memory
+
+
 def parse_seeds(text: str) -> list[int]:
-    """'0-9' or '0,2,5' or '0-4,7' -> sorted distinct seeds."""
+    """'0-9' or '0,2,5' or '0-4,7' -> sorted distinct seeds, at most MAX_SEEDS (counted before any list is made)."""
     seeds = set()
     try:
         for part in text.split(","):
             a, _, b = part.strip().partition("-")
-            seeds.update(range(int(a), int(b) + 1) if b else [int(a)])
+            first, last = int(a), int(b) if b else int(a)
+            if last - first + 1 + len(seeds) > MAX_SEEDS:
+                raise SpecError(f"seeds '{text}': more than {MAX_SEEDS:,} seeds, one train.py run each")
+            if last < first:
+                raise SpecError(f"seeds '{text}': the range {part.strip()} is empty (write LOW-HIGH)")
+            seeds.update(range(first, last + 1))
+    except SpecError:
+        raise
     except ValueError:
         raise SpecError(f"seeds '{text}': use 0-9, 0,2,5 or 0-4,7") from None
     if not seeds or min(seeds) < 0:
@@ -139,7 +149,11 @@ def expand_grid(configs: list[str], grids: list[str], seeds: list[int]) -> list[
         name, at, own_seeds = head.strip().partition("@")
         if not sep or not name:
             raise SpecError(f"--config '{text}': write NAME=FLAGS or NAME@SEEDS=FLAGS")
-        base.append({"name": name, "flags": shlex.split(flags), "seeds": parse_seeds(own_seeds) if at else seeds})
+        try:
+            split = shlex.split(flags)
+        except ValueError as err:  # "No closing quotation"
+            raise SpecError(f"--config '{text}': {err} (close each quote, e.g. a=--tau \"0.1\")") from None
+        base.append({"name": name, "flags": split, "seeds": parse_seeds(own_seeds) if at else seeds})
     base = base or [{"name": "", "flags": [], "seeds": seeds}]
     for axis in grids or []:
         key, sep, values = axis.partition("=")
@@ -537,6 +551,8 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny-model grid with resume and arithmetic checks")
     parser.error = lambda message: (print(f"sweep.py: error: {message}", file=sys.stderr), sys.exit(2))
     opts = parser.parse_args(argv)
+    if not 0 <= opts.min_free_gb < math.inf:  # NaN fails both: it would never wait
+        parser.error(f"--min-free-gb must be finite and >= 0, got {opts.min_free_gb:g}")
     try:
         if opts.smoke:
             return smoke(opts)
