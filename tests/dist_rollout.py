@@ -1,7 +1,8 @@
 """Helpers for tests/test_rollout_step.py: a fake sampler whose rewards are written by hand, and the job it runs
 under `torchrun --nproc_per_node 2` (gloo on CPU): DAPO's refill on the fake sampler, then train.py with --rollout dapo.
 
-    torchrun --nproc_per_node 2 tests/dist_rollout.py OUT_DIR MODEL_DIR
+    torchrun --nproc_per_node 2 tests/dist_rollout.py refill OUT_DIR      # the fake sampler: rank0.pt, rank1.pt
+    torchrun --nproc_per_node 2 tests/dist_rollout.py e2e OUT_DIR MODEL_DIR   # train.py --rollout dapo, 2 steps
 """
 
 import os
@@ -48,7 +49,7 @@ def pattern_data(patterns):
 def refill(out_dir):
     """DAPO on the fake sampler, rank by rank: what each rank returns, saved for the test to compare."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    patterns = [[0, 0, 0, 0] if i % 3 else [0, 1, 1, 0] for i in range(30)]  # a third of the prompts have signal
+    patterns = [[0, 0, 0, 0] if i % 3 else [0, i + 1, 0, 0] for i in range(30)]  # a third have signal, each its own
     train_set, train_ids = pattern_data(patterns)
     args = train.Args(M=4, rollout_batch=4, seed=3, rollout="dapo", max_refill_rounds=6)
     batch = rollout.ROLLOUTS["dapo"](4, sampler=FakeSampler(), task=PatternTask(), train_set=train_set,
@@ -59,14 +60,16 @@ def refill(out_dir):
 
 
 if __name__ == "__main__":
-    out_dir, model_dir = sys.argv[1:]
-    dist.init_process_group("gloo")
-    refill(out_dir)
-    dist.barrier()
-    dist.destroy_process_group()
-    from dist_train import DigitTask
+    job, out_dir, *rest = sys.argv[1:]
+    if job == "refill":
+        dist.init_process_group("gloo")
+        refill(out_dir)
+        dist.barrier()
+        dist.destroy_process_group()
+    else:  # train.main sets up and tears down the process group itself
+        from dist_train import DigitTask
 
-    tasks.TASKS["digits"] = DigitTask()
-    train.main(train.Args(task="digits", model=model_dir, M=4, rollout_batch=4, micro_batch=4, steps=2, max_tokens=4,
-                          lr=1e-2, eval_examples=0, dtype="float32", out_dir=os.path.join(out_dir, "run"),
-                          rollout="dapo", max_refill_rounds=3))
+        tasks.TASKS["digits"] = DigitTask()
+        train.main(train.Args(task="digits", model=rest[0], M=4, rollout_batch=4, micro_batch=4, steps=2,
+                              max_tokens=4, lr=1e-2, eval_examples=0, dtype="float32", out_dir=out_dir,
+                              rollout="dapo", max_refill_rounds=3))

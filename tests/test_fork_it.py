@@ -2,7 +2,7 @@
 
 Each code block below is docs/fork.md's, character for character (test_docs_show_exactly_this_code checks it).
 The `fork` fixture copies the repository and appends each block to the stage file the page names, which is what
-pasting it below the registry does; nothing in this checkout changes. In the copy, with all seven recipes at once:
+pasting it below the registry does; nothing in this checkout changes. In the copy, with all eight recipes at once:
 each recipe does what it says (a script run there), every fast test that reaches a registry stays green
 (so tests check what a registry contains, never that it equals a list), and train.py trains two steps with every
 new flag, then eval.py scores the new task with its new reward term.
@@ -62,11 +62,25 @@ REWARD_TERMS["brevity"] = brevity_reward
 
 ROW_FILTER = '''\
 def equal_rewards(rewards, truncated):
-    """DAPO's dynamic-sampling filter, simplest form: a group whose rewards are all equal has no signal."""
+    """Mask the groups without signal, whose rewards are all equal: the batch shrinks, nothing is refilled."""
     return rewards.std(-1, keepdim=True) > 0  # (G, 1): the whole group stays or leaves
 
 
 ROW_FILTERS["equal-rewards"] = equal_rewards
+'''
+
+ROLLOUT = '''\
+def hardest_rollout(step: int, **run) -> Batch:
+    """Keep the hardest groups: sample twice the prompts, keep each rank's half with the lowest mean reward."""
+    rounds = [sample_round(step, r, **run) for r in (0, 1)]
+    world, n = run["world"], len(rounds[0].groups)
+    mean = torch.stack([b.scores["rewards"].mean(-1) for b in rounds]).view(2, world, n)  # (rounds, ranks, G_local)
+    picks = [sorted([(r, i) for r in (0, 1) for i in range(n)], key=lambda c: float(mean[c[0], q, c[1]]))[:n]
+             for q in range(world)]  # rank q's (round, group) pairs, hardest first
+    return assemble(rounds, picks, run["rank"])
+
+
+ROLLOUTS["hardest"] = hardest_rollout
 '''
 
 RATIO = '''\
@@ -95,7 +109,7 @@ TASKS["topic"] = Task(name="topic", columns=("topic", "keyword", "example"), key
 '''
 
 RECIPES = [("advantage.py", ESTIMATOR), ("tasks.py", TASK), ("loss.py", AGGREGATION), ("rewards.py", REWARD_TERM),
-           ("loss.py", ROW_FILTER), ("loss.py", RATIO), ("tasks.py", OWN_TASK)]
+           ("loss.py", ROW_FILTER), ("loss.py", RATIO), ("tasks.py", OWN_TASK), ("rollout.py", ROLLOUT)]
 
 
 def repository_files():
@@ -111,7 +125,7 @@ def repository_files():
 
 @pytest.fixture(scope="module")
 def fork(tmp_path_factory):
-    """A copy of the repository with the seven recipes appended to their files, and its data files."""
+    """A copy of the repository with the eight recipes appended to their files, and its data files."""
     root = tmp_path_factory.mktemp("fork")
     for name in repository_files():
         os.makedirs(root / os.path.dirname(name), exist_ok=True)
@@ -197,6 +211,22 @@ assert topic.reward("nothing here", row, kind="mentions") == 0.0
 rewards.STRICT = False  # as in training: an exception scores 0 and is counted
 assert topic.reward("x", tasks.Example(prompt=[], gold=None, reference=""), kind="mentions") == 0.0
 assert rewards.take_error_count() == 1
+
+# 8. the rollout policy: twice the prompts sampled, the hardest half kept (one rank), scores following the groups
+import sys
+sys.path.insert(0, "tests")
+import rollout, train
+from dist_rollout import FakeSampler, PatternTask, pattern_data
+patterns = [[1, 1, 1, 1], [1, 0, 1, 1], [0, 0, 1, 0], [0, 0, 0, 0], [1, 1, 0, 0]] * 3  # means 1, .75, .25, 0, .5
+train_set, train_ids = pattern_data(patterns)
+sampler = FakeSampler()
+batch = rollout.ROLLOUTS["hardest"](5, sampler=sampler, task=PatternTask(), train_set=train_set, train_ids=train_ids,
+                                    weights={"exact": 1.0}, args=train.Args(M=4, rollout_batch=4, seed=1), rank=0,
+                                    world=1, device=torch.device("cpu"))
+drawn = [i for r in (0, 1) for i in rollout.batch_indices(5, 4, 15, 1, r)]
+means = sorted(sum(patterns[i]) / 4 for i in drawn)
+assert len(sampler.calls) == 2 and sorted(batch.scores["rewards"].mean(-1).tolist()) == means[:4]
+assert [sum(ex.meta["pattern"]) / 4 for ex in batch.examples] == batch.scores["rewards"].mean(-1).tolist()
 print("recipes ok")
 '''
 
@@ -302,14 +332,14 @@ def test_the_fast_suite_stays_green_in_the_fork(fork):
 
 @pytest.mark.slow
 def test_train_and_eval_run_with_every_recipe(fork, tiny_model_dir):
-    """train.py two steps with the page's flags for recipes 1-6, then two steps of the new task on its own reward
+    """train.py two steps with the page's flags for recipes 1-6 and 8, then two steps of the new task on its own reward
     term, then eval.py scoring that run's checkpoint with the term."""
     common = ["--model", tiny_model_dir, "--M", "4", "--rollout-batch", "4", "--micro-batch", "8", "--steps", "2",
               "--max-tokens", "4", "--warmup-steps", "0", "--eval-examples", "0", "--dtype", "float32"]
     result = run_in(fork, "train.py", "--task", "qa", "--data-file", "qa.jsonl", "--advantage", "floorgrpo",
                     "--std-floor", "0.2", "--loss-agg", "seq-mean-token-sum", "--reward-weights",
                     "exact=1,brevity=0.1", "--row-filter", "equal-rewards", "--ratio", "sequence",
-                    "--alloc-estimators", "all", "--out-dir", "run-qa", *common)
+                    "--alloc-estimators", "all", "--rollout", "hardest", "--out-dir", "run-qa", *common)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = [json.loads(line) for line in open(fork / "run-qa" / "metrics.jsonl")]
     assert [m["step"] for m in metrics] == [1, 2]
@@ -318,8 +348,8 @@ def test_train_and_eval_run_with_every_recipe(fork, tiny_model_dir):
     saved = json.loads(run_in(fork, "-c", "import json; from plumbing.checkpoint import find_checkpoint, "
                               "read_trainer_state; print(json.dumps(read_trainer_state(find_checkpoint('run-qa'))"
                               "['args']))").stdout)
-    assert (saved["advantage"], saved["std_floor"], saved["loss_agg"], saved["row_filter"], saved["ratio"]) == \
-        ("floorgrpo", 0.2, "seq-mean-token-sum", "equal-rewards", "sequence")
+    assert (saved["advantage"], saved["std_floor"], saved["loss_agg"], saved["row_filter"], saved["ratio"],
+            saved["rollout"]) == ("floorgrpo", 0.2, "seq-mean-token-sum", "equal-rewards", "sequence", "hardest")
 
     result = run_in(fork, "train.py", "--task", "topic", "--data-file", "topics.jsonl", "--reward-weights",
                     "mentions=1,sim=0.5", "--out-dir", "run-topic", *common)

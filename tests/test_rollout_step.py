@@ -202,13 +202,17 @@ def test_dapo_run_resumes_exactly(tiny_model_dir, tmp_path, digits):
     assert all(r["adv/zero_group_frac"] == pytest.approx(1 - r["rollout/signal_frac"]) for r in straight)
 
 
+def torchrun(*job):
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           os.path.join(ROOT, "tests", "dist_rollout.py"), *job],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
 @pytest.mark.slow
 def test_ranks_agree_under_torchrun_2(tiny_model_dir, tmp_path):
-    """The fake sampler on 2 ranks: the same rounds and metrics, gathered scores and picks on both; then train.py
-    with --rollout dapo for 2 steps (its collectives in step: it ends)."""
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                             os.path.join(ROOT, "tests", "dist_rollout.py"), str(tmp_path), tiny_model_dir],
-                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    """The fake sampler on 2 ranks: the same rounds, metrics and gathered scores on both, each rank's share its own
+    samples, all with signal; then train.py with --rollout dapo for 2 steps (its collectives in step: it ends)."""
+    result = torchrun("refill", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
     assert ranks[0]["metrics"] == ranks[1]["metrics"] and ranks[0]["metrics"]["rollout/rounds"] > 1
@@ -217,5 +221,8 @@ def test_ranks_agree_under_torchrun_2(tiny_model_dir, tmp_path):
         assert share["rewards"][2 * r:2 * r + 2].tolist() == share["own"]  # this rank's rows are its own samples
         assert all(len(set(p)) > 1 for p in share["own"])  # every group with signal
     assert ranks[0]["uids"] != ranks[1]["uids"]
+    result = torchrun("e2e", str(tmp_path / "run"), tiny_model_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2] and all("rollout/rounds" in r for r in rows)
+    assert [r["step"] for r in rows] == [1, 2] and all(r["rollout/rounds"] >= 1 for r in rows)
+    assert all(r["adv/zero_group_frac"] == pytest.approx(1 - r["rollout/signal_frac"]) for r in rows)
