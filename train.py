@@ -1,9 +1,10 @@
 """SoftmaxGRPO training (Section 4, Appendix B.1): sample a group, score it, softmax advantages, PPO-clip.
 
-Each step: M completions per prompt from the colocated sampler -> task rewards -> group advantages (advantage.py;
-`--advantage softmax` is Eq. 1) -> PPO-clip + reference-KL loss (loss.py) over minibatches -> AdamW step -> weights
-into the sampler -> sampler/trainer agreement check -> metrics. Around the loop: config.py (flags), the stage files,
-plumbing/ (FSDP2, checkpoints, the run log) and speed/.
+Each step: M completions per prompt from the colocated sampler, scored (rollout.py: ROLLOUTS[--rollout]; `dapo`
+refills the groups without signal) -> group advantages (advantage.py; `--advantage softmax` is Eq. 1) -> PPO-clip +
+reference-KL loss (loss.py) over minibatches -> AdamW step -> weights into the sampler -> sampler/trainer agreement
+check -> metrics. Around the loop: config.py (flags), the stage files, plumbing/ (FSDP2, checkpoints, the run log)
+and speed/.
 
     python train.py                                   # CPU demo: SmolLM2-135M learns arith, eval before/after
     python train.py --advantage grpo                  # the same demo with GRPO's advantages

@@ -249,7 +249,8 @@ def test_each_recipe_does_what_it_says_in_the_fork(fork):
 # presets. The fork's fast suite runs every test that does in its own code, or that names a helper, constant or
 # fixture (its file's or conftest's) reaching a registry by name; and all of test_layout (the recipes add code to
 # stage files). A helper that builds Args (tiny_args) pins nothing: a test pins the flags only by listing them.
-REGISTRY_NAMES = r"ESTIMATORS|TASKS|AGGREGATIONS|REWARD_TERMS|ROW_FILTERS|RATIOS|IS_CORRECTIONS|SAMPLERS|PRESETS"
+REGISTRY_NAMES = (r"ESTIMATORS|TASKS|AGGREGATIONS|REWARD_TERMS|ROW_FILTERS|RATIOS|IS_CORRECTIONS|SAMPLERS|PRESETS"
+                  r"|ROLLOUTS")
 REACHES_A_REGISTRY = re.compile(REGISTRY_NAMES + r"|choices\(|must be one of|--help|estimator_params|hyperparameter"
                                 r"|Args\(")
 
