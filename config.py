@@ -62,8 +62,16 @@ class _Args:
     mask_truncated: bool = arg(False, "completions cut at --max-tokens get no loss weight and leave the loss "
                                "denominator (DAPO's overlong filtering); they still count in their group's "
                                "advantages")
-    row_filter: str = arg("none", "batch filter (loss.py: ROW_FILTERS): the samples it drops get no loss weight and "
-                          "leave the loss denominator; they still count in their group's advantages")
+    row_filter: str = arg("none", "mask-only batch filter (loss.py: ROW_FILTERS): the samples it drops get no loss "
+                          "weight and leave the loss denominator, so the batch shrinks; they still count in their "
+                          "group's advantages")
+    rollout: str = arg("plain", "how a step fills its batch (rollout.py: ROLLOUTS): plain, the paper's; dapo, DAPO's "
+                       "dynamic sampling: groups of equal rewards are dropped and refilled with new prompts")
+    filter_std: float = arg(1e-6, "--rollout dapo: a group whose rewards' std is at most this has no signal")
+    max_refill_rounds: int = arg(3, "--rollout dapo: at most this many extra rounds of --rollout-batch prompts per "
+                                 "step (<= 15); past them the batch is topped up with zero-signal groups")
+    overlong_buffer: int = arg(0, "the overlong reward term's L_cache (DAPO Eq. 13): its ramp's tokens below "
+                               "--max-tokens; 0: a fifth of --max-tokens, DAPO's 4096 of 20480")
     dtype: str = arg("auto", "bfloat16 (autocast over float32 master weights), float32, or auto: bfloat16 where "
                      "the hardware has bf16 matrix units (GPUs, CPUs with AVX512-BF16/AMX), else float32")
     sampler: str = arg("auto", "auto (vllm on a GPU, where it must be installed; hf on CPU), hf or vllm")
@@ -227,14 +235,15 @@ RESUME_KEEPS = ("task", "advantage", "M", "seed", "rollout_batch", "data_file")
 
 def choices() -> dict:
     """Each string flag's registry, whose keys are its valid values: a fork's new entry is a valid value at once."""
-    from rollout import SAMPLERS  # imports transformers: only when checking
+    from rollout import ROLLOUTS, SAMPLERS  # imports transformers: only when checking
 
     return {"advantage": ESTIMATORS, "reward": ("exact", *REWARD_TERMS), **OPTION_CHOICES, "row_filter": ROW_FILTERS,
-            "sampler": ("auto", *SAMPLERS), "dtype": ("auto", "bfloat16", "float32")}
+            "sampler": ("auto", *SAMPLERS), "dtype": ("auto", "bfloat16", "float32"), "rollout": ROLLOUTS}
 
 
 def check_args(args: Args) -> str | None:
     """The first problem with `args` as one line, or None; reads nothing but small files."""
+    from rollout import MAX_REFILLS
     from tasks import get_task, reward_weights
 
     try:
@@ -277,6 +286,13 @@ def check_args(args: Args) -> str | None:
         (args.steps < 2**24, f"--steps must be below 2^24 = {2**24:,}: rollout.step_seed gives each step 24 bits"),
         (all(name in ESTIMATORS for name in alloc_estimators(args)),
          f"--alloc-estimators must name estimators of {', '.join(ESTIMATORS)}, or all"),
+        (math.isfinite(args.filter_std) and args.filter_std >= 0 and 0 <= args.max_refill_rounds <= MAX_REFILLS,
+         f"--filter-std must be finite and >= 0, --max-refill-rounds in [0, {MAX_REFILLS}]"),
+        (args.rollout == "dapo" or (args.filter_std, args.max_refill_rounds) == (_Args.filter_std,
+                                                                                 _Args.max_refill_rounds),
+         "--filter-std and --max-refill-rounds are read by --rollout dapo only"),
+        (args.rollout != "dapo" or args.steps <= 2**20, "--rollout dapo: --steps must be <= 2^20 (rollout.step_seed)"),
+        (0 <= args.overlong_buffer < args.max_tokens, "--overlong-buffer must be in [0, --max-tokens)"),
     ]
     for ok, message in rules:
         if not ok:
@@ -290,6 +306,8 @@ def check_args(args: Args) -> str | None:
         weights = reward_weights(task, args.reward, args.reward_weights)
     except ValueError as err:
         return str(err)
+    if args.overlong_buffer and "overlong" not in weights:
+        return "--overlong-buffer is read by the overlong reward term only: add it to --reward-weights"
     try:  # the estimator checks its own hyperparameters (advantage.py) on a dummy group
         compute_advantages(args.advantage, torch.zeros(1, 2), **estimator_hparams(args))
     except ValueError as err:

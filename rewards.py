@@ -133,6 +133,15 @@ def format_reward(completion) -> float:
                  and bool(final_answer(text)))
 
 
+def overlong_reward(completion, example, *, n_tokens: int, max_tokens: int, overlong_buffer: int) -> float:
+    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv 2503.14476, Eq. 13) plus 1, so that it lies in [0, 1]
+    as every term does: 1 up to L_max - L_cache tokens, falling linearly to 0 at L_max (--max-tokens, where
+    sampling stops). L_cache is --overlong-buffer. The + 1 is one constant for every sample: group advantages
+    subtract it (all but maxrl, and reinforce with a constant --baseline). rollout.score passes the three lengths."""
+    free = max_tokens - overlong_buffer  # L_max - L_cache
+    return 1.0 + min(0.0, (free - n_tokens) / overlong_buffer)  # Eq. 13 + 1: 0 <= L - free <= L_cache ramps down
+
+
 # ---------------------------------------------------------------- reward terms (--reward-weights)
 # r = sum_k w_k r_k over the terms --reward-weights names (train.py: score); "exact", the task's verifier, is not
 # here: Task.reward scores it. A term takes (completion, example) and may read example.reference, .gold, .meta.
@@ -141,6 +150,7 @@ def format_reward(completion) -> float:
 REWARD_TERMS: dict[str, Callable[[str, Any], float]] = {
     "sim": lambda completion, example: similarity_reward(completion, example.reference),  # Appendix B.5
     "format": lambda completion, example: format_reward(completion),  # the official OpenThoughts run: 0.35 of it
+    "overlong": overlong_reward,  # DAPO's Eq. 13 (+ 1), given the completion's token count (--overlong-buffer)
 }
 
 

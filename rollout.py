@@ -5,19 +5,28 @@ trainer -> sampler sync), `sleep`/`wake` (memory for training) and `close`: vLLM
 transformers model on CPUs. The log-probs are of the distribution each token was drawn from, softmax(logits / T)
 over the nucleus, which at top_p = 1 is what `loss.sequence_logprobs` recomputes (pi_old). `sync_check` compares
 the two on a probe: a sampler that silently keeps its old weights is how a GRPO trainer fails without an error.
+A step's batch comes from one ROLLOUTS entry (--rollout): `plain`, the paper's, or `dapo`, DAPO's dynamic sampling
+with refill; each samples and scores (`score`) under the per-rank contract in plain_rollout's docstring.
 
-    python -m pytest tests/test_rollout.py tests/test_rollout_vllm.py   # vLLM's: after scripts/setup_vllm_cpu.sh
+    python -m pytest tests/test_rollout.py tests/test_rollout_step.py
+    python -m pytest tests/test_rollout_vllm.py   # after scripts/setup_vllm_cpu.sh
 """
 
 import functools
+import inspect
+from dataclasses import dataclass, field
 
 import torch
 from transformers.cache_utils import DynamicCache
 
 from loss import pad_batch, sequence_logprobs
+from plumbing.data import batch_indices
+from plumbing.hf_weights import SamplerWeights
 from plumbing.models import check_finite, load_model, load_tokenizer, resolve_model
-from plumbing.sync import SyncProbe, module_checksums
+from plumbing.parallel import all_reduce_sum, gather_rows
+from plumbing.sync import SyncProbe
 from plumbing.vllm_sampler import Completion, VLLMSampler  # what a sample is; the colocated vLLM engine
+from rewards import REWARD_TERMS, take_error_count
 from speed import cpu_sampler
 
 
@@ -60,8 +69,123 @@ def _top_p(probs, top_p):
     return probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
 
 
+# ---------------------------------------------------------------- the rollout step (train.py: ROLLOUTS[--rollout])
+@dataclass
+class Batch:
+    """What one step trains on. Lists are this rank's G_local = G / world groups; `scores` are every rank's,
+    gathered in rank order (this rank's at rows rank * G_local onwards): rewards, passed, lengths, cut, each
+    (G, M); terms {term: (G, M)}; errors (an int). `metrics`: the rollout's own (rollout/...), {} for plain."""
+
+    examples: list  # G_local tasks.Examples
+    prompts: list  # G_local prompts' token ids
+    groups: list  # G_local lists of M Completions
+    scores: dict
+    metrics: dict = field(default_factory=dict)
+
+
+def plain_rollout(step: int, **run) -> Batch:
+    """The paper's step: --rollout-batch prompts of the data stream, M samples each, scored.
+
+    The per-rank contract of every ROLLOUTS entry, `rollout(step, sampler=, task=, train_set=, train_ids=,
+    weights=, args=, rank=, world=, device=) -> Batch`. Every rank calls it at every step and makes the same
+    collective calls in the same order: each `score` (sample_round calls it) gathers over ranks, so all ranks
+    score the same number of rounds. A decision (another round, which groups to keep) is taken from gathered
+    scores only, never from this rank's own samples, so every rank takes the same one. Every rank returns
+    G_local = --rollout-batch / world groups of M samples, the ones it sampled itself (FSDP2's collectives in
+    ppo_update need equal shares). Which prompts and which seeds a round uses is a function of (--seed, step,
+    round) alone (sample_round), so a resumed run samples what the straight one did.
+    """
+    return sample_round(step, 0, **run)
+
+
+def dapo_rollout(step: int, **run) -> Batch:
+    """DAPO's dynamic sampling (Yu et al. 2025, arXiv 2503.14476, Sec. 3.2, the constraint of Eq. 11): a group whose
+    rewards are all equal (std <= --filter-std) has zero advantage and no gradient signal, so it is dropped and new
+    prompts are sampled (refill rounds of --rollout-batch prompts each) until the batch is full of groups with
+    signal, for at most --max-refill-rounds rounds. Each rank fills its own share from the groups it sampled, and
+    the rounds go on until every rank's share is full: the gathered rewards decide, so all ranks agree.
+
+    Past the last round a share short of signal is filled with its zero-signal groups, earliest first, so shapes
+    stay fixed; these train with advantage 0 (the KL term only) and count in the loss denominator, as in plain.
+    rollout/signal_frac (the trained batch's fraction of groups with signal) below 1 says so.
+    """
+    args, world, rank = run["args"], run["world"], run["rank"]
+    n_local, rounds = args.rollout_batch // world, []
+    while len(rounds) <= args.max_refill_rounds:
+        rounds.append(sample_round(step, len(rounds), **run))
+        rewards = torch.stack([b.scores["rewards"] for b in rounds])  # (rounds, G, M), the same on every rank
+        signal = (rewards.std(-1, correction=0) > args.filter_std).view(len(rounds), world, n_local)
+        if (signal.sum((0, 2)) >= n_local).all():  # every rank's share can be full
+            break
+    candidates = [(r, i) for r in range(len(rounds)) for i in range(n_local)]  # (round, local index): oldest first
+    picks = [sorted(candidates, key=lambda c: not signal[c[0], q, c[1]])[:n_local] for q in range(world)]  # stable
+    kept = torch.tensor([float(signal[r, q, i]) for q, chosen in enumerate(picks) for r, i in chosen])  # (G,)
+    return assemble(rounds, picks, rank, {
+        "rollout/rounds": len(rounds),  # 1 + the refill rounds taken
+        "rollout/groups_dropped": int((~signal).sum()) - int((1 - kept).sum()),  # zero-signal groups not trained
+        "rollout/signal_frac_first": signal[0].float().mean().item(),  # with signal among the first round's
+        "rollout/signal_frac": kept.mean().item()})  # with signal in the trained batch: 1 unless rounds ran out
+
+
+ROLLOUTS = {"plain": plain_rollout, "dapo": dapo_rollout}  # --rollout; a fork's entry: docs/fork.md
+
+
+def sample_round(step: int, refill: int, *, sampler, task, train_set, train_ids, weights, args, rank, world,
+                 device) -> Batch:
+    """Round `refill` of `step` (0: the step's own prompts), scored: every world-th prompt of --rollout-batch on
+    this rank (minibatch j as in one process), M samples each from streams of their own (step_seed)."""
+    n_local = args.rollout_batch // world
+    mine = batch_indices(step, args.rollout_batch, len(train_set), args.seed, refill)[rank::world]
+    examples, prompts = [train_set[i] for i in mine], [train_ids[i] for i in mine]
+    seed = step_seed(args.seed, step, rank * n_local, args.rollout_batch, args.M, refill)
+    groups = sampler.generate(prompts, n=args.M, max_tokens=args.max_tokens, temperature=args.temperature,
+                              top_p=args.top_p, seed=seed)  # G_local lists of M completions
+    limits = dict(max_tokens=args.max_tokens, overlong_buffer=args.overlong_buffer or max(1, args.max_tokens // 5))
+    return Batch(examples, prompts, groups, score(task, examples, groups, weights, device, limits))
+
+
+def assemble(rounds: list[Batch], picks: list[list[tuple[int, int]]], rank: int, metrics=None) -> Batch:
+    """The batch of the groups `picks` names: picks[q] holds rank q's (round, local index) pairs, as many on every
+    rank; this rank keeps its own samples, the scores are every rank's, gathered rows in rank order."""
+    n_local = len(rounds[0].groups)
+
+    def rows(table):  # (G, M): the picked rows of table(round), a gathered (G, M)
+        return torch.stack([table(r)[q * n_local + i] for q, chosen in enumerate(picks) for r, i in chosen])
+
+    scores = {key: rows(lambda r, key=key: rounds[r].scores[key]) for key in ("rewards", "passed", "lengths", "cut")}
+    scores["terms"] = {term: rows(lambda r, term=term: rounds[r].scores["terms"][term])
+                       for term in rounds[0].scores["terms"]}
+    scores["errors"] = sum(b.scores["errors"] for b in rounds)  # every round's, as each was scored
+    mine = picks[rank]
+    return Batch([rounds[r].examples[i] for r, i in mine], [rounds[r].prompts[i] for r, i in mine],
+                 [rounds[r].groups[i] for r, i in mine], scores, metrics or {})
+
+
+def score(task, examples, groups, weights: dict, device, limits=None) -> dict:
+    """This rank's groups scored, then gathered: rewards, verifier passes, lengths, truncations and each reward
+    term, each (G, M). The reward is the weighted sum of the terms of `weights` (--reward-weights, or --reward
+    alone: tasks.reward_weights). A term declaring `n_tokens` gets the completion's token count, and any of
+    `limits`' keywords it declares (max_tokens, overlong_buffer) their values: a length-aware term is one edit."""
+    def table(term):  # (G_local, M): one reward term of every sample
+        wants = set(inspect.signature(REWARD_TERMS[term]).parameters) if term in REWARD_TERMS else set()
+        given = {k: v for k, v in (limits or {}).items() if k in wants}
+        return torch.tensor([[task.reward(c.text, ex, kind=term, **given,
+                                          **({"n_tokens": len(c.token_ids)} if "n_tokens" in wants else {}))
+                              for c in g] for ex, g in zip(examples, groups)])
+
+    terms = {term: table(term) for term in weights}
+    rewards = sum(weight * terms[term] for term, weight in weights.items())  # r = sum_k w_k r_k
+    passed = terms["exact"] if "exact" in terms else table("exact") if task.has_verifier else 0 * rewards
+    lengths = torch.tensor([[len(c.token_ids) for c in g] for g in groups], dtype=torch.float32)  # (G_local, M)
+    cut = torch.tensor([[c.finish_reason == "length" for c in g] for g in groups], dtype=torch.float32)
+    return {"rewards": gather_rows(rewards, device), "passed": gather_rows((passed >= 0.5).float(), device),
+            "lengths": gather_rows(lengths, device), "cut": gather_rows(cut, device),
+            "terms": {term: gather_rows(terms[term], device) for term in weights},
+            "errors": all_reduce_sum([take_error_count()], device)[0]}
+
+
 # ---------------------------------------------------------------- the samplers
-class HFSampler:
+class HFSampler(SamplerWeights):
     """Sampling with Hugging Face transformers on the sampler's own copy of the model."""
 
     def __init__(self, model_path, *, dtype, seed, device="cpu", fast=None):
@@ -132,55 +256,6 @@ class HFSampler:
             logits = out.logits[:, -1].float()  # (R, V)
         return tokens, logps
 
-    @torch.no_grad()
-    def update_weights(self, named_tensors):
-        # lm_head.weight is the embedding matrix itself when tied, so copying either name updates both.
-        params = dict(self.model.named_parameters(remove_duplicate=False))
-        for name, tensor in named_tensors:
-            if tensor.shape != self.shapes[name]:
-                raise ValueError(f"update_weights: {name} has shape {tuple(tensor.shape)}, the sampler's "
-                                 f"{tuple(self.shapes[name])}")
-            param = params[name]
-            if not (self.fast and self.fast.load(name, tensor)):  # a weight kept only packed is packed from it
-                if param.shape != tensor.shape:  # asleep: its storage was given back
-                    param.data = torch.empty_like(tensor, dtype=param.dtype, device=param.device)
-                param.copy_(tensor.to(param.device, param.dtype))
-            del tensor  # gone before the next one is gathered: the sync holds one full parameter
-        missing = self._empty_weights()
-        if missing:
-            raise ValueError(f"update_weights left {len(missing)} weights of the sleeping sampler empty, "
-                             f"e.g. {missing[0]}")
-        if self.fast:
-            self.fast.repack(self.model)
-
-    def _empty_weights(self) -> list[str]:
-        """The weights with no storage: every one while asleep, those a sync left out after it."""
-        return [name for name, p in self.model.named_parameters(remove_duplicate=False)
-                if (self.fast.empty(name) if self.fast and self.fast.owns(name) else p.shape != self.shapes[name])]
-
-    def sleep(self) -> int:
-        """Frees the weights, dead until update_weights brings the new ones, so that training can use their memory.
-        Returns the bytes freed."""
-        freed = 0
-        for p in self.model.parameters():  # a tied lm_head is the embedding's parameter: freed once
-            freed += p.numel() * p.element_size()
-            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
-        return freed + (self.fast.sleep(self.model) if self.fast else 0)
-
-    def wake(self):
-        pass  # update_weights reallocates: the weights arrive with it
-
-    def device(self) -> torch.device:
-        """The device this sampler's model lives on (scripts/gpu_check.sh: no two ranks' engines share one)."""
-        return self.model.device
-
-    def weight_checksums(self, shapes) -> dict:
-        """{name: checksum} of the weights it computes with (plumbing/sync.py: check_weights)."""
-        return module_checksums(self.model, self.dtype)
-
-    def close(self):
-        del self.model
-
 
 SAMPLERS = ("hf", "vllm")  # --sampler's kinds (and auto: vllm on a GPU, hf on CPU)
 
@@ -195,11 +270,15 @@ def make_sampler(backend, model_path, *, dtype="bfloat16", max_model_len=2048, s
                        gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs)  # None: vLLM's
 
 
-def step_seed(run_seed: int, step: int, first_prompt: int, prompts_per_step: int, n: int) -> int:
+MAX_REFILLS = 15  # refill rounds a step may take (--max-refill-rounds): each draws from a step lane of its own
+
+
+def step_seed(run_seed: int, step: int, first_prompt: int, prompts_per_step: int, n: int, refill: int = 0) -> int:
     """The `seed` of one rank's generate() call in a training step. Sample k of the call's prompt i then draws
     stream ((run_seed * 2^24 + step) * prompts_per_step + first_prompt + i) * n + k: one stream per (run seed,
-    step, prompt, sample) when rank r passes first_prompt = r * its prompts per step (runs under 2^24 steps)."""
-    return ((run_seed * 2**24 + step) * prompts_per_step + first_prompt) * n
+    step, prompt, sample) when rank r passes first_prompt = r * its prompts per step (runs under 2^24 steps).
+    Refill round r draws as step + r * 2^20 would: no other round's or step's streams in runs under 2^20 steps."""
+    return ((run_seed * 2**24 + refill * 2**20 + step) * prompts_per_step + first_prompt) * n
 
 
 @torch.no_grad()

@@ -16,7 +16,7 @@ import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, partial, wraps
 
 from plumbing import data
 from plumbing.data import DataError, Demonstrations, digest, in_test
@@ -76,8 +76,9 @@ class Task:
             return self.generate(split, default if limit is None else limit, seed)
         return data.load_rows(self, split, data_file, limit=limit, seed=seed, demos=demos, demo_file=demo_file)
 
-    def reward(self, completion: str, example: Example, kind: str = "exact") -> float:
-        """One reward term of a completion: "exact" (the verifier), "sim" (B.5) or any rewards.REWARD_TERMS'."""
+    def reward(self, completion: str, example: Example, kind: str = "exact", **lengths) -> float:
+        """One reward term of a completion: "exact" (the verifier), "sim" (B.5) or any rewards.REWARD_TERMS'.
+        `lengths` (n_tokens=, ...: rollout.score) go to a term that declares them, DAPO's overlong one."""
         if kind == "exact":
             if not self.has_verifier:
                 raise ValueError(f"{self.name} has no verifier: use --reward sim")
@@ -87,7 +88,9 @@ class Task:
             raise DataError(f"{self.name} example {example.uid} has no demonstration for --reward sim: {joined}pass "
                             "--data-file with a 'reference' column")
         if kind in REWARD_TERMS:
-            return safe_reward(REWARD_TERMS[kind])(completion, example)  # in [0, 1]; an exception scores 0
+            term = REWARD_TERMS[kind]
+            term = wraps(term)(partial(term, **lengths)) if lengths else term
+            return safe_reward(term)(completion, example)  # in [0, 1]; an exception scores 0
         raise ValueError(f"unknown reward kind {kind!r}: use one of {', '.join(('exact', *REWARD_TERMS))}")
 
     def extract(self, completion: str) -> str:

@@ -1,9 +1,10 @@
 """SoftmaxGRPO training (Section 4, Appendix B.1): sample a group, score it, softmax advantages, PPO-clip.
 
-Each step: M completions per prompt from the colocated sampler -> task rewards -> group advantages (advantage.py;
-`--advantage softmax` is Eq. 1) -> PPO-clip + reference-KL loss (loss.py) over minibatches -> AdamW step -> weights
-into the sampler -> sampler/trainer agreement check -> metrics. Around the loop: config.py (flags), the stage files,
-plumbing/ (FSDP2, checkpoints, the run log) and speed/.
+Each step: M completions per prompt from the colocated sampler, scored (rollout.py: ROLLOUTS[--rollout]; `dapo`
+refills the groups without signal) -> group advantages (advantage.py; `--advantage softmax` is Eq. 1) -> PPO-clip +
+reference-KL loss (loss.py) over minibatches -> AdamW step -> weights into the sampler -> sampler/trainer agreement
+check -> metrics. Around the loop: config.py (flags), the stage files, plumbing/ (FSDP2, checkpoints, the run log)
+and speed/.
 
     python train.py                                   # CPU demo: SmolLM2-135M learns arith, eval before/after
     python train.py --advantage grpo                  # the same demo with GRPO's advantages
@@ -48,13 +49,12 @@ from plumbing.checkpoint import (
 )
 from plumbing.checks import sampling_memory_error
 from plumbing.cli import first_line
-from plumbing.data import batch_indices, load_data
+from plumbing.data import load_data
 from plumbing.files import AppendError
 from plumbing.models import ModelLoadError, SamplingError, load_model, load_tokenizer
-from plumbing.parallel import all_reduce_sum, full_weights, gather_rows, init_distributed, shard
+from plumbing.parallel import all_reduce_sum, full_weights, init_distributed, shard
 from plumbing.run_folder import RunFolderError, lock_run_folder, run_folder_error
 from plumbing.sync import SyncError, check_sync, check_weights, weight_checksums
-from rewards import take_error_count
 from speed.allocator import release_freed_memory
 from speed.backward import configure_backward, store_linears_bf16
 from speed.compile import compile_layers
@@ -79,7 +79,7 @@ def main(args: Args, checked: bool = False) -> dict:
 
 def train(args: Args) -> dict:
     from plumbing.prompts import encode_prompts
-    from rollout import make_sampler, resolve_model, step_seed, sync_check
+    from rollout import ROLLOUTS, make_sampler, resolve_model, sync_check
     from tasks import get_task, reward_weights
 
     # ---- setup: derived values, processes, data, models, sampler, log, held-out score before training
@@ -128,24 +128,22 @@ def train(args: Args) -> dict:
         run_log.report_eval(evals, out_dir, task, len(test_set), master)
 
     metrics, n_local = {}, args.rollout_batch // world
+    rollout_step = partial(ROLLOUTS[args.rollout], sampler=sampler, task=task, train_set=train_set,
+                           train_ids=train_ids, weights=weights, args=args, rank=rank, world=world, device=device)
     bar = tqdm(range(start_step, args.steps), initial=start_step, total=args.steps, disable=not master,
                desc=f"{args.advantage} on {args.task}")
     for step in bar:
         t0 = time.perf_counter()
         memory.start()
-        # -- rollout: M samples for each of this rank's prompts (every world-th: minibatch j as in one process)
-        mine = batch_indices(step, args.rollout_batch, len(train_set), args.seed)[rank::world]
-        examples, prompts = [train_set[i] for i in mine], [train_ids[i] for i in mine]
-        seed = step_seed(args.seed, step, rank * n_local, args.rollout_batch, args.M)  # own stream per sample
-        groups = sampler.generate(prompts, n=args.M, max_tokens=args.max_tokens, temperature=args.temperature,
-                                  top_p=args.top_p, seed=seed)  # G_local lists of M completions
+        # -- rollout: this rank's G_local prompts, M samples each, scored and gathered (rollout.py: ROLLOUTS)
+        batch = rollout_step(step)
+        examples, prompts, groups, rollout = batch.examples, batch.prompts, batch.groups, batch.scores  # (G, M) each
         memory.sleep(sampler)  # its weights are dead until the sync: their memory goes to training
         if not cuda:  # and sampling's free pages back to the OS, so training starts from a compact heap
             release_freed_memory()
         t1 = time.perf_counter()
         memory.end("rollout")
-        # -- reward and advantages: gathered over ranks, so batch-level baselines see the whole batch
-        rollout = score(task, examples, groups, weights, device)  # each (G, M)
+        # -- advantages over the gathered batch, so batch-level baselines see all of it
         adv_all = compute_advantages(args.advantage, rollout["rewards"], **config.estimator_hparams(args))  # Eq. (1)
         cut = rollout["cut"].bool()  # (G, M): which samples the loss keeps, from the whole batch (loss.py)
         keep = ROW_FILTERS[args.row_filter](rollout["rewards"], cut) & (~cut if args.mask_truncated else True)
@@ -170,7 +168,7 @@ def train(args: Args) -> dict:
                                 device)  # prompt, completion
         times = {"rollout": t1 - t0, "reward": t2 - t1, "train": t3 - t2, "sync": t4 - t3, "step": t4 - t0}
         metrics = {**run_log.step_metrics(step, task.has_verifier, rollout, adv_all, train_metrics, times, tokens,
-                                          n_params, n_forwards),  # and Table 3 (grad_alloc.py) for the estimators:
+                                          n_params, n_forwards), **batch.metrics,  # and Table 3 for the estimators:
                    **allocation_metrics(rollout["rewards"], rollout["lengths"], config.alloc_estimators(args),
                                         must=args.advantage, **config.estimator_hparams(args))}  # --alloc-estimators
         samples.write(step + 1, task, examples, groups, rollout, adv_all, rank)
@@ -346,24 +344,6 @@ def evaluate_held_out(sampler, task, test_set, args: Args, rank: int, world: int
     score, n = all_reduce_sum([summary.get("pass@1", summary.get("sim_reward", 0.0)) * summary["n"],
                                summary["n"]], device)
     return score / max(n, 1)
-
-
-def score(task, examples, groups, weights: dict, device) -> dict:
-    """This rank's groups scored, then gathered: rewards, verifier passes, lengths, truncations and each reward
-    term, each (G, M). The reward is the weighted sum of the terms of `weights` (--reward-weights, or --reward
-    alone: tasks.reward_weights)."""
-    def table(term):  # (G_local, M): one reward term of every sample
-        return torch.tensor([[task.reward(c.text, ex, kind=term) for c in g] for ex, g in zip(examples, groups)])
-
-    terms = {term: table(term) for term in weights}
-    rewards = sum(weight * terms[term] for term, weight in weights.items())  # r = sum_k w_k r_k
-    passed = terms["exact"] if "exact" in terms else table("exact") if task.has_verifier else 0 * rewards
-    lengths = torch.tensor([[len(c.token_ids) for c in g] for g in groups], dtype=torch.float32)  # (G_local, M)
-    cut = torch.tensor([[c.finish_reason == "length" for c in g] for g in groups], dtype=torch.float32)
-    return {"rewards": gather_rows(rewards, device), "passed": gather_rows((passed >= 0.5).float(), device),
-            "lengths": gather_rows(lengths, device), "cut": gather_rows(cut, device),
-            "terms": {term: gather_rows(terms[term], device) for term in weights},
-            "errors": all_reduce_sum([take_error_count()], device)[0]}
 
 
 # ---------------------------------------------------------------- command line (flags: config.py)

@@ -187,6 +187,7 @@ def measure_ours(opts) -> dict:
     record = {"rss_imports": 0}
     import torch
 
+    import plumbing.data
     import plumbing.models
     import speed.allocator
     import speed.backward
@@ -274,7 +275,7 @@ def measure_ours(opts) -> dict:
     shapes, sampling, training, syncing = [], [], [], []
     for step in range(opts.steps):
         counter = itertools.count()
-        picked = [train_set[i] for i in train.batch_indices(step, opts.prompts, len(train_set), opts.seed)]
+        picked = [train_set[i] for i in plumbing.data.batch_indices(step, opts.prompts, len(train_set), opts.seed)]
         prompts = encode_prompts(tokenizer, picked)
         before = rss()
         reset_peak()

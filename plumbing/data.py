@@ -413,8 +413,13 @@ def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(n)
 
 
-def batch_indices(step: int, batch: int, n: int, seed: int) -> list[int]:
-    """Prompts of `step`: a seeded permutation of the training set per epoch, read in order (no state)."""
+def batch_indices(step: int, batch: int, n: int, seed: int, refill: int = 0) -> list[int]:
+    """Prompts of `step`: a seeded permutation of the training set per epoch, read in order (no state). Refill
+    round r >= 1 of the step (rollout.py: dapo_rollout) reads a permutation of its own, seeded by (seed, step, r):
+    what a refill consumes is a function of the step, so a resumed run draws the same and the stream is unmoved."""
+    if refill:
+        order = np.random.default_rng([seed, step, refill]).permutation(n)  # 3 words: no epoch's seed
+        return [int(order[i % n]) for i in range(batch)]
     return [int(epoch_order(seed, pos // n, n)[pos % n]) for pos in range(step * batch, (step + 1) * batch)]
 
 

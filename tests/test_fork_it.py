@@ -62,11 +62,25 @@ REWARD_TERMS["brevity"] = brevity_reward
 
 ROW_FILTER = '''\
 def equal_rewards(rewards, truncated):
-    """DAPO's dynamic-sampling filter, simplest form: a group whose rewards are all equal has no signal."""
+    """Mask the groups without signal, whose rewards are all equal: the batch shrinks, nothing is refilled."""
     return rewards.std(-1, keepdim=True) > 0  # (G, 1): the whole group stays or leaves
 
 
 ROW_FILTERS["equal-rewards"] = equal_rewards
+'''
+
+ROLLOUT = '''\
+def hardest_rollout(step: int, **run) -> Batch:
+    """Keep the hardest groups: sample twice the prompts, keep each rank's half with the lowest mean reward."""
+    rounds = [sample_round(step, r, **run) for r in (0, 1)]
+    world, n = run["world"], len(rounds[0].groups)
+    mean = torch.stack([b.scores["rewards"].mean(-1) for b in rounds]).view(2, world, n)  # (rounds, ranks, G_local)
+    picks = [sorted([(r, i) for r in (0, 1) for i in range(n)], key=lambda c: float(mean[c[0], q, c[1]]))[:n]
+             for q in range(world)]  # rank q's (round, group) pairs, hardest first
+    return assemble(rounds, picks, run["rank"])
+
+
+ROLLOUTS["hardest"] = hardest_rollout
 '''
 
 OWN_TASK = '''\
@@ -103,7 +117,8 @@ LOSS_TERMS["l2"] = logratio_l2
 '''
 
 RECIPES = [("advantage.py", ESTIMATOR), ("tasks.py", TASK), ("loss.py", AGGREGATION), ("rewards.py", REWARD_TERM),
-           ("loss.py", ROW_FILTER), ("tasks.py", OWN_TASK), ("loss.py", KL_ESTIMATOR), ("loss.py", LOSS_TERM)]
+           ("loss.py", ROW_FILTER), ("tasks.py", OWN_TASK), ("loss.py", KL_ESTIMATOR), ("loss.py", LOSS_TERM),
+           ("rollout.py", ROLLOUT)]
 
 
 def repository_files():
@@ -211,6 +226,22 @@ assert m["kl"] == pytest.approx((k3 + 10) / 2, rel=1e-5)
 logp = torch.tensor([[0.1, -0.2, 0.3]], requires_grad=True)
 value, m = policy_loss(logp, torch.zeros(1, 3), torch.zeros(1), torch.ones(1, 3), beta=0.0, loss_terms="l2=0.1")
 assert m["l2"] == pytest.approx(0.14 / 3) and value.item() == pytest.approx(0.1 * 0.14 / 3)
+
+# 10. the rollout policy: twice the prompts sampled, the hardest half kept (one rank), scores following the groups
+import sys
+sys.path.insert(0, "tests")
+import rollout, train
+from dist_rollout import FakeSampler, PatternTask, pattern_data
+patterns = [[1, 1, 1, 1], [1, 0, 1, 1], [0, 0, 1, 0], [0, 0, 0, 0], [1, 1, 0, 0]] * 3  # means 1, .75, .25, 0, .5
+train_set, train_ids = pattern_data(patterns)
+sampler = FakeSampler()
+batch = rollout.ROLLOUTS["hardest"](5, sampler=sampler, task=PatternTask(), train_set=train_set, train_ids=train_ids,
+                                    weights={"exact": 1.0}, args=train.Args(M=4, rollout_batch=4, seed=1), rank=0,
+                                    world=1, device=torch.device("cpu"))
+drawn = [i for r in (0, 1) for i in rollout.batch_indices(5, 4, 15, 1, r)]
+means = sorted(sum(patterns[i]) / 4 for i in drawn)
+assert len(sampler.calls) == 2 and sorted(batch.scores["rewards"].mean(-1).tolist()) == means[:4]
+assert [sum(ex.meta["pattern"]) / 4 for ex in batch.examples] == batch.scores["rewards"].mean(-1).tolist()
 print("recipes ok")
 '''
 
@@ -234,7 +265,7 @@ def test_each_recipe_does_what_it_says_in_the_fork(fork):
 # fixture (its file's or conftest's) reaching a registry by name; and all of test_layout (the recipes add code to
 # stage files). A helper that builds Args (tiny_args) pins nothing: a test pins the flags only by listing them.
 REGISTRY_NAMES = (r"ESTIMATORS|TASKS|AGGREGATIONS|REWARD_TERMS|ROW_FILTERS|RATIOS|IS_CORRECTIONS|SAMPLERS|PRESETS"
-                  r"|KL_ESTIMATORS|LOSS_TERMS|OPTION_CHOICES")
+                  r"|KL_ESTIMATORS|LOSS_TERMS|OPTION_CHOICES|ROLLOUTS")
 REACHES_A_REGISTRY = re.compile(REGISTRY_NAMES + r"|choices\(|must be one of|--help|estimator_params|hyperparameter"
                                 r"|Args\(")
 
@@ -326,7 +357,7 @@ def test_train_and_eval_run_with_every_recipe(fork, tiny_model_dir):
                     "--std-floor", "0.2", "--loss-agg", "seq-mean-token-sum", "--reward-weights",
                     "exact=1,brevity=0.1", "--row-filter", "equal-rewards", "--ratio", "sequence",
                     "--kl-estimator", "k3-clipped", "--loss-terms", "l2=0.1", "--alloc-estimators", "all",
-                    "--out-dir", "run-qa", *common)
+                    "--rollout", "hardest", "--out-dir", "run-qa", *common)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = [json.loads(line) for line in open(fork / "run-qa" / "metrics.jsonl")]
     assert [m["step"] for m in metrics] == [1, 2]
@@ -337,8 +368,8 @@ def test_train_and_eval_run_with_every_recipe(fork, tiny_model_dir):
                               "read_trainer_state; print(json.dumps(read_trainer_state(find_checkpoint('run-qa'))"
                               "['args']))").stdout)
     assert (saved["advantage"], saved["std_floor"], saved["loss_agg"], saved["row_filter"], saved["ratio"],
-            saved["kl_estimator"], saved["loss_terms"]) == \
-        ("floorgrpo", 0.2, "seq-mean-token-sum", "equal-rewards", "sequence", "k3-clipped", "l2=0.1")
+            saved["kl_estimator"], saved["loss_terms"], saved["rollout"]) == \
+        ("floorgrpo", 0.2, "seq-mean-token-sum", "equal-rewards", "sequence", "k3-clipped", "l2=0.1", "hardest")
 
     result = run_in(fork, "train.py", "--task", "topic", "--data-file", "topics.jsonl", "--reward-weights",
                     "mentions=1,sim=0.5", "--out-dir", "run-topic", *common)

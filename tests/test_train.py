@@ -19,6 +19,7 @@ from dist_train import DigitTask
 
 import config
 import plumbing.data
+import rollout
 import speed.allocator
 import speed.backward
 import speed.compile
@@ -141,9 +142,9 @@ def test_reward_errors_are_counted_and_summed_per_step(monkeypatch, capsys):
     fragile = rewards.safe_reward(lambda completion, example: 1.0 if completion == "ok" else int(completion))
     task = SimpleNamespace(has_verifier=True, reward=lambda text, ex, kind="exact": fragile(text, ex))
     groups = [[SimpleNamespace(text=text, token_ids=[5, 6], finish_reason="stop") for text in ("ok", "x", "y")]]
-    rollout = train.score(task, [None], groups, {"exact": 1.0}, torch.device("cpu"))
-    assert rollout["errors"] == 2 and rollout["rewards"].tolist() == [[1.0, 0.0, 0.0]]
-    assert train.score(task, [None], groups[:1], {"exact": 1.0}, torch.device("cpu"))["errors"] == 2  # per step
+    scores = rollout.score(task, [None], groups, {"exact": 1.0}, torch.device("cpu"))
+    assert scores["errors"] == 2 and scores["rewards"].tolist() == [[1.0, 0.0, 0.0]]
+    assert rollout.score(task, [None], groups[:1], {"exact": 1.0}, torch.device("cpu"))["errors"] == 2  # per step
     assert capsys.readouterr().err.count("Traceback") == 1  # the first traceback of the run, once
 
 
@@ -208,11 +209,11 @@ def test_plan_prints_the_preset_and_exits_without_loading_or_refusing_a_taken_ru
 
 def test_batch_indices_cover_each_epoch_once_and_reshuffle():
     n, batch = 10, 4
-    first = [i for step in range(5) for i in train.batch_indices(step, batch, n, seed=0)]  # 2 epochs exactly
+    first = [i for step in range(5) for i in plumbing.data.batch_indices(step, batch, n, seed=0)]  # 2 epochs exactly
     assert sorted(first[:10]) == list(range(10)) and sorted(first[10:]) == list(range(10))
     assert first[:10] != first[10:]
-    assert train.batch_indices(3, batch, n, seed=0) == first[12:16]  # a pure function of the step: resumable
-    assert train.batch_indices(0, batch, n, seed=1) != first[:4]
+    assert plumbing.data.batch_indices(3, batch, n, seed=0) == first[12:16]  # a pure function of the step: resumable
+    assert plumbing.data.batch_indices(0, batch, n, seed=1) != first[:4]
 
 
 def fake_checkpoint(run, step, state=None):
