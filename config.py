@@ -59,6 +59,11 @@ class _Args:
     clip_low: float = arg(0.2, "PPO clip: ratio >= 1 - clip_low")
     clip_high: float = arg(0.28, "PPO clip: ratio <= 1 + clip_high")
     beta: float = arg(1e-3, "reference KL coefficient (k3); 0 skips the reference model")
+    reference: str = arg("frozen", "the KL term's reference policy (train.py: REFERENCES): frozen, the initial model "
+                         "(the paper's); ema, moved toward the policy after each optimizer step by --ref-ema; reset, "
+                         "set to the policy every --ref-reset-every optimizer steps; a moving one is checkpointed")
+    ref_ema: float = arg(0.0, "--reference ema: ref <- (1 - ALPHA) ref + ALPHA policy, ALPHA in (0, 1]")
+    ref_reset_every: int = arg(0, "--reference reset: ref <- policy every N optimizer steps")
     is_correction: str = arg("none", "token-tis: weight each token's policy-gradient term by min(pi_old / "
                              "pi_sampler, --is-cap), detached (truncated importance sampling for the gap between "
                              "the sampler's and the trainer's log-probs); none: the paper's runs")
@@ -106,6 +111,8 @@ class _Args:
     resume: str = arg("", "checkpoint folder, or run folder (its newest checkpoint), to continue from")
     resume_changed: bool = arg(False, "with --resume: continue although a flag of config.RESUME_KEEPS or the "
                                "estimator's hyperparameters differ from the checkpoint's (deliberately; never --model)")
+    dist_timeout_s: float = arg(1800.0, "torchrun: seconds a rank waits in a collective before the run fails; it "
+                                "must cover rank 0 writing a checkpoint's Hugging Face folder")
     wandb: bool = arg(False, "also log to Weights & Biases (if installed)")
     plan: bool = arg(False, "print one rank's GPU memory plan (tools/memory_plan.py) and exit; loads nothing")
     plan_gpus: int = arg(8, "--plan: ranks, one GPU each")
@@ -198,10 +205,11 @@ RESUME_KEEPS = ("task", "advantage", "M", "seed", "rollout_batch", "data_file")
 def choices() -> dict:
     """Each string flag's registry, whose keys are its valid values: a fork's new entry is a valid value at once."""
     from rollout import SAMPLERS  # imports transformers: only when checking
+    from train import REFERENCES
 
     return {"advantage": ESTIMATORS, "reward": ("exact", *REWARD_TERMS), "loss_agg": AGGREGATIONS, "ratio": RATIOS,
             "is_correction": IS_CORRECTIONS, "row_filter": ROW_FILTERS, "sampler": ("auto", *SAMPLERS),
-            "dtype": ("auto", "bfloat16", "float32")}
+            "dtype": ("auto", "bfloat16", "float32"), "reference": REFERENCES}
 
 
 def check_args(args: Args) -> str | None:
@@ -247,6 +255,14 @@ def check_args(args: Args) -> str | None:
         (0 <= args.clip_low < 1 and args.clip_high >= 0, "--clip-low must be in [0, 1), --clip-high >= 0"),
         (0 < args.gpu_memory_utilization < 1, "--gpu-memory-utilization must be in (0, 1)"),
         (args.sync_tolerance >= 0, "--sync-tolerance must be >= 0"),
+        (0 < args.dist_timeout_s < math.inf, "--dist-timeout-s must be finite and > 0"),
+        (0 <= args.ref_ema <= 1 and args.ref_reset_every >= 0, "--ref-ema must be in [0, 1], --ref-reset-every >= 0"),
+        (args.reference != "ema" or args.ref_ema > 0, "--reference ema needs --ref-ema ALPHA in (0, 1]"),
+        (args.reference != "reset" or args.ref_reset_every >= 1, "--reference reset needs --ref-reset-every N >= 1"),
+        (args.reference != "frozen" or not (args.ref_ema or args.ref_reset_every), "--ref-ema and --ref-reset-every "
+         "move the reference, which --reference frozen (the default) keeps: pass --reference ema or reset"),
+        (args.reference == "frozen" or args.beta > 0, f"--reference {args.reference} moves the KL term's reference, "
+         "and --beta 0 has none: pass --beta > 0"),
         (not args.data_file or os.path.isfile(args.data_file), f"--data-file {args.data_file} does not exist"),
         (not args.compile or torch.cuda.is_available() or any(map(shutil.which, (os.environ.get("CXX", "g++"),
                                                                                  "g++", "c++", "clang++"))),

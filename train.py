@@ -51,7 +51,7 @@ from plumbing.cli import first_line
 from plumbing.data import batch_indices, load_data
 from plumbing.files import AppendError
 from plumbing.models import ModelLoadError, SamplingError, load_model, load_tokenizer
-from plumbing.parallel import all_reduce_sum, full_weights, gather_rows, init_distributed, shard
+from plumbing.parallel import all_reduce_sum, full_weights, gather_rows, init_distributed, local, shard
 from plumbing.run_folder import RunFolderError, lock_run_folder, run_folder_error
 from plumbing.sync import SyncError, check_sync, check_weights, weight_checksums
 from rewards import take_error_count
@@ -84,7 +84,7 @@ def train(args: Args) -> dict:
 
     # ---- setup: derived values, processes, data, models, sampler, log, held-out score before training
     out_dir, cuda, args = config.run_dir(args), torch.cuda.is_available(), config.resolve_auto(args)
-    distributed, rank, world, device = init_distributed(args.seed)
+    distributed, rank, world, device = init_distributed(args.seed, args.dist_timeout_s)
     master = rank == 0
     remove_orphans(out_dir, master)  # what killed saves left, with a note
     task = get_task(args.task)
@@ -94,10 +94,12 @@ def train(args: Args) -> dict:
     if ckpt and master and (changed := changed_flags(ckpt, asdict(args))):  # each applies from here on
         print(f"resume: continuing {ckpt} with changed flags: {changed}")
     tokenizer, model, ref_model = load_models(args, ckpt, init_path, device)
+    moving_ref = ref_model if REFERENCES[args.reference] else None  # --reference: checkpointed with the policy
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     optimizer = make_optimizer(model, args)
     scheduler = make_scheduler(optimizer, args)
-    start_step = load_checkpoint(ckpt, model, optimizer, scheduler, rank, args.lr, args.weight_decay) if ckpt else 0
+    start_step = load_checkpoint(ckpt, model, optimizer, scheduler, rank, args.lr, args.weight_decay,
+                                 moving_ref) if ckpt else 0
     n_params = run_log.model_flops_per_token(model)
     n_forwards = 1 + 3 * args.ppo_epochs + (ref_model is not None) + (not reuses_training_logprobs(args))
     room = model.config.max_position_embeddings - args.max_tokens  # the longest prompt the context holds
@@ -186,7 +188,8 @@ def train(args: Args) -> dict:
             log.write(metrics)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
         if args.save_every and (step + 1) % args.save_every == 0 or step + 1 == args.steps:
-            save_checkpoint(out_dir, step + 1, model, optimizer, scheduler, tokenizer, args)  # --keep-checkpoints
+            save_checkpoint(out_dir, step + 1, model, optimizer, scheduler, tokenizer, args,  # --keep-checkpoints
+                            moving_ref)
 
     # ---- the end: held-out score after training, curves, cleanup
     if test_set:  # a score of the last step is this one: the same weights, greedy
@@ -287,6 +290,7 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
             lr = scheduler.get_last_lr()[0]
             optimizer.step()
             scheduler.step()
+            update_reference(ref_model, model, scheduler.last_epoch, args)  # --reference (REFERENCES)
             optimizer.zero_grad(set_to_none=True)
     total = dict(zip(sums, all_reduce_sum(list(sums.values()), device)))
     updates, tokens = args.ppo_epochs * len(minibatches), max(total["tokens"], 1)
@@ -298,11 +302,38 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
 
 
 # ---------------------------------------------------------------- setup
+def ema_reference(ref, policy, step: int, args: Args):
+    """ref <- (1 - alpha) ref + alpha policy after each optimizer step (TRL's ref_model_mixup_alpha)."""
+    ref.lerp_(policy, args.ref_ema)
+
+
+def reset_reference(ref, policy, step: int, args: Args):
+    """ref <- policy every --ref-reset-every optimizer steps (TRL's ref_model_sync_steps with alpha 1)."""
+    if step % args.ref_reset_every == 0:
+        ref.copy_(policy)
+
+
+# The KL term's reference policy (--reference). An entry moves one float32 tensor of the reference (this rank's
+# shard) toward the policy's, in place, after optimizer step `step` (1, 2, ...); None: frozen, the initial model. A
+# moving reference is saved in each checkpoint (plumbing/checkpoint.py), so a resume equals the straight run.
+REFERENCES = {"frozen": None, "ema": ema_reference, "reset": reset_reference}
+
+
+def update_reference(ref_model, model, step: int, args: Args):
+    """The --reference entry applied to each pair of parameters; FSDP2 shards the two models alike."""
+    if (update := REFERENCES[args.reference]) is None or ref_model is None:
+        return
+    with torch.no_grad():
+        for ref, policy in zip(ref_model.parameters(), model.parameters()):
+            update(local(ref), local(policy), step, args)
+
+
 def load_reference(path, args: Args, device):
-    """The frozen reference policy for the KL term, in no-grad mode and the training precision."""
+    """The reference policy for the KL term, in no-grad mode. Frozen under bf16, its linears are stored in bf16;
+    a moving one stays float32, so that a small EMA step does not round away."""
     ref_model = load_model(path, torch.float32, device).eval().requires_grad_(False)
-    if args.dtype == "bfloat16" and not dist.is_initialized():  # FSDP2 wants one dtype per sharded layer
-        store_linears_bf16(ref_model)
+    if args.dtype == "bfloat16" and not dist.is_initialized() and REFERENCES[args.reference] is None:
+        store_linears_bf16(ref_model)  # FSDP2 wants one dtype per sharded layer
     return compile_layers(ref_model) if args.compile else ref_model
 
 

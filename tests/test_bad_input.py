@@ -9,6 +9,7 @@ before the command is byte-identical after it (issue 29).
 import importlib.util
 import json
 import os
+import pickle
 import random
 import re
 import subprocess
@@ -17,6 +18,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from torch.distributed.checkpoint.metadata import Metadata
 
 from plumbing import checkpoint
 
@@ -53,7 +55,8 @@ def fake_checkpoint(run_dir, step, state):
     path = run_dir / f"checkpoint-{step:06d}"
     path.mkdir(parents=True)
     (path / "config.json").write_text("{}")
-    torch.save({}, path / "optimizer.pt")
+    (path / "trainer").mkdir()  # the DCP folder: metadata of no tensors
+    (path / "trainer" / ".metadata").write_bytes(pickle.dumps(Metadata({})))
     torch.save(state, path / "trainer_state.pt")
     return path
 
