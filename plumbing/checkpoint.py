@@ -329,6 +329,16 @@ def sharded_state(model, optimizer, ref_model=None) -> tuple[dict, list]:
     return state, optim_state["param_groups"]
 
 
+@contextlib.contextmanager
+def one_process_quiet():
+    """DCP warns at every save and load in one process that it assumes one process, which is what we ask of it."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def _agree(reason: str | None, src: int | None = None) -> str | None:
     """The same verdict on every rank: `src`'s reason, or (src None) the first rank's that has one."""
     if not dist.is_initialized():
@@ -376,8 +386,9 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args,
     state, param_groups = sharded_state(model, optimizer, ref_model)
     if reason is None:
         try:  # DCP's own collectives make every rank raise when any rank's write fails
-            dcp.save(state, storage_writer=dcp.FileSystemWriter(os.path.join(tmp, TRAINER)),
-                     no_dist=not dist.is_initialized())
+            with one_process_quiet():
+                dcp.save(state, storage_writer=dcp.FileSystemWriter(os.path.join(tmp, TRAINER)),
+                         no_dist=not dist.is_initialized())
         except Exception as err:
             reason = _why(getattr(err, "failures", {}) and next(iter(err.failures.values())) or err)
         reason = _agree(reason)
@@ -495,7 +506,8 @@ def load_checkpoint(ckpt, model, optimizer, scheduler, rank, lr=None, weight_dec
     own = [{k: group[k] for k in ("fused", "foreach", "capturable") if k in group} for group in optimizer.param_groups]
     shards, _ = sharded_state(model, optimizer, ref_model if state.get("reference") else None)
     try:
-        dcp.load(shards, storage_reader=_reader(ckpt), no_dist=not dist.is_initialized())
+        with one_process_quiet():
+            dcp.load(shards, storage_reader=_reader(ckpt), no_dist=not dist.is_initialized())
     except Exception as err:
         inner = next(iter(getattr(err, "failures", {}).values()), err)
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: cannot read {TRAINER}/ ({type(inner).__name__}: "
