@@ -2,12 +2,13 @@
 
     torchrun --nproc_per_node 2 tests/dist_checkpoint.py train OUT_DIR MODEL_DIR STEPS [RESUME]  # train.main, digits
     torchrun --nproc_per_node 2 tests/dist_checkpoint.py load CKPT MODEL_DIR OUT.pt   # a resume's state, gathered
-    torchrun --nproc_per_node 2 tests/dist_checkpoint.py measure OUT_DIR MODEL_DIR    # save + resume: time, peak RSS
+    python tests/dist_checkpoint.py model MODEL_DIR HIDDEN LAYERS      # a bigger random model, the tiny tokenizer
+    torchrun --nproc_per_node 2 tests/dist_checkpoint.py measure-save OUT_DIR MODEL_DIR   # a save: seconds, RSS
+    torchrun --nproc_per_node 2 tests/dist_checkpoint.py measure-resume CKPT MODEL_DIR    # a resume: the same
 """
 
 import json
 import os
-import resource
 import sys
 import time
 
@@ -46,34 +47,90 @@ def load(ckpt, model_dir, out_path):
                    out_path)
 
 
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+class RssPeak:
+    """This process's resident memory, sampled every 2 ms by a thread while the block runs: (at start, peak) MB."""
+
+    def __enter__(self):
+        import threading
+
+        self.start, self.peak, self.running = rss_mb(), rss_mb(), True
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+        self.t0 = time.perf_counter()
+        return self
+
+    def _watch(self):
+        while self.running:
+            self.peak = max(self.peak, rss_mb())
+            time.sleep(0.002)
+
+    def __exit__(self, *exc):
+        self.seconds = time.perf_counter() - self.t0
+        self.running = False
+        self.thread.join()
+        self.peak = max(self.peak, rss_mb())
 
 
-def measure(out_dir, model_dir):
-    """One save and one resume of a policy with its AdamW state and an EMA reference: each rank's seconds and its
-    peak RSS growth over the set-up (the models loaded, the optimizer's moments created)."""
-    from plumbing.checkpoint import load_checkpoint, save_checkpoint
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+def report(job, world, rank, watch):
+    row = {"job": job, "world": world, "rank": rank, "seconds": round(watch.seconds, 2),
+           "rss_at_start_mb": round(watch.start), "peak_mb": round(watch.peak),
+           "peak_over_start_mb": round(watch.peak - watch.start)}
+    print("measure " + json.dumps(row), flush=True)
+
+
+def measure_save(out_dir, model_dir):
+    """One save of a policy with its AdamW moments and an EMA reference, measured on each rank."""
+    from plumbing.checkpoint import save_checkpoint
     from plumbing.models import load_tokenizer
 
     args = run_args(out_dir, model_dir, 1)
     distributed, rank, world, device = train.init_distributed(args.seed)
     _, model, ref_model = train.load_models(args, None, model_dir, device)
     optimizer, tokenizer = train.make_optimizer(model, args), load_tokenizer(model_dir)
-    scheduler = train.make_scheduler(optimizer, args)
     for p in model.parameters():  # one step, so that AdamW holds its moments
         p.grad = torch.ones_like(p)
     optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
     os.makedirs(out_dir, exist_ok=True)
-    base, t0 = peak_rss_mb(), time.perf_counter()
-    save_checkpoint(out_dir, 1, model, optimizer, scheduler, tokenizer, args, ref_model)
-    saved, t1 = peak_rss_mb(), time.perf_counter()
-    load_checkpoint(os.path.join(out_dir, "checkpoint-000001"), model, optimizer, scheduler, rank, ref_model=ref_model)
-    t2 = time.perf_counter()
-    row = {"world": world, "rank": rank, "base_rss_mb": round(base), "save_s": round(t1 - t0, 2),
-           "save_peak_growth_mb": round(saved - base), "resume_s": round(t2 - t1, 2),
-           "resume_peak_growth_mb": round(peak_rss_mb() - base)}
-    print("measure " + json.dumps(row), flush=True)
+    with RssPeak() as watch:
+        save_checkpoint(out_dir, 1, model, optimizer, train.make_scheduler(optimizer, args), tokenizer, args,
+                        ref_model)
+    report("save", world, rank, watch)
+
+
+def measure_resume(ckpt, model_dir):
+    """train.py's resume of that checkpoint (models loaded from it, a fresh AdamW), measured around
+    load_checkpoint on each rank."""
+    args = run_args(os.path.dirname(ckpt), model_dir, 3, resume=ckpt)
+    distributed, rank, world, device = train.init_distributed(args.seed)
+    _, model, ref_model = train.load_models(args, ckpt, model_dir, device)
+    optimizer = train.make_optimizer(model, args)
+    with RssPeak() as watch:
+        train.load_checkpoint(ckpt, model, optimizer, train.make_scheduler(optimizer, args), rank, args.lr,
+                              args.weight_decay, ref_model)
+    report("resume", world, rank, watch)
+
+
+def model(model_dir, hidden, layers):
+    """plumbing/tiny_model.py's model scaled to `hidden` x `layers`, so that a measurement is of megabytes."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from plumbing.tiny_model import build_tokenizer
+
+    tok, hidden = build_tokenizer(), int(hidden)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 11 // 4,
+                         num_hidden_layers=int(layers), num_attention_heads=hidden // 64,
+                         num_key_value_heads=hidden // 64,
+                         max_position_embeddings=1024, tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
+                         eos_token_id=tok.eos_token_id, bos_token_id=None)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
 
 
 if __name__ == "__main__":
@@ -82,7 +139,7 @@ if __name__ == "__main__":
     if job == "train":
         train.main(run_args(*rest))
     else:
-        {"load": load, "measure": measure}[job](*rest)
+        {"load": load, "model": model, "measure-save": measure_save, "measure-resume": measure_resume}[job](*rest)
         if dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()

@@ -94,6 +94,18 @@ REWARD_TERMS["mentions"] = mentions_keyword
 TASKS["topic"] = Task(name="topic", columns=("topic", "keyword", "example"), key=("topic",), make_example=_topic)
 '''
 
+REFERENCE = '''\
+def ema_warmup_reference(ref, policy, step: int, args: Args):
+    """EMA toward the policy at a rate ramped from 0 to --ref-ema over the first 100 optimizer steps."""
+    ref.lerp_(policy, args.ref_ema * min(1.0, step / 100))
+
+
+REFERENCES["ema-warmup"] = ema_warmup_reference
+'''
+
+# Recipes pasted right below their registry rather than at the end of the file: train.py ends with its command line.
+BELOW_REGISTRY = [("train.py", "REFERENCES = {", REFERENCE)]
+
 RECIPES = [("advantage.py", ESTIMATOR), ("tasks.py", TASK), ("loss.py", AGGREGATION), ("rewards.py", REWARD_TERM),
            ("loss.py", ROW_FILTER), ("loss.py", RATIO), ("tasks.py", OWN_TASK)]
 
@@ -119,6 +131,10 @@ def fork(tmp_path_factory):
     for name, code in RECIPES:
         with open(root / name, "a") as f:
             f.write(f"\n\n{code}")
+    for name, registry, code in BELOW_REGISTRY:  # after the registry's line: a one-line dict
+        lines = (root / name).read_text().splitlines(keepends=True)
+        at = next(i for i, line in enumerate(lines) if line.startswith(registry)) + 1
+        (root / name).write_text("".join(lines[:at]) + f"\n\n{code}" + "".join(lines[at:]))
     rows = [{"problem": f"What is {a} times {b}?", "answer": str(a * b)} for a in range(2, 10) for b in range(2, 10)]
     (root / "qa.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     topics = [{"topic": f"the number {n}", "keyword": str(n), "example": f"{n} is a number."} for n in range(60)]
@@ -197,13 +213,20 @@ assert topic.reward("nothing here", row, kind="mentions") == 0.0
 rewards.STRICT = False  # as in training: an exception scores 0 and is counted
 assert topic.reward("x", tasks.Example(prompt=[], gold=None, reference=""), kind="mentions") == 0.0
 assert rewards.take_error_count() == 1
+# 8. the reference policy: a --reference choice, moving at the ramped rate
+import config, train
+assert "ema-warmup" in config.choices()["reference"]
+args = train.Args(reference="ema-warmup", ref_ema=0.1)
+ref = torch.zeros(2)
+train.REFERENCES["ema-warmup"](ref, torch.ones(2), 50, args)
+assert torch.allclose(ref, torch.full((2,), 0.05))
 print("recipes ok")
 '''
 
 
 def test_docs_show_exactly_this_code():
     page = open(os.path.join(ROOT, "docs", "fork.md")).read()
-    for _, block in RECIPES:
+    for block in [block for _, block in RECIPES] + [block for *_, block in BELOW_REGISTRY]:
         assert f"```python\n{block}```" in page
     readme = open(os.path.join(ROOT, "README.md")).read()
     section = readme.split("## Fork it", 1)[1].split("\n## ", 1)[0]
@@ -219,7 +242,8 @@ def test_each_recipe_does_what_it_says_in_the_fork(fork):
 # presets. The fork's fast suite runs every test that does in its own code, or that names a helper, constant or
 # fixture (its file's or conftest's) reaching a registry by name; and all of test_layout (the recipes add code to
 # stage files). A helper that builds Args (tiny_args) pins nothing: a test pins the flags only by listing them.
-REGISTRY_NAMES = r"ESTIMATORS|TASKS|AGGREGATIONS|REWARD_TERMS|ROW_FILTERS|RATIOS|IS_CORRECTIONS|SAMPLERS|PRESETS"
+REGISTRY_NAMES = r"ESTIMATORS|TASKS|AGGREGATIONS|REWARD_TERMS|ROW_FILTERS|RATIOS|IS_CORRECTIONS|SAMPLERS|PRESETS" \
+    r"|REFERENCES"
 REACHES_A_REGISTRY = re.compile(REGISTRY_NAMES + r"|choices\(|must be one of|--help|estimator_params|hyperparameter"
                                 r"|Args\(")
 
@@ -309,7 +333,8 @@ def test_train_and_eval_run_with_every_recipe(fork, tiny_model_dir):
     result = run_in(fork, "train.py", "--task", "qa", "--data-file", "qa.jsonl", "--advantage", "floorgrpo",
                     "--std-floor", "0.2", "--loss-agg", "seq-mean-token-sum", "--reward-weights",
                     "exact=1,brevity=0.1", "--row-filter", "equal-rewards", "--ratio", "sequence",
-                    "--alloc-estimators", "all", "--out-dir", "run-qa", *common)
+                    "--alloc-estimators", "all", "--reference", "ema-warmup", "--ref-ema", "0.1",
+                    "--out-dir", "run-qa", *common)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = [json.loads(line) for line in open(fork / "run-qa" / "metrics.jsonl")]
     assert [m["step"] for m in metrics] == [1, 2]
@@ -318,8 +343,8 @@ def test_train_and_eval_run_with_every_recipe(fork, tiny_model_dir):
     saved = json.loads(run_in(fork, "-c", "import json; from plumbing.checkpoint import find_checkpoint, "
                               "read_trainer_state; print(json.dumps(read_trainer_state(find_checkpoint('run-qa'))"
                               "['args']))").stdout)
-    assert (saved["advantage"], saved["std_floor"], saved["loss_agg"], saved["row_filter"], saved["ratio"]) == \
-        ("floorgrpo", 0.2, "seq-mean-token-sum", "equal-rewards", "sequence")
+    assert (saved["advantage"], saved["std_floor"], saved["loss_agg"], saved["row_filter"], saved["ratio"],
+            saved["reference"]) == ("floorgrpo", 0.2, "seq-mean-token-sum", "equal-rewards", "sequence", "ema-warmup")
 
     result = run_in(fork, "train.py", "--task", "topic", "--data-file", "topics.jsonl", "--reward-weights",
                     "mentions=1,sim=0.5", "--out-dir", "run-topic", *common)
