@@ -3,8 +3,8 @@
     torchrun --nproc_per_node 2 tests/dist_checkpoint.py train OUT_DIR MODEL_DIR STEPS [RESUME]  # train.main, digits
     torchrun --nproc_per_node 2 tests/dist_checkpoint.py load CKPT MODEL_DIR OUT.pt   # a resume's state, gathered
     python tests/dist_checkpoint.py model MODEL_DIR HIDDEN LAYERS      # a bigger random model, the tiny tokenizer
-    torchrun --nproc_per_node 2 tests/dist_checkpoint.py measure-save OUT_DIR MODEL_DIR   # a save: seconds, RSS
-    torchrun --nproc_per_node 2 tests/dist_checkpoint.py measure-resume CKPT MODEL_DIR    # a resume: the same
+    torchrun --nproc_per_node 2 tests/dist_checkpoint.py measure-save OUT MODEL [frozen] # a save: seconds, RSS
+    torchrun --nproc_per_node 2 tests/dist_checkpoint.py measure-resume CKPT MODEL [frozen] # a resume: the same
 """
 
 import json
@@ -23,10 +23,11 @@ import tasks  # noqa: E402
 import train  # noqa: E402
 
 
-def run_args(out_dir, model_dir, steps, resume=""):
+def run_args(out_dir, model_dir, steps, resume="", reference="ema"):
+    moving = dict(reference="ema", ref_ema=0.5) if reference == "ema" else {}
     return train.Args(task="digits", model=model_dir, M=4, rollout_batch=4, micro_batch=4, steps=int(steps),
                       max_tokens=4, lr=1e-2, warmup_steps=0, eval_examples=0, dtype="float32", out_dir=out_dir,
-                      save_every=1, beta=0.1, reference="ema", ref_ema=0.5, resume=resume)
+                      save_every=1, beta=0.1, resume=resume, **moving)
 
 
 def load(ckpt, model_dir, out_path):
@@ -83,14 +84,15 @@ def report(job, world, rank, watch):
     print("measure " + json.dumps(row), flush=True)
 
 
-def measure_save(out_dir, model_dir):
+def measure_save(out_dir, model_dir, reference="ema"):
     """One save of a policy with its AdamW moments and an EMA reference, measured on each rank."""
     from plumbing.checkpoint import save_checkpoint
     from plumbing.models import load_tokenizer
 
-    args = run_args(out_dir, model_dir, 1)
+    args = run_args(out_dir, model_dir, 1, reference=reference)
     distributed, rank, world, device = train.init_distributed(args.seed)
     _, model, ref_model = train.load_models(args, None, model_dir, device)
+    ref_model = ref_model if reference == "ema" else None  # frozen: not saved
     optimizer, tokenizer = train.make_optimizer(model, args), load_tokenizer(model_dir)
     for p in model.parameters():  # one step, so that AdamW holds its moments
         p.grad = torch.ones_like(p)
@@ -103,12 +105,13 @@ def measure_save(out_dir, model_dir):
     report("save", world, rank, watch)
 
 
-def measure_resume(ckpt, model_dir):
+def measure_resume(ckpt, model_dir, reference="ema"):
     """train.py's resume of that checkpoint (models loaded from it, a fresh AdamW), measured around
     load_checkpoint on each rank."""
-    args = run_args(os.path.dirname(ckpt), model_dir, 3, resume=ckpt)
+    args = run_args(os.path.dirname(ckpt), model_dir, 3, resume=ckpt, reference=reference)
     distributed, rank, world, device = train.init_distributed(args.seed)
     _, model, ref_model = train.load_models(args, ckpt, model_dir, device)
+    ref_model = ref_model if reference == "ema" else None
     optimizer = train.make_optimizer(model, args)
     with RssPeak() as watch:
         train.load_checkpoint(ckpt, model, optimizer, train.make_scheduler(optimizer, args), rank, args.lr,
