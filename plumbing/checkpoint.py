@@ -35,6 +35,7 @@ from dataclasses import asdict
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 from plumbing.cli import first_line
 
@@ -352,6 +353,12 @@ def _agree(reason: str | None, src: int | None = None) -> str | None:
     return next((r for r in reasons if r), None)
 
 
+def _first_failure(err: BaseException) -> BaseException:
+    """The first rank's own exception inside DCP's CheckpointException (its failures: rank -> (exception, trace))."""
+    failures = getattr(err, "failures", None)
+    return next(iter(failures.values()))[0] if failures else err
+
+
 def _why(err: BaseException) -> str:
     return (getattr(err, "strerror", None) or first_line(err, limit=None))[:200]
 
@@ -389,8 +396,8 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args,
             with one_process_quiet():
                 dcp.save(state, storage_writer=dcp.FileSystemWriter(os.path.join(tmp, TRAINER)),
                          no_dist=not dist.is_initialized())
-        except Exception as err:
-            reason = _why(getattr(err, "failures", {}) and next(iter(err.failures.values())) or err)
+        except (Exception, CheckpointException) as err:  # DCP's is a BaseException, holding each rank's error
+            reason = _why(_first_failure(err))
         reason = _agree(reason)
     rngs = [rng_state()]
     if dist.is_initialized():
@@ -508,8 +515,8 @@ def load_checkpoint(ckpt, model, optimizer, scheduler, rank, lr=None, weight_dec
     try:
         with one_process_quiet():
             dcp.load(shards, storage_reader=_reader(ckpt), no_dist=not dist.is_initialized())
-    except Exception as err:
-        inner = next(iter(getattr(err, "failures", {}).values()), err)
+    except (Exception, CheckpointException) as err:
+        inner = _first_failure(err)
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: cannot read {TRAINER}/ ({type(inner).__name__}: "
                               f"{first_line(inner, limit=120)})") from None
     set_state_dict(model, optimizer, model_state_dict=shards["model"],
