@@ -2,11 +2,13 @@
 
     torchrun --nproc_per_node 2 tests/dist_checkpoint.py train OUT_DIR MODEL_DIR STEPS [RESUME]  # train.main, digits
     torchrun --nproc_per_node 2 tests/dist_checkpoint.py load CKPT MODEL_DIR OUT.pt   # a resume's state, gathered
+    torchrun --nproc_per_node 2 tests/dist_checkpoint.py fail OUT_DIR MODEL_DIR   # rank 1's disk full mid-save
     python tests/dist_checkpoint.py model MODEL_DIR HIDDEN LAYERS      # a bigger random model, the tiny tokenizer
     torchrun --nproc_per_node 2 tests/dist_checkpoint.py measure-save OUT MODEL [frozen] # a save: seconds, RSS
     torchrun --nproc_per_node 2 tests/dist_checkpoint.py measure-resume CKPT MODEL [frozen] # a resume: the same
 """
 
+import io
 import json
 import os
 import sys
@@ -119,6 +121,34 @@ def measure_resume(ckpt, model_dir, reference="ema"):
     report("resume", world, rank, watch)
 
 
+def fail(out_dir, model_dir):
+    """A save whose shard write fails on rank 1 alone (a full disk): every rank prints the error it raised."""
+    import errno
+
+    from plumbing.checkpoint import CheckpointError, save_checkpoint
+    from plumbing.models import load_tokenizer
+
+    args = run_args(out_dir, model_dir, 1)
+    distributed, rank, world, device = train.init_distributed(args.seed)
+    _, model, ref_model = train.load_models(args, None, model_dir, device)
+    optimizer = train.make_optimizer(model, args)
+    scheduler, tokenizer = train.make_scheduler(optimizer, args), load_tokenizer(model_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    save_checkpoint(out_dir, 1, model, optimizer, scheduler, tokenizer, args, ref_model)
+    real_save = torch.save
+
+    def full_disk_on_rank_1(obj, f, *a, **k):
+        if rank == 1 and not isinstance(f, (str, os.PathLike, io.BytesIO)):  # DCP's shard file, not a pickle
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, f, *a, **k)
+
+    torch.save = full_disk_on_rank_1
+    try:
+        save_checkpoint(out_dir, 2, model, optimizer, scheduler, tokenizer, args, ref_model)
+    except CheckpointError as err:
+        print(f"rank {rank}: {err}", flush=True)
+
+
 def model(model_dir, hidden, layers):
     """plumbing/tiny_model.py's model scaled to `hidden` x `layers`, so that a measurement is of megabytes."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -142,7 +172,9 @@ if __name__ == "__main__":
     if job == "train":
         train.main(run_args(*rest))
     else:
-        {"load": load, "model": model, "measure-save": measure_save, "measure-resume": measure_resume}[job](*rest)
+        jobs = {"load": load, "fail": fail, "model": model, "measure-save": measure_save,
+                "measure-resume": measure_resume}
+        jobs[job](*rest)
         if dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()

@@ -75,3 +75,14 @@ def test_dcp_resume_is_exact_on_2_ranks_and_reshards_2_to_1_and_1_to_2(tiny_mode
     assert_equal_states(torch.load(tmp_path / "1to1.pt"), torch.load(tmp_path / "1to2.pt"))
     launch(2, "train", single, tiny_model_dir, 3, single)
     assert [r["step"] for r in comparable(single / "metrics.jsonl")] == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_a_save_that_fails_on_one_rank_is_the_same_line_on_every_rank(tiny_model_dir, tmp_path):
+    """Rank 1's disk fills while it writes its shard: no rank hangs, each raises the same one line, and the
+    temporary folder goes while the last good checkpoint stays."""
+    result = launch(2, "fail", tmp_path, tiny_model_dir)
+    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
+    assert len(lines) == 2 and lines[0].removeprefix("rank 0: ") == lines[1].removeprefix("rank 1: "), lines
+    assert "No space left on device" in lines[0] and "checkpoint-000001, is intact" in lines[0]
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-000001"]
