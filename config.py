@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field, fields, make_dataclass, replac
 import torch
 
 from advantage import ESTIMATORS, compute_advantages, estimator_params, hyperparameter_ranges, hyperparameters
-from loss import AGGREGATIONS, IS_CORRECTIONS, RATIOS, ROW_FILTERS
+from loss import AGGREGATIONS, IS_CORRECTIONS, RATIOS, REFERENCES, ROW_FILTERS
 from plumbing.checkpoint import find_checkpoint, model_file_error, resume_error
 from plumbing.cli import OneLineParser, first_line
 from plumbing.models import has_bf16_units
@@ -59,9 +59,10 @@ class _Args:
     clip_low: float = arg(0.2, "PPO clip: ratio >= 1 - clip_low")
     clip_high: float = arg(0.28, "PPO clip: ratio <= 1 + clip_high")
     beta: float = arg(1e-3, "reference KL coefficient (k3); 0 skips the reference model")
-    reference: str = arg("frozen", "the KL term's reference policy (train.py: REFERENCES): frozen, the initial model "
-                         "(the paper's); ema, moved toward the policy after each optimizer step by --ref-ema; reset, "
-                         "set to the policy every --ref-reset-every optimizer steps; a moving one is checkpointed")
+    reference: str = arg("frozen", "the KL term's reference policy (loss.py: REFERENCES): frozen, the initial "
+                         "model (the paper's); ema, moved toward the policy after each optimizer step by --ref-ema; "
+                         "reset, set to the policy every --ref-reset-every optimizer steps; a moving one is "
+                         "checkpointed")
     ref_ema: float = arg(0.0, "--reference ema: ref <- (1 - ALPHA) ref + ALPHA policy, ALPHA in (0, 1]")
     ref_reset_every: int = arg(0, "--reference reset: ref <- policy every N optimizer steps")
     is_correction: str = arg("none", "token-tis: weight each token's policy-gradient term by min(pi_old / "
@@ -205,7 +206,6 @@ RESUME_KEEPS = ("task", "advantage", "M", "seed", "rollout_batch", "data_file")
 def choices() -> dict:
     """Each string flag's registry, whose keys are its valid values: a fork's new entry is a valid value at once."""
     from rollout import SAMPLERS  # imports transformers: only when checking
-    from train import REFERENCES
 
     return {"advantage": ESTIMATORS, "reward": ("exact", *REWARD_TERMS), "loss_agg": AGGREGATIONS, "ratio": RATIOS,
             "is_correction": IS_CORRECTIONS, "row_filter": ROW_FILTERS, "sampler": ("auto", *SAMPLERS),

@@ -7,9 +7,10 @@
 with the asymmetric clip range [0.20, 0.28], no dual clip, the k3 reference KL as a separate term and token-mean
 aggregation, as in the paper's runs (Appendix B.1). A is one number per sequence (advantage.py), broadcast over its
 tokens. Each choice is a registry a fork adds to in one edit (its keys are the flag's choices): RATIOS (--ratio),
-IS_CORRECTIONS (--is-correction; token-tis is not in the paper's runs), ROW_FILTERS (--row-filter), AGGREGATIONS
-(--loss-agg). Below them the log-probs: the plain `token_logprobs`, and `sequence_logprobs`, which computes the same
-with speed/logprobs.py's row-chunked kernel (no float32 (B, K, V) tensor).
+IS_CORRECTIONS (--is-correction; token-tis is not in the paper's runs), REFERENCES (--reference), ROW_FILTERS
+(--row-filter), AGGREGATIONS (--loss-agg). Below them the log-probs: the plain `token_logprobs`, and
+`sequence_logprobs`, which computes the same with speed/logprobs.py's row-chunked kernel (no float32 (B, K, V)
+tensor).
 
     python -m pytest tests/test_loss.py
 """
@@ -95,6 +96,25 @@ def tis_weights(old_logp, sampler_logp, cap):
 
 
 IS_CORRECTIONS = {"none": no_correction, "token-tis": tis_weights}
+
+
+# ---------------------------------------------------------------- the KL term's reference policy (--reference)
+# An entry moves one float32 tensor of the reference (train.py passes this rank's shards) toward the policy's, in
+# place, after optimizer step `step` (1, 2, ...); None: frozen, the initial model (the paper's). train.py saves a
+# moving reference in each checkpoint, so a resumed run equals the straight one.
+
+def ema_reference(ref, policy, step, ref_ema, ref_reset_every):
+    """ref <- (1 - ref_ema) ref + ref_ema policy (TRL's ref_model_mixup_alpha)."""
+    ref.lerp_(policy, ref_ema)
+
+
+def reset_reference(ref, policy, step, ref_ema, ref_reset_every):
+    """ref <- policy every ref_reset_every optimizer steps (TRL's ref_model_sync_steps)."""
+    if step % ref_reset_every == 0:
+        ref.copy_(policy)
+
+
+REFERENCES = {"frozen": None, "ema": ema_reference, "reset": reset_reference}
 
 
 # ---------------------------------------------------------------- batch filters (--row-filter, --mask-truncated)

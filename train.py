@@ -34,7 +34,7 @@ import config
 from advantage import compute_advantages
 from config import Args, check_args, parse_args
 from grad_alloc import allocation_metrics
-from loss import ROW_FILTERS, loss_denominator, pad_batch, policy_loss, sequence_logprobs
+from loss import REFERENCES, ROW_FILTERS, loss_denominator, pad_batch, policy_loss, sequence_logprobs
 from plumbing import run_log
 from plumbing.checkpoint import (
     CheckpointError,
@@ -302,30 +302,14 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
 
 
 # ---------------------------------------------------------------- setup
-def ema_reference(ref, policy, step: int, args: Args):
-    """ref <- (1 - alpha) ref + alpha policy after each optimizer step (TRL's ref_model_mixup_alpha)."""
-    ref.lerp_(policy, args.ref_ema)
-
-
-def reset_reference(ref, policy, step: int, args: Args):
-    """ref <- policy every --ref-reset-every optimizer steps (TRL's ref_model_sync_steps with alpha 1)."""
-    if step % args.ref_reset_every == 0:
-        ref.copy_(policy)
-
-
-# The KL term's reference policy (--reference). An entry moves one float32 tensor of the reference (this rank's
-# shard) toward the policy's, in place, after optimizer step `step` (1, 2, ...); None: frozen, the initial model. A
-# moving reference is saved in each checkpoint (plumbing/checkpoint.py), so a resume equals the straight run.
-REFERENCES = {"frozen": None, "ema": ema_reference, "reset": reset_reference}
-
-
 def update_reference(ref_model, model, step: int, args: Args):
-    """The --reference entry applied to each pair of parameters; FSDP2 shards the two models alike."""
+    """After optimizer step `step`, the --reference entry (loss.py: REFERENCES) on each pair of parameters, this
+    rank's shards (FSDP2 shards the two models alike); a moving reference is checkpointed with the policy."""
     if (update := REFERENCES[args.reference]) is None or ref_model is None:
         return
     with torch.no_grad():
         for ref, policy in zip(ref_model.parameters(), model.parameters()):
-            update(local(ref), local(policy), step, args)
+            update(local(ref), local(policy), step, ref_ema=args.ref_ema, ref_reset_every=args.ref_reset_every)
 
 
 def load_reference(path, args: Args, device):

@@ -95,16 +95,15 @@ TASKS["topic"] = Task(name="topic", columns=("topic", "keyword", "example"), key
 '''
 
 REFERENCE = '''\
-def ema_warmup_reference(ref, policy, step: int, args: Args):
+def ema_warmup_reference(ref, policy, step, ref_ema, ref_reset_every):
     """EMA toward the policy at a rate ramped from 0 to --ref-ema over the first 100 optimizer steps."""
-    ref.lerp_(policy, args.ref_ema * min(1.0, step / 100))
+    ref.lerp_(policy, ref_ema * min(1.0, step / 100))
 
 
 REFERENCES["ema-warmup"] = ema_warmup_reference
 '''
 
-# Recipes pasted right below their registry rather than at the end of the file: train.py ends with its command line.
-BELOW_REGISTRY = [("train.py", "REFERENCES = {", REFERENCE)]
+SEAM_RECIPES = [("loss.py", REFERENCE)]  # appended as the others, outside the README's table of seven
 
 RECIPES = [("advantage.py", ESTIMATOR), ("tasks.py", TASK), ("loss.py", AGGREGATION), ("rewards.py", REWARD_TERM),
            ("loss.py", ROW_FILTER), ("loss.py", RATIO), ("tasks.py", OWN_TASK)]
@@ -128,13 +127,9 @@ def fork(tmp_path_factory):
     for name in repository_files():
         os.makedirs(root / os.path.dirname(name), exist_ok=True)
         shutil.copy2(os.path.join(ROOT, name), root / name)
-    for name, code in RECIPES:
+    for name, code in RECIPES + SEAM_RECIPES:
         with open(root / name, "a") as f:
             f.write(f"\n\n{code}")
-    for name, registry, code in BELOW_REGISTRY:  # after the registry's line: a one-line dict
-        lines = (root / name).read_text().splitlines(keepends=True)
-        at = next(i for i, line in enumerate(lines) if line.startswith(registry)) + 1
-        (root / name).write_text("".join(lines[:at]) + f"\n\n{code}" + "".join(lines[at:]))
     rows = [{"problem": f"What is {a} times {b}?", "answer": str(a * b)} for a in range(2, 10) for b in range(2, 10)]
     (root / "qa.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     topics = [{"topic": f"the number {n}", "keyword": str(n), "example": f"{n} is a number."} for n in range(60)]
@@ -214,11 +209,10 @@ rewards.STRICT = False  # as in training: an exception scores 0 and is counted
 assert topic.reward("x", tasks.Example(prompt=[], gold=None, reference=""), kind="mentions") == 0.0
 assert rewards.take_error_count() == 1
 # 8. the reference policy: a --reference choice, moving at the ramped rate
-import config, train
+import config
 assert "ema-warmup" in config.choices()["reference"]
-args = train.Args(reference="ema-warmup", ref_ema=0.1)
 ref = torch.zeros(2)
-train.REFERENCES["ema-warmup"](ref, torch.ones(2), 50, args)
+loss.REFERENCES["ema-warmup"](ref, torch.ones(2), 50, ref_ema=0.1, ref_reset_every=0)
 assert torch.allclose(ref, torch.full((2,), 0.05))
 print("recipes ok")
 '''
@@ -226,7 +220,7 @@ print("recipes ok")
 
 def test_docs_show_exactly_this_code():
     page = open(os.path.join(ROOT, "docs", "fork.md")).read()
-    for block in [block for _, block in RECIPES] + [block for *_, block in BELOW_REGISTRY]:
+    for _, block in RECIPES + SEAM_RECIPES:
         assert f"```python\n{block}```" in page
     readme = open(os.path.join(ROOT, "README.md")).read()
     section = readme.split("## Fork it", 1)[1].split("\n## ", 1)[0]

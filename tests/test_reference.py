@@ -1,7 +1,6 @@
-"""The KL term's reference policy (train.py: REFERENCES, --reference): a moving reference is checkpoint state, so
-a resume equals the straight run to the bit; under bf16 it accumulates in float32; bad combinations are one line.
-
-    python -m pytest tests/test_reference.py -q
+"""The KL term's reference policy (loss.py: REFERENCES, --reference; train.py: update_reference): a moving
+reference is checkpoint state, so a resume equals the straight run to the bit; under bf16 it accumulates in float32;
+bad combinations are one line.
 """
 
 import pytest
@@ -12,6 +11,7 @@ from test_train import read_metrics, tiny_args
 import config
 import tasks
 import train
+from loss import REFERENCES
 from plumbing.checkpoint import read_trainer_state
 
 
@@ -53,17 +53,15 @@ def test_a_frozen_run_saves_no_reference(tiny_model_dir, tmp_path, digits):
     assert read_trainer_state(str(tmp_path / "checkpoint-000001"))["reference"] is False
 
 
-def test_ema_and_reset_move_the_reference_as_written(tiny_model_dir):
-    args = tiny_args(tiny_model_dir, "unused", reference="ema", ref_ema=0.25, beta=0.1)
+def test_ema_and_reset_move_the_reference_as_written():
     ref, policy = torch.tensor([1.0, -2.0]), torch.tensor([3.0, 2.0])
-    train.REFERENCES["ema"](ref, policy, 1, args)
+    REFERENCES["ema"](ref, policy, 1, ref_ema=0.25, ref_reset_every=0)
     assert torch.equal(ref, torch.tensor([1.5, -1.0]))  # (1 - 0.25) ref + 0.25 policy
-    args = tiny_args(tiny_model_dir, "unused", reference="reset", ref_reset_every=3, beta=0.1)
     ref = torch.tensor([1.0, -2.0])
     for step in (1, 2):
-        train.REFERENCES["reset"](ref, policy, step, args)
+        REFERENCES["reset"](ref, policy, step, ref_ema=0.0, ref_reset_every=3)
     assert torch.equal(ref, torch.tensor([1.0, -2.0]))
-    train.REFERENCES["reset"](ref, policy, 3, args)
+    REFERENCES["reset"](ref, policy, 3, ref_ema=0.0, ref_reset_every=3)
     assert torch.equal(ref, policy)
 
 
@@ -106,5 +104,5 @@ def test_bad_reference_flags_are_one_line(flags, message, tmp_path, capsys):
 
 
 def test_the_registry_holds_the_three_references():
-    assert train.REFERENCES["frozen"] is None and {"ema", "reset"} <= set(train.REFERENCES)
-    assert set(train.REFERENCES) <= set(config.choices()["reference"])
+    assert REFERENCES["frozen"] is None and {"ema", "reset"} <= set(REFERENCES)
+    assert set(REFERENCES) <= set(config.choices()["reference"])
