@@ -413,8 +413,15 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args,
                         "param_groups": param_groups, "rng": rngs, "args": asdict(args),
                         "reference": ref_model is not None, "world": len(rngs),
                         "model_fingerprint": folder_fingerprint(args.model)}, os.path.join(tmp, "trainer_state.pt"))
+            if os.path.exists(final):  # move the old one aside first: a rename cannot replace a folder
+                os.rename(final, tmp + "-old")
+            os.rename(tmp, final)
         except Exception as err:  # ENOSPC as OSError, or torch.save's RuntimeError "unexpected pos"
             reason = _why(err)
+            if os.path.isdir(tmp + "-old") and not os.path.exists(final):
+                with contextlib.suppress(OSError):
+                    os.rename(tmp + "-old", final)  # the old one back in place
+        shutil.rmtree(tmp + "-old", ignore_errors=True)
     error = None
     if master and reason is not None:
         if tmp:
@@ -425,11 +432,6 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args,
         error = (f"saving checkpoint {final} failed ({reason}): it needs about {_size(needed)} and {free}; its "
                  "partial folder is removed, and " + (f"the last good checkpoint, {last_good}, is intact"
                                                       if last_good else "no earlier checkpoint exists"))
-    elif master:
-        if os.path.exists(final):  # move the old one aside first: a rename cannot replace a folder
-            os.rename(final, tmp + "-old")
-        os.rename(tmp, final)
-        shutil.rmtree(tmp + "-old", ignore_errors=True)
     error = _agree(error, src=0)  # every rank learns rank 0's verdict (and waits for its HF folder)
     if error:
         raise CheckpointError(error)
