@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, fields, make_dataclass, replac
 import torch
 
 from advantage import ESTIMATORS, compute_advantages, estimator_params, hyperparameter_ranges, hyperparameters
-from loss import OPTION_CHOICES, ROW_FILTERS, policy_loss
+from loss import OPTION_CHOICES, REFERENCES, ROW_FILTERS, policy_loss
 from plumbing import checks
 from plumbing.checkpoint import find_checkpoint, resume_error
 from plumbing.cli import OneLineParser, first_line
@@ -59,6 +59,12 @@ class _Args:
     warmup_steps: int = arg(2, "linear learning-rate warmup, in optimizer steps")
     weight_decay: float = arg(0.01, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping")
+    reference: str = arg("frozen", "the KL term's reference policy (loss.py: REFERENCES): frozen, the initial "
+                         "model (the paper's); ema, moved toward the policy after each optimizer step by --ref-ema; "
+                         "reset, set to the policy every --ref-reset-every optimizer steps; a moving one is "
+                         "checkpointed")
+    ref_ema: float = arg(0.0, "--reference ema: ref <- (1 - ALPHA) ref + ALPHA policy, ALPHA in (0, 1]")
+    ref_reset_every: int = arg(0, "--reference reset: ref <- policy every N optimizer steps")
     mask_truncated: bool = arg(False, "completions cut at --max-tokens get no loss weight and leave the loss "
                                "denominator (DAPO's overlong filtering); they still count in their group's "
                                "advantages")
@@ -108,6 +114,8 @@ class _Args:
     resume: str = arg("", "checkpoint folder, or run folder (its newest checkpoint), to continue from")
     resume_changed: bool = arg(False, "with --resume: continue although a flag of config.RESUME_KEEPS or the "
                                "estimator's hyperparameters differ from the checkpoint's (deliberately; never --model)")
+    dist_timeout_s: float = arg(1800.0, "torchrun: seconds a rank waits in a collective before the run fails; it "
+                                "must cover rank 0 writing a checkpoint's Hugging Face folder")
     wandb: bool = arg(False, "also log to Weights & Biases (if installed)")
     plan: bool = arg(False, "print one rank's GPU memory plan (tools/memory_plan.py) and exit; loads nothing")
     plan_gpus: int = arg(8, "--plan: ranks, one GPU each")
@@ -238,7 +246,8 @@ def choices() -> dict:
     from rollout import ROLLOUTS, SAMPLERS  # imports transformers: only when checking
 
     return {"advantage": ESTIMATORS, "reward": ("exact", *REWARD_TERMS), **OPTION_CHOICES, "row_filter": ROW_FILTERS,
-            "sampler": ("auto", *SAMPLERS), "dtype": ("auto", "bfloat16", "float32"), "rollout": ROLLOUTS}
+            "sampler": ("auto", *SAMPLERS), "dtype": ("auto", "bfloat16", "float32"), "rollout": ROLLOUTS,
+            "reference": REFERENCES}
 
 
 def check_args(args: Args) -> str | None:
@@ -284,6 +293,14 @@ def check_args(args: Args) -> str | None:
         (0 < args.gpu_memory_utilization < 1, "--gpu-memory-utilization must be in (0, 1)"),
         (args.sync_tolerance >= 0, "--sync-tolerance must be >= 0"),
         (args.steps < 2**24, f"--steps must be below 2^24 = {2**24:,}: rollout.step_seed gives each step 24 bits"),
+        (0 < args.dist_timeout_s < math.inf, "--dist-timeout-s must be finite and > 0"),
+        (0 <= args.ref_ema <= 1 and args.ref_reset_every >= 0, "--ref-ema must be in [0, 1], --ref-reset-every >= 0"),
+        (args.reference != "ema" or args.ref_ema > 0, "--reference ema needs --ref-ema ALPHA in (0, 1]"),
+        (args.reference != "reset" or args.ref_reset_every >= 1, "--reference reset needs --ref-reset-every N >= 1"),
+        (args.reference != "frozen" or not (args.ref_ema or args.ref_reset_every), "--ref-ema and --ref-reset-every "
+         "move the reference, which --reference frozen (the default) keeps: pass --reference ema or reset"),
+        (args.reference == "frozen" or args.beta > 0, f"--reference {args.reference} moves the KL term's reference, "
+         "and --beta 0 has none: pass --beta > 0"),
         (all(name in ESTIMATORS for name in alloc_estimators(args)),
          f"--alloc-estimators must name estimators of {', '.join(ESTIMATORS)}, or all"),
         (math.isfinite(args.filter_std) and args.filter_std >= 0 and 0 <= args.max_refill_rounds <= MAX_REFILLS,

@@ -7,12 +7,12 @@
 with the asymmetric clip range [0.20, 0.28], no dual clip, the k3 reference KL as a separate term and token-mean
 aggregation, as in the paper's runs (Appendix B.1). A is one number per sequence (advantage.py), broadcast over its
 tokens. Each choice is a registry a fork adds to in one edit (its keys are the flag's choices): RATIOS (--ratio),
-IS_CORRECTIONS (--is-correction), KL_ESTIMATORS (--kl-estimator), LOSS_TERMS (--loss-terms), ROW_FILTERS
-(--row-filter), AGGREGATIONS (--loss-agg); none but the paper's choices is on by default. Every keyword option of
-`policy_loss` with a default is a train.py flag of the same name (config.py), and every metric it returns reaches
-metrics.jsonl as loss/NAME (train.py: ppo_update), so a new option or metric is one edit here. Below them the
-log-probs: the plain `token_logprobs`, and `sequence_logprobs`, which computes the same with speed/logprobs.py's
-row-chunked kernel (no float32 (B, K, V) tensor).
+IS_CORRECTIONS (--is-correction), KL_ESTIMATORS (--kl-estimator), LOSS_TERMS (--loss-terms), REFERENCES
+(--reference), ROW_FILTERS (--row-filter), AGGREGATIONS (--loss-agg); none but the paper's choices is on by default.
+Every keyword option of `policy_loss` with a default is a train.py flag of the same name (config.py), and every metric
+it returns reaches metrics.jsonl as loss/NAME (train.py: ppo_update), so a new option or metric is one edit here.
+Below them the log-probs: the plain `token_logprobs`, and `sequence_logprobs`, which computes the same with
+speed/logprobs.py's row-chunked kernel (no float32 (B, K, V) tensor).
 
     python -m pytest tests/test_loss.py
 """
@@ -230,6 +230,25 @@ def seq_mask_weights(old_logp, sampler_logp, mask, cap):
 
 IS_CORRECTIONS = {"none": no_correction, "token-tis": tis_weights, "seq-tis": seq_tis_weights,
                   "token-mask": token_mask_weights, "seq-mask": seq_mask_weights}
+
+
+# ---------------------------------------------------------------- the KL term's reference policy (--reference)
+# An entry moves one float32 tensor of the reference (train.py passes this rank's shards) toward the policy's, in
+# place, after optimizer step `step` (1, 2, ...); None: frozen, the initial model (the paper's). train.py saves a
+# moving reference in each checkpoint, so a resumed run equals the straight one.
+
+def ema_reference(ref, policy, step, ref_ema, ref_reset_every):
+    """ref <- (1 - ref_ema) ref + ref_ema policy (TRL's ref_model_mixup_alpha)."""
+    ref.lerp_(policy, ref_ema)
+
+
+def reset_reference(ref, policy, step, ref_ema, ref_reset_every):
+    """ref <- policy every ref_reset_every optimizer steps (TRL's ref_model_sync_steps)."""
+    if step % ref_reset_every == 0:
+        ref.copy_(policy)
+
+
+REFERENCES = {"frozen": None, "ema": ema_reference, "reset": reset_reference}
 
 
 # ---------------------------------------------------------------- batch filters (--row-filter, --mask-truncated)

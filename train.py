@@ -35,7 +35,7 @@ import config
 from advantage import compute_advantages
 from config import Args, check_args, parse_args
 from grad_alloc import allocation_metrics
-from loss import ROW_FILTERS, Share, TokenMean, loss_denominator, pad_batch, policy_loss, sequence_logprobs
+from loss import REFERENCES, ROW_FILTERS, Share, TokenMean, loss_denominator, pad_batch, policy_loss, sequence_logprobs
 from plumbing import run_log
 from plumbing.checkpoint import (
     CheckpointError,
@@ -52,7 +52,7 @@ from plumbing.cli import first_line
 from plumbing.data import load_data
 from plumbing.files import AppendError
 from plumbing.models import ModelLoadError, SamplingError, load_model, load_tokenizer
-from plumbing.parallel import all_reduce_sum, full_weights, init_distributed, shard
+from plumbing.parallel import all_reduce_sum, full_weights, init_distributed, local, shard
 from plumbing.run_folder import RunFolderError, lock_run_folder, run_folder_error
 from plumbing.sync import SyncError, check_sync, check_weights, weight_checksums
 from speed.allocator import release_freed_memory
@@ -84,7 +84,7 @@ def train(args: Args) -> dict:
 
     # ---- setup: derived values, processes, data, models, sampler, log, held-out score before training
     out_dir, cuda, args = config.run_dir(args), torch.cuda.is_available(), config.resolve_auto(args)
-    distributed, rank, world, device = init_distributed(args.seed)
+    distributed, rank, world, device = init_distributed(args.seed, args.dist_timeout_s)
     master = rank == 0
     remove_orphans(out_dir, master)  # what killed saves left, with a note
     task = get_task(args.task)
@@ -94,10 +94,12 @@ def train(args: Args) -> dict:
     if ckpt and master and (changed := changed_flags(ckpt, asdict(args))):  # each applies from here on
         print(f"resume: continuing {ckpt} with changed flags: {changed}")
     tokenizer, model, ref_model = load_models(args, ckpt, init_path, device)
+    moving_ref = ref_model if REFERENCES[args.reference] else None  # --reference: checkpointed with the policy
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     optimizer = make_optimizer(model, args)
     scheduler = make_scheduler(optimizer, args)
-    start_step = load_checkpoint(ckpt, model, optimizer, scheduler, rank, args.lr, args.weight_decay) if ckpt else 0
+    start_step = load_checkpoint(ckpt, model, optimizer, scheduler, rank, args.lr, args.weight_decay,
+                                 moving_ref) if ckpt else 0
     n_params = run_log.model_flops_per_token(model)
     n_forwards = 1 + 3 * args.ppo_epochs + (ref_model is not None) + (not reuses_training_logprobs(args))
     room = model.config.max_position_embeddings - args.max_tokens  # the longest prompt the context holds
@@ -184,7 +186,8 @@ def train(args: Args) -> dict:
             log.write(metrics)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
         if args.save_every and (step + 1) % args.save_every == 0 or step + 1 == args.steps and args.final_save:
-            save_checkpoint(out_dir, step + 1, model, optimizer, scheduler, tokenizer, args)  # --keep-checkpoints
+            save_checkpoint(out_dir, step + 1, model, optimizer, scheduler, tokenizer, args,  # --keep-checkpoints
+                            moving_ref)
 
     # ---- the end: held-out score after training, curves, cleanup
     if test_set:  # a score of the last step is this one: the same weights, greedy
@@ -284,6 +287,7 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
             lr = scheduler.get_last_lr()[0]
             optimizer.step()
             scheduler.step()
+            update_reference(ref_model, model, scheduler.last_epoch, args)  # --reference (REFERENCES)
             optimizer.zero_grad(set_to_none=True)
     total = dict(zip(sums, all_reduce_sum(list(sums.values()), device)))
     updates, tokens = args.ppo_epochs * len(minibatches), max(total["tokens"], 1)
@@ -294,11 +298,22 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
 
 
 # ---------------------------------------------------------------- setup
+def update_reference(ref_model, model, step: int, args: Args):
+    """After optimizer step `step`, the --reference entry (loss.py: REFERENCES) on each pair of parameters, this
+    rank's shards (FSDP2 shards the two models alike); a moving reference is checkpointed with the policy."""
+    if (update := REFERENCES[args.reference]) is None or ref_model is None:
+        return
+    with torch.no_grad():
+        for ref, policy in zip(ref_model.parameters(), model.parameters()):
+            update(local(ref), local(policy), step, ref_ema=args.ref_ema, ref_reset_every=args.ref_reset_every)
+
+
 def load_reference(path, args: Args, device):
-    """The frozen reference policy for the KL term, in no-grad mode and the training precision."""
+    """The reference policy for the KL term, in no-grad mode. Frozen under bf16, its linears are stored in bf16;
+    a moving one stays float32, so that a small EMA step does not round away."""
     ref_model = load_model(path, torch.float32, device).eval().requires_grad_(False)
-    if args.dtype == "bfloat16" and not dist.is_initialized():  # FSDP2 wants one dtype per sharded layer
-        store_linears_bf16(ref_model)
+    if args.dtype == "bfloat16" and not dist.is_initialized() and REFERENCES[args.reference] is None:
+        store_linears_bf16(ref_model)  # FSDP2 wants one dtype per sharded layer
     return compile_layers(ref_model) if args.compile else ref_model
 
 

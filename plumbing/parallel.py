@@ -66,6 +66,11 @@ def shard(model, device, bf16: bool = False):
     return fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
 
 
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of an FSDP2 parameter (a view: writing it writes the parameter), or the tensor itself."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 def full_weights(model):
     """(HF name, full tensor), one parameter at a time, gathered only when asked for: the sync holds one full
     parameter at once (tests/test_rollout.py::test_the_weight_sync_holds_one_gathered_parameter_at_a_time).
@@ -74,9 +79,13 @@ def full_weights(model):
         yield name, (param.full_tensor() if isinstance(param, DTensor) else param).detach()
 
 
-def init_distributed(seed: int):
+def init_distributed(seed: int, timeout_s: float = 1800):
     """(distributed, rank, world, device): under torchrun (RANK is set), one process group over all ranks; then the
-    models are FSDP2-sharded, each rank samples its share of prompts, every logged number is all-reduced."""
+    models are FSDP2-sharded, each rank samples its share of prompts, every logged number is all-reduced.
+    `timeout_s` (--dist-timeout-s): how long a rank waits in a collective before the run fails, which must cover
+    the longest wait a rank has, rank 0 writing a checkpoint's HF folder (the shards are written in parallel)."""
+    from datetime import timedelta
+
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # no "Loading weights" bar per model on every rank
     cuda = torch.cuda.is_available()
@@ -84,7 +93,7 @@ def init_distributed(seed: int):
         keep_freed_memory()
     distributed = "RANK" in os.environ
     if distributed:
-        dist.init_process_group("nccl" if cuda else "gloo")
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
     if cuda:

@@ -6,9 +6,11 @@ before the command is byte-identical after it (issue 29).
     python -m pytest tests/test_bad_input.py -q
 """
 
+import contextlib
 import importlib.util
 import json
 import os
+import pickle
 import random
 import re
 import subprocess
@@ -17,6 +19,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from torch.distributed.checkpoint.metadata import Metadata
 
 from plumbing import checkpoint
 
@@ -53,7 +56,8 @@ def fake_checkpoint(run_dir, step, state):
     path = run_dir / f"checkpoint-{step:06d}"
     path.mkdir(parents=True)
     (path / "config.json").write_text("{}")
-    torch.save({}, path / "optimizer.pt")
+    (path / "trainer").mkdir()  # the DCP folder: metadata of no tensors
+    (path / "trainer" / ".metadata").write_bytes(pickle.dumps(Metadata({})))
     torch.save(state, path / "trainer_state.pt")
     return path
 
@@ -335,8 +339,8 @@ def test_a_full_disk_during_a_save_is_one_line_and_leaves_the_last_checkpoint_in
     real_save = torch.save
 
     def fills_the_disk(obj, path, *a, **kw):  # a few bytes reach the disk, then it is full
-        with open(path, "wb") as f:
-            f.write(b"PK\x03\x04 partial")
+        with open(path, "wb") if isinstance(path, (str, os.PathLike)) else contextlib.nullcontext(path) as f:
+            f.write(b"PK\x03\x04 partial")  # a path, or the stream of DCP's shard file
         if failure == "ENOSPC":
             raise OSError(errno.ENOSPC, "No space left on device")
         raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 4736 vs 4624")

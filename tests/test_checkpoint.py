@@ -149,3 +149,114 @@ def test_a_prune_that_fails_is_a_note_and_the_run_goes_on(tiny_model_dir, tmp_pa
     assert final["step"] == 2 and checkpoints(tmp_path) == ["checkpoint-000001", "checkpoint-000002"]
     notes = [line for line in capsys.readouterr().out.splitlines() if "could not delete old checkpoints" in line]
     assert len(notes) == 2 and "Permission denied" in notes[0]
+
+
+# ---- the DCP checkpoint (plumbing/checkpoint.py; under torchrun: tests/test_dcp.py)
+
+def test_cuda_rng_states_restore_on_fewer_visible_gpus(monkeypatch, capsys):
+    """A checkpoint saved where 4 GPUs were visible, resumed where 2 are: set_rng_state_all would index devices
+    that do not exist; the 2 that do get theirs, and one line says the rest were not restored."""
+    from plumbing import checkpoint
+
+    restored = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: restored.update({device: state}))
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: pytest.fail("indexes every saved device"))
+    rng = {**checkpoint.rng_state(), "cuda": [torch.full((4,), i, dtype=torch.uint8) for i in range(4)]}
+    checkpoint.set_rng_state(rng)
+    assert sorted(restored) == [0, 1] and all(torch.equal(restored[i], rng["cuda"][i]) for i in (0, 1))
+    note = capsys.readouterr().out.strip().splitlines()
+    assert len(note) == 1 and "4 GPU RNG states and 2 GPUs are visible: restored 2" in note[0]
+    restored.clear()
+    checkpoint.set_rng_state({**rng, "cuda": rng["cuda"][:1]})  # more visible than saved: the saved one restored
+    assert sorted(restored) == [0] and "the other 1 keep their seed" in capsys.readouterr().out
+
+
+def tiny_trainer(model_dir):
+    from test_train import tiny_args
+
+    import train
+    from plumbing.models import load_tokenizer
+
+    args = tiny_args(model_dir, "unused")
+    _, model, _ = train.load_models(args, None, model_dir, torch.device("cpu"))
+    optimizer = train.make_optimizer(model, args)
+    return args, model, optimizer, train.make_scheduler(optimizer, args), load_tokenizer(model_dir)
+
+
+def test_a_run_folder_made_read_only_mid_run_is_one_line_from_the_save(tiny_model_dir, tmp_path, monkeypatch):
+    """Root ignores chmod, so the read-only folder is mkdtemp's PermissionError, as it comes without dac_override
+    (issue 45 item 5): one line naming the save and the last good checkpoint, nothing left behind."""
+    import tempfile
+
+    from plumbing.checkpoint import CheckpointError, save_checkpoint
+
+    args, model, optimizer, scheduler, tokenizer = tiny_trainer(tiny_model_dir)
+    save_checkpoint(str(tmp_path), 1, model, optimizer, scheduler, tokenizer, args)
+    before = snapshot(tmp_path)
+
+    def read_only(*a, **k):
+        raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path))
+
+    monkeypatch.setattr(tempfile, "mkdtemp", read_only)
+    with pytest.raises(CheckpointError) as info:
+        save_checkpoint(str(tmp_path), 2, model, optimizer, scheduler, tokenizer, args)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"saving checkpoint {tmp_path / 'checkpoint-000002'} failed")
+    assert f"cannot write in {tmp_path}: Permission denied" in message and "checkpoint-000001, is intact" in message
+    assert snapshot(tmp_path) == before
+
+
+def test_dcp_metadata_that_needs_an_object_is_refused_before_anything_loads(tmp_path, capsys):
+    """DCP's own reader unpickles .metadata with pickle.load; ours allows DCP's metadata classes alone."""
+    import pickle
+
+    from test_bad_input import WritesAFile, fake_checkpoint
+
+    import train
+
+    marker = tmp_path / "ran.txt"
+    ckpt = fake_checkpoint(tmp_path / "run", 1, {"step": 1, "args": {"task": "arith", "model": "smollm2-135m"}})
+    (ckpt / "trainer" / ".metadata").write_bytes(pickle.dumps(WritesAFile(marker)))
+    with pytest.raises(SystemExit) as exit_info:
+        train.parse_args(["--resume", str(ckpt), "--out-dir", str(tmp_path / "out"), "--steps", "5"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err
+    assert "trainer/.metadata needs builtins.exec to load" in err and "refused" in err and not marker.exists()
+
+
+def test_a_moved_run_and_a_copied_model_folder_resume_exactly(tiny_model_dir, tmp_path, digits):
+    """The checkpoint records --model's path, but compares the model by its files (issue 45 item 7): the run
+    folder moved and the model folder copied elsewhere resume, to the bit; another model at that path does not."""
+    import shutil
+
+    from test_train import read_metrics, tiny_args
+
+    import config
+    import train
+    from plumbing.tiny_model import build_tiny_model
+
+    first = tmp_path / "models" / "first"
+    shutil.copytree(tiny_model_dir, first)
+    train.main(tiny_args(tiny_model_dir, tmp_path / "straight", steps=3, beta=0.1))
+    train.main(tiny_args(str(first), tmp_path / "run", steps=2, beta=0.1))
+    shutil.move(tmp_path / "run", tmp_path / "moved")
+    moved_model = tmp_path / "elsewhere" / "copy"
+    shutil.copytree(first, moved_model)
+    shutil.rmtree(first)
+    args = tiny_args(str(moved_model), tmp_path / "moved", steps=3, beta=0.1, resume=str(tmp_path / "moved"))
+    assert config.check_args(args) is None
+    train.main(args)
+
+    def comparable(rows):
+        return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/", "mem/"))} for r in rows]
+
+    assert comparable(read_metrics(tmp_path / "moved" / "metrics.jsonl")) == \
+        comparable(read_metrics(tmp_path / "straight" / "metrics.jsonl"))
+    other = build_tiny_model(tmp_path / "other", seed=1)
+    error = config.check_args(tiny_args(other, tmp_path / "moved", steps=4, resume=str(tmp_path / "moved")))
+    assert error and "pass the same --task and --model" in error
+    error = config.check_args(tiny_args(other, tmp_path / "moved", steps=4, resume=str(tmp_path / "moved"),
+                                        resume_changed=True))
+    assert error and "pass the same --task and --model" in error  # a different model is never a resume

@@ -116,9 +116,18 @@ def logratio_l2(logp, old_logp, mask):
 LOSS_TERMS["l2"] = logratio_l2
 '''
 
+REFERENCE = '''\
+def ema_warmup_reference(ref, policy, step, ref_ema, ref_reset_every):
+    """EMA toward the policy at a rate ramped from 0 to --ref-ema over the first 100 optimizer steps."""
+    ref.lerp_(policy, ref_ema * min(1.0, step / 100))
+
+
+REFERENCES["ema-warmup"] = ema_warmup_reference
+'''
+
 RECIPES = [("advantage.py", ESTIMATOR), ("tasks.py", TASK), ("loss.py", AGGREGATION), ("rewards.py", REWARD_TERM),
            ("loss.py", ROW_FILTER), ("tasks.py", OWN_TASK), ("loss.py", KL_ESTIMATOR), ("loss.py", LOSS_TERM),
-           ("rollout.py", ROLLOUT)]
+           ("rollout.py", ROLLOUT), ("loss.py", REFERENCE)]
 
 
 def repository_files():
@@ -242,6 +251,13 @@ drawn = [i for r in (0, 1) for i in rollout.batch_indices(5, 4, 15, 1, r)]
 means = sorted(sum(patterns[i]) / 4 for i in drawn)
 assert len(sampler.calls) == 2 and sorted(batch.scores["rewards"].mean(-1).tolist()) == means[:4]
 assert [sum(ex.meta["pattern"]) / 4 for ex in batch.examples] == batch.scores["rewards"].mean(-1).tolist()
+
+# 11. the reference policy: a --reference choice, moving at the ramped rate
+import config
+assert "ema-warmup" in config.choices()["reference"]
+ref = torch.zeros(2)
+loss.REFERENCES["ema-warmup"](ref, torch.ones(2), 50, ref_ema=0.1, ref_reset_every=0)
+assert torch.allclose(ref, torch.full((2,), 0.05))
 print("recipes ok")
 '''
 
@@ -265,7 +281,7 @@ def test_each_recipe_does_what_it_says_in_the_fork(fork):
 # fixture (its file's or conftest's) reaching a registry by name; and all of test_layout (the recipes add code to
 # stage files). A helper that builds Args (tiny_args) pins nothing: a test pins the flags only by listing them.
 REGISTRY_NAMES = (r"ESTIMATORS|TASKS|AGGREGATIONS|REWARD_TERMS|ROW_FILTERS|RATIOS|IS_CORRECTIONS|SAMPLERS|PRESETS"
-                  r"|KL_ESTIMATORS|LOSS_TERMS|OPTION_CHOICES|ROLLOUTS")
+                  r"|KL_ESTIMATORS|LOSS_TERMS|OPTION_CHOICES|ROLLOUTS|REFERENCES")
 REACHES_A_REGISTRY = re.compile(REGISTRY_NAMES + r"|choices\(|must be one of|--help|estimator_params|hyperparameter"
                                 r"|Args\(")
 
@@ -357,7 +373,8 @@ def test_train_and_eval_run_with_every_recipe(fork, tiny_model_dir):
                     "--std-floor", "0.2", "--loss-agg", "seq-mean-token-sum", "--reward-weights",
                     "exact=1,brevity=0.1", "--row-filter", "equal-rewards", "--ratio", "sequence",
                     "--kl-estimator", "k3-clipped", "--loss-terms", "l2=0.1", "--alloc-estimators", "all",
-                    "--rollout", "hardest", "--out-dir", "run-qa", *common)
+                    "--rollout", "hardest", "--reference", "ema-warmup", "--ref-ema", "0.1", "--out-dir", "run-qa",
+                    *common)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = [json.loads(line) for line in open(fork / "run-qa" / "metrics.jsonl")]
     assert [m["step"] for m in metrics] == [1, 2]
@@ -368,8 +385,9 @@ def test_train_and_eval_run_with_every_recipe(fork, tiny_model_dir):
                               "read_trainer_state; print(json.dumps(read_trainer_state(find_checkpoint('run-qa'))"
                               "['args']))").stdout)
     assert (saved["advantage"], saved["std_floor"], saved["loss_agg"], saved["row_filter"], saved["ratio"],
-            saved["kl_estimator"], saved["loss_terms"], saved["rollout"]) == \
-        ("floorgrpo", 0.2, "seq-mean-token-sum", "equal-rewards", "sequence", "k3-clipped", "l2=0.1", "hardest")
+            saved["kl_estimator"], saved["loss_terms"], saved["rollout"], saved["reference"]) == \
+        ("floorgrpo", 0.2, "seq-mean-token-sum", "equal-rewards", "sequence", "k3-clipped", "l2=0.1", "hardest",
+         "ema-warmup")
 
     result = run_in(fork, "train.py", "--task", "topic", "--data-file", "topics.jsonl", "--reward-weights",
                     "mentions=1,sim=0.5", "--out-dir", "run-topic", *common)

@@ -8,6 +8,7 @@ through tests/dist_train.py. float32 everywhere a comparison must be exact.
 import json
 import math
 import os
+import pickle
 import subprocess
 import sys
 from dataclasses import replace
@@ -16,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from dist_train import DigitTask
+from torch.distributed.checkpoint.metadata import Metadata
 
 import config
 import plumbing.data
@@ -220,7 +222,8 @@ def fake_checkpoint(run, step, state=None):
     path = run / f"checkpoint-{step:06d}"
     path.mkdir(parents=True)
     (path / "config.json").write_text("{}")
-    (path / "optimizer.pt").write_bytes(b"")
+    (path / "trainer").mkdir()  # the DCP folder: metadata of no tensors
+    (path / "trainer" / ".metadata").write_bytes(pickle.dumps(Metadata({})))
     if state is not None:
         torch.save(state, path / "trainer_state.pt")
     return path

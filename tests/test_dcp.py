@@ -1,0 +1,88 @@
+"""Checkpoints through torch.distributed.checkpoint under torchrun (FSDP2 over gloo on CPU): each rank saves and
+loads its own shards, a resume on the same world size equals the straight run to the bit, and a checkpoint
+reshards to another world size (2 -> 1, 1 -> 2) with every tensor as saved. tests/dist_checkpoint.py runs the jobs.
+
+    python -m pytest tests/test_dcp.py -q
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOB = os.path.join(ROOT, "tests", "dist_checkpoint.py")
+
+
+def launch(world, *job):
+    head = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"] if world == 2 \
+        else [sys.executable]
+    result = subprocess.run([*head, JOB, *map(str, job)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def comparable(path):
+    with open(path) as f:
+        return [{k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/", "mem/"))}
+                for line in f]
+
+
+def assert_equal_states(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        if isinstance(a[key], dict):
+            assert_equal_states(a[key], b[key])
+        else:
+            assert torch.equal(a[key], b[key]) if isinstance(a[key], torch.Tensor) else a[key] == b[key], key
+
+
+@pytest.mark.slow
+def test_dcp_resume_is_exact_on_2_ranks_and_reshards_2_to_1_and_1_to_2(tiny_model_dir, tmp_path):
+    straight, split, single = tmp_path / "straight", tmp_path / "split", tmp_path / "single"
+    launch(2, "train", straight, tiny_model_dir, 3)
+    launch(2, "train", split, tiny_model_dir, 2)
+    ckpt = split / "checkpoint-000002"
+    assert sorted(f for f in os.listdir(ckpt / "trainer") if f.endswith(".distcp")) == ["__0_0.distcp",
+                                                                                       "__1_0.distcp"]
+    for world in (1, 2):  # the 2-rank checkpoint, resumed on 1 and on 2 ranks: every tensor as saved
+        launch(world, "load", ckpt, tiny_model_dir, tmp_path / f"2to{world}.pt")
+    two_to_one, two_to_two = (torch.load(tmp_path / f"2to{world}.pt") for world in (1, 2))
+    assert two_to_one["step"] == two_to_two["step"] == 2
+    assert_equal_states(two_to_one, two_to_two)
+    assert_equal_states(two_to_one["model"], load_file(ckpt / "model.safetensors"))  # the HF folder's weights
+    initial = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
+    assert not torch.equal(two_to_one["reference"]["model.norm.weight"], initial["model.norm.weight"])  # EMA moved
+    assert all(len(moments) == 3 for moments in two_to_one["optimizer"].values())  # step, exp_avg, exp_avg_sq
+
+    fork = tmp_path / "fork"  # the same checkpoint, continued on 1 rank: it trains on
+    launch(1, "train", fork, tiny_model_dir, 3, ckpt)
+    assert [r["step"] for r in comparable(fork / "metrics.jsonl")] == [3]
+    shutil.rmtree(fork)
+    launch(2, "train", split, tiny_model_dir, 3, split)  # resumed on 2 ranks: the straight run, to the bit
+    assert comparable(split / "metrics.jsonl") == comparable(straight / "metrics.jsonl")
+    assert_equal_states(load_file(split / "checkpoint-000003" / "model.safetensors"),
+                        load_file(straight / "checkpoint-000003" / "model.safetensors"))
+
+    launch(1, "train", single, tiny_model_dir, 2)  # saved on 1 rank, resumed on 2
+    for world in (1, 2):
+        launch(world, "load", single / "checkpoint-000002", tiny_model_dir, tmp_path / f"1to{world}.pt")
+    assert_equal_states(torch.load(tmp_path / "1to1.pt"), torch.load(tmp_path / "1to2.pt"))
+    launch(2, "train", single, tiny_model_dir, 3, single)
+    assert [r["step"] for r in comparable(single / "metrics.jsonl")] == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_a_save_that_fails_on_one_rank_is_the_same_line_on_every_rank(tiny_model_dir, tmp_path):
+    """Rank 1's disk fills while it writes its shard: no rank hangs, each raises the same one line, and the
+    temporary folder goes while the last good checkpoint stays."""
+    result = launch(2, "fail", tmp_path, tiny_model_dir)
+    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
+    assert len(lines) == 2 and lines[0].removeprefix("rank 0: ") == lines[1].removeprefix("rank 1: "), lines
+    assert "No space left on device" in lines[0] and "checkpoint-000001, is intact" in lines[0]
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-000001"]
