@@ -20,6 +20,7 @@ from advantage import ESTIMATORS, compute_advantages, estimator_params, hyperpar
 from loss import AGGREGATIONS, IS_CORRECTIONS, RATIOS, ROW_FILTERS
 from plumbing.checkpoint import find_checkpoint, model_file_error, resume_error
 from plumbing.cli import OneLineParser, first_line
+from plumbing.eval_sets import parse_eval_tasks
 from plumbing.models import has_bf16_units
 from plumbing.run_folder import run_dir, run_folder_error  # noqa: F401 (config.run_dir)
 from plumbing.sync import SYNC_TOLERANCE
@@ -95,6 +96,13 @@ class _Args:
                           "after training; the paper presets use the official configs' 25")
     eval_examples: int = arg(64, "held-out prompts scored greedily before and after training and every "
                              "--eval-every steps (0: none)")
+    eval_samples: int = arg(0, "K > 0: at each evaluation also sample every held-out prompt K times and log "
+                            "eval/SET/mean@K with its 95% interval and eval/SET/pass@k (docs/eval.md); 0: greedy only")
+    eval_temperature: float = arg(0.6, "--eval-samples' sampling temperature (the official Qwen3 configs' 0.6)")
+    eval_top_p: float = arg(1.0, "--eval-samples' nucleus")
+    eval_tasks: str = arg("", "more held-out sets, each scored with its own verifier at every evaluation: a comma "
+                          "list of tasks, each NAME (its hub dataset) or NAME=FILE (a local .jsonl/.parquet read "
+                          "whole), e.g. math500,aime24=aime24.jsonl")
     seed: int = arg(0, "seed of data order and sampling")
     out_dir: str = arg("", "run folder (default runs/TASK-ADVANTAGE-sSEED)")
     save_every: int = arg(0, "checkpoint every N steps (0: only at the end)")
@@ -253,10 +261,20 @@ def check_args(args: Args) -> str | None:
          "--compile on CPU needs a C++ compiler (g++, c++ or clang++ on PATH, or $CXX); none found"),
         (all(name in ESTIMATORS for name in alloc_estimators(args)),
          f"--alloc-estimators must name estimators of {', '.join(ESTIMATORS)}, or all"),
+        (not getattr(task, "held_out_only", False), f"--task {args.task} is a held-out benchmark: score it with --eval-tasks "
+         f"{args.task}, and train on another task"),
+        (args.eval_samples >= 0 and 1e-3 <= args.eval_temperature < math.inf and 0 < args.eval_top_p <= 1,
+         "--eval-samples must be >= 0, --eval-temperature finite and >= 0.001, --eval-top-p in (0, 1]"),
+        (args.eval_examples or not (args.eval_samples or args.eval_tasks.strip()),
+         "--eval-samples and --eval-tasks score held-out prompts: they need --eval-examples >= 1"),
     ]
     for ok, message in rules:
         if not ok:
             return message
+    try:
+        parse_eval_tasks(args.eval_tasks)
+    except ValueError as err:
+        return str(err)
     try:  # --reward-weights' terms and weights, or --reward alone (tasks.py: reward_weights)
         weights = reward_weights(task, args.reward, args.reward_weights)
     except ValueError as err:

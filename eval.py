@@ -122,7 +122,9 @@ def evaluate(sampler, task, examples, *, samples=0, max_tokens=256, batch_size=6
                             **({"terms": terms} if weighted else {}),
                             **({"sampled_rewards": [r for r, _ in scored],
                                 "samples": [{"completion": c.text, "reward": r, "length": len(c.token_ids),
-                                             "finish_reason": c.finish_reason} for c, (r, _) in zip(group, scored)]}
+                                             "finish_reason": c.finish_reason,
+                                             "passed": t.get("exact", 0.0) >= PASS_THRESHOLD}
+                                            for c, (r, t) in zip(group, scored)]}
                                if samples > 0 else {})})
             passes.append([t.get("exact", 0.0) >= PASS_THRESHOLD for _, t in [(reward, terms), *scored]])
 

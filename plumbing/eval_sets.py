@@ -1,0 +1,46 @@
+"""train.py's held-out sets: the task's own test split, and the benchmarks --eval-tasks names (docs/eval.md).
+
+    --eval-tasks math500,aime24                    # each from its hub dataset (tasks.py)
+    --eval-tasks math500=path/to/math500.jsonl     # or from a local file with the task's columns, read whole
+
+Each set is scored with its own task's verifier (similarity without one) at every evaluation of the run.
+"""
+
+import os
+
+from plumbing.data import DataError
+
+
+def parse_eval_tasks(text: str) -> list[tuple[str, str | None]]:
+    """[(task name, local file or None)] of --eval-tasks "NAME[=FILE],..."; ValueError, one line, for a piece
+    without a name, an unknown task, a name given twice or a file that does not exist."""
+    from tasks import TASKS
+
+    sets = []
+    for piece in filter(str.strip, text.split(",")):
+        name, equals, path = (part.strip() for part in piece.partition("="))
+        if name not in TASKS:
+            raise ValueError(f"--eval-tasks: unknown task {name!r}: choose from {', '.join(TASKS)}")
+        if equals and not os.path.isfile(path):
+            raise ValueError(f"--eval-tasks: {name}'s file {path!r} does not exist")
+        if name in (seen for seen, _ in sets):
+            raise ValueError(f"--eval-tasks: {name} is given twice")
+        sets.append((name, path if equals else None))
+    return sets
+
+
+def load_eval_sets(args, task, test_set: list) -> dict:
+    """{set name: (task, examples)}: the task's own held-out rows (when any), then each --eval-tasks set, at most
+    --eval-examples prompts each, shuffled by --seed as the task's own (eval.py --limit N --seed S loads the same)."""
+    from tasks import get_task
+
+    sets = {task.name: (task, test_set)} if test_set else {}
+    for name, path in parse_eval_tasks(args.eval_tasks):
+        if name in sets:
+            raise DataError(f"--eval-tasks: {name} is the task's own held-out set, scored already")
+        other = get_task(name)
+        rows = other.load("test", data_file=path, limit=args.eval_examples, seed=args.seed)
+        if not rows:
+            raise DataError(f"--eval-tasks: {name} has no held-out rows" + (f" in {path}" if path else ""))
+        sets[name] = (other, rows)
+    return sets
