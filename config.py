@@ -214,7 +214,7 @@ def choices() -> dict:
 
 def check_args(args: Args) -> str | None:
     """The first problem with `args` as one line, or None; reads nothing but small files."""
-    from tasks import get_task, reward_weights
+    from tasks import TASKS, get_task, reward_weights
 
     try:
         task = get_task(args.task)
@@ -261,8 +261,8 @@ def check_args(args: Args) -> str | None:
          "--compile on CPU needs a C++ compiler (g++, c++ or clang++ on PATH, or $CXX); none found"),
         (all(name in ESTIMATORS for name in alloc_estimators(args)),
          f"--alloc-estimators must name estimators of {', '.join(ESTIMATORS)}, or all"),
-        (not getattr(task, "held_out_only", False), f"--task {args.task} is a held-out benchmark: score it with --eval-tasks "
-         f"{args.task}, and train on another task"),
+        (not getattr(task, "held_out_only", False), f"--task {args.task} is a held-out benchmark: score it with "
+         f"--eval-tasks {args.task}, and train on another task"),
         (args.eval_samples >= 0 and 1e-3 <= args.eval_temperature < math.inf and 0 < args.eval_top_p <= 1,
          "--eval-samples must be >= 0, --eval-temperature finite and >= 0.001, --eval-top-p in (0, 1]"),
         (args.eval_examples or not (args.eval_samples or args.eval_tasks.strip()),
@@ -272,7 +272,7 @@ def check_args(args: Args) -> str | None:
         if not ok:
             return message
     try:
-        parse_eval_tasks(args.eval_tasks)
+        parse_eval_tasks(args.eval_tasks, TASKS)
     except ValueError as err:
         return str(err)
     try:  # --reward-weights' terms and weights, or --reward alone (tasks.py: reward_weights)

@@ -81,7 +81,7 @@ def main(args: Args, checked: bool = False) -> dict:
 def train(args: Args) -> dict:
     from plumbing.prompts import encode_prompts
     from rollout import make_sampler, resolve_model, step_seed, sync_check
-    from tasks import get_task, reward_weights
+    from tasks import TASKS, get_task, reward_weights
 
     # ---- setup: derived values, processes, data, models, sampler, log, held-out score before training
     out_dir, cuda, args = config.run_dir(args), torch.cuda.is_available(), config.resolve_auto(args)
@@ -91,7 +91,7 @@ def train(args: Args) -> dict:
     task = get_task(args.task)
     weights = reward_weights(task, args.reward, args.reward_weights)  # {term: weight}, r = sum_k w_k r_k
     train_set, test_set = load_data(args, task, weights, master)
-    eval_sets = load_eval_sets(args, task, test_set)  # {name: (task, rows)}: its own, then --eval-tasks'
+    eval_sets = load_eval_sets(args, task, test_set, TASKS)  # {name: (task, rows)}: its own, then --eval-tasks'
     ckpt, init_path = find_checkpoint(args.resume) if args.resume else None, resolve_model(args.model)
     if ckpt and master and (changed := changed_flags(ckpt, asdict(args))):  # each applies from here on
         print(f"resume: continuing {ckpt} with changed flags: {changed}")

@@ -11,16 +11,14 @@ import os
 from plumbing.data import DataError
 
 
-def parse_eval_tasks(text: str) -> list[tuple[str, str | None]]:
+def parse_eval_tasks(text: str, registry: dict) -> list[tuple[str, str | None]]:
     """[(task name, local file or None)] of --eval-tasks "NAME[=FILE],..."; ValueError, one line, for a piece
-    without a name, an unknown task, a name given twice or a file that does not exist."""
-    from tasks import TASKS
-
+    without a name, a task not in `registry` (tasks.TASKS), a name given twice or a file that does not exist."""
     sets = []
     for piece in filter(str.strip, text.split(",")):
         name, equals, path = (part.strip() for part in piece.partition("="))
-        if name not in TASKS:
-            raise ValueError(f"--eval-tasks: unknown task {name!r}: choose from {', '.join(TASKS)}")
+        if name not in registry:
+            raise ValueError(f"--eval-tasks: unknown task {name!r}: choose from {', '.join(registry)}")
         if equals and not os.path.isfile(path):
             raise ValueError(f"--eval-tasks: {name}'s file {path!r} does not exist")
         if name in (seen for seen, _ in sets):
@@ -29,16 +27,15 @@ def parse_eval_tasks(text: str) -> list[tuple[str, str | None]]:
     return sets
 
 
-def load_eval_sets(args, task, test_set: list) -> dict:
-    """{set name: (task, examples)}: the task's own held-out rows (when any), then each --eval-tasks set, at most
-    --eval-examples prompts each, shuffled by --seed as the task's own (eval.py --limit N --seed S loads the same)."""
-    from tasks import get_task
-
+def load_eval_sets(args, task, test_set: list, registry: dict) -> dict:
+    """{set name: (task, examples)}: the task's own held-out rows (when any), then each --eval-tasks set of
+    `registry` (tasks.TASKS), at most --eval-examples prompts each, shuffled by --seed as the task's own (eval.py
+    --limit N --seed S loads the same)."""
     sets = {task.name: (task, test_set)} if test_set else {}
-    for name, path in parse_eval_tasks(args.eval_tasks):
+    for name, path in parse_eval_tasks(args.eval_tasks, registry):
         if name in sets:
             raise DataError(f"--eval-tasks: {name} is the task's own held-out set, scored already")
-        other = get_task(name)
+        other = registry[name]
         rows = other.load("test", data_file=path, limit=args.eval_examples, seed=args.seed)
         if not rows:
             raise DataError(f"--eval-tasks: {name} has no held-out rows" + (f" in {path}" if path else ""))
