@@ -97,7 +97,8 @@ class _Args:
     eval_examples: int = arg(64, "held-out prompts scored greedily before and after training and every "
                              "--eval-every steps (0: none)")
     eval_samples: int = arg(0, "K > 0: at each evaluation also sample every held-out prompt K times and log "
-                            "eval/SET/mean@K with its 95% interval and eval/SET/pass@k (docs/eval.md); 0: greedy only")
+                            "eval/SET/mean@K with its 95 percent interval and eval/SET/pass@k (docs/eval.md); 0: "
+                            "greedy only")
     eval_temperature: float = arg(0.6, "--eval-samples' sampling temperature (the official Qwen3 configs' 0.6)")
     eval_top_p: float = arg(1.0, "--eval-samples' nucleus")
     eval_tasks: str = arg("", "more held-out sets, each scored with its own verifier at every evaluation: a comma "

@@ -214,3 +214,32 @@ def test_benchmarks_load_whole_from_a_file_and_verify_with_math_verify():
     assert tasks.get_task("aime24").reward("\\boxed{24}", next(ex for ex in aime if ex.gold == "024")) == 1.0
     for name in ("math500", "aime24", "aime25"):
         assert tasks.TASKS[name].hub_id and tasks.TASKS[name].held_out_only
+
+
+# ---- the curves
+
+def test_curves_draw_the_sampled_mean_with_its_band_beside_the_greedy_score(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    from tools.figures import plot_training_curves
+
+    rows = [{"step": 1, "reward/mean": 0.1}, {"step": 2, "reward/mean": 0.2, "eval/score": 0.25,
+                                               "eval/arith/mean@8": 0.3, "eval/arith/mean@8_ci95_low": 0.2,
+                                               "eval/arith/mean@8_ci95_high": 0.4, "eval/aime24/greedy": 0.0,
+                                               "eval/aime24/mean@8": 0.05, "eval/aime24/mean@8_ci95_low": 0.0,
+                                               "eval/aime24/mean@8_ci95_high": 0.1},
+            {"step": 3, "reward/mean": 0.3}]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bands, lines = [], []
+    fill_between, plot = matplotlib.axes.Axes.fill_between, matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "fill_between",
+                        lambda ax, x, low, high, **kw: bands.append((ax.get_title(), list(low), list(high)))
+                        or fill_between(ax, x, low, high, **kw))
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda ax, *a, **kw: lines.append((ax.get_ylabel(), a, kw))
+                        or plot(ax, *a, **kw))
+    plot_training_curves([str(path)], str(tmp_path / "curves.png"), labels=["run"])
+    assert sorted((low, high) for _, low, high in bands) == [([0.0], [0.1]), ([0.2], [0.4])]
+    greedy = [(a[1], kw["label"]) for _, a, kw in lines if kw.get("linestyle") == "--"]
+    assert sorted(greedy) == [([0.0], "run greedy"), ([0.25], "run greedy")]  # each set's own greedy score
+    assert (tmp_path / "curves.png").stat().st_size > 0
