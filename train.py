@@ -49,7 +49,7 @@ from plumbing.checkpoint import (
 from plumbing.checks import sampling_memory_error
 from plumbing.cli import first_line
 from plumbing.data import batch_indices, load_data
-from plumbing.eval_sets import load_eval_sets
+from plumbing.eval_sets import gather_samples, load_eval_sets
 from plumbing.files import AppendError
 from plumbing.models import ModelLoadError, SamplingError, load_model, load_tokenizer
 from plumbing.parallel import all_reduce_sum, full_weights, gather_rows, init_distributed, shard
@@ -358,14 +358,10 @@ def evaluate_held_out(sampler, eval_sets, args: Args, rank: int, world: int, dev
         score, n = all_reduce_sum([summary.get("pass@1", summary.get("sim_reward", 0.0)) * summary["n"],
                                    summary["n"]], device)
         scores["eval/score" if name == args.task else f"eval/{name}/greedy"] = score / max(n, 1)
-        if args.eval_samples:  # every rank's (n, K) rewards and passes, in set order (padded rows dropped)
-            table = torch.full((2, size, args.eval_samples), torch.nan, dtype=torch.float64)
-            for j, r in enumerate(result["examples"]):
-                table[0, j] = torch.tensor(r["sampled_rewards"], dtype=torch.float64)
-                table[1, j] = torch.tensor([s["passed"] for s in r["samples"]], dtype=torch.float64)
-            table = gather_rows(table.transpose(0, 1).reshape(size, -1), device).view(-1, 2, args.eval_samples)
-            table = table[~table[:, 0, 0].isnan()]  # (n, 2, K)
-            found = sampled_scores(table[:, 0].tolist(), table[:, 1].bool().tolist() if task.has_verifier else None)
+        if args.eval_samples:  # every prompt's K rewards and passes, all ranks' blocks in the set's order
+            rewards = gather_samples(result["examples"], "reward", size, args.eval_samples, device)  # (n, K)
+            passed = gather_samples(result["examples"], "passed", size, args.eval_samples, device).bool()
+            found = sampled_scores(rewards.tolist(), passed.tolist() if task.has_verifier else None)
             scores.update({f"eval/{name}/{k}": v for k, v in found.items() if k != "pass@k"})
             scores.update({f"eval/{name}/pass@{k}": v for k, v in found.get("pass@k", {}).items()})
     samples.write_eval(step, *records)

@@ -8,7 +8,10 @@ Each set is scored with its own task's verifier (similarity without one) at ever
 
 import os
 
+import torch
+
 from plumbing.data import DataError
+from plumbing.parallel import gather_rows
 
 
 def parse_eval_tasks(text: str, registry: dict) -> list[tuple[str, str | None]]:
@@ -41,3 +44,14 @@ def load_eval_sets(args, task, test_set: list, registry: dict) -> dict:
             raise DataError(f"--eval-tasks: {name} has no held-out rows" + (f" in {path}" if path else ""))
         sets[name] = (other, rows)
     return sets
+
+
+def gather_samples(records: list[dict], field: str, size: int, K: int, device) -> torch.Tensor:
+    """(n, K) float64: `field` ("reward", "passed") of the K samples of every rank's records (eval.evaluate's, this
+    rank's block of a set), all ranks' in rank order. Each rank's block is padded to `size` rows of NaN for the
+    gather, and those rows are dropped after it."""
+    block = torch.full((size, K), torch.nan, dtype=torch.float64)  # (size, K)
+    for j, record in enumerate(records):
+        block[j] = torch.tensor([sample[field] for sample in record["samples"]], dtype=torch.float64)
+    table = gather_rows(block, device)  # (world * size, K)
+    return table[~table[:, 0].isnan()]
