@@ -23,6 +23,7 @@ from loss import OPTION_CHOICES, REFERENCES, ROW_FILTERS, policy_loss
 from plumbing import checks
 from plumbing.checkpoint import find_checkpoint, resume_error
 from plumbing.cli import OneLineParser, first_line
+from plumbing.eval_sets import parse_eval_tasks
 from plumbing.models import has_bf16_units
 from plumbing.run_folder import run_dir, run_folder_error  # noqa: F401 (config.run_dir)
 from plumbing.sync import SYNC_TOLERANCE
@@ -101,6 +102,14 @@ class _Args:
                           "after training; the paper presets use the official configs' 25")
     eval_examples: int = arg(64, "held-out prompts scored greedily before and after training and every "
                              "--eval-every steps (0: none)")
+    eval_samples: int = arg(0, "K > 0: at each evaluation also sample every held-out prompt K times and log "
+                            "eval/SET/mean@K with its 95 percent interval and eval/SET/pass@k (docs/eval.md); 0: "
+                            "greedy only")
+    eval_temperature: float = arg(0.6, "--eval-samples' sampling temperature (the official Qwen3 configs' 0.6)")
+    eval_top_p: float = arg(1.0, "--eval-samples' nucleus")
+    eval_tasks: str = arg("", "more held-out sets, each scored with its own verifier at every evaluation: a comma "
+                          "list of tasks, each NAME (its hub dataset) or NAME=FILE (a local .jsonl/.parquet read "
+                          "whole), e.g. math500,aime24=aime24.jsonl")
     seed: int = arg(0, "seed of data order and sampling")
     out_dir: str = arg("", "run folder (default runs/TASK-ADVANTAGE-sSEED)")
     save_every: int = arg(0, "checkpoint every N steps (0: only at the end)")
@@ -253,7 +262,7 @@ def choices() -> dict:
 def check_args(args: Args) -> str | None:
     """The first problem with `args` as one line, or None; reads nothing but small files."""
     from rollout import MAX_REFILLS
-    from tasks import get_task, reward_weights
+    from tasks import TASKS, get_task, reward_weights
 
     try:
         task = get_task(args.task)
@@ -310,6 +319,12 @@ def check_args(args: Args) -> str | None:
          "--filter-std and --max-refill-rounds are read by --rollout dapo only"),
         (args.rollout != "dapo" or args.steps <= 2**20, "--rollout dapo: --steps must be <= 2^20 (rollout.step_seed)"),
         (0 <= args.overlong_buffer < args.max_tokens, "--overlong-buffer must be in [0, --max-tokens)"),
+        (not getattr(task, "held_out_only", False), f"--task {args.task} is a held-out benchmark: score it with "
+         f"--eval-tasks {args.task}, and train on another task"),
+        (args.eval_samples >= 0 and 1e-3 <= args.eval_temperature < math.inf and 0 < args.eval_top_p <= 1,
+         "--eval-samples must be >= 0, --eval-temperature finite and >= 0.001, --eval-top-p in (0, 1]"),
+        (args.eval_examples or not (args.eval_samples or args.eval_tasks.strip()),
+         "--eval-samples and --eval-tasks score held-out prompts: they need --eval-examples >= 1"),
     ]
     for ok, message in rules:
         if not ok:
@@ -319,6 +334,10 @@ def check_args(args: Args) -> str | None:
             f" with --steps {args.steps}, --rollout-batch {args.rollout_batch} and --M {args.M} (each sample's seed, "
             "rollout.step_seed, must stay below 2^64; np.random.seed's below 2^32)")):
         return error
+    try:
+        parse_eval_tasks(args.eval_tasks, TASKS)
+    except ValueError as err:
+        return str(err)
     try:  # --reward-weights' terms and weights, or --reward alone (tasks.py: reward_weights)
         weights = reward_weights(task, args.reward, args.reward_weights)
     except ValueError as err:

@@ -13,9 +13,14 @@ written whole once the result, judgments included, is ready: a failure never cos
 Departures from the paper:
 1. Tasks without a verifier (poetry, meetingbank) report r_sim (B.5); Table 4's judge scores: --judge-url (judge.py).
 2. pass@k: Chen et al.'s unbiased estimator (arXiv 2107.03374) over K samples; a pass is a reward >= 0.5.
+3. Sampled scores (`sampled_scores`, shared with train.py's --eval-samples): mean@K, the mean reward of the K samples
+   (for a verifier, the pass rate), with a 95% normal interval over prompts; sample k of example j draws stream
+   eval_seed(--seed, step) + j * K + k, where step is a train.py checkpoint's own step (0 for any other model):
+   eval.py on checkpoint-N scores what train.py's evaluation at step N scored, sample for sample (docs/eval.md).
 """
 
 import importlib.util
+import math
 import os
 import sys
 
@@ -46,6 +51,31 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - fail
 
 
+def sampled_scores(rewards: list[list[float]], passes: list[list[bool]] | None) -> dict:
+    """The scores of K samples per prompt (train.py and eval.py both report these): mean@K, the mean reward over
+    every sample, with the 95% interval of that mean over prompts (mean +- 1.96 s / sqrt(n), s the standard deviation
+    of the per-prompt means; one prompt gives no spread), and, given passes, pass@k for k = 1, 2, 4, ... and K."""
+    n, K = len(rewards), len(rewards[0]) if rewards else 0
+    if n == 0 or K == 0:
+        return {}
+    per_prompt = [sum(row) / K for row in rewards]  # each prompt's mean@K
+    score = sum(per_prompt) / n
+    spread = math.sqrt(sum((m - score) ** 2 for m in per_prompt) / (n - 1)) if n > 1 else 0.0
+    half = 1.96 * spread / math.sqrt(n)  # normal approximation over prompts
+    out = {f"mean@{K}": score, f"mean@{K}_ci95_low": score - half, f"mean@{K}_ci95_high": score + half}
+    if passes is not None:
+        ks = sorted({2 ** i for i in range(K.bit_length()) if 2 ** i <= K} | {K})
+        out["pass@k"] = {str(k): sum(pass_at_k(K, sum(p), k) for p in passes) / n for k in ks}
+    return out
+
+
+def eval_seed(run_seed: int, step: int) -> int:
+    """The first sample stream of the sampled evaluation at training step `step`: sample k of example j draws
+    stream eval_seed + j * K + k, so a resumed run, another world size, and eval.py on that step's checkpoint draw
+    the same samples (seeds under 2^20, steps under 2^20, under 2^22 samples an evaluation)."""
+    return (run_seed * 2**20 + step) * 2**22
+
+
 def _valid_prompt(prompt) -> bool:
     return (isinstance(prompt, list) and len(prompt) > 0
             and all(isinstance(m, dict) and m.get("role") and isinstance(m.get("content"), str) for m in prompt)
@@ -53,8 +83,10 @@ def _valid_prompt(prompt) -> bool:
 
 
 def evaluate(sampler, task, examples, *, samples=0, max_tokens=256, batch_size=64, seed=0,
-             reward_kind="exact", weights=None, temperature=1.0, progress=True) -> dict:
-    """Score `examples` with greedy decoding (pass@1) and, if samples = K > 0, K samples each (pass@k).
+             reward_kind="exact", weights=None, temperature=1.0, top_p=1.0, first=0, progress=True) -> dict:
+    """Score `examples` with greedy decoding (pass@1) and, if samples = K > 0, K samples each (mean@K, pass@k).
+    Sample k of examples[i] draws stream seed + (first + i) * K + k: `first`, the index of examples[0] in the
+    whole set, lets a shard of it draw what one process draws.
 
     Returns {"summary": {...}, "examples": [one record per example]}. reward_kind "exact" uses the task's verifier,
     "sim" the similarity reward ("exact" without a verifier falls back to "sim", with a note). `weights` ({term:
@@ -78,16 +110,22 @@ def evaluate(sampler, task, examples, *, samples=0, max_tokens=256, batch_size=6
         batch = kept[start:start + batch_size]
         prompt_ids = encode_prompts(sampler.tokenizer, batch)
         greedy = sampler.generate(prompt_ids, n=1, max_tokens=max_tokens, temperature=0.0)
-        # seed + (start + i) * K: every (example, sample) stream is distinct across batches too
+        # seed + (first + start + i) * K + k: every (example, sample) stream is distinct across batches and shards
         sampled = sampler.generate(prompt_ids, n=samples, max_tokens=max_tokens, temperature=temperature,
-                                   seed=seed + start * samples) if samples > 0 else [[]] * len(batch)
+                                   top_p=top_p, seed=seed + (first + start) * samples) if samples > 0 else [
+            [] for _ in batch]
         for ex, (best,), group in zip(batch, greedy, sampled):
             (reward, terms), scored = score(best.text, ex), [score(c.text, ex) for c in group]
             records.append({"uid": ex.uid, "prompt": ex.prompt, "gold": ex.gold, "reference": ex.reference,
                             "completion": best.text, "answer": task.extract(best.text), "reward": reward,
                             "length": len(best.token_ids), "finish_reason": best.finish_reason,
                             **({"terms": terms} if weighted else {}),
-                            **({"sampled_rewards": [r for r, _ in scored]} if samples > 0 else {})})
+                            **({"sampled_rewards": [r for r, _ in scored],
+                                "samples": [{"completion": c.text, "reward": r, "length": len(c.token_ids),
+                                             "finish_reason": c.finish_reason,
+                                             "passed": t.get("exact", 0.0) >= PASS_THRESHOLD}
+                                            for c, (r, t) in zip(group, scored)]}
+                               if samples > 0 else {})})
             passes.append([t.get("exact", 0.0) >= PASS_THRESHOLD for _, t in [(reward, terms), *scored]])
 
     n = len(records)
@@ -103,11 +141,10 @@ def evaluate(sampler, task, examples, *, samples=0, max_tokens=256, batch_size=6
         summary["reward/mean"] = mean([r["reward"] for r in records])
         summary.update({f"reward/{term}": mean([r["terms"][term] for r in records]) for term in weights})
     if samples > 0:
-        summary["temperature"] = temperature
+        summary.update(temperature=temperature, top_p=top_p)
         summary["sampled_reward_mean"] = mean([x for r in records for x in r["sampled_rewards"]])
-        if "exact" in weights:
-            ks = sorted({2 ** i for i in range(samples.bit_length()) if 2 ** i <= samples} | {samples})
-            summary["pass@k"] = {str(k): mean([pass_at_k(samples, sum(p[1:]), k) for p in passes]) for k in ks}
+        summary.update(sampled_scores([r["sampled_rewards"] for r in records],
+                                      [p[1:] for p in passes] if "exact" in weights else None))
     return {"summary": summary, "examples": records}
 
 
@@ -134,6 +171,7 @@ def parse_args(argv=None):
     parser.add_argument("--limit", type=int, default=None, help="evaluate the first N examples")
     parser.add_argument("--samples", type=int, default=0, help="K samples per prompt for pass@k (0: greedy only)")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for pass@k")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling for pass@k and mean@K")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--reward", default="exact", choices=["exact", *REWARD_TERMS], help="verifier, or a term")
@@ -154,12 +192,26 @@ def parse_args(argv=None):
     if error := checks.sampling_flag_error(args, seed_max=checks.SEED_LIMIT - 1, seed_why=" (the sampler's seed "
                                            "takes 32 bits)") or checks.data_file_error(args, (args.split,)):
         parser.error(error)
+    if not 0 < args.top_p <= 1:
+        parser.error(f"--top-p must be in (0, 1], got {args.top_p}")
     args.out = args.out or os.path.join(args.model if os.path.isdir(args.model) else ".",
                                         f"eval_{args.task}_{args.split}.json")  # by default beside the model
     # before anything loads: an unwritable --out costs a second, not an evaluation (the model: main, before it loads)
     if error := write_error(args.out, "--out"):
         parser.error(error)
     return args
+
+
+def checkpoint_step(model: str) -> int:
+    """The training step of a train.py checkpoint folder (its samples are drawn as train.py drew them then), else 0."""
+    from plumbing.checkpoint import CheckpointError, read_trainer_state
+
+    if not os.path.isfile(os.path.join(model, "trainer_state.pt")):
+        return 0
+    try:
+        return int(read_trainer_state(model).get("step", 0))
+    except CheckpointError as err:  # one line, exit 2, as any model that cannot be used
+        raise ModelLoadError(str(err)) from None
 
 
 def load_sampler(args, examples):
@@ -212,8 +264,9 @@ def main(argv=None) -> dict:
         sampler = load_sampler(args, examples)
         try:  # DataError: --reward sim on a task without demonstrations; SamplingError: NaN weights
             result = evaluate(sampler, task, examples, samples=args.samples, max_tokens=args.max_tokens,
-                              batch_size=args.batch_size, seed=args.seed, reward_kind=args.reward, weights=weights,
-                              temperature=args.temperature)
+                              batch_size=args.batch_size, seed=eval_seed(args.seed, checkpoint_step(args.model)),
+                              reward_kind=args.reward, weights=weights, temperature=args.temperature,
+                              top_p=args.top_p)
         finally:
             sampler.close()
         result["summary"] = {"model": args.model, "split": args.split, **result["summary"]}

@@ -52,6 +52,7 @@ class Task:
     may_be_empty: tuple[str, ...] = ()  # columns that must exist but may be empty; the others need a value
     demos: Demonstrations | None = None  # where the similarity reward's demonstrations are, if not in the rows
     prompt_tokens: int = 1024  # its longest prompt, for tools/memory_plan.py: see docs/tasks.md, "Prompt lengths"
+    held_out_only: bool = False  # a benchmark (--eval-tasks): every row of its hub split or file is held out
 
     @property
     def required(self) -> tuple[str, ...]:
@@ -132,6 +133,16 @@ TASKS: dict[str, Task] = {task.name: task for task in [
     Task(name="countdown24", generate=lambda split, limit, seed: _countdown24(split, limit, seed),
          verifier=lambda completion, ex: countdown_reward(completion, ex.meta["numbers"], ex.meta["target"]),
          answer=countdown_expression, prompt_tokens=120),
+    # benchmarks scored by train.py --eval-tasks and eval.py, never trained on (docs/eval.md says why these ids)
+    Task(name="math500", hub_id="HuggingFaceH4/MATH-500", hub_test_split="test", held_out_only=True,
+         columns=("problem", "answer"), key=("problem",), make_example=lambda row: _benchmark(row),
+         verifier=lambda completion, ex: math_reward(completion, ex.gold), answer=lambda text: _boxed_or_answer(text)),
+    Task(name="aime24", hub_id="HuggingFaceH4/aime_2024", hub_test_split="train", held_out_only=True,
+         columns=("problem", "answer"), key=("problem",), make_example=lambda row: _benchmark(row),
+         verifier=lambda completion, ex: math_reward(completion, ex.gold), answer=lambda text: _boxed_or_answer(text)),
+    Task(name="aime25", hub_id="MathArena/aime_2025", hub_test_split="train", held_out_only=True,
+         columns=("problem", "answer"), key=("problem",), make_example=lambda row: _benchmark(row),
+         verifier=lambda completion, ex: math_reward(completion, ex.gold), answer=lambda text: _boxed_or_answer(text)),
 ]}
 
 
@@ -288,6 +299,11 @@ def _gold_demonstration(row: dict) -> tuple[tuple, str]:
     if not reference:
         raise ValueError("its assistant turn has no answer after its thinking")
     return _countdown_puzzle(row), reference
+
+
+def _benchmark(row: dict) -> Example:
+    """A MATH500 or AIME row: the problem with the boxed-answer instruction, its answer for math-verify."""
+    return Example(_chat(f"{row['problem']}\n{BOXED}"), str(row["answer"]).strip(), "")
 
 
 # ---------------------------------------------------------------- procedural tasks (departures 2 and 5)

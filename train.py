@@ -50,6 +50,7 @@ from plumbing.checkpoint import (
 from plumbing.checks import sampling_memory_error
 from plumbing.cli import first_line
 from plumbing.data import load_data
+from plumbing.eval_sets import gather_samples, load_eval_sets
 from plumbing.files import AppendError
 from plumbing.models import ModelLoadError, SamplingError, load_model, load_tokenizer
 from plumbing.parallel import all_reduce_sum, full_weights, init_distributed, local, shard
@@ -80,7 +81,7 @@ def main(args: Args, checked: bool = False) -> dict:
 def train(args: Args) -> dict:
     from plumbing.prompts import encode_prompts
     from rollout import ROLLOUTS, make_sampler, resolve_model, sync_check
-    from tasks import get_task, reward_weights
+    from tasks import TASKS, get_task, reward_weights
 
     # ---- setup: derived values, processes, data, models, sampler, log, held-out score before training
     out_dir, cuda, args = config.run_dir(args), torch.cuda.is_available(), config.resolve_auto(args)
@@ -90,6 +91,7 @@ def train(args: Args) -> dict:
     task = get_task(args.task)
     weights = reward_weights(task, args.reward, args.reward_weights)  # {term: weight}, r = sum_k w_k r_k
     train_set, test_set = load_data(args, task, weights, master)
+    eval_sets = load_eval_sets(args, task, test_set, TASKS)  # {name: (task, rows)}: its own, then --eval-tasks'
     ckpt, init_path = find_checkpoint(args.resume) if args.resume else None, resolve_model(args.model)
     if ckpt and master and (changed := changed_flags(ckpt, asdict(args))):  # each applies from here on
         print(f"resume: continuing {ckpt} with changed flags: {changed}")
@@ -106,7 +108,8 @@ def train(args: Args) -> dict:
     if room < 1:
         raise DataError(f"--max-tokens {args.max_tokens} leaves no room for a prompt in the model's context of "
                         f"{model.config.max_position_embeddings} tokens: pass a smaller --max-tokens")
-    train_ids, test_ids = (encode_prompts(tokenizer, rows, max_len=room) for rows in (train_set, test_set))
+    train_ids, test_ids = (encode_prompts(tokenizer, rows, max_len=room)
+                           for rows in (train_set, [ex for _, rows in eval_sets.values() for ex in rows]))
     max_prompt = max(len(p) for p in train_ids + test_ids)
     if error := sampling_memory_error(args, model.config, max_prompt, world, device):  # before a batch asks for it
         raise SamplingError(error)
@@ -123,10 +126,10 @@ def train(args: Args) -> dict:
     check_sync(probe, None, start_step, args.sync_tolerance, device)  # the sampler loaded the same weights
     log = run_log.MetricsLog(out_dir, start_step, args, master)
     samples = run_log.SampleLog(out_dir, start_step, args.log_completions, master)  # completions, eval-STEP.jsonl
-    held_out = partial(evaluate_held_out, sampler, task, test_set, args, rank, world, device, samples)  # (step)
+    held_out = partial(evaluate_held_out, sampler, eval_sets, args, rank, world, device, samples)  # (step) -> dict
     evals = run_log.read_evals(out_dir) if ckpt else {}  # a resumed run keeps its "before" score
-    if test_set and start_step == 0:
-        evals["before"] = held_out(0)
+    if eval_sets and start_step == 0:
+        run_log.add_eval(evals, "before", held_out(0))
         run_log.report_eval(evals, out_dir, task, len(test_set), master)
 
     metrics, n_local = {}, args.rollout_batch // world
@@ -175,9 +178,9 @@ def train(args: Args) -> dict:
                                         must=args.advantage, **config.estimator_hparams(args))}  # --alloc-estimators
         samples.write(step + 1, task, examples, groups, rollout, adv_all, rank)
         metrics.update(memory.metrics())  # each rank's own GPU memory, per phase (CUDA only)
-        if test_set and args.eval_every and (step + 1) % args.eval_every == 0:  # absolute steps: resume keeps them
+        if eval_sets and args.eval_every and (step + 1) % args.eval_every == 0:  # absolute steps: resume keeps them
             t5 = time.perf_counter()
-            metrics["eval/score"] = held_out(step + 1)
+            metrics.update(held_out(step + 1))  # eval/score (greedy), eval/SET/... (--eval-samples, --eval-tasks)
             metrics["time/eval"] = time.perf_counter() - t5
         try:  # the step's metrics reach the log either way; a failed check saves no checkpoint
             metrics.update(check_sync(probe, before, step + 1, args.sync_tolerance, device))
@@ -190,9 +193,9 @@ def train(args: Args) -> dict:
                             moving_ref)
 
     # ---- the end: held-out score after training, curves, cleanup
-    if test_set:  # a score of the last step is this one: the same weights, greedy
-        evals["after"] = metrics["eval/score"] if "eval/score" in metrics else held_out(args.steps)
-        metrics.update({f"eval/{k}": v for k, v in evals.items()})
+    if eval_sets:  # a score of the last step is this one: the same weights, greedy
+        run_log.add_eval(evals, "after", run_log.eval_metrics(metrics) or held_out(args.steps))
+        metrics.update({f"eval/{k}": v for k, v in evals.items() if k in ("before", "after")})
         run_log.report_eval(evals, out_dir, task, len(test_set), master)
     if master and os.path.exists(log.path):  # the curves: tools/ sits above plumbing/, so train.py draws them
         try:  # after the final save: a machine without matplotlib still ends its run, with the curves left to draw
@@ -347,18 +350,33 @@ def make_scheduler(optimizer, args: Args):
         optimizer, lambda s: min(1.0, (s + 1) / args.warmup_steps) if args.warmup_steps else 1.0)
 
 
-def evaluate_held_out(sampler, task, test_set, args: Args, rank: int, world: int, device, samples, step) -> float:
-    """Greedy pass@1 (similarity without a verifier) over the held-out prompts, split over ranks; any step. The
-    generations go to eval-STEP.jsonl (SampleLog)."""
-    from eval import evaluate
+def evaluate_held_out(sampler, eval_sets, args: Args, rank: int, world: int, device, samples, step) -> dict:
+    """Each held-out set scored at `step`: greedy pass@1 (similarity without a verifier) as eval/score for the task's
+    own and eval/SET/greedy for --eval-tasks', and with --eval-samples K, eval/SET/mean@K with its 95% interval and
+    eval/SET/pass@k (eval.sampled_scores, as eval.py). Each rank scores a contiguous block of each set, drawing the
+    samples one process would (eval.eval_seed); the blocks gather in order. Generations: eval-STEP.jsonl."""
+    from eval import eval_seed, evaluate, sampled_scores
 
-    result = evaluate(sampler, task, test_set[rank::world], max_tokens=args.max_tokens, seed=args.seed,
-                      reward_kind="exact" if task.has_verifier else "sim", progress=rank == 0)
-    samples.write_eval(step, result["examples"])
-    summary = result["summary"]
-    score, n = all_reduce_sum([summary.get("pass@1", summary.get("sim_reward", 0.0)) * summary["n"],
-                               summary["n"]], device)
-    return score / max(n, 1)
+    scores, records = {}, []
+    for name, (task, rows) in eval_sets.items():
+        size = -(-len(rows) // world)  # ceil: rank r scores rows [r * size, (r + 1) * size)
+        result = evaluate(sampler, task, rows[rank * size:(rank + 1) * size], samples=args.eval_samples,
+                          max_tokens=args.max_tokens, seed=eval_seed(args.seed, step), first=rank * size,
+                          reward_kind="exact" if task.has_verifier else "sim", temperature=args.eval_temperature,
+                          top_p=args.eval_top_p, progress=rank == 0)
+        records.append([{"set": name, **r} for r in result["examples"]] if len(eval_sets) > 1 else result["examples"])
+        summary = result["summary"]
+        score, n = all_reduce_sum([summary.get("pass@1", summary.get("sim_reward", 0.0)) * summary["n"],
+                                   summary["n"]], device)
+        scores["eval/score" if name == args.task else f"eval/{name}/greedy"] = score / max(n, 1)
+        if args.eval_samples:  # every prompt's K rewards and passes, all ranks' blocks in the set's order
+            rewards = gather_samples(result["examples"], "reward", size, args.eval_samples, device)  # (n, K)
+            passed = gather_samples(result["examples"], "passed", size, args.eval_samples, device).bool()
+            found = sampled_scores(rewards.tolist(), passed.tolist() if task.has_verifier else None)
+            scores.update({f"eval/{name}/{k}": v for k, v in found.items() if k != "pass@k"})
+            scores.update({f"eval/{name}/pass@{k}": v for k, v in found.get("pass@k", {}).items()})
+    samples.write_eval(step, *records)
+    return scores
 
 
 # ---------------------------------------------------------------- command line (flags: config.py)

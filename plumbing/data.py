@@ -86,6 +86,9 @@ def check_load(task, split: str, data_file: str | None, demos: bool, demo_file: 
                         "term in --reward-weights)")
     if task.generate is not None and data_file:
         raise DataError(f"{task.name} is generated procedurally and takes no --data-file")
+    if split == "train" and getattr(task, "held_out_only", False):
+        raise DataError(f"{task.name} is a held-out benchmark: score it with --eval-tasks {task.name} (train.py) "
+                        "or eval.py, not train on it")
 
 
 def integer(value, column: str, verb: str = "is") -> int:
@@ -112,7 +115,7 @@ def _rows(task, split: str, data_file: str | None):
     if data_file:
         path = data_file.replace("{split}", split)
         rows, lines = read_file(path, "--data-file", task.required, task.name, task.hint)
-        return rows, path != data_file, lines
+        return rows, path != data_file or getattr(task, "held_out_only", False), lines  # a benchmark's file: whole
     advice = f"pass --data-file FILE (.jsonl or .parquet with columns {', '.join(task.columns)})"
     if task.hub_id is None:
         raise DataError(f"{task.name} has no hub dataset: {advice}")

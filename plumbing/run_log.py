@@ -84,12 +84,13 @@ class SampleLog:
         if self.master:
             write_jsonl(self.path, rows, mode="a")
 
-    def write_eval(self, step: int, records: list[dict]):
-        """One evaluation's records (eval.evaluate's, this rank's share), all ranks', in eval-STEP.jsonl."""
+    def write_eval(self, step: int, *sets: list[dict]):
+        """One evaluation's records (eval.evaluate's, this rank's share of each held-out set), all ranks', set by
+        set, in eval-STEP.jsonl; with --eval-samples each record keeps its K samples and their rewards."""
         if not self.n:
             return
         rows = [{"step": step, **{k: v for k, v in r.items() if k != "reference"}, "prompt": user_text(r["prompt"])}
-                for r in gather_objects(records)]
+                for records in sets for r in gather_objects(records)]
         if self.master:
             write_jsonl(os.path.join(self.out_dir, f"eval-{step:06d}.jsonl"), rows)
 
@@ -234,6 +235,20 @@ def read_evals(out_dir: str) -> dict:
     return evals
 
 
+def eval_metrics(metrics: dict) -> dict:
+    """The held-out scores among one step's metrics ({} when that step did not evaluate)."""
+    return {key: value for key, value in metrics.items() if key.startswith("eval/")}
+
+
+def add_eval(evals: dict, when: str, scores: dict):
+    """train.evaluate_held_out's `scores` into eval.json's dict as `when` ("before", "after"): the greedy score of
+    the task's own set as evals[when], the sampled and --eval-tasks scores (when any) under evals["sets"][when]."""
+    if "eval/score" in scores:
+        evals[when] = scores["eval/score"]
+    if others := {key: value for key, value in scores.items() if key != "eval/score"}:
+        evals.setdefault("sets", {})[when] = others
+
+
 def report_eval(evals: dict, out_dir: str, task, n: int, master: bool):
     """eval.json and one line, on rank 0; written before training too, so a resumed run still reports it."""
     if not master:
@@ -241,6 +256,11 @@ def report_eval(evals: dict, out_dir: str, task, n: int, master: bool):
     name = "greedy pass@1" if task.has_verifier else "greedy similarity reward"
     path = os.path.join(out_dir, "eval.json")
     write_json(path, evals)  # whole or not at all: a full disk never leaves half a file
+    for key, value in evals.get("sets", {}).get("after" if "after" in evals.get("sets", {}) else "before",
+                                                {}).items():
+        print(f"held-out {key.removeprefix('eval/')}: {value:.3f}")  # the sampled and --eval-tasks scores
+    if "before" not in evals and "after" not in evals:  # only --eval-tasks' sets: no greedy score of the task's
+        return
     if "after" in evals:
         print(f"held-out {name}: before {evals.get('before', float('nan')):.3f}, after {evals['after']:.3f} "
               f"({n} prompts)")

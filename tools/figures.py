@@ -25,6 +25,7 @@ import argparse
 import json
 import math
 import os
+import re
 
 import matplotlib
 
@@ -151,6 +152,8 @@ def plot_training_curves(metrics_paths: list[str], out_path: str, labels: list[s
         raise ValueError(f"plot_training_curves: {len(labels)} labels for {len(metrics_paths)} metrics files")
     runs = [(label, _read_metrics(path)) for label, path in zip(labels, metrics_paths)]
     keys = [(k, t) for k, t in CURVE_KEYS if any(_series(rows, k)[1] for _, rows in runs)]
+    sampled = sorted({k for _, rows in runs for row in rows for k in row if re.fullmatch(r"eval/[^/]+/mean@\d+", k)})
+    keys += [(k, f"held-out {k.split('/')[1]}: sampled {k.split('/')[2]}, greedy dashed") for k in sampled]
     if not keys:  # nothing to draw yet: still write a valid PNG that says so
         fig, ax = plt.subplots(figsize=(5, 2))
         ax.text(0.5, 0.5, "no metrics logged yet", ha="center", va="center")
@@ -165,7 +168,18 @@ def plot_training_curves(metrics_paths: list[str], out_path: str, labels: list[s
         for label, rows in runs:
             xs, ys = _series(rows, key)
             if ys:
-                ax.plot(xs, ys, label=label, marker="." if len(ys) < 30 or key.startswith("eval/") else None)
+                line, = ax.plot(xs, ys, label=label, marker="." if len(ys) < 30 or key.startswith("eval/") else None)
+            if ys and key in sampled:  # --eval-samples: its 95% interval over prompts as a band, the greedy score
+                _, low = _series(rows, f"{key}_ci95_low")
+                _, high = _series(rows, f"{key}_ci95_high")
+                if len(low) == len(high) == len(ys):
+                    ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2)
+                other = f"eval/{key.split('/')[1]}/greedy"  # an --eval-tasks set's; the task's own is eval/score
+                gx, gy = _series(rows, other if any(other in row for row in rows) else "eval/score")
+                if gy:
+                    ax.plot(gx, gy, linestyle="--", marker=".", color=line.get_color(), label=f"{label} greedy")
+        if key in sampled:
+            ax.legend(fontsize=7)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.set_ylabel(key)
