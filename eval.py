@@ -98,8 +98,11 @@ def evaluate(sampler, task, examples, *, samples=0, max_tokens=256, batch_size=6
         reward_kind = "sim"
     weighted, weights = weights is not None, weights or {reward_kind: 1.0}
 
-    def score(text, example) -> tuple[float, dict]:  # (r = sum_k w_k r_k, {term: r_k})
-        terms = {term: task.reward(text, example, kind=term) for term in weights}
+    limits = dict(max_tokens=max_tokens, overlong_buffer=max(1, max_tokens // 5))  # as train.py's default
+
+    def score(completion, example) -> tuple[float, dict]:  # (r = sum_k w_k r_k, {term: r_k})
+        terms = {term: task.reward(completion.text, example, kind=term, n_tokens=len(completion.token_ids), **limits)
+                 for term in weights}
         return sum(weight * terms[term] for term, weight in weights.items()), terms
 
     kept = [ex for ex in examples if _valid_prompt(ex.prompt)]
@@ -115,7 +118,7 @@ def evaluate(sampler, task, examples, *, samples=0, max_tokens=256, batch_size=6
                                    top_p=top_p, seed=seed + (first + start) * samples) if samples > 0 else [
             [] for _ in batch]
         for ex, (best,), group in zip(batch, greedy, sampled):
-            (reward, terms), scored = score(best.text, ex), [score(c.text, ex) for c in group]
+            (reward, terms), scored = score(best, ex), [score(c, ex) for c in group]
             records.append({"uid": ex.uid, "prompt": ex.prompt, "gold": ex.gold, "reference": ex.reference,
                             "completion": best.text, "answer": task.extract(best.text), "reward": reward,
                             "length": len(best.token_ids), "finish_reason": best.finish_reason,

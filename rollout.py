@@ -13,7 +13,6 @@ with refill; each samples and scores (`score`) under the per-rank contract in pl
 """
 
 import functools
-import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -26,7 +25,7 @@ from plumbing.models import check_finite, load_model, load_tokenizer, resolve_mo
 from plumbing.parallel import all_reduce_sum, gather_rows
 from plumbing.sync import SyncProbe
 from plumbing.vllm_sampler import Completion, VLLMSampler  # what a sample is; the colocated vLLM engine
-from rewards import REWARD_TERMS, take_error_count
+from rewards import take_error_count
 from speed import cpu_sampler
 
 
@@ -167,10 +166,7 @@ def score(task, examples, groups, weights: dict, device, limits=None) -> dict:
     alone: tasks.reward_weights). A term declaring `n_tokens` gets the completion's token count, and any of
     `limits`' keywords it declares (max_tokens, overlong_buffer) their values: a length-aware term is one edit."""
     def table(term):  # (G_local, M): one reward term of every sample
-        wants = set(inspect.signature(REWARD_TERMS[term]).parameters) if term in REWARD_TERMS else set()
-        given = {k: v for k, v in (limits or {}).items() if k in wants}
-        return torch.tensor([[task.reward(c.text, ex, kind=term, **given,
-                                          **({"n_tokens": len(c.token_ids)} if "n_tokens" in wants else {}))
+        return torch.tensor([[task.reward(c.text, ex, kind=term, n_tokens=len(c.token_ids), **(limits or {}))
                               for c in g] for ex, g in zip(examples, groups)])
 
     terms = {term: table(term) for term in weights}

@@ -10,6 +10,7 @@ checking the rows is plumbing/data.py's. Each task's data, how to call it, and t
 
 from __future__ import annotations  # Task names Example, defined below it
 
+import inspect
 import itertools
 import math
 import random
@@ -79,7 +80,8 @@ class Task:
 
     def reward(self, completion: str, example: Example, kind: str = "exact", **lengths) -> float:
         """One reward term of a completion: "exact" (the verifier), "sim" (B.5) or any rewards.REWARD_TERMS'.
-        `lengths` (n_tokens=, ...: rollout.score) go to a term that declares them, DAPO's overlong one."""
+        Of `lengths` (n_tokens, max_tokens, overlong_buffer: rollout.score, eval.py), a term gets those it declares
+        (DAPO's overlong one), so a length-aware term needs no edit in either command."""
         if kind == "exact":
             if not self.has_verifier:
                 raise ValueError(f"{self.name} has no verifier: use --reward sim")
@@ -90,7 +92,8 @@ class Task:
                             "--data-file with a 'reference' column")
         if kind in REWARD_TERMS:
             term = REWARD_TERMS[kind]
-            term = wraps(term)(partial(term, **lengths)) if lengths else term
+            wanted = {k: v for k, v in lengths.items() if k in inspect.signature(term).parameters}  # only declared
+            term = wraps(term)(partial(term, **wanted)) if wanted else term
             return safe_reward(term)(completion, example)  # in [0, 1]; an exception scores 0
         raise ValueError(f"unknown reward kind {kind!r}: use one of {', '.join(('exact', *REWARD_TERMS))}")
 

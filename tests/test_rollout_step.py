@@ -226,3 +226,31 @@ def test_ranks_agree_under_torchrun_2(tiny_model_dir, tmp_path):
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2] and all(r["rollout/rounds"] >= 1 for r in rows)
     assert all(r["adv/zero_group_frac"] == pytest.approx(1 - r["rollout/signal_frac"]) for r in rows)
+
+
+def test_eval_py_scores_a_length_aware_term_as_training_does(monkeypatch):
+    # eval.evaluate hands each reply's token count (and --max-tokens) to the term, as rollout.score does; before, a
+    # term declaring n_tokens was a TypeError there (scored 0 and counted, or raised under strict rewards)
+    import eval as eval_py
+    from plumbing.vllm_sampler import Completion
+
+    monkeypatch.setattr(eval_py, "encode_prompts", lambda tokenizer, batch: [[1] for _ in batch])
+    task = tasks.get_task("arith")
+    example = task.load("test", limit=1)[0]
+
+    class Sampler:
+        tokenizer = None
+
+        def generate(self, prompts, *, n, max_tokens, temperature=1.0, top_p=1.0, seed=None):
+            return [[Completion([1] * 10, [0.0] * 10, f"<think>add</think> {example.gold}", "stop")] * n
+                    for _ in prompts]
+
+    result = eval_py.evaluate(Sampler(), task, [example], max_tokens=12, weights={"exact": 1.0, "overlong": 1.0},
+                              progress=False)
+    # 10 tokens with --max-tokens 12 and the default buffer of 12 // 5 = 2 tokens: free up to 10, so 1.0
+    record = result["examples"][0]
+    assert record["terms"]["overlong"] == 1.0 and record["reward"] == 2.0
+    result = eval_py.evaluate(Sampler(), task, [example], max_tokens=11, weights={"exact": 1.0, "overlong": 1.0},
+                              progress=False)  # buffer 2, free up to 9: 10 tokens is half way down the ramp
+    record = result["examples"][0]
+    assert record["terms"]["overlong"] == pytest.approx(0.5) and record["reward"] == pytest.approx(1.5)
