@@ -49,9 +49,10 @@ else
   echo "gpu_check: vLLM is not installed here; checking the torchrun path with the HF sampler"
 fi
 # ---- the work folder, and room for it. Estimate for the 1.5B model (n = 1.54e9 parameters), not yet measured
-# on a GPU: the random model in bf16 (2n bytes, 3.1 GB) and one checkpoint (float32 model 4n + AdamW's two
-# float32 moments 8n: 18.5 GB) at a time, 21.6 GB; 23 GB with room for logs and caches.
-NEED_GB=$([ "$DRY" = 1 ] && echo 1 || echo 23)
+# on a GPU: the random model in bf16 (2n bytes, 3.1 GB) and one checkpoint at a time (the HF folder's float32
+# model 4n, and DCP's shards of the float32 model 4n and AdamW's two float32 moments 8n: 24.7 GB), 27.8 GB; 30 GB
+# with room for logs and caches.
+NEED_GB=$([ "$DRY" = 1 ] && echo 1 || echo 30)
 free_gb() { df -Pk "$1" 2>/dev/null | awk 'NR == 2 {printf "%d", $4 / 1e6}'; }
 if [ $# -gt 0 ]; then
   WORK=$1

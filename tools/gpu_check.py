@@ -304,7 +304,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=0)
     parser.add_argument("--save-step", type=int, default=0, help="the step of the checkpoint each resume read "
                         "(default: steps - 1)")
-    parser.add_argument("--disk-need-gb", type=float, default=23.0, help="the room the check asked for")
+    parser.add_argument("--disk-need-gb", type=float, default=30.0, help="the room the check asked for")
     parser.add_argument("--dry-run", action="store_true", help="CPU: no device, sleep or memory gate")
     parser.add_argument("--weight-check", action="store_true", help="train.py ran --weight-check-every 1")
     parser.add_argument("--lr-step", type=float, default=1e-4, help="the resumed step's learning rate")
