@@ -27,22 +27,30 @@ def _cpu(path: str) -> str:
     return "\n".join(line for line in open(cpu) if line.startswith(("Model name", "Flags"))).strip()
 
 
+def finished_run(path: str) -> tuple[dict, dict] | None:
+    """(args.json, run) of a finished run folder, or None for anything else (a partial run, a stray file); the run is
+    read_run's numbers plus its folder name, wall seconds and CPU."""
+    try:
+        with open(os.path.join(path, "args.json")) as f:
+            args = json.load(f)
+        run = read_run(path)
+    except (OSError, KeyError, ValueError):
+        return None
+    wall = os.path.join(path, "wall_seconds.txt")
+    run.update(name=os.path.basename(path), cpu=_cpu(path),
+               wall=float(open(wall).read()) if os.path.exists(wall) else None)
+    return args, run
+
+
 def collect(runs_dir: str) -> dict:
-    """{reward: {seed: {arm: run}}} over the finished runs in runs_dir (eval.json with "after"); a run is read_run's
-    numbers plus its wall seconds and CPU. The arm and reward come from each run's args.json."""
+    """{reward: {seed: {arm: run}}} over the finished runs in runs_dir (eval.json with "after"); a run is
+    finished_run's. The arm and reward come from each run's args.json."""
     out = {}
     for name in sorted(os.listdir(runs_dir)):
-        path = os.path.join(runs_dir, name)
-        try:
-            with open(os.path.join(path, "args.json")) as f:
-                args = json.load(f)
-            run = read_run(path)
-        except (OSError, KeyError, ValueError):  # not a finished run (a partial one, a stray file)
+        found = finished_run(os.path.join(runs_dir, name))
+        if found is None or found[0].get("advantage") not in ARMS:
             continue
-        if args.get("advantage") not in ARMS:
-            continue
-        wall = os.path.join(path, "wall_seconds.txt")
-        run.update(name=name, cpu=_cpu(path), wall=float(open(wall).read()) if os.path.exists(wall) else None)
+        args, run = found
         seeds = out.setdefault(args.get("reward", "exact"), {}).setdefault(args["seed"], {})
         if args["advantage"] in seeds:
             raise ValueError(f"{runs_dir}: two {args['advantage']} runs for reward {args.get('reward')} seed "

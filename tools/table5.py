@@ -21,8 +21,8 @@ import torch
 
 from advantage import compute_advantages
 from plumbing.cli import OneLineParser
-from tools.study import _cpu
-from tools.sweep import mean_interval, paired_difference, read_run
+from tools.study import finished_run
+from tools.sweep import mean_interval, paired_difference
 
 BASE_TAU = 0.1
 # The paper's Table 5(a), GSM8K, M = 8: pass@1 (%) by tau (Qwen2.5-1.5B, 1,000 steps). For the figure's shape only.
@@ -56,24 +56,20 @@ def mean_abs_advantage(groups, tau: float | None = None) -> float:
 
 
 def collect(*runs_dirs: str) -> dict:
-    """{tau: {seed: run}} over the finished exact-reward softmax runs of the folders; a run is read_run's numbers,
-    its mean |A|, its logged groups, wall seconds and CPU."""
+    """{tau: {seed: run}} over the finished exact-reward softmax runs of the folders; a run is tools.study's
+    finished_run with its logged groups and their mean |A|."""
     out = {}
     for runs_dir in runs_dirs:
         for name in sorted(os.listdir(runs_dir)):
-            path = os.path.join(runs_dir, name)
+            found = finished_run(os.path.join(runs_dir, name))
+            if found is None or found[0].get("advantage") != "softmax" or found[0].get("reward", "exact") != "exact":
+                continue
+            args, run = found
             try:
-                with open(os.path.join(path, "args.json")) as f:
-                    args = json.load(f)
-                run = read_run(path)
-                groups = logged_groups(path)
-            except (OSError, KeyError, ValueError):  # not a finished run
+                groups = logged_groups(os.path.join(runs_dir, name))
+            except (OSError, KeyError, ValueError):  # no completions.jsonl: not a run of this study
                 continue
-            if args.get("advantage") != "softmax" or args.get("reward", "exact") != "exact":
-                continue
-            wall = os.path.join(path, "wall_seconds.txt")
-            run.update(name=name, cpu=_cpu(path), groups=groups, adv_abs=mean_abs_advantage(groups),
-                       wall=float(open(wall).read()) if os.path.exists(wall) else None)
+            run.update(groups=groups, adv_abs=mean_abs_advantage(groups))
             seeds = out.setdefault(float(args["tau"]), {})
             if args["seed"] in seeds:
                 raise ValueError(f"two tau {args['tau']} runs for seed {args['seed']}: {seeds[args['seed']]['name']} "
