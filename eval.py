@@ -19,6 +19,7 @@ Departures from the paper:
    eval.py on checkpoint-N scores what train.py's evaluation at step N scored, sample for sample (docs/eval.md).
 """
 
+import hashlib
 import importlib.util
 import math
 import os
@@ -32,6 +33,7 @@ from plumbing.cli import OneLineParser, first_line
 from plumbing.files import write_error, write_json
 from plumbing.models import ModelLoadError, SamplingError, load_tokenizer, model_context
 from plumbing.prompts import encode_prompts
+from rewards import declared_lengths
 from rollout import make_sampler, resolve_model
 from tasks import REWARD_TERMS, DataError, get_task, reward_weights
 
@@ -72,8 +74,10 @@ def sampled_scores(rewards: list[list[float]], passes: list[list[bool]] | None) 
 def eval_seed(run_seed: int, step: int) -> int:
     """The first sample stream of the sampled evaluation at training step `step`: sample k of example j draws
     stream eval_seed + j * K + k, so a resumed run, another world size, and eval.py on that step's checkpoint draw
-    the same samples (seeds under 2^20, steps under 2^20, under 2^22 samples an evaluation)."""
-    return (run_seed * 2**20 + step) * 2**22
+    the same samples. 36 bits of a hash of (run seed, step), times 2^22 samples an evaluation: under 2^58 for any
+    seed and step, where (seed * 2^20 + step) * 2^22 passed torch's 2^64 from seed 2^22."""
+    digest = hashlib.sha256(f"{run_seed}:{step}".encode()).digest()
+    return (int.from_bytes(digest[:8], "big") >> 28) * 2**22
 
 
 def _valid_prompt(prompt) -> bool:
@@ -101,8 +105,8 @@ def evaluate(sampler, task, examples, *, samples=0, max_tokens=256, batch_size=6
     limits = dict(max_tokens=max_tokens, overlong_buffer=max(1, max_tokens // 5))  # as train.py's default
 
     def score(completion, example) -> tuple[float, dict]:  # (r = sum_k w_k r_k, {term: r_k})
-        terms = {term: task.reward(completion.text, example, kind=term, n_tokens=len(completion.token_ids), **limits)
-                 for term in weights}
+        terms = {term: task.reward(completion.text, example, kind=term, **declared_lengths(
+            term, n_tokens=len(completion.token_ids), **limits)) for term in weights}
         return sum(weight * terms[term] for term, weight in weights.items()), terms
 
     kept = [ex for ex in examples if _valid_prompt(ex.prompt)]
@@ -207,12 +211,13 @@ def parse_args(argv=None):
 
 def checkpoint_step(model: str) -> int:
     """The training step of a train.py checkpoint folder (its samples are drawn as train.py drew them then), else 0."""
-    from plumbing.checkpoint import CheckpointError, read_trainer_state
+    from plumbing.checkpoint import CheckpointError, safe_load
 
     if not os.path.isfile(os.path.join(model, "trainer_state.pt")):
         return 0
-    try:
-        return int(read_trainer_state(model).get("step", 0))
+    try:  # the step alone: a checkpoint from before DCP shards (no trainer/) still scores
+        state = safe_load(model, "trainer_state.pt")
+        return int(state.get("step", 0)) if isinstance(state, dict) else 0
     except CheckpointError as err:  # one line, exit 2, as any model that cannot be used
         raise ModelLoadError(str(err)) from None
 

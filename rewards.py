@@ -27,6 +27,7 @@ Countdown's answer line, the verdicts the paper leaves open): docs/rewards.md, n
 import ast
 import atexit
 import functools
+import inspect
 import os
 import re
 import string
@@ -152,6 +153,14 @@ REWARD_TERMS: dict[str, Callable[[str, Any], float]] = {
     "format": lambda completion, example: format_reward(completion),  # the official OpenThoughts run: 0.35 of it
     "overlong": overlong_reward,  # DAPO's Eq. 13 (+ 1), given the completion's token count (--overlong-buffer)
 }
+
+
+def declared_lengths(kind: str, **lengths) -> dict:
+    """Of `lengths` (n_tokens, max_tokens, overlong_buffer), those the REWARD_TERMS entry `kind` declares: a
+    length-aware term (overlong) gets them from rollout.score and eval.py alike, every other term and the verifier
+    none, so a term (or a task) that takes no lengths needs none."""
+    term = REWARD_TERMS.get(kind)
+    return {k: v for k, v in lengths.items() if term is not None and k in inspect.signature(term).parameters}
 
 
 # ---------------------------------------------------------------- reading the answer the rewards above score

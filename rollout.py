@@ -25,7 +25,7 @@ from plumbing.models import check_finite, load_model, load_tokenizer, resolve_mo
 from plumbing.parallel import all_reduce_sum, gather_rows
 from plumbing.sync import SyncProbe
 from plumbing.vllm_sampler import Completion, VLLMSampler  # what a sample is; the colocated vLLM engine
-from rewards import take_error_count
+from rewards import declared_lengths, take_error_count
 from speed import cpu_sampler
 
 
@@ -166,8 +166,8 @@ def score(task, examples, groups, weights: dict, device, limits=None) -> dict:
     alone: tasks.reward_weights). A term declaring `n_tokens` gets the completion's token count, and any of
     `limits`' keywords it declares (max_tokens, overlong_buffer) their values: a length-aware term is one edit."""
     def table(term):  # (G_local, M): one reward term of every sample
-        return torch.tensor([[task.reward(c.text, ex, kind=term, n_tokens=len(c.token_ids), **(limits or {}))
-                              for c in g] for ex, g in zip(examples, groups)])
+        return torch.tensor([[task.reward(c.text, ex, kind=term, **declared_lengths(
+            term, n_tokens=len(c.token_ids), **(limits or {}))) for c in g] for ex, g in zip(examples, groups)])
 
     terms = {term: table(term) for term in weights}
     rewards = sum(weight * terms[term] for term, weight in weights.items())  # r = sum_k w_k r_k

@@ -10,7 +10,6 @@ checking the rows is plumbing/data.py's. Each task's data, how to call it, and t
 
 from __future__ import annotations  # Task names Example, defined below it
 
-import inspect
 import itertools
 import math
 import random
@@ -25,6 +24,7 @@ from rewards import (
     REWARD_TERMS,
     countdown_expression,
     countdown_reward,
+    declared_lengths,
     final_answer,
     integer_answer,
     integer_reward,
@@ -80,7 +80,7 @@ class Task:
 
     def reward(self, completion: str, example: Example, kind: str = "exact", **lengths) -> float:
         """One reward term of a completion: "exact" (the verifier), "sim" (B.5) or any rewards.REWARD_TERMS'.
-        Of `lengths` (n_tokens, max_tokens, overlong_buffer: rollout.score, eval.py), a term gets those it declares
+        Of `lengths` (rollout.score and eval.py pass rewards.declared_lengths'), a term gets those it declares
         (DAPO's overlong one), so a length-aware term needs no edit in either command."""
         if kind == "exact":
             if not self.has_verifier:
@@ -92,7 +92,7 @@ class Task:
                             "--data-file with a 'reference' column")
         if kind in REWARD_TERMS:
             term = REWARD_TERMS[kind]
-            wanted = {k: v for k, v in lengths.items() if k in inspect.signature(term).parameters}  # only declared
+            wanted = declared_lengths(kind, **lengths)
             term = wraps(term)(partial(term, **wanted)) if wanted else term
             return safe_reward(term)(completion, example)  # in [0, 1]; an exception scores 0
         raise ValueError(f"unknown reward kind {kind!r}: use one of {', '.join(('exact', *REWARD_TERMS))}")

@@ -114,9 +114,10 @@ STREAM_LIMIT = 2**64  # torch.Generator.manual_seed takes 64 bits: every sample'
 
 
 def largest_seed(steps: int, prompts_per_step: int, M: int, ranks: int) -> int:
-    """The largest --seed of a training run: each sample's stream, rollout.step_seed's ((seed * 2^24 + step) *
-    prompts_per_step + prompt) * M + k, stays below 2^64 for every step, and seed + rank below 2^32."""
-    return min((STREAM_LIMIT // (prompts_per_step * M) - steps) // 2**24, SEED_LIMIT - ranks)
+    """The largest --seed of a training run: each sample's stream, rollout.step_seed's ((seed * 2^24 + lane) *
+    prompts_per_step + prompt) * M + k, stays below 2^64 for every lane below 2^24 (a step, or a DAPO refill round's
+    step + r * 2^20), and seed + rank below 2^32. `steps` is below 2^24 (check_args)."""
+    return min((STREAM_LIMIT // (prompts_per_step * M) - 2**24) // 2**24, SEED_LIMIT - ranks)
 
 
 def sampling_flag_error(args, *, seed_max: int, seed_why: str = "") -> str | None:

@@ -133,12 +133,12 @@ def _series(rows: list[dict], key: str):
 def kl_estimator_of(metrics_path: str) -> str | None:
     """The --kl-estimator of the run that wrote `metrics_path`, from the args its newest checkpoint saved (k3 where
     they predate the flag: k3 was the only one); None without a readable checkpoint."""
-    from plumbing.checkpoint import CheckpointError, find_checkpoint, read_trainer_state
+    from plumbing.checkpoint import CheckpointError, find_checkpoint, safe_load
 
     ckpt = find_checkpoint(os.path.dirname(os.path.abspath(metrics_path)))
-    try:
-        return read_trainer_state(ckpt)["args"].get("kl_estimator", "k3") if ckpt else None
-    except (CheckpointError, OSError):
+    try:  # trainer_state.pt alone: checkpoints from before DCP's shards keep their label
+        return safe_load(ckpt, "trainer_state.pt")["args"].get("kl_estimator", "k3") if ckpt else None
+    except (CheckpointError, OSError, KeyError, TypeError, AttributeError):
         return None
 
 
