@@ -13,3 +13,14 @@ os.environ.setdefault("SOFTMAX_GRPO_STRICT_REWARDS", "1")
 def tiny_model_dir(tmp_path_factory):
     """Path of the tiny random-weight test model (built once per test session)."""
     return build_tiny_model(tmp_path_factory.mktemp("tiny_model"))
+
+
+@pytest.fixture(autouse=True)
+def hub_answers(monkeypatch):
+    """No test reaches the Hugging Face Hub: the start-up probe (plumbing/data.py: hub_reachable, which a hub id
+    in --model or a preset asks) answers yes, so parsing a paper preset does not hang on, or fail by, this
+    machine's network. A test of the unreachable case patches it to False, or runs a subprocess against a dead
+    HF_ENDPOINT (test_nothing_silent)."""
+    from plumbing import data
+
+    monkeypatch.setattr(data, "hub_reachable", lambda timeout=3.0: True)

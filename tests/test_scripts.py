@@ -36,7 +36,7 @@ def test_the_sbatch_script_parses_and_asks_for_2_nodes_of_8_gpus():
     assert text.index("#SBATCH") < text.index("set -euo pipefail")  # sbatch stops reading at the first command
 
 
-def test_the_sbatch_script_launches_torchrun_per_node_with_the_head_node_as_rendezvous(tmp_path):
+def test_the_sbatch_script_launches_torchrun_per_node_with_the_head_node_as_rendezvous(tmp_path, monkeypatch):
     import config
 
     result = fake_slurm(tmp_path, {"SLURM_JOB_NODELIST": "gpu[017-018]", "SLURM_NNODES": "2", "SLURM_JOB_ID": "4242",
@@ -49,7 +49,9 @@ def test_the_sbatch_script_launches_torchrun_per_node_with_the_head_node_as_rend
                         "--seed", "3", "--save-every", "50"]
     assert (tmp_path / "srun.env").read_text().split() == ["HF_DATASETS_OFFLINE=1", "HF_HUB_OFFLINE=1",
                                                            "TRANSFORMERS_OFFLINE=1"]  # no rank reaches for the hub
-    # the flags it hands train.py are train.py's: the DeepMath preset, the extra flags on top
+    # the flags it hands train.py are train.py's: the DeepMath preset, the extra flags on top; parsed offline as the
+    # script runs it (its hub id is then read from the cache at load, not looked up now)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     args = config.parse_args([*torchrun[torchrun.index("train.py") + 1:], "--out-dir", str(tmp_path / "run")])
     assert (args.task, args.M, args.rollout_batch, args.seed, args.save_every) == ("deepmath", 16, 512, 3, 50)
 
