@@ -164,7 +164,8 @@ def test_a_new_preset_and_task_plan_with_no_edit_here(monkeypatch, capsys):
     import config
     import tasks
 
-    monkeypatch.setitem(tasks.TASKS, "qa", tasks.Task(name="qa", columns=("problem", "answer"), key=("problem",)))
+    monkeypatch.setitem(tasks.TASKS, "qa", tasks.Task(name="qa", columns=("problem", "answer"), key=("problem",),
+                                                      verifier=lambda completion, ex: 0.0))  # gsm8k's exact reward
     monkeypatch.setitem(tasks.TASKS, "essays", tasks.Task(name="essays", columns=("essay",), prompt_tokens=3000))
     monkeypatch.setitem(config.PRESETS, "qa", dict(config.PRESETS["gsm8k"]))
     monkeypatch.setitem(config.PRESETS, "essays", dict(config.PRESETS["poetry"]))
