@@ -24,6 +24,7 @@ and load with exactly the four numpy names that rebuild one (NUMPY_RNG_GLOBALS).
 """
 
 import contextlib
+import glob
 import os
 import pickle
 import random
@@ -354,9 +355,36 @@ def _agree(reason: str | None, src: int | None = None) -> str | None:
 
 
 def _first_failure(err: BaseException) -> BaseException:
-    """The first rank's own exception inside DCP's CheckpointException (its failures: rank -> (exception, trace))."""
+    """The first rank's own exception inside DCP's CheckpointException (its failures: rank -> (exception, trace)).
+    DCP wraps a Ctrl-C (any BaseException that is not an error) as it wraps a full disk: that one is raised again as
+    itself, so the run reports an interrupt, never a failed save or a corrupt checkpoint."""
     failures = getattr(err, "failures", None)
-    return next(iter(failures.values()))[0] if failures else err
+    inner = next(iter(failures.values()))[0] if failures else err
+    if not isinstance(inner, Exception):
+        raise inner from None
+    return inner
+
+
+@contextlib.contextmanager
+def _undone_if_interrupted(out_dir: str, step: int, master: bool):
+    """A Ctrl-C mid-save leaves what was there before: this save's temporary folder goes, and a checkpoint of the
+    same step that was moved aside for it comes back; then the interrupt goes on. (A failed save does the same
+    below, and says so in its CheckpointError.)"""
+    try:
+        yield
+    except Exception:
+        raise
+    except BaseException:
+        if not master:  # rank 0 alone touches the folders, as when it saves
+            raise
+        final = os.path.join(out_dir, f"checkpoint-{step:06d}")
+        for tmp in glob.glob(os.path.join(out_dir, f".tmp-checkpoint-{step:06d}-*")):
+            if tmp.endswith("-old") and not os.path.exists(final):
+                with contextlib.suppress(OSError):
+                    os.rename(tmp, final)
+            else:
+                shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _why(err: BaseException) -> str:
@@ -372,56 +400,58 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args,
     it goes into a temporary folder renamed into place, so a killed save never leaves a half-written
     checkpoint-STEP behind; trainer_state.pt is what marks a checkpoint complete. A save that fails on any rank (a
     full disk, an unwritable folder) removes its temporary folder and raises CheckpointError on every rank, one
-    line naming the save, the bytes it needed and the last good checkpoint, which it left intact. A save that
-    succeeded is followed by prune_checkpoints(out_dir, args.keep_checkpoints) on rank 0, which the other ranks do
-    not wait for.
+    line naming the save, the bytes it needed and the last good checkpoint, which it left intact. A Ctrl-C leaves
+    the folder as it was before the save and goes on as the interrupt it is. A save that succeeded is followed by
+    prune_checkpoints(out_dir, args.keep_checkpoints) on rank 0, which the other ranks do not wait for.
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     master = not dist.is_initialized() or dist.get_rank() == 0
     final, tmp, reason = os.path.join(out_dir, f"checkpoint-{step:06d}"), None, None
-    if master:
-        try:
-            tmp = tempfile.mkdtemp(dir=out_dir, prefix=f".tmp-checkpoint-{step:06d}-")
-        except OSError as err:  # the run folder made read-only, or gone, mid-run
-            reason = f"cannot write in {out_dir}: {_why(err)}"
-    if dist.is_initialized():  # the other ranks write their shards into rank 0's temporary folder
-        where = [tmp, reason]
-        dist.broadcast_object_list(where, src=0)
-        tmp, reason = where
-    state, param_groups = sharded_state(model, optimizer, ref_model)
-    if reason is None:
-        try:  # DCP's own collectives make every rank raise when any rank's write fails
-            with one_process_quiet():
-                dcp.save(state, storage_writer=dcp.FileSystemWriter(os.path.join(tmp, TRAINER)),
-                         no_dist=not dist.is_initialized())
-        except (Exception, CheckpointException) as err:  # DCP's is a BaseException, holding each rank's error
-            reason = _why(_first_failure(err))
-        reason = _agree(reason)
-    rngs = [rng_state()]
-    if dist.is_initialized():
-        rngs = [None] * dist.get_world_size()
-        dist.all_gather_object(rngs, rng_state())
-    full = StateDictOptions(full_state_dict=True, cpu_offload=True)  # the model's full tensors, on rank 0 only
-    model_state = get_model_state_dict(model, options=full) if reason is None else {}
-    if master and reason is None:
-        try:
-            model.save_pretrained(tmp, state_dict=model_state)
-            tokenizer.save_pretrained(tmp)
-            torch.save({"step": step, "data_position": step * args.rollout_batch, "scheduler": scheduler.state_dict(),
-                        "param_groups": param_groups, "rng": rngs, "args": asdict(args),
-                        "reference": ref_model is not None, "world": len(rngs),
-                        "model_fingerprint": folder_fingerprint(args.model)}, os.path.join(tmp, "trainer_state.pt"))
-            if os.path.exists(final):  # move the old one aside first: a rename cannot replace a folder
-                os.rename(final, tmp + "-old")
-            os.rename(tmp, final)
-        except Exception as err:  # ENOSPC as OSError, or torch.save's RuntimeError "unexpected pos"
-            reason = _why(err)
-            if os.path.isdir(tmp + "-old") and not os.path.exists(final):
-                with contextlib.suppress(OSError):
-                    os.rename(tmp + "-old", final)  # the old one back in place
-        shutil.rmtree(tmp + "-old", ignore_errors=True)
+    with _undone_if_interrupted(out_dir, step, master):
+        if master:
+            try:
+                tmp = tempfile.mkdtemp(dir=out_dir, prefix=f".tmp-checkpoint-{step:06d}-")
+            except OSError as err:  # the run folder made read-only, or gone, mid-run
+                reason = f"cannot write in {out_dir}: {_why(err)}"
+        if dist.is_initialized():  # the other ranks write their shards into rank 0's temporary folder
+            where = [tmp, reason]
+            dist.broadcast_object_list(where, src=0)
+            tmp, reason = where
+        state, param_groups = sharded_state(model, optimizer, ref_model)
+        if reason is None:
+            try:  # DCP's own collectives make every rank raise when any rank's write fails
+                with one_process_quiet():
+                    dcp.save(state, storage_writer=dcp.FileSystemWriter(os.path.join(tmp, TRAINER)),
+                             no_dist=not dist.is_initialized())
+            except (Exception, CheckpointException) as err:  # DCP's is a BaseException, holding each rank's error
+                reason = _why(_first_failure(err))
+            reason = _agree(reason)
+        rngs = [rng_state()]
+        if dist.is_initialized():
+            rngs = [None] * dist.get_world_size()
+            dist.all_gather_object(rngs, rng_state())
+        full = StateDictOptions(full_state_dict=True, cpu_offload=True)  # the model's full tensors, on rank 0 only
+        model_state = get_model_state_dict(model, options=full) if reason is None else {}
+        if master and reason is None:
+            try:
+                model.save_pretrained(tmp, state_dict=model_state)
+                tokenizer.save_pretrained(tmp)
+                torch.save({"step": step, "data_position": step * args.rollout_batch,
+                            "scheduler": scheduler.state_dict(), "param_groups": param_groups, "rng": rngs,
+                            "args": asdict(args),
+                            "reference": ref_model is not None, "world": len(rngs),
+                            "model_fingerprint": folder_fingerprint(args.model)}, os.path.join(tmp, "trainer_state.pt"))
+                if os.path.exists(final):  # move the old one aside first: a rename cannot replace a folder
+                    os.rename(final, tmp + "-old")
+                os.rename(tmp, final)
+            except Exception as err:  # ENOSPC as OSError, or torch.save's RuntimeError "unexpected pos"
+                reason = _why(err)
+                if os.path.isdir(tmp + "-old") and not os.path.exists(final):
+                    with contextlib.suppress(OSError):
+                        os.rename(tmp + "-old", final)  # the old one back in place
+            shutil.rmtree(tmp + "-old", ignore_errors=True)
     error = None
     if master and reason is not None:
         if tmp:

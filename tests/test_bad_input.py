@@ -358,6 +358,51 @@ def test_a_full_disk_during_a_save_is_one_line_and_leaves_the_last_checkpoint_in
     assert checkpoint.find_checkpoint(str(tmp_path)).endswith("checkpoint-000002")
 
 
+@pytest.mark.parametrize("where", ["a DCP shard", "the HF folder", "trainer_state.pt", "the rename into place"])
+def test_a_ctrl_c_during_a_save_or_a_load_is_an_interrupt_and_leaves_the_folder_as_it_was(where, tiny_model_dir,
+                                                                                         tmp_path, monkeypatch):
+    # One class: every Ctrl-C inside a save or a resume, wherever it lands, reaches train.py as KeyboardInterrupt
+    # (its "interrupted; the newest checkpoint ..." line), never as a failed save or a "corrupt" checkpoint.
+    from torch.distributed.checkpoint import FileSystemReader
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import train
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    args = train.Args(model=tiny_model_dir, out_dir=str(tmp_path))
+    optimizer = train.make_optimizer(model, args)
+    scheduler = train.make_scheduler(optimizer, args)
+    checkpoint.save_checkpoint(str(tmp_path), 2, model, optimizer, scheduler, tokenizer, args)
+    before = snapshot(tmp_path)
+    real_save, real_rename = torch.save, os.rename
+
+    def interrupt(*a, **kw):
+        raise KeyboardInterrupt
+
+    if where == "a DCP shard":  # DCP hands torch.save a stream, and wraps what it raises in a CheckpointException
+        monkeypatch.setattr(torch, "save", lambda obj, f, *a, **kw: interrupt() if not isinstance(f, (str, os.PathLike))
+                            else real_save(obj, f, *a, **kw))
+    elif where == "the HF folder":
+        monkeypatch.setattr(model, "save_pretrained", interrupt)
+    elif where == "trainer_state.pt":
+        monkeypatch.setattr(torch, "save", lambda obj, f, *a, **kw: interrupt() if str(f).endswith("trainer_state.pt")
+                            else real_save(obj, f, *a, **kw))
+    else:  # the same step again: the old checkpoint-000002 is moved aside, then the Ctrl-C comes before the new one
+        monkeypatch.setattr(os, "rename", lambda src, dst: interrupt() if ".tmp-checkpoint" in str(src)
+                            and not str(src).endswith("-old") else real_rename(src, dst))
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save_checkpoint(str(tmp_path), 2 if where == "the rename into place" else 4, model, optimizer,
+                                   scheduler, tokenizer, args)
+    monkeypatch.setattr(torch, "save", real_save)
+    monkeypatch.setattr(os, "rename", real_rename)
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-000002"] and snapshot(tmp_path) == before  # no .tmp left
+
+    monkeypatch.setattr(FileSystemReader, "read_data", interrupt)  # and a Ctrl-C while a resume reads the shards
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.load_checkpoint(str(tmp_path / "checkpoint-000002"), model, optimizer, scheduler, 0)
+
+
 def test_orphaned_temporary_saves_are_removed_and_named(tmp_path):
     (tmp_path / ".tmp-checkpoint-000030-abc").mkdir()
     (tmp_path / ".tmp-checkpoint-000030-abc" / "model.safetensors").write_bytes(b"x" * 100)
