@@ -11,8 +11,7 @@ IS_CORRECTIONS (--is-correction), KL_ESTIMATORS (--kl-estimator), LOSS_TERMS (--
 (--reference), ROW_FILTERS (--row-filter), AGGREGATIONS (--loss-agg); none but the paper's choices is on by default.
 Every keyword option of `policy_loss` with a default is a train.py flag of the same name (config.py), and every metric
 it returns reaches metrics.jsonl as loss/NAME (train.py: ppo_update), so a new option or metric is one edit here.
-Below them the log-probs: the plain `token_logprobs`, and `sequence_logprobs`, which computes the same with
-speed/logprobs.py's row-chunked kernel (no float32 (B, K, V) tensor).
+The log-probs the loss takes (`sequence_logprobs`, `pad_batch`, the plain `token_logprobs`) are speed/logprobs.py's.
 
     python -m pytest tests/test_loss.py
 """
@@ -21,7 +20,7 @@ import math
 
 import torch
 
-from speed.logprobs import chunked_token_logprobs
+from speed.logprobs import pad_batch, sequence_logprobs, token_logprobs  # noqa: F401 (loss.sequence_logprobs, ...)
 
 LOG_RATIO_LIMIT = 20.0  # exp(20) ~ 5e8: keeps ratio and k3 finite when policies drift far apart
 
@@ -327,57 +326,3 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean",
     denominator = torch.as_tensor(share if denominator is None else denominator, dtype=values.dtype,
                                   device=values.device)
     return (values * weights).sum() / denominator.where(denominator > 0, 1)  # every row masked: a loss of 0
-
-
-# ---------------------------------------------------------------- log-probs of the sampled tokens
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, entropy: bool = False,
-                   entropy_grad: bool = False):
-    """(B, T, V) logits, (B, T) targets -> (B, T) float32 log-probs under softmax(logits / temperature); with
-    `entropy`, the pair (log-probs, (B, T) entropies of those distributions: with `entropy_grad` their gradient flows
-    to the logits, else none)."""
-    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, T, V) float32
-    logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)  # (B, T)
-    if not entropy:
-        return logp
-    ent = -(logp_all.exp() * logp_all).sum(-1)  # H = -sum_v p_v log p_v, (B, T)
-    return logp, ent if entropy_grad else ent.detach()
-
-
-def pad_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
-    """Lay out (prompt, completion) pairs as [left-padded prompt | right-padded completion].
-
-    Every completion then starts at the same column P, so the model's last K + 1 positions hold
-    exactly the logits that predict the completion tokens. Returns input_ids (B, P + K),
-    attention_mask (B, P + K) and completion_mask (B, K).
-    """
-    B, P = len(prompts), max(len(p) for p in prompts)
-    K = max(1, max(len(c) for c in completions))
-    input_ids = torch.full((B, P + K), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((B, P + K), dtype=torch.long)
-    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
-        input_ids[i, P - len(prompt):P] = torch.tensor(prompt, dtype=torch.long)
-        input_ids[i, P:P + len(completion)] = torch.tensor(completion, dtype=torch.long)
-        attention_mask[i, P - len(prompt):P + len(completion)] = 1
-    return input_ids, attention_mask, attention_mask[:, P:].float()
-
-
-def sequence_logprobs(model, input_ids, attention_mask, n_completion: int, temperature: float = 1.0,
-                      entropy: bool = False, entropy_grad: bool = False):
-    """Log-probs (B, K) of the last K = n_completion tokens of input_ids under `model` (and with `entropy`, the
-    (B, K) entropies of the distributions they are drawn from, with a gradient if `entropy_grad`), as token_logprobs
-    computes them, by
-    speed/logprobs.py's row-chunked kernel: it never holds their float32 (B, K, V) log-softmax.
-
-    Calls the model's own forward (so FSDP2's hooks run) with `logits_to_keep`, so logits exist
-    only for the K + 1 positions that predict completion tokens, never for the prompt.
-    """
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: count real tokens
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                logits_to_keep=n_completion + 1, use_cache=False)  # (B, K + 1, V): position t predicts token t + 1
-    # All K + 1 positions, the last with a dummy target, then its column dropped: the slice logits[:, :-1]
-    # would make the kernel copy the (B, K, V) logits to flatten them, and its backward zero-fill them.
-    targets = torch.nn.functional.pad(input_ids[:, -n_completion:], (0, 1))  # (B, K + 1)
-    if entropy:
-        logp, ent = chunked_token_logprobs(out.logits, targets, temperature, entropy=True, entropy_grad=entropy_grad)
-        return logp[:, :-1], ent[:, :-1]  # (B, K) each
-    return chunked_token_logprobs(out.logits, targets, temperature)[:, :-1]  # (B, K)
