@@ -20,6 +20,7 @@ import math
 
 import torch
 
+from plumbing.cli import choose, parse_weights
 from speed.logprobs import pad_batch, sequence_logprobs, token_logprobs  # noqa: F401 (loss.sequence_logprobs, ...)
 
 LOG_RATIO_LIMIT = 20.0  # exp(20) ~ 5e8: keeps ratio and k3 finite when policies drift far apart
@@ -64,17 +65,17 @@ def policy_loss(logp, old_logp, adv, mask, *, ref_logp=None, sampler_logp=None, 
     """
     mask = mask.to(logp.dtype)
     adv = adv.to(logp.dtype)[:, None]  # (B, 1): broadcast over the sequence's tokens
-    log_ratio = _choose(RATIOS, ratio, "importance ratio")(logp, old_logp, mask)  # (B, T)
+    log_ratio = choose(RATIOS, ratio, "importance ratio")(logp, old_logp, mask)  # (B, T)
     ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))  # rho_t (Section 4), (B, T)
     pg_unclipped = -adv * ratio
     pg_clipped = -adv * ratio.clamp(1 - clip_low, 1 + clip_high)  # asymmetric [0.20, 0.28], no dual clip
     pg = torch.maximum(pg_unclipped, pg_clipped)  # max(-A rho_t, -A clip(rho_t, 1 - eps_low, 1 + eps_high)), (B, T)
-    correction = _choose(IS_CORRECTIONS, is_correction, "importance correction")(old_logp, sampler_logp, mask, is_cap)
+    correction = choose(IS_CORRECTIONS, is_correction, "importance correction")(old_logp, sampler_logp, mask, is_cap)
     if correction is not None:
         is_weight, capped = correction  # (B, T) each: the weights, and where the cap truncated or masked
         pg = pg * is_weight  # (B, T), e.g. w_t = min(pi_old / pi_sampler, C)
     pg_loss = aggregate(pg, mask, loss_agg, denominator, norm_len)
-    estimate_kl = _choose(KL_ESTIMATORS, kl_estimator, "KL estimator")
+    estimate_kl = choose(KL_ESTIMATORS, kl_estimator, "KL estimator")
     loss, kl = pg_loss, torch.zeros((), dtype=logp.dtype, device=logp.device)
     if ref_logp is not None and beta != 0:
         kl = aggregate(estimate_kl(logp, ref_logp), mask, loss_agg, denominator, norm_len)
@@ -141,21 +142,9 @@ LOSS_TERMS = {}
 def term_weights(text: str) -> dict[str, float]:
     """{name: coefficient} of --loss-terms ("l2=0.1,other=-1"); ValueError, one line naming the flag, for a piece that
     is not NAME=COEF, a coefficient that is not a finite number, a name given twice or not in LOSS_TERMS."""
-    weights = {}
-    for piece in filter(str.strip, text.split(",")):
-        name, equals, value = (part.strip() for part in piece.partition("="))
-        try:
-            coef = float(value) if equals and name else math.nan
-        except ValueError:
-            coef = math.nan
-        if not math.isfinite(coef):
-            raise ValueError(f"--loss-terms: {piece.strip()!r} is not NAME=COEF with a finite COEF (e.g. l2=0.1)")
-        if name in weights or name not in LOSS_TERMS:
-            raise ValueError(f"--loss-terms: {name} is given twice" if name in weights else
-                             f"--loss-terms: unknown term {name!r}; choose from {', '.join(LOSS_TERMS) or 'none yet'}"
-                             " (loss.py: LOSS_TERMS)")
-        weights[name] = coef
-    return weights
+    return parse_weights(text, "--loss-terms", LOSS_TERMS, not_a_pair=lambda piece: (
+        f"{piece!r} is not NAME=COEF with a finite COEF (e.g. l2=0.1)"), unknown=lambda name: (
+        f"unknown term {name!r}; choose from {', '.join(LOSS_TERMS) or 'none yet'} (loss.py: LOSS_TERMS)"))
 
 
 # ---------------------------------------------------------------- the importance ratio
@@ -304,15 +293,9 @@ OPTION_CHOICES = {"kl_estimator": KL_ESTIMATORS, "loss_agg": AGGREGATIONS, "rati
                   "is_correction": IS_CORRECTIONS}
 
 
-def _choose(registry: dict, name: str, what: str):
-    if name not in registry:
-        raise ValueError(f"unknown {what} {name!r}; choose one of {', '.join(registry)}")
-    return registry[name]
-
-
 def loss_denominator(mask: torch.Tensor, agg: str = "token-mean", norm_len: int | None = None) -> torch.Tensor:
     """This micro-batch's share of the loss denominator (0-d float tensor); sum it over the minibatch and ranks."""
-    return _choose(AGGREGATIONS, agg, "loss aggregation")(mask.float(), norm_len)[1].float()
+    return choose(AGGREGATIONS, agg, "loss aggregation")(mask.float(), norm_len)[1].float()
 
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean",
@@ -322,7 +305,7 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean",
     `denominator` is the whole minibatch's (the sum of `loss_denominator` over its micro-batches and ranks);
     None uses this batch's own, for a batch that is the whole minibatch.
     """
-    weights, share = _choose(AGGREGATIONS, agg, "loss aggregation")(mask.to(values.dtype), norm_len)  # (B, T), ()
+    weights, share = choose(AGGREGATIONS, agg, "loss aggregation")(mask.to(values.dtype), norm_len)  # (B, T), ()
     denominator = torch.as_tensor(share if denominator is None else denominator, dtype=values.dtype,
                                   device=values.device)
     return (values * weights).sum() / denominator.where(denominator > 0, 1)  # every row masked: a loss of 0

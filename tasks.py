@@ -11,7 +11,6 @@ checking the rows is plumbing/data.py's. Each task's data, how to call it, and t
 from __future__ import annotations  # Task names Example, defined below it
 
 import itertools
-import math
 import random
 import re
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 from functools import cache, partial, wraps
 
 from plumbing import data
+from plumbing.cli import parse_weights
 from plumbing.data import DataError, Demonstrations, digest, in_test
 from rewards import (
     REWARD_TERMS,
@@ -169,26 +169,13 @@ def reward_weights(task: Task, reward: str, text: str) -> dict[str, float]:
         if reward == "exact" and not task.has_verifier:
             raise ValueError(f"task {task.name} has no verifier: use --reward sim")
         return {reward: 1.0}
-    weights = {}
-    for piece in filter(str.strip, text.split(",")):  # "exact=1," : a trailing comma is no term
-        term, equals, value = (part.strip() for part in piece.partition("="))
-        if not equals or not term:
-            raise ValueError(f"--reward-weights: {piece.strip()!r} is not TERM=WEIGHT (e.g. format=0.35,sim=0.65)")
-        try:
-            weight = float(value)
-        except ValueError:
-            weight = math.nan
-        if not abs(weight) <= 3.4028234663852886e38:  # rewards are float32 tensors: 1e39 would be inf, and inf x 0 NaN
-            raise ValueError(f"--reward-weights: the weight of {term} must be a finite number, not {value!r}"
-                             + (" (rewards are float32: at most 3.4e38)" if math.isfinite(weight) else ""))
-        if term in weights:
-            raise ValueError(f"--reward-weights: {term} is given twice")
-        if term not in valid:
-            raise ValueError(f"--reward-weights: unknown term {term!r}: choose from {', '.join(valid)}")
-        if term == "exact" and not task.has_verifier:
-            raise ValueError(f"--reward-weights: task {task.name} has no verifier, so no exact term: choose from "
-                             f"{', '.join(valid[1:])}")
-        weights[term] = weight
+    no_exact = f"task {task.name} has no verifier, so no exact term: choose from {', '.join(valid[1:])}"
+    weights = parse_weights(  # rewards are float32 tensors: 1e39 would be inf, and inf x 0 NaN
+        text, "--reward-weights", valid if task.has_verifier else valid[1:], limit=3.4028234663852886e38,
+        not_a_pair=lambda piece: f"{piece!r} is not TERM=WEIGHT (e.g. format=0.35,sim=0.65)",
+        not_finite=lambda term, value: f"the weight of {term} must be a finite number, not {value!r}",
+        over_limit=" (rewards are float32: at most 3.4e38)",
+        unknown=lambda term: no_exact if term == "exact" else f"unknown term {term!r}: choose from {', '.join(valid)}")
     if not weights:
         raise ValueError(f"--reward-weights {text!r} names no term: give TERM=WEIGHT, e.g. format=0.35,sim=0.65")
     if not any(weights.values()):
