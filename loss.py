@@ -1,4 +1,4 @@
-"""The PPO-clip + reference-KL loss SoftmaxGRPO trains with (Section 4, Eqs. 10-11), and the log-probs it takes.
+"""The PPO-clip + reference-KL loss SoftmaxGRPO trains with (Section 4, Eqs. 10-11).
 
     rho_t = pi_theta(z_t | x, z_<t) / pi_old(z_t | x, z_<t)                          (Section 4)
     L_pg  = agg_t[ max(-A * rho_t, -A * clip(rho_t, 1 - clip_low, 1 + clip_high)) ]
@@ -6,33 +6,24 @@
 
 with the asymmetric clip range [0.20, 0.28], no dual clip, the k3 reference KL as a separate term and token-mean
 aggregation, as in the paper's runs (Appendix B.1). A is one number per sequence (advantage.py), broadcast over its
-tokens. Each choice is a registry a fork adds to in one edit (its keys are the flag's choices): RATIOS (--ratio),
-IS_CORRECTIONS (--is-correction), KL_ESTIMATORS (--kl-estimator), LOSS_TERMS (--loss-terms), REFERENCES
-(--reference), ROW_FILTERS (--row-filter), AGGREGATIONS (--loss-agg); none but the paper's choices is on by default.
-Every keyword option of `policy_loss` with a default is a train.py flag of the same name (config.py), and every metric
-it returns reaches metrics.jsonl as loss/NAME (train.py: ppo_update), so a new option or metric is one edit here.
-The log-probs the loss takes (`sequence_logprobs`, `pad_batch`, the plain `token_logprobs`) are speed/logprobs.py's.
+tokens. Each choice below is a registry whose keys are its flag's choices, so a fork adds one in one edit
+(docs/fork.md); none but the paper's is on by default. Every keyword option of `policy_loss` with a default is a
+train.py flag of the same name (config.py), and every metric it returns reaches metrics.jsonl as loss/NAME (train.py:
+ppo_update). The log-probs it takes are speed/logprobs.py's: `sequence_logprobs`, re-exported here.
 
     python -m pytest tests/test_loss.py
 """
 
 import math
+from functools import partial
 
 import torch
 
 from plumbing.cli import choose, parse_weights
+from plumbing.run_log import Share, TokenMean
 from speed.logprobs import pad_batch, sequence_logprobs, token_logprobs  # noqa: F401 (loss.sequence_logprobs, ...)
 
 LOG_RATIO_LIMIT = 20.0  # exp(20) ~ 5e8: keeps ratio and k3 finite when policies drift far apart
-
-
-class Share(float):
-    """A metric reduced like the loss: this micro-batch's share of the minibatch's value (train.py sums the shares
-    of a minibatch and averages over optimizer steps)."""
-
-
-class TokenMean(float):
-    """A metric that is a mean over this micro-batch's loss tokens (train.py weighs it by their number)."""
 
 
 def policy_loss(logp, old_logp, adv, mask, *, ref_logp=None, sampler_logp=None, entropy=None, denominator=None,
@@ -89,53 +80,40 @@ def policy_loss(logp, old_logp, adv, mask, *, ref_logp=None, sampler_logp=None, 
     for name, coef in term_weights(loss_terms).items():
         extra[name] = aggregate(LOSS_TERMS[name](logp, old_logp, mask), mask, loss_agg, denominator, norm_len)
         loss = loss + coef * extra[name]
-    with torch.no_grad():
-        n = mask.sum().clamp(min=1)
-        # A token is "clipped" when the clip is the active branch, i.e. its gradient is zero.
-        low = ((ratio < 1 - clip_low) & (adv < 0)).to(mask.dtype)
-        high = ((ratio > 1 + clip_high) & (adv > 0)).to(mask.dtype)
-        metrics = {
-            "pg": Share(pg_loss.item()),
-            "kl": Share(kl.item()),
-            "clip_frac_low": TokenMean(((low * mask).sum() / n).item()),
-            "clip_frac_high": TokenMean(((high * mask).sum() / n).item()),
-            "ratio_mean": TokenMean(((ratio * mask).sum() / n).item()),
-        }
+    with torch.no_grad():  # a token is "clipped" where the clip is the active branch: its gradient is zero
+        metrics = {"pg": Share(pg_loss.item()), "kl": Share(kl.item()),
+                   "clip_frac_low": TokenMean.of((ratio < 1 - clip_low) & (adv < 0), mask),
+                   "clip_frac_high": TokenMean.of((ratio > 1 + clip_high) & (adv > 0), mask),
+                   "ratio_mean": TokenMean.of(ratio, mask)}
         if correction is not None:  # the uncapped pi_old / pi_sampler, and how often C truncates or masks
             raw = torch.exp((old_logp - sampler_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
-            metrics["is_ratio_mean"] = TokenMean(((raw * mask).sum() / n).item())
-            metrics["is_clip_frac"] = TokenMean(((capped.to(mask.dtype) * mask).sum() / n).item())
+            metrics.update(is_ratio_mean=TokenMean.of(raw, mask), is_clip_frac=TokenMean.of(capped, mask))
         metrics.update({name: Share(value.item()) for name, value in extra.items()})
     return loss, metrics
 
 
-# ---------------------------------------------------------------- the reference KL
-# Each entry maps (logp, ref_logp), (B, T), to a per-token estimate of KL(pi_theta || pi_ref) on tokens drawn from
-# pi_theta (J. Schulman, "Approximating KL divergence", 2020, http://joschu.net/blog/kl-approx.html). As loss terms
-# their gradients differ: k1's is zero in expectation on-policy (E_pi[grad log pi] = 0).
+# ---------------------------------------------------------------- the reference KL (--kl-estimator)
+# (logp, ref_logp), (B, T) -> per-token estimates of KL(pi_theta || pi_ref) on tokens drawn from pi_theta (J. Schulman,
+# http://joschu.net/blog/kl-approx.html); as loss terms k1's gradient is zero in expectation on-policy.
 def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k1 = log(pi / pi_ref): unbiased, high variance, negative on some tokens."""
-    return logp - ref_logp
+    return logp - ref_logp  # k1 = log(pi / pi_ref): unbiased, high variance, negative on some tokens
 
 
 def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k2 = (log(pi / pi_ref))^2 / 2: biased, low variance, >= 0."""
-    return 0.5 * (logp - ref_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT) ** 2
+    return 0.5 * (logp - ref_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT) ** 2  # k2: biased, low variance, >= 0
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k3 = exp(d) - d - 1 with d = ref_logp - logp: unbiased, low variance, >= 0 (the paper's)."""
     d = (ref_logp - logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-    return torch.exp(d) - d - 1
+    return torch.exp(d) - d - 1  # k3 = e^d - d - 1, d = ref_logp - logp: unbiased, low variance, >= 0 (the paper's)
 
 
 KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
 
 # ---------------------------------------------------------------- further loss terms (--loss-terms NAME=COEF,...)
-# Each entry maps (logp, old_logp, mask), all (B, T), to per-token values (B, T); policy_loss aggregates them like
-# the policy-gradient term, adds COEF times the aggregate to the loss and logs the aggregate as loss/NAME. None is
-# built in; docs/fork.md adds one.
+# (logp, old_logp, mask), (B, T) -> per-token values (B, T); policy_loss adds COEF x their aggregate to the loss and
+# logs the aggregate as loss/NAME. None is built in; docs/fork.md adds one.
 LOSS_TERMS = {}
 
 
@@ -147,12 +125,10 @@ def term_weights(text: str) -> dict[str, float]:
         f"unknown term {name!r}; choose from {', '.join(LOSS_TERMS) or 'none yet'} (loss.py: LOSS_TERMS)"))
 
 
-# ---------------------------------------------------------------- the importance ratio
-# Each entry maps (logp, old_logp, mask), all (B, T), to the log of the ratio the PPO clip acts on, (B, T), which
-# policy_loss clamps to +-LOG_RATIO_LIMIT.
+# ---------------------------------------------------------------- the importance ratio (--ratio)
+# (logp, old_logp, mask), (B, T) -> the log of the ratio the PPO clip acts on, (B, T) (clamped to +-LOG_RATIO_LIMIT).
 def token_log_ratio(logp, old_logp, mask):
-    """The paper's: log rho_t = log pi_theta(z_t) - log pi_old(z_t), token by token."""
-    return logp - old_logp
+    return logp - old_logp  # the paper's: log rho_t = log pi_theta(z_t) - log pi_old(z_t), token by token
 
 
 def sequence_log_ratio(logp, old_logp, mask):
@@ -166,68 +142,41 @@ def sequence_log_ratio(logp, old_logp, mask):
 RATIOS = {"token": token_log_ratio, "sequence": sequence_log_ratio}
 
 
-# ---------------------------------------------------------------- the sampler/trainer correction
-# Each entry maps (old_logp, sampler_logp, mask, cap) to None (no correction) or a pair of (B, T) tensors: detached
-# weights of the policy-gradient term, and where the cap truncated or masked the weight (loss/is_clip_frac). A weight
-# 0 keeps its token in the denominator. How they match TRL's and verl's: docs/training.md.
+# ---------------------------------------------------------------- the sampler/trainer correction (--is-correction)
+# (old_logp, sampler_logp, mask, cap) -> None, or (B, T) detached weights of the policy-gradient term and where the cap
+# truncated or masked them (loss/is_clip_frac); a weight 0 keeps its token in the denominator (docs/training.md).
 def no_correction(old_logp, sampler_logp, mask, cap):
     return None  # the paper's runs: pi_old is taken to be the sampler's distribution
 
 
-def _is_log_ratios(old_logp, sampler_logp, mask, per_sequence: bool):
-    """log(pi_old / pi_sampler) per token, or per sequence (the sum over its tokens: the log of the product of the
-    token ratios) broadcast to its tokens; detached, clamped to +-LOG_RATIO_LIMIT. (B, T)."""
-    log_w = (old_logp - sampler_logp).detach()
+def is_weights(old_logp, sampler_logp, mask, cap, *, per_sequence: bool, masked: bool):
+    """r = pi_old / pi_sampler per token, or per sequence (the product over its tokens, on each): truncated IS,
+    w = min(r, C), or masked IS, w = r in [1/C, C], else 0 (the token or sequence drops out)."""
+    log_w = (old_logp - sampler_logp).detach()  # (B, T): log r_t
     if per_sequence:
-        log_w = (log_w * mask).sum(-1, keepdim=True).expand_as(log_w)  # (B, T): log prod_t w_t
-    return log_w.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-
-
-def _truncated(log_w, cap):
-    w = torch.exp(log_w)
-    return w.clamp(max=cap), w > cap  # w = min(ratio, C)
-
-
-def _masked(log_w, cap):
+        log_w = (log_w * mask).sum(-1, keepdim=True).expand_as(log_w)  # (B, T): log prod_t r_t
+    log_w = log_w.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    if not masked:
+        w = torch.exp(log_w)
+        return w.clamp(max=cap), w > cap  # w = min(r, C)
     if not cap >= 1:
         raise ValueError(f"--is-cap {cap}: a mask correction keeps ratios in [1/C, C], empty for C < 1")
-    outside = log_w.abs() > math.log(cap)  # ratio outside [1/C, C]
-    return torch.exp(log_w).masked_fill(outside, 0.0), outside  # w = ratio inside the band, else 0
+    outside = log_w.abs() > math.log(cap)  # r outside [1/C, C]
+    return torch.exp(log_w).masked_fill(outside, 0.0), outside  # w = r inside the band, else 0
 
 
-def tis_weights(old_logp, sampler_logp, mask, cap):
-    """Token-level truncated IS: w_t = min(pi_old(z_t) / pi_sampler(z_t), C)."""
-    return _truncated(_is_log_ratios(old_logp, sampler_logp, mask, per_sequence=False), cap)
-
-
-def seq_tis_weights(old_logp, sampler_logp, mask, cap):
-    """Sequence-level truncated IS: w_i = min(prod_t pi_old(z_t) / pi_sampler(z_t), C) on every token of sequence i."""
-    return _truncated(_is_log_ratios(old_logp, sampler_logp, mask, per_sequence=True), cap)
-
-
-def token_mask_weights(old_logp, sampler_logp, mask, cap):
-    """Token-level masked IS: w_t = pi_old / pi_sampler where it lies in [1/C, C], else 0 (the token drops out)."""
-    return _masked(_is_log_ratios(old_logp, sampler_logp, mask, per_sequence=False), cap)
-
-
-def seq_mask_weights(old_logp, sampler_logp, mask, cap):
-    """Sequence-level masked IS: w_i = prod_t pi_old / pi_sampler where it lies in [1/C, C], else 0 (the whole
-    sequence drops out)."""
-    return _masked(_is_log_ratios(old_logp, sampler_logp, mask, per_sequence=True), cap)
-
-
-IS_CORRECTIONS = {"none": no_correction, "token-tis": tis_weights, "seq-tis": seq_tis_weights,
-                  "token-mask": token_mask_weights, "seq-mask": seq_mask_weights}
+tis_weights = partial(is_weights, per_sequence=False, masked=False)  # token-level truncated IS: min(r_t, C)
+IS_CORRECTIONS = {"none": no_correction, "token-tis": tis_weights,
+                  "seq-tis": partial(is_weights, per_sequence=True, masked=False),  # min(prod_t r_t, C)
+                  "token-mask": partial(is_weights, per_sequence=False, masked=True),
+                  "seq-mask": partial(is_weights, per_sequence=True, masked=True)}
 
 
 # ---------------------------------------------------------------- the KL term's reference policy (--reference)
-# An entry moves one float32 tensor of the reference (train.py passes this rank's shards) toward the policy's, in
-# place, after optimizer step `step` (1, 2, ...); None: frozen, the initial model (the paper's). train.py saves a
-# moving reference in each checkpoint, so a resumed run equals the straight one.
-
+# Moves a float32 tensor of the reference (this rank's shard) toward the policy's in place after optimizer step
+# `step` (1, 2, ...); None: frozen, the paper's. A moving one is checkpointed: a resumed run equals the straight one.
 def ema_reference(ref, policy, step, ref_ema, ref_reset_every):
-    """ref <- (1 - ref_ema) ref + ref_ema policy (TRL's ref_model_mixup_alpha)."""
-    ref.lerp_(policy, ref_ema)
+    ref.lerp_(policy, ref_ema)  # ref <- (1 - ref_ema) ref + ref_ema policy (TRL's ref_model_mixup_alpha)
 
 
 def reset_reference(ref, policy, step, ref_ema, ref_reset_every):
@@ -240,9 +189,8 @@ REFERENCES = {"frozen": None, "ema": ema_reference, "reset": reset_reference}
 
 
 # ---------------------------------------------------------------- batch filters (--row-filter, --mask-truncated)
-# (G, M) rewards and truncation flags -> the samples the loss keeps. A dropped one gets no weight and leaves the
-# denominator (train.py zeroes its mask row) but counts in its group's advantages; every rank still runs every
-# micro-batch, so FSDP2's collectives stay in step even where a filter leaves a rank no sample.
+# (G, M) rewards and truncation flags -> the samples the loss keeps. A dropped one leaves the loss and its denominator
+# (train.py zeroes its mask row) but counts in its group's advantages; every rank still runs every micro-batch.
 def keep_all(rewards, truncated):
     return torch.ones_like(truncated)  # (G, M): the paper's runs
 
@@ -254,14 +202,12 @@ def drop_truncated(rewards, truncated):
 ROW_FILTERS = {"none": keep_all, "truncated": drop_truncated}
 
 
-# ---------------------------------------------------------------- loss aggregation (the denominator)
-# Each mode returns per-token weights (B, T) and this micro-batch's share of the denominator. The loss is
-# sum(values * weights) / denominator, with the denominator summed over every micro-batch of the optimizer
-# minibatch on every rank before the first backward: so no mode depends on the micro-batch size or on the
-# number of ranks (tests/test_loss.py::test_every_aggregation_is_invariant_to_micro_batches_and_ranks).
+# ---------------------------------------------------------------- loss aggregation (--loss-agg: the denominator)
+# (mask, norm_len) -> per-token weights (B, T) and this micro-batch's share of the denominator; the loss is
+# sum(values * weights) / denominator, summed over the minibatch's micro-batches and ranks before the first backward,
+# so no mode depends on either (tests/test_loss.py::test_every_aggregation_is_invariant_to_micro_batches_and_ranks).
 def token_mean(mask, norm_len):
-    """The paper's (Appendix B.1): every completion token of the minibatch weighs 1 / (number of tokens)."""
-    return mask, mask.sum()
+    return mask, mask.sum()  # the paper's (Appendix B.1): each completion token of the minibatch weighs 1 / #tokens
 
 
 def sequences(mask):
@@ -270,8 +216,7 @@ def sequences(mask):
 
 
 def seq_mean_token_mean(mask, norm_len):
-    """Each sequence's token mean, averaged over the minibatch's sequences."""
-    return mask / mask.sum(-1, keepdim=True).clamp(min=1), sequences(mask)
+    return mask / mask.sum(-1, keepdim=True).clamp(min=1), sequences(mask)  # each sequence's token mean, averaged
 
 
 def seq_mean_token_sum_norm(mask, norm_len):
@@ -281,11 +226,8 @@ def seq_mean_token_sum_norm(mask, norm_len):
     return mask, sequences(mask) * norm_len
 
 
-AGGREGATIONS = {
-    "token-mean": token_mean,
-    "seq-mean-token-mean": seq_mean_token_mean,
-    "seq-mean-token-sum-norm": seq_mean_token_sum_norm,
-}
+AGGREGATIONS = {"token-mean": token_mean, "seq-mean-token-mean": seq_mean_token_mean,
+                "seq-mean-token-sum-norm": seq_mean_token_sum_norm}
 
 
 # policy_loss's options that name an entry of a registry: config.py makes the registry's keys the flag's choices.
@@ -300,11 +242,8 @@ def loss_denominator(mask: torch.Tensor, agg: str = "token-mean", norm_len: int 
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean",
               denominator: torch.Tensor | float | None = None, norm_len: int | None = None) -> torch.Tensor:
-    """Reduce per-token values (B, T) over the masked tokens: sum(values * weights) / denominator.
-
-    `denominator` is the whole minibatch's (the sum of `loss_denominator` over its micro-batches and ranks);
-    None uses this batch's own, for a batch that is the whole minibatch.
-    """
+    """sum(values * weights) / denominator of per-token values (B, T): `denominator` the whole minibatch's (the sum
+    of `loss_denominator` over its micro-batches and ranks), or None for this batch's own (a whole minibatch)."""
     weights, share = choose(AGGREGATIONS, agg, "loss aggregation")(mask.to(values.dtype), norm_len)  # (B, T), ()
     denominator = torch.as_tensor(share if denominator is None else denominator, dtype=values.dtype,
                                   device=values.device)
