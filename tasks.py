@@ -20,6 +20,7 @@ from functools import cache, partial, wraps
 from plumbing import data
 from plumbing.cli import parse_weights
 from plumbing.data import DataError, Demonstrations, digest, in_test
+from plumbing.procedural import search_expression, seeded_passes
 from rewards import (
     REWARD_TERMS,
     countdown_expression,
@@ -297,17 +298,6 @@ def _benchmark(row: dict) -> Example:
 
 
 # ---------------------------------------------------------------- procedural tasks (departures 2 and 5)
-def _passes(items: list, seed: int, repeat: bool):
-    """Yield (item, pass) in seeded shuffles of `items`: once, or forever when `repeat`."""
-    rng = random.Random(seed)
-    for pass_index in itertools.count():
-        order = list(items)
-        rng.shuffle(order)
-        yield from ((item, pass_index) for item in order)
-        if not repeat or not items:
-            return
-
-
 ARITH_MAX, ARITH_TEST = 16, 64  # operands 0..15; 64 of the 256 problems held out
 
 
@@ -317,14 +307,14 @@ def _arith(split: str, limit: int, seed: int) -> list[Example]:
     problems = problems[:ARITH_TEST] if split == "test" else problems[ARITH_TEST:]  # disjoint by problem
     return [Example(_chat(f"What is {a} + {b}?", system=None), str(a + b), f"{a} + {b} = {a + b}",
                     {"a": a, "b": b}, f"arith-{a}+{b}#{p}")
-            for (a, b), p in itertools.islice(_passes(problems, seed, split == "train"), limit)]
+            for (a, b), p in itertools.islice(seeded_passes(problems, seed, split == "train"), limit)]
 
 
 def _countdown24(split: str, limit: int, seed: int) -> list[Example]:
     quads = [q for q in itertools.combinations_with_replacement(range(1, 14), 4)
              if in_test(digest("countdown24", *q)) == (split == "test")]  # disjoint by multiset
     rng, out = random.Random(seed + 1), []
-    for quad, p in _passes(quads, seed, repeat=split == "train"):
+    for quad, p in seeded_passes(quads, seed, repeat=split == "train"):
         if len(out) >= limit:
             break
         solution = solve_countdown(quad)
@@ -337,28 +327,8 @@ def _countdown24(split: str, limit: int, seed: int) -> list[Example]:
     return out
 
 
-def _search(items: list[tuple[float, str]], numbers: list[int], target: int) -> str | None:
-    """Depth-first search over pairs; floats to prune, the exact `countdown_reward` to accept."""
-    if len(items) == 1:
-        value, expr = items[0]
-        expr = expr[1:-1] if expr.startswith("(") else expr  # outer parentheses
-        ok = abs(value - target) < 1e-6 and countdown_reward(expr, numbers, target) == 1.0
-        return expr if ok else None
-    for i, j in itertools.combinations(range(len(items)), 2):
-        (a, left), (b, right) = items[i], items[j]
-        rest = [item for k, item in enumerate(items) if k not in (i, j)]
-        options = [(a + b, f"({left} + {right})"), (a * b, f"({left} * {right})"),
-                   (a - b, f"({left} - {right})"), (b - a, f"({right} - {left})")]
-        options += [(a / b, f"({left} / {right})")] if b else []
-        options += [(b / a, f"({right} / {left})")] if a else []
-        for option in options:
-            found = _search(rest + [option], numbers, target)
-            if found:
-                return found
-    return None
-
-
 @cache
 def solve_countdown(numbers: tuple[int, ...], target: int = 24) -> str | None:
-    """An expression using each number once that equals `target` exactly, or None (brute force)."""
-    return _search([(float(n), str(n)) for n in numbers], list(numbers), target)
+    """An expression using each number once that equals `target` exactly, or None (brute force: the first that
+    countdown_reward accepts)."""
+    return search_expression([(float(n), str(n)) for n in numbers], list(numbers), target, accept=countdown_reward)
