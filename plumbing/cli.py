@@ -1,11 +1,12 @@
-"""What every command line here shares: an argument parser whose errors are one line, an error's first line, and
-the one-line errors of a registry lookup and of a flag's NAME=WEIGHT list.
+"""What every command line here shares: an argument parser whose errors are one line, an error's first line, the
+one-line errors of a registry lookup and of a flag's NAME=WEIGHT list, and flag help read from a docstring.
 
 Each of train.py, eval.py and tools/ promises one line for a bad input, `PROG: error: MESSAGE`, not a usage dump
 or a traceback; errors from libraries can run to pages, so a message quotes only their first line.
 """
 
 import argparse
+import inspect
 import math
 import sys
 from collections.abc import Callable
@@ -64,3 +65,19 @@ def parse_weights(text: str, flag: str, valid, *, not_a_pair: Callable[[str], st
             raise ValueError(f"{flag}: {unknown(name)}")
         weights[name] = weight
     return weights
+
+
+def option_help(function, names) -> dict:
+    """{option: help} from `function`'s docstring: the "name: help" lines (name in `names`) after "Options", all
+    indented alike, each continued by the lines indented deeper below it."""
+    helps, name, indent = {}, None, None
+    for line in inspect.getdoc(function).split("\nOptions", 1)[1].splitlines()[1:]:
+        depth, (head, _, rest) = len(line) - len(line.lstrip()), line.strip().partition(": ")
+        indent = depth if indent is None else indent
+        if depth == indent and head in names:
+            name, helps[head] = head, rest
+        elif name and depth > indent:
+            helps[name] += " " + line.strip()
+        else:
+            name = None
+    return helps
