@@ -139,6 +139,19 @@ def sampling_flag_error(args, *, seed_max: int, seed_why: str = "") -> str | Non
     return None
 
 
+def eval_flag_error(args) -> str | None:
+    """The first problem with eval.py's --limit, --batch-size, --samples, the sampling flags (as train.py checks
+    them), --data-file or --top-p as one line, or None."""
+    if min(1 if args.limit is None else args.limit, args.batch_size) < 1 or args.samples < 0:
+        return "--limit and --batch-size must be >= 1, --samples >= 0"
+    if error := (sampling_flag_error(args, seed_max=SEED_LIMIT - 1, seed_why=" (the sampler's seed takes 32 bits)")
+                 or data_file_error(args, (args.split,))):
+        return error
+    if not 0 < args.top_p <= 1:
+        return f"--top-p must be in (0, 1], got {args.top_p}"
+    return None
+
+
 def data_file_error(args, splits) -> str | None:
     """The problem with --data-file (each of `splits`' files when its name holds "{split}") as one line, or None."""
     from plumbing.data import data_file_error
