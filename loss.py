@@ -5,11 +5,10 @@
     L     = L_pg + beta * agg_t[ k3(pi_theta, pi_ref) ]  (- entropy_coef * agg_t[ H_t ] + sum_k c_k agg_t[ term_k ])
 
 with the asymmetric clip range [0.20, 0.28], no dual clip, the k3 reference KL as a separate term and token-mean
-aggregation, as in the paper's runs (Appendix B.1). A is one number per sequence (advantage.py), broadcast over its
-tokens. Each choice below is a registry whose keys are its flag's choices, so a fork adds one in one edit
-(docs/fork.md); none but the paper's is on by default. Every keyword option of `policy_loss` with a default is a
-train.py flag of the same name (config.py), and every metric it returns reaches metrics.jsonl as loss/NAME (train.py:
-ppo_update). The log-probs it takes are speed/logprobs.py's: `sequence_logprobs`, re-exported here.
+aggregation, as in the paper's runs (Appendix B.1); A, one number per sequence (advantage.py), covers its tokens.
+Each choice below is a registry whose keys are its flag's choices, so a fork adds one in one edit (docs/fork.md).
+Every keyword option of `policy_loss` with a default is a train.py flag (config.py), every metric it returns is
+logged as loss/NAME. The log-probs it takes are speed/logprobs.py's (`sequence_logprobs`, re-exported here).
 
     python -m pytest tests/test_loss.py
 """
@@ -30,11 +29,9 @@ def policy_loss(logp, old_logp, adv, mask, *, ref_logp=None, sampler_logp=None, 
                 norm_len=None, clip_low=0.2, clip_high=0.28, beta=1e-3, kl_estimator="k3", entropy_coef=0.0,
                 loss_terms="", loss_agg="token-mean", ratio="token", is_correction="none", is_cap=2.0):
     """PPO clipped surrogate + beta * reference KL (Section 4), and the options below. Returns (loss, metrics),
-    each metric a Share or a TokenMean (how train.py reduces it over micro-batches and ranks).
-
-    logp, old_logp, ref_logp, sampler_logp, entropy, mask: (B, T); adv: (B,) per-sequence advantages. `denominator`
-    and `norm_len` go to `aggregate`. `entropy` carries a gradient only where the bonus is on (train.py asks the
-    kernel for it).
+    each metric a Share or a TokenMean (how train.py reduces it over micro-batches and ranks). logp, old_logp,
+    ref_logp, sampler_logp, entropy, mask: (B, T); adv: (B,) per-sequence advantages. `denominator` and `norm_len` go
+    to `aggregate`; `entropy` has a gradient only where the bonus is on (train.py asks the kernel for it).
 
     Options, each a train.py flag of the same name with this default (config.py reads the help from these lines):
         clip_low: PPO clip: ratio >= 1 - clip_low
@@ -211,8 +208,7 @@ def token_mean(mask, norm_len):
 
 
 def sequences(mask):
-    """The number of sequences with a token in the loss: --mask-truncated zeroes whole rows of the mask."""
-    return (mask > 0).any(-1).sum().to(mask.dtype)
+    return (mask > 0).any(-1).sum().to(mask.dtype)  # the sequences with a token: --mask-truncated zeroes whole rows
 
 
 def seq_mean_token_mean(mask, norm_len):
