@@ -6,9 +6,10 @@
 
 with the asymmetric clip range [0.20, 0.28], no dual clip, the k3 reference KL as a separate term and token-mean
 aggregation, as in the paper's runs (Appendix B.1); A, one number per sequence (advantage.py), covers its tokens.
-Each choice below is a registry whose keys are its flag's choices, so a fork adds one in one edit (docs/fork.md).
-Every keyword option of `policy_loss` with a default is a train.py flag (config.py), every metric it returns is
-logged as loss/NAME. The log-probs it takes are speed/logprobs.py's (`sequence_logprobs`, re-exported here).
+Each choice below is a registry whose keys are its flag's choices, the defaults the paper's; a fork adds one in one
+edit (docs/fork.md). Every keyword option of `policy_loss` with a default is a train.py flag (config.py), every
+metric it returns is logged as loss/NAME. The log-probs it takes are speed/logprobs.py's (`sequence_logprobs`,
+re-exported here).
 
     python -m pytest tests/test_loss.py
 """
