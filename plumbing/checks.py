@@ -1,10 +1,11 @@
-"""Argument checks for the stage files: the group shape of rewards, and the valid values of a hyperparameter.
+"""Argument checks for the stage files (the group shape of rewards, the valid values of a hyperparameter) and the
+rules of train.py's and eval.py's flags, each broken rule one line (config.check_args, eval.parse_args).
 
 An estimator declares its hyperparameters' ranges in its signature, `tau: Annotated[float, POSITIVE] = 0.1`
 (advantage.py), checks them with `POSITIVE.check(tau, "tau", "softmax_advantages")`, and train.py's command
 line checks every flag against the same Range before anything loads (config.check_args).
 
-    python -m pytest tests/test_advantage.py
+    python -m pytest tests/test_advantage.py tests/test_bad_input.py
 """
 
 import importlib.util
