@@ -1,5 +1,5 @@
 """train.py's command line: Args (one field per flag, each with its default and help), the paper's presets
-(Appendix B.1, Tables B.1-B.2) and the checks that turn a bad flag into one line.
+(Appendix B.1, Tables B.1-B.2) and check_args, which turns a bad flag into one line (its rules: plumbing/checks.py).
 
 Estimator hyperparameters (`--tau`, `--eps`, ...) and the loss's options (`--clip-low`, `--beta`, `--ratio`, ...) are
 not listed here: Args gets one field per entry of advantage.estimator_params() and one per option of
@@ -9,11 +9,8 @@ loss.policy_loss (`loss_options`), so a new hyperparameter or loss option is a f
 """
 
 import argparse
-import importlib.util
 import inspect
-import math
 import os
-import shutil
 from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
 
 import torch
@@ -22,7 +19,7 @@ from advantage import ESTIMATORS, compute_advantages, estimator_params, hyperpar
 from loss import OPTION_CHOICES, REFERENCES, ROW_FILTERS, policy_loss
 from plumbing import checks
 from plumbing.checkpoint import find_checkpoint, resume_error
-from plumbing.cli import OneLineParser, first_line
+from plumbing.cli import OneLineParser, first_line, option_help
 from plumbing.eval_sets import parse_eval_tasks
 from plumbing.models import has_bf16_units
 from plumbing.run_folder import run_dir, run_folder_error  # noqa: F401 (config.run_dir)
@@ -148,19 +145,8 @@ def loss_option_defaults() -> dict:
 
 
 def _loss_option_help() -> dict:
-    """{option: help} from policy_loss's docstring: the "name: help" lines after "Options", all indented alike, each
-    continued by the lines indented deeper below it."""
-    helps, name, indent = {}, None, None
-    for line in inspect.getdoc(policy_loss).split("\nOptions", 1)[1].splitlines()[1:]:
-        depth, (head, _, rest) = len(line) - len(line.lstrip()), line.strip().partition(": ")
-        indent = depth if indent is None else indent
-        if depth == indent and head in loss_option_defaults():
-            name, helps[head] = head, rest
-        elif name and depth > indent:
-            helps[name] += " " + line.strip()
-        else:
-            name = None
-    return helps
+    """{option: help} from policy_loss's docstring, its "Options" block (plumbing/cli.py: option_help)."""
+    return option_help(policy_loss, loss_option_defaults())
 
 
 def _loss_option_fields():
@@ -228,23 +214,6 @@ PRESETS = {  # explicit flags override these
 }
 
 
-def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def number_error(args: Args) -> str | None:
-    """NaN in any float flag, or any estimator's hyperparameter outside its declared Range (advantage.py), as one
-    line: a flag out of range is an error even for an estimator this run does not train."""
-    for f in fields(Args):
-        value = getattr(args, f.name)
-        if f.type is float and isinstance(value, float) and math.isnan(value):
-            return f"{flag(f.name)} must be a number, got nan"
-    for name, valid in hyperparameter_ranges().items():
-        if (problem := valid.problem(getattr(args, name))) is not None:
-            return f"{flag(name)} {problem}"
-    return None
-
-
 # What a resume keeps unless --resume-changed (with the estimator's own hyperparameters, --tau for softmax): the
 # run's identity and its data stream. Every other flag applies from the resumed step on (train.py says which).
 RESUME_KEEPS = ("task", "advantage", "M", "seed", "rollout_batch", "data_file")
@@ -268,77 +237,16 @@ def check_args(args: Args) -> str | None:
         task = get_task(args.task)
     except ValueError as err:
         return str(err)
-    if error := number_error(args):
+    if error := checks.number_error(args, hyperparameter_ranges()) or checks.choice_error(args, choices()):
         return error
-    for name, registry in choices().items():
-        if getattr(args, name) not in registry:
-            return f"{flag(name)} must be one of {', '.join(registry)}"
     world = args.plan_gpus if args.plan else int(os.environ.get("WORLD_SIZE", 1))  # --plan: the ranks it plans
-    rules = [
-        (not args.plan or (args.plan_gpus >= 1 and math.isfinite(args.plan_gpu_gb) and args.plan_gpu_gb > 0),
-         "--plan-gpus must be >= 1 and --plan-gpu-gb finite and > 0"),
-        (math.isfinite(args.is_cap) and args.is_cap > 0, "--is-cap must be finite and > 0"),
-        (math.isfinite(args.entropy_coef), "--entropy-coef must be finite"),
-        (args.reward != "exact" or task.has_verifier or args.reward_weights,
-         f"task {args.task} has no verifier: use --reward sim"),
-        (min(args.M, args.rollout_batch, args.micro_batch, args.minibatches, args.ppo_epochs, args.steps,
-             args.max_tokens) >= 1, "--M, --rollout-batch, --micro-batch, --minibatches, --ppo-epochs, "
-                                    "--steps and --max-tokens must be >= 1"),
-        (args.M >= 2, f"--M must be >= 2, got {args.M}: a group advantage compares a prompt's samples, and in a "
-                      "group of one every advantage is 0"),
-        (args.rollout_batch % max(1, world * args.minibatches) == 0,  # the list is built whole: 0 is refused above
-         f"--rollout-batch ({args.rollout_batch}) must divide evenly by ranks x minibatches ({world} x "
-         f"{args.minibatches})"),
-        (math.isfinite(args.lr) and args.lr > 0 and args.max_grad_norm > 0,
-         "--lr must be finite and > 0, --max-grad-norm > 0"),
-        (min(args.warmup_steps, args.save_every, args.eval_every, args.eval_examples, args.keep_checkpoints,
-             args.log_completions, args.weight_check_every, args.max_num_seqs) >= 0, "--warmup-steps, --save-every, "
-         "--eval-every, --eval-examples, --keep-checkpoints, --log-completions, --weight-check-every and "
-         "--max-num-seqs must be >= 0"),
-        (math.isfinite(args.weight_decay) and args.weight_decay >= 0 and math.isfinite(args.beta) and args.beta >= 0,
-         "--weight-decay and --beta must be finite and >= 0"),
-        (0 < args.top_p <= 1, "--top-p must be in (0, 1]"),
-        (0 <= args.clip_low < 1 and args.clip_high >= 0, "--clip-low must be in [0, 1), --clip-high >= 0"),
-        (0 < args.gpu_memory_utilization < 1, "--gpu-memory-utilization must be in (0, 1)"),
-        (args.sync_tolerance >= 0, "--sync-tolerance must be >= 0"),
-        (args.steps < 2**24, f"--steps must be below 2^24 = {2**24:,}: rollout.step_seed gives each step 24 bits"),
-        (0 < args.dist_timeout_s < math.inf, "--dist-timeout-s must be finite and > 0"),
-        (0 <= args.ref_ema <= 1 and args.ref_reset_every >= 0, "--ref-ema must be in [0, 1], --ref-reset-every >= 0"),
-        (args.reference != "ema" or args.ref_ema > 0, "--reference ema needs --ref-ema ALPHA in (0, 1]"),
-        (args.reference != "reset" or args.ref_reset_every >= 1, "--reference reset needs --ref-reset-every N >= 1"),
-        (args.reference != "frozen" or not (args.ref_ema or args.ref_reset_every), "--ref-ema and --ref-reset-every "
-         "move the reference, which --reference frozen (the default) keeps: pass --reference ema or reset"),
-        (args.reference == "frozen" or args.beta > 0, f"--reference {args.reference} moves the KL term's reference, "
-         "and --beta 0 has none: pass --beta > 0"),
-        (all(name in ESTIMATORS for name in alloc_estimators(args)),
-         f"--alloc-estimators must name estimators of {', '.join(ESTIMATORS)}, or all"),
-        (math.isfinite(args.filter_std) and args.filter_std >= 0 and 0 <= args.max_refill_rounds <= MAX_REFILLS,
-         f"--filter-std must be finite and >= 0, --max-refill-rounds in [0, {MAX_REFILLS}]"),
-        (args.rollout == "dapo" or (args.filter_std, args.max_refill_rounds) == (_Args.filter_std,
-                                                                                 _Args.max_refill_rounds),
-         "--filter-std and --max-refill-rounds are read by --rollout dapo only"),
-        (args.rollout != "dapo" or args.steps <= 2**20, "--rollout dapo: --steps must be <= 2^20 (rollout.step_seed)"),
-        (0 <= args.overlong_buffer < args.max_tokens, "--overlong-buffer must be in [0, --max-tokens)"),
-        (not getattr(task, "held_out_only", False), f"--task {args.task} is a held-out benchmark: score it with "
-         f"--eval-tasks {args.task}, and train on another task"),
-        (args.eval_samples >= 0 and 1e-3 <= args.eval_temperature < math.inf and 0 < args.eval_top_p <= 1,
-         "--eval-samples must be >= 0, --eval-temperature finite and >= 0.001, --eval-top-p in (0, 1]"),
-        (args.eval_examples or not (args.eval_samples or args.eval_tasks.strip()),
-         "--eval-samples and --eval-tasks score held-out prompts: they need --eval-examples >= 1"),
-    ]
-    for ok, message in rules:
-        if not ok:
-            return message
-    seed_max = checks.largest_seed(args.steps, args.rollout_batch, args.M, world)
-    if error := checks.sampling_flag_error(args, seed_max=seed_max, seed_why=(
-            f" with --steps {args.steps}, --rollout-batch {args.rollout_batch} and --M {args.M} (each sample's seed, "
-            "rollout.step_seed, must stay below 2^64; np.random.seed's below 2^32)")):
+    if error := (checks.train_flag_error(args, task=task, world=world, estimators=ESTIMATORS,
+                                         alloc=alloc_estimators(args), max_refills=MAX_REFILLS,
+                                         dapo_defaults=(_Args.filter_std, _Args.max_refill_rounds))
+                 or checks.train_sampling_error(args, world)):
         return error
-    try:
+    try:  # --eval-tasks, and --reward-weights' terms and weights or --reward alone (tasks.py: reward_weights)
         parse_eval_tasks(args.eval_tasks, TASKS)
-    except ValueError as err:
-        return str(err)
-    try:  # --reward-weights' terms and weights, or --reward alone (tasks.py: reward_weights)
         weights = reward_weights(task, args.reward, args.reward_weights)
     except ValueError as err:
         return str(err)
@@ -357,25 +265,10 @@ def check_args(args: Args) -> str | None:
     if args.plan:  # a plan reads no file and does not care whether the run folder is taken
         return None
     # ---- what the run reads and writes: files, installed tools, the model, the run folder
-    rules = [
-        (args.sampler == "hf" or (args.sampler == "auto" and not torch.cuda.is_available())
-         or importlib.util.find_spec("vllm") is not None, f"--sampler {args.sampler} samples with vLLM, which is not "
-         "installed: pip install -r requirements-vllm.txt, or pass --sampler hf (much slower)"),
-        (not args.compile or torch.cuda.is_available() or any(map(shutil.which, (os.environ.get("CXX", "g++"),
-                                                                                 "g++", "c++", "clang++"))),
-         "--compile on CPU needs a C++ compiler (g++, c++ or clang++ on PATH, or $CXX); none found"),
-    ]
-    for ok, message in rules:
-        if not ok:
-            return message
     splits = ("train", "test") if args.eval_examples else ("train",)
-    if error := checks.data_file_error(args, splits) or checks.model_flag_error(args):
+    if error := (checks.tool_error(args) or checks.data_file_error(args, splits) or checks.model_flag_error(args)
+                 or checks.demo_file_error(args, task, weights)):
         return error
-    if args.demo_file and getattr(task, "demos", None) is None:
-        return f"--demo-file: task {args.task} keeps its demonstrations in its own rows (only countdown joins them)"
-    if args.demo_file and ("sim" not in weights or not os.path.isfile(args.demo_file)):
-        return (f"--demo-file {args.demo_file} does not exist" if "sim" in weights else "--demo-file is read only "
-                "for a similarity reward: --reward sim, or a sim term in --reward-weights")
     keeps = (*RESUME_KEEPS, *hyperparameters(ESTIMATORS[args.advantage]))
     if args.resume and (error := resume_error(args.resume, run_dir(args), asdict(args), keeps)):
         return error

@@ -20,21 +20,20 @@ Departures from the paper:
 """
 
 import hashlib
-import importlib.util
 import math
 import os
 import sys
 
-import torch
 from tqdm import tqdm
 
 from plumbing import checks
-from plumbing.cli import OneLineParser, first_line
-from plumbing.files import write_error, write_json
-from plumbing.models import ModelLoadError, SamplingError, load_tokenizer, model_context
-from plumbing.prompts import encode_prompts
+from plumbing.cli import OneLineParser
+from plumbing.eval_cli import add_eval_args, checkpoint_step, format_summary, load_sampler, write_result
+from plumbing.files import write_error
+from plumbing.models import ModelLoadError, SamplingError
+from plumbing.prompts import encode_prompts, valid_prompt
 from rewards import declared_lengths
-from rollout import make_sampler, resolve_model
+from rollout import make_sampler
 from tasks import REWARD_TERMS, DataError, get_task, reward_weights
 
 PASS_THRESHOLD = 0.5  # a reward at or above this counts as a pass (verifier rewards are 0 or 1)
@@ -80,12 +79,6 @@ def eval_seed(run_seed: int, step: int) -> int:
     return (int.from_bytes(digest[:8], "big") >> 28) * 2**22
 
 
-def _valid_prompt(prompt) -> bool:
-    return (isinstance(prompt, list) and len(prompt) > 0
-            and all(isinstance(m, dict) and m.get("role") and isinstance(m.get("content"), str) for m in prompt)
-            and any(m["content"].strip() for m in prompt))
-
-
 def evaluate(sampler, task, examples, *, samples=0, max_tokens=256, batch_size=64, seed=0,
              reward_kind="exact", weights=None, temperature=1.0, top_p=1.0, first=0, progress=True) -> dict:
     """Score `examples` with greedy decoding (pass@1) and, if samples = K > 0, K samples each (mean@K, pass@k).
@@ -109,7 +102,7 @@ def evaluate(sampler, task, examples, *, samples=0, max_tokens=256, batch_size=6
             term, n_tokens=len(completion.token_ids), **limits)) for term in weights}
         return sum(weight * terms[term] for term, weight in weights.items()), terms
 
-    kept = [ex for ex in examples if _valid_prompt(ex.prompt)]
+    kept = [ex for ex in examples if valid_prompt(ex.prompt)]
     if len(kept) < len(examples):
         print(f"note: skipped {len(examples) - len(kept)} example(s) with an empty or malformed prompt")
     records, passes = [], []  # passes: of each example, whether its greedy and each sampled completion pass
@@ -160,94 +153,21 @@ def mean(values) -> float:
     return sum(values) / len(values) if values else 0.0  # an empty evaluation gives zeros, not an error
 
 
-def format_summary(summary: dict) -> str:
-    rows = {("pass@1 (greedy)" if k == "pass@1" else k): v for k, v in summary.items() if k != "pass@k"}
-    rows.update({f"pass@{k} (sampled)": v for k, v in summary.get("pass@k", {}).items()})
-    shown = {k: f"{100 * v:.1f}%" if k.startswith(("pass@", "trunc_frac"))  # fractions as percentages
-             else f"{v:.4g}" if isinstance(v, float) else str(v) for k, v in rows.items()}
-    return "\n".join(f"{k:<24}{v}" for k, v in shown.items())
-
-
 def parse_args(argv=None):
     from tools import judge  # the LLM judge: loaded by this command line only, never by train.py
 
     parser = OneLineParser("eval.py", description="Greedy pass@1 and sampled pass@k of a model on a task.")
-    parser.add_argument("--model", required=True, help="HF folder, hub id, checkpoint folder or alias")
-    parser.add_argument("--task", required=True, help="task name (see tasks.py)")
-    parser.add_argument("--split", default="test", choices=["train", "test"])
-    parser.add_argument("--limit", type=int, default=None, help="evaluate the first N examples")
-    parser.add_argument("--samples", type=int, default=0, help="K samples per prompt for pass@k (0: greedy only)")
-    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for pass@k")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling for pass@k and mean@K")
-    parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--reward", default="exact", choices=["exact", *REWARD_TERMS], help="verifier, or a term")
-    parser.add_argument("--reward-weights", default="", help="reward terms as train.py takes them: exact=1,format=0.1")
-    parser.add_argument("--sampler", default=None, choices=["hf", "vllm"], help="default: vllm on a GPU, else hf")
-    parser.add_argument("--data-file", default=None, help="local data file for the task (passed to task.load)")
-    parser.add_argument("--demo-file", default=None, help="countdown --reward sim: a local copy of "
-                        "HuggingFaceTB/Countdown-Task-GOLD's demonstrations (same columns), joined to the puzzles")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=None, help="JSON path (default: <model dir or .>/eval_<task>_<split>.json)")
+    add_eval_args(parser, reward_choices=("exact", *REWARD_TERMS))
     judge.add_judge_args(parser)
     args = parser.parse_args(argv)
-    if error := judge.judge_args_error(args):
+    if error := judge.judge_args_error(args) or checks.eval_flag_error(args):  # as train.py's, where both take one
         parser.error(error)
-    if min(1 if args.limit is None else args.limit, args.batch_size) < 1 or args.samples < 0:
-        parser.error("--limit and --batch-size must be >= 1, --samples >= 0")
-    # train.py's checks of the flags both commands take (plumbing/checks.py), so each means the same in both
-    if error := checks.sampling_flag_error(args, seed_max=checks.SEED_LIMIT - 1, seed_why=" (the sampler's seed "
-                                           "takes 32 bits)") or checks.data_file_error(args, (args.split,)):
-        parser.error(error)
-    if not 0 < args.top_p <= 1:
-        parser.error(f"--top-p must be in (0, 1], got {args.top_p}")
     args.out = args.out or os.path.join(args.model if os.path.isdir(args.model) else ".",
                                         f"eval_{args.task}_{args.split}.json")  # by default beside the model
     # before anything loads: an unwritable --out costs a second, not an evaluation (the model: main, before it loads)
     if error := write_error(args.out, "--out"):
         parser.error(error)
     return args
-
-
-def checkpoint_step(model: str) -> int:
-    """The training step of a train.py checkpoint folder (its samples are drawn as train.py drew them then), else 0."""
-    from plumbing.checkpoint import CheckpointError, safe_load
-
-    if not os.path.isfile(os.path.join(model, "trainer_state.pt")):
-        return 0
-    try:  # the step alone: a checkpoint from before DCP shards (no trainer/) still scores
-        state = safe_load(model, "trainer_state.pt")
-        return int(state.get("step", 0)) if isinstance(state, dict) else 0
-    except CheckpointError as err:  # one line, exit 2, as any model that cannot be used
-        raise ModelLoadError(str(err)) from None
-
-
-def load_sampler(args, examples):
-    backend = args.sampler or ("vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf")
-    try:
-        path = resolve_model(args.model)
-        # as train.py: a prompt the context cannot hold beside --max-tokens is refused, naming its row, not scored
-        room = (model_context(path) or _hub_context(path) or sys.maxsize) - args.max_tokens
-        if room < 1:
-            raise DataError(f"--max-tokens {args.max_tokens} leaves no room for a prompt in the model's context of "
-                            f"{room + args.max_tokens} tokens: pass a smaller --max-tokens")
-        # vLLM needs the context length up front: long-context tasks (meetingbank) exceed its default
-        prompts = encode_prompts(load_tokenizer(path), [e for e in examples if _valid_prompt(e.prompt)], max_len=room)
-        return make_sampler(backend, path, dtype="bfloat16" if backend == "hf" else "auto", seed=args.seed,
-                            max_model_len=max(map(len, prompts), default=0) + args.max_tokens)
-    except (OSError, ValueError) as err:  # a ModelLoadError is one line already, naming --model and HF_HUB_OFFLINE
-        raise err if isinstance(err, (ModelLoadError, DataError)) else ModelLoadError(
-            f"cannot use model {args.model!r}: {first_line(err, limit=None)}") from None
-
-
-def _hub_context(path) -> int | None:
-    """A hub model's context length from its config (cached, or one small download)."""
-    from transformers import AutoConfig
-
-    try:
-        return getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
-    except (OSError, ValueError):
-        return None  # the model load below says why, in one line
 
 
 def main(argv=None) -> dict:
@@ -269,7 +189,7 @@ def main(argv=None) -> dict:
                             "~10% by prompt hash; a {split} file holds one split): nothing is scored")
         # before the model loads and generates: an unreachable judge should cost seconds, not a run
         judges = judge.connect_judges(args) if args.judge_url else []
-        sampler = load_sampler(args, examples)
+        sampler = load_sampler(args, examples, make_sampler)  # rollout.py's, sized for these prompts
         try:  # DataError: --reward sim on a task without demonstrations; SamplingError: NaN weights
             result = evaluate(sampler, task, examples, samples=args.samples, max_tokens=args.max_tokens,
                               batch_size=args.batch_size, seed=eval_seed(args.seed, checkpoint_step(args.model)),
@@ -283,12 +203,7 @@ def main(argv=None) -> dict:
         print(format_summary(result["summary"]))  # first: the result is never only on a disk that failed
         if judges:
             print(judge.format_judge_summary(result["judge_summary"]))
-        try:
-            write_json(out, result, indent=1)
-        except OSError as err:
-            kept = f"; the earlier {out} is intact" if os.path.exists(out) else ""
-            raise OSError(f"cannot write {out} ({err.strerror or first_line(err, limit=200)}): the summary above "
-                          f"is the result{kept}") from None
+        write_result(out, result)
     except KeyboardInterrupt:  # Ctrl-C: --out is written whole or not at all; judgments so far stay in `partial`
         sys.exit(f"eval.py: interrupted; {out} is {'as it was' if os.path.exists(out) else 'not written'}")
     except (*bad_input, OSError, judge.JudgeError) as err:

@@ -1,49 +1,38 @@
-"""The PPO-clip + reference-KL loss SoftmaxGRPO trains with (Section 4, Eqs. 10-11), and the log-probs it takes.
+"""The PPO-clip + reference-KL loss SoftmaxGRPO trains with (Section 4, Eqs. 10-11).
 
     rho_t = pi_theta(z_t | x, z_<t) / pi_old(z_t | x, z_<t)                          (Section 4)
     L_pg  = agg_t[ max(-A * rho_t, -A * clip(rho_t, 1 - clip_low, 1 + clip_high)) ]
     L     = L_pg + beta * agg_t[ k3(pi_theta, pi_ref) ]  (- entropy_coef * agg_t[ H_t ] + sum_k c_k agg_t[ term_k ])
 
 with the asymmetric clip range [0.20, 0.28], no dual clip, the k3 reference KL as a separate term and token-mean
-aggregation, as in the paper's runs (Appendix B.1). A is one number per sequence (advantage.py), broadcast over its
-tokens. Each choice is a registry a fork adds to in one edit (its keys are the flag's choices): RATIOS (--ratio),
-IS_CORRECTIONS (--is-correction), KL_ESTIMATORS (--kl-estimator), LOSS_TERMS (--loss-terms), REFERENCES
-(--reference), ROW_FILTERS (--row-filter), AGGREGATIONS (--loss-agg); none but the paper's choices is on by default.
-Every keyword option of `policy_loss` with a default is a train.py flag of the same name (config.py), and every metric
-it returns reaches metrics.jsonl as loss/NAME (train.py: ppo_update), so a new option or metric is one edit here.
-Below them the log-probs: the plain `token_logprobs`, and `sequence_logprobs`, which computes the same with
-speed/logprobs.py's row-chunked kernel (no float32 (B, K, V) tensor).
+aggregation, as in the paper's runs (Appendix B.1); A, one number per sequence (advantage.py), covers its tokens.
+Each choice below is a registry whose keys are its flag's choices, the defaults the paper's; a fork adds one in one
+edit (docs/fork.md). Every keyword option of `policy_loss` with a default is a train.py flag (config.py), every
+metric it returns is logged as loss/NAME. The log-probs it takes are speed/logprobs.py's (`sequence_logprobs`,
+re-exported here).
 
     python -m pytest tests/test_loss.py
 """
 
 import math
+from functools import partial
 
 import torch
 
-from speed.logprobs import chunked_token_logprobs
+from plumbing.cli import choose, parse_weights
+from plumbing.run_log import Share, TokenMean
+from speed.logprobs import pad_batch, sequence_logprobs, token_logprobs  # noqa: F401 (loss.sequence_logprobs, ...)
 
 LOG_RATIO_LIMIT = 20.0  # exp(20) ~ 5e8: keeps ratio and k3 finite when policies drift far apart
-
-
-class Share(float):
-    """A metric reduced like the loss: this micro-batch's share of the minibatch's value (train.py sums the shares
-    of a minibatch and averages over optimizer steps)."""
-
-
-class TokenMean(float):
-    """A metric that is a mean over this micro-batch's loss tokens (train.py weighs it by their number)."""
 
 
 def policy_loss(logp, old_logp, adv, mask, *, ref_logp=None, sampler_logp=None, entropy=None, denominator=None,
                 norm_len=None, clip_low=0.2, clip_high=0.28, beta=1e-3, kl_estimator="k3", entropy_coef=0.0,
                 loss_terms="", loss_agg="token-mean", ratio="token", is_correction="none", is_cap=2.0):
     """PPO clipped surrogate + beta * reference KL (Section 4), and the options below. Returns (loss, metrics),
-    each metric a Share or a TokenMean (how train.py reduces it over micro-batches and ranks).
-
-    logp, old_logp, ref_logp, sampler_logp, entropy, mask: (B, T); adv: (B,) per-sequence advantages. `denominator`
-    and `norm_len` go to `aggregate`. `entropy` carries a gradient only where the bonus is on (train.py asks the
-    kernel for it).
+    each metric a Share or a TokenMean (how train.py reduces it over micro-batches and ranks). logp, old_logp,
+    ref_logp, sampler_logp, entropy, mask: (B, T); adv: (B,) per-sequence advantages. `denominator` and `norm_len` go
+    to `aggregate`; `entropy` has a gradient only where the bonus is on (train.py asks the kernel for it).
 
     Options, each a train.py flag of the same name with this default (config.py reads the help from these lines):
         clip_low: PPO clip: ratio >= 1 - clip_low
@@ -65,17 +54,17 @@ def policy_loss(logp, old_logp, adv, mask, *, ref_logp=None, sampler_logp=None, 
     """
     mask = mask.to(logp.dtype)
     adv = adv.to(logp.dtype)[:, None]  # (B, 1): broadcast over the sequence's tokens
-    log_ratio = _choose(RATIOS, ratio, "importance ratio")(logp, old_logp, mask)  # (B, T)
+    log_ratio = choose(RATIOS, ratio, "importance ratio")(logp, old_logp, mask)  # (B, T)
     ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))  # rho_t (Section 4), (B, T)
     pg_unclipped = -adv * ratio
     pg_clipped = -adv * ratio.clamp(1 - clip_low, 1 + clip_high)  # asymmetric [0.20, 0.28], no dual clip
     pg = torch.maximum(pg_unclipped, pg_clipped)  # max(-A rho_t, -A clip(rho_t, 1 - eps_low, 1 + eps_high)), (B, T)
-    correction = _choose(IS_CORRECTIONS, is_correction, "importance correction")(old_logp, sampler_logp, mask, is_cap)
+    correction = choose(IS_CORRECTIONS, is_correction, "importance correction")(old_logp, sampler_logp, mask, is_cap)
     if correction is not None:
         is_weight, capped = correction  # (B, T) each: the weights, and where the cap truncated or masked
         pg = pg * is_weight  # (B, T), e.g. w_t = min(pi_old / pi_sampler, C)
     pg_loss = aggregate(pg, mask, loss_agg, denominator, norm_len)
-    estimate_kl = _choose(KL_ESTIMATORS, kl_estimator, "KL estimator")
+    estimate_kl = choose(KL_ESTIMATORS, kl_estimator, "KL estimator")
     loss, kl = pg_loss, torch.zeros((), dtype=logp.dtype, device=logp.device)
     if ref_logp is not None and beta != 0:
         kl = aggregate(estimate_kl(logp, ref_logp), mask, loss_agg, denominator, norm_len)
@@ -89,82 +78,55 @@ def policy_loss(logp, old_logp, adv, mask, *, ref_logp=None, sampler_logp=None, 
     for name, coef in term_weights(loss_terms).items():
         extra[name] = aggregate(LOSS_TERMS[name](logp, old_logp, mask), mask, loss_agg, denominator, norm_len)
         loss = loss + coef * extra[name]
-    with torch.no_grad():
-        n = mask.sum().clamp(min=1)
-        # A token is "clipped" when the clip is the active branch, i.e. its gradient is zero.
-        low = ((ratio < 1 - clip_low) & (adv < 0)).to(mask.dtype)
-        high = ((ratio > 1 + clip_high) & (adv > 0)).to(mask.dtype)
-        metrics = {
-            "pg": Share(pg_loss.item()),
-            "kl": Share(kl.item()),
-            "clip_frac_low": TokenMean(((low * mask).sum() / n).item()),
-            "clip_frac_high": TokenMean(((high * mask).sum() / n).item()),
-            "ratio_mean": TokenMean(((ratio * mask).sum() / n).item()),
-        }
+    with torch.no_grad():  # a token is "clipped" where the clip is the active branch: its gradient is zero
+        metrics = {"pg": Share(pg_loss.item()), "kl": Share(kl.item()),
+                   "clip_frac_low": TokenMean.of((ratio < 1 - clip_low) & (adv < 0), mask),
+                   "clip_frac_high": TokenMean.of((ratio > 1 + clip_high) & (adv > 0), mask),
+                   "ratio_mean": TokenMean.of(ratio, mask)}
         if correction is not None:  # the uncapped pi_old / pi_sampler, and how often C truncates or masks
             raw = torch.exp((old_logp - sampler_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
-            metrics["is_ratio_mean"] = TokenMean(((raw * mask).sum() / n).item())
-            metrics["is_clip_frac"] = TokenMean(((capped.to(mask.dtype) * mask).sum() / n).item())
+            metrics.update(is_ratio_mean=TokenMean.of(raw, mask), is_clip_frac=TokenMean.of(capped, mask))
         metrics.update({name: Share(value.item()) for name, value in extra.items()})
     return loss, metrics
 
 
-# ---------------------------------------------------------------- the reference KL
-# Each entry maps (logp, ref_logp), (B, T), to a per-token estimate of KL(pi_theta || pi_ref) on tokens drawn from
-# pi_theta (J. Schulman, "Approximating KL divergence", 2020, http://joschu.net/blog/kl-approx.html). As loss terms
-# their gradients differ: k1's is zero in expectation on-policy (E_pi[grad log pi] = 0).
+# ---------------------------------------------------------------- the reference KL (--kl-estimator)
+# (logp, ref_logp), (B, T) -> per-token estimates of KL(pi_theta || pi_ref) on tokens drawn from pi_theta (J. Schulman,
+# http://joschu.net/blog/kl-approx.html); as loss terms k1's gradient is zero in expectation on-policy.
 def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k1 = log(pi / pi_ref): unbiased, high variance, negative on some tokens."""
-    return logp - ref_logp
+    return logp - ref_logp  # k1 = log(pi / pi_ref): unbiased, high variance, negative on some tokens
 
 
 def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k2 = (log(pi / pi_ref))^2 / 2: biased, low variance, >= 0."""
-    return 0.5 * (logp - ref_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT) ** 2
+    return 0.5 * (logp - ref_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT) ** 2  # k2: biased, low variance, >= 0
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k3 = exp(d) - d - 1 with d = ref_logp - logp: unbiased, low variance, >= 0 (the paper's)."""
     d = (ref_logp - logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-    return torch.exp(d) - d - 1
+    return torch.exp(d) - d - 1  # k3 = e^d - d - 1, d = ref_logp - logp: unbiased, low variance, >= 0 (the paper's)
 
 
 KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
 
 # ---------------------------------------------------------------- further loss terms (--loss-terms NAME=COEF,...)
-# Each entry maps (logp, old_logp, mask), all (B, T), to per-token values (B, T); policy_loss aggregates them like
-# the policy-gradient term, adds COEF times the aggregate to the loss and logs the aggregate as loss/NAME. None is
-# built in; docs/fork.md adds one.
+# (logp, old_logp, mask), (B, T) -> per-token values (B, T); policy_loss adds COEF x their aggregate to the loss and
+# logs the aggregate as loss/NAME. None is built in; docs/fork.md adds one.
 LOSS_TERMS = {}
 
 
 def term_weights(text: str) -> dict[str, float]:
     """{name: coefficient} of --loss-terms ("l2=0.1,other=-1"); ValueError, one line naming the flag, for a piece that
     is not NAME=COEF, a coefficient that is not a finite number, a name given twice or not in LOSS_TERMS."""
-    weights = {}
-    for piece in filter(str.strip, text.split(",")):
-        name, equals, value = (part.strip() for part in piece.partition("="))
-        try:
-            coef = float(value) if equals and name else math.nan
-        except ValueError:
-            coef = math.nan
-        if not math.isfinite(coef):
-            raise ValueError(f"--loss-terms: {piece.strip()!r} is not NAME=COEF with a finite COEF (e.g. l2=0.1)")
-        if name in weights or name not in LOSS_TERMS:
-            raise ValueError(f"--loss-terms: {name} is given twice" if name in weights else
-                             f"--loss-terms: unknown term {name!r}; choose from {', '.join(LOSS_TERMS) or 'none yet'}"
-                             " (loss.py: LOSS_TERMS)")
-        weights[name] = coef
-    return weights
+    return parse_weights(text, "--loss-terms", LOSS_TERMS, not_a_pair=lambda piece: (
+        f"{piece!r} is not NAME=COEF with a finite COEF (e.g. l2=0.1)"), unknown=lambda name: (
+        f"unknown term {name!r}; choose from {', '.join(LOSS_TERMS) or 'none yet'} (loss.py: LOSS_TERMS)"))
 
 
-# ---------------------------------------------------------------- the importance ratio
-# Each entry maps (logp, old_logp, mask), all (B, T), to the log of the ratio the PPO clip acts on, (B, T), which
-# policy_loss clamps to +-LOG_RATIO_LIMIT.
+# ---------------------------------------------------------------- the importance ratio (--ratio)
+# (logp, old_logp, mask), (B, T) -> the log of the ratio the PPO clip acts on, (B, T) (clamped to +-LOG_RATIO_LIMIT).
 def token_log_ratio(logp, old_logp, mask):
-    """The paper's: log rho_t = log pi_theta(z_t) - log pi_old(z_t), token by token."""
-    return logp - old_logp
+    return logp - old_logp  # the paper's: log rho_t = log pi_theta(z_t) - log pi_old(z_t), token by token
 
 
 def sequence_log_ratio(logp, old_logp, mask):
@@ -178,68 +140,41 @@ def sequence_log_ratio(logp, old_logp, mask):
 RATIOS = {"token": token_log_ratio, "sequence": sequence_log_ratio}
 
 
-# ---------------------------------------------------------------- the sampler/trainer correction
-# Each entry maps (old_logp, sampler_logp, mask, cap) to None (no correction) or a pair of (B, T) tensors: detached
-# weights of the policy-gradient term, and where the cap truncated or masked the weight (loss/is_clip_frac). A weight
-# 0 keeps its token in the denominator. How they match TRL's and verl's: docs/training.md.
+# ---------------------------------------------------------------- the sampler/trainer correction (--is-correction)
+# (old_logp, sampler_logp, mask, cap) -> None, or (B, T) detached weights of the policy-gradient term and where the cap
+# truncated or masked them (loss/is_clip_frac); a weight 0 keeps its token in the denominator (docs/training.md).
 def no_correction(old_logp, sampler_logp, mask, cap):
     return None  # the paper's runs: pi_old is taken to be the sampler's distribution
 
 
-def _is_log_ratios(old_logp, sampler_logp, mask, per_sequence: bool):
-    """log(pi_old / pi_sampler) per token, or per sequence (the sum over its tokens: the log of the product of the
-    token ratios) broadcast to its tokens; detached, clamped to +-LOG_RATIO_LIMIT. (B, T)."""
-    log_w = (old_logp - sampler_logp).detach()
+def is_weights(old_logp, sampler_logp, mask, cap, *, per_sequence: bool, masked: bool):
+    """r = pi_old / pi_sampler per token, or per sequence (the product over its tokens, on each): truncated IS,
+    w = min(r, C), or masked IS, w = r in [1/C, C], else 0 (the token or sequence drops out)."""
+    log_w = (old_logp - sampler_logp).detach()  # (B, T): log r_t
     if per_sequence:
-        log_w = (log_w * mask).sum(-1, keepdim=True).expand_as(log_w)  # (B, T): log prod_t w_t
-    return log_w.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-
-
-def _truncated(log_w, cap):
-    w = torch.exp(log_w)
-    return w.clamp(max=cap), w > cap  # w = min(ratio, C)
-
-
-def _masked(log_w, cap):
+        log_w = (log_w * mask).sum(-1, keepdim=True).expand_as(log_w)  # (B, T): log prod_t r_t
+    log_w = log_w.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    if not masked:
+        w = torch.exp(log_w)
+        return w.clamp(max=cap), w > cap  # w = min(r, C)
     if not cap >= 1:
         raise ValueError(f"--is-cap {cap}: a mask correction keeps ratios in [1/C, C], empty for C < 1")
-    outside = log_w.abs() > math.log(cap)  # ratio outside [1/C, C]
-    return torch.exp(log_w).masked_fill(outside, 0.0), outside  # w = ratio inside the band, else 0
+    outside = log_w.abs() > math.log(cap)  # r outside [1/C, C]
+    return torch.exp(log_w).masked_fill(outside, 0.0), outside  # w = r inside the band, else 0
 
 
-def tis_weights(old_logp, sampler_logp, mask, cap):
-    """Token-level truncated IS: w_t = min(pi_old(z_t) / pi_sampler(z_t), C)."""
-    return _truncated(_is_log_ratios(old_logp, sampler_logp, mask, per_sequence=False), cap)
-
-
-def seq_tis_weights(old_logp, sampler_logp, mask, cap):
-    """Sequence-level truncated IS: w_i = min(prod_t pi_old(z_t) / pi_sampler(z_t), C) on every token of sequence i."""
-    return _truncated(_is_log_ratios(old_logp, sampler_logp, mask, per_sequence=True), cap)
-
-
-def token_mask_weights(old_logp, sampler_logp, mask, cap):
-    """Token-level masked IS: w_t = pi_old / pi_sampler where it lies in [1/C, C], else 0 (the token drops out)."""
-    return _masked(_is_log_ratios(old_logp, sampler_logp, mask, per_sequence=False), cap)
-
-
-def seq_mask_weights(old_logp, sampler_logp, mask, cap):
-    """Sequence-level masked IS: w_i = prod_t pi_old / pi_sampler where it lies in [1/C, C], else 0 (the whole
-    sequence drops out)."""
-    return _masked(_is_log_ratios(old_logp, sampler_logp, mask, per_sequence=True), cap)
-
-
-IS_CORRECTIONS = {"none": no_correction, "token-tis": tis_weights, "seq-tis": seq_tis_weights,
-                  "token-mask": token_mask_weights, "seq-mask": seq_mask_weights}
+tis_weights = partial(is_weights, per_sequence=False, masked=False)  # token-level truncated IS: min(r_t, C)
+IS_CORRECTIONS = {"none": no_correction, "token-tis": tis_weights,
+                  "seq-tis": partial(is_weights, per_sequence=True, masked=False),  # min(prod_t r_t, C)
+                  "token-mask": partial(is_weights, per_sequence=False, masked=True),
+                  "seq-mask": partial(is_weights, per_sequence=True, masked=True)}
 
 
 # ---------------------------------------------------------------- the KL term's reference policy (--reference)
-# An entry moves one float32 tensor of the reference (train.py passes this rank's shards) toward the policy's, in
-# place, after optimizer step `step` (1, 2, ...); None: frozen, the initial model (the paper's). train.py saves a
-# moving reference in each checkpoint, so a resumed run equals the straight one.
-
+# Moves a float32 tensor of the reference (this rank's shard) toward the policy's in place after optimizer step
+# `step` (1, 2, ...); None: frozen, the paper's. A moving one is checkpointed: a resumed run equals the straight one.
 def ema_reference(ref, policy, step, ref_ema, ref_reset_every):
-    """ref <- (1 - ref_ema) ref + ref_ema policy (TRL's ref_model_mixup_alpha)."""
-    ref.lerp_(policy, ref_ema)
+    ref.lerp_(policy, ref_ema)  # ref <- (1 - ref_ema) ref + ref_ema policy (TRL's ref_model_mixup_alpha)
 
 
 def reset_reference(ref, policy, step, ref_ema, ref_reset_every):
@@ -252,9 +187,8 @@ REFERENCES = {"frozen": None, "ema": ema_reference, "reset": reset_reference}
 
 
 # ---------------------------------------------------------------- batch filters (--row-filter, --mask-truncated)
-# (G, M) rewards and truncation flags -> the samples the loss keeps. A dropped one gets no weight and leaves the
-# denominator (train.py zeroes its mask row) but counts in its group's advantages; every rank still runs every
-# micro-batch, so FSDP2's collectives stay in step even where a filter leaves a rank no sample.
+# (G, M) rewards and truncation flags -> the samples the loss keeps. A dropped one leaves the loss and its denominator
+# (train.py zeroes its mask row) but counts in its group's advantages; every rank still runs every micro-batch.
 def keep_all(rewards, truncated):
     return torch.ones_like(truncated)  # (G, M): the paper's runs
 
@@ -266,24 +200,20 @@ def drop_truncated(rewards, truncated):
 ROW_FILTERS = {"none": keep_all, "truncated": drop_truncated}
 
 
-# ---------------------------------------------------------------- loss aggregation (the denominator)
-# Each mode returns per-token weights (B, T) and this micro-batch's share of the denominator. The loss is
-# sum(values * weights) / denominator, with the denominator summed over every micro-batch of the optimizer
-# minibatch on every rank before the first backward: so no mode depends on the micro-batch size or on the
-# number of ranks (tests/test_loss.py::test_every_aggregation_is_invariant_to_micro_batches_and_ranks).
+# ---------------------------------------------------------------- loss aggregation (--loss-agg: the denominator)
+# (mask, norm_len) -> per-token weights (B, T) and this micro-batch's share of the denominator; the loss is
+# sum(values * weights) / denominator, summed over the minibatch's micro-batches and ranks before the first backward,
+# so no mode depends on either (tests/test_loss.py::test_every_aggregation_is_invariant_to_micro_batches_and_ranks).
 def token_mean(mask, norm_len):
-    """The paper's (Appendix B.1): every completion token of the minibatch weighs 1 / (number of tokens)."""
-    return mask, mask.sum()
+    return mask, mask.sum()  # the paper's (Appendix B.1): each completion token of the minibatch weighs 1 / #tokens
 
 
 def sequences(mask):
-    """The number of sequences with a token in the loss: --mask-truncated zeroes whole rows of the mask."""
-    return (mask > 0).any(-1).sum().to(mask.dtype)
+    return (mask > 0).any(-1).sum().to(mask.dtype)  # the sequences with a token: --mask-truncated zeroes whole rows
 
 
 def seq_mean_token_mean(mask, norm_len):
-    """Each sequence's token mean, averaged over the minibatch's sequences."""
-    return mask / mask.sum(-1, keepdim=True).clamp(min=1), sequences(mask)
+    return mask / mask.sum(-1, keepdim=True).clamp(min=1), sequences(mask)  # each sequence's token mean, averaged
 
 
 def seq_mean_token_sum_norm(mask, norm_len):
@@ -293,11 +223,8 @@ def seq_mean_token_sum_norm(mask, norm_len):
     return mask, sequences(mask) * norm_len
 
 
-AGGREGATIONS = {
-    "token-mean": token_mean,
-    "seq-mean-token-mean": seq_mean_token_mean,
-    "seq-mean-token-sum-norm": seq_mean_token_sum_norm,
-}
+AGGREGATIONS = {"token-mean": token_mean, "seq-mean-token-mean": seq_mean_token_mean,
+                "seq-mean-token-sum-norm": seq_mean_token_sum_norm}
 
 
 # policy_loss's options that name an entry of a registry: config.py makes the registry's keys the flag's choices.
@@ -305,79 +232,16 @@ OPTION_CHOICES = {"kl_estimator": KL_ESTIMATORS, "loss_agg": AGGREGATIONS, "rati
                   "is_correction": IS_CORRECTIONS}
 
 
-def _choose(registry: dict, name: str, what: str):
-    if name not in registry:
-        raise ValueError(f"unknown {what} {name!r}; choose one of {', '.join(registry)}")
-    return registry[name]
-
-
 def loss_denominator(mask: torch.Tensor, agg: str = "token-mean", norm_len: int | None = None) -> torch.Tensor:
     """This micro-batch's share of the loss denominator (0-d float tensor); sum it over the minibatch and ranks."""
-    return _choose(AGGREGATIONS, agg, "loss aggregation")(mask.float(), norm_len)[1].float()
+    return choose(AGGREGATIONS, agg, "loss aggregation")(mask.float(), norm_len)[1].float()
 
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean",
               denominator: torch.Tensor | float | None = None, norm_len: int | None = None) -> torch.Tensor:
-    """Reduce per-token values (B, T) over the masked tokens: sum(values * weights) / denominator.
-
-    `denominator` is the whole minibatch's (the sum of `loss_denominator` over its micro-batches and ranks);
-    None uses this batch's own, for a batch that is the whole minibatch.
-    """
-    weights, share = _choose(AGGREGATIONS, agg, "loss aggregation")(mask.to(values.dtype), norm_len)  # (B, T), ()
+    """sum(values * weights) / denominator of per-token values (B, T): `denominator` the whole minibatch's (the sum
+    of `loss_denominator` over its micro-batches and ranks), or None for this batch's own (a whole minibatch)."""
+    weights, share = choose(AGGREGATIONS, agg, "loss aggregation")(mask.to(values.dtype), norm_len)  # (B, T), ()
     denominator = torch.as_tensor(share if denominator is None else denominator, dtype=values.dtype,
                                   device=values.device)
     return (values * weights).sum() / denominator.where(denominator > 0, 1)  # every row masked: a loss of 0
-
-
-# ---------------------------------------------------------------- log-probs of the sampled tokens
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, entropy: bool = False,
-                   entropy_grad: bool = False):
-    """(B, T, V) logits, (B, T) targets -> (B, T) float32 log-probs under softmax(logits / temperature); with
-    `entropy`, the pair (log-probs, (B, T) entropies of those distributions: with `entropy_grad` their gradient flows
-    to the logits, else none)."""
-    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, T, V) float32
-    logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)  # (B, T)
-    if not entropy:
-        return logp
-    ent = -(logp_all.exp() * logp_all).sum(-1)  # H = -sum_v p_v log p_v, (B, T)
-    return logp, ent if entropy_grad else ent.detach()
-
-
-def pad_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
-    """Lay out (prompt, completion) pairs as [left-padded prompt | right-padded completion].
-
-    Every completion then starts at the same column P, so the model's last K + 1 positions hold
-    exactly the logits that predict the completion tokens. Returns input_ids (B, P + K),
-    attention_mask (B, P + K) and completion_mask (B, K).
-    """
-    B, P = len(prompts), max(len(p) for p in prompts)
-    K = max(1, max(len(c) for c in completions))
-    input_ids = torch.full((B, P + K), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((B, P + K), dtype=torch.long)
-    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
-        input_ids[i, P - len(prompt):P] = torch.tensor(prompt, dtype=torch.long)
-        input_ids[i, P:P + len(completion)] = torch.tensor(completion, dtype=torch.long)
-        attention_mask[i, P - len(prompt):P + len(completion)] = 1
-    return input_ids, attention_mask, attention_mask[:, P:].float()
-
-
-def sequence_logprobs(model, input_ids, attention_mask, n_completion: int, temperature: float = 1.0,
-                      entropy: bool = False, entropy_grad: bool = False):
-    """Log-probs (B, K) of the last K = n_completion tokens of input_ids under `model` (and with `entropy`, the
-    (B, K) entropies of the distributions they are drawn from, with a gradient if `entropy_grad`), as token_logprobs
-    computes them, by
-    speed/logprobs.py's row-chunked kernel: it never holds their float32 (B, K, V) log-softmax.
-
-    Calls the model's own forward (so FSDP2's hooks run) with `logits_to_keep`, so logits exist
-    only for the K + 1 positions that predict completion tokens, never for the prompt.
-    """
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: count real tokens
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                logits_to_keep=n_completion + 1, use_cache=False)  # (B, K + 1, V): position t predicts token t + 1
-    # All K + 1 positions, the last with a dummy target, then its column dropped: the slice logits[:, :-1]
-    # would make the kernel copy the (B, K, V) logits to flatten them, and its backward zero-fill them.
-    targets = torch.nn.functional.pad(input_ids[:, -n_completion:], (0, 1))  # (B, K + 1)
-    if entropy:
-        logp, ent = chunked_token_logprobs(out.logits, targets, temperature, entropy=True, entropy_grad=entropy_grad)
-        return logp[:, :-1], ent[:, :-1]  # (B, K) each
-    return chunked_token_logprobs(out.logits, targets, temperature)[:, :-1]  # (B, K)

@@ -11,7 +11,6 @@ checking the rows is plumbing/data.py's. Each task's data, how to call it, and t
 from __future__ import annotations  # Task names Example, defined below it
 
 import itertools
-import math
 import random
 import re
 from collections.abc import Callable
@@ -19,7 +18,9 @@ from dataclasses import dataclass, field
 from functools import cache, partial, wraps
 
 from plumbing import data
+from plumbing.cli import parse_weights
 from plumbing.data import DataError, Demonstrations, digest, in_test
+from plumbing.procedural import search_expression, seeded_passes
 from rewards import (
     REWARD_TERMS,
     countdown_expression,
@@ -169,26 +170,13 @@ def reward_weights(task: Task, reward: str, text: str) -> dict[str, float]:
         if reward == "exact" and not task.has_verifier:
             raise ValueError(f"task {task.name} has no verifier: use --reward sim")
         return {reward: 1.0}
-    weights = {}
-    for piece in filter(str.strip, text.split(",")):  # "exact=1," : a trailing comma is no term
-        term, equals, value = (part.strip() for part in piece.partition("="))
-        if not equals or not term:
-            raise ValueError(f"--reward-weights: {piece.strip()!r} is not TERM=WEIGHT (e.g. format=0.35,sim=0.65)")
-        try:
-            weight = float(value)
-        except ValueError:
-            weight = math.nan
-        if not abs(weight) <= 3.4028234663852886e38:  # rewards are float32 tensors: 1e39 would be inf, and inf x 0 NaN
-            raise ValueError(f"--reward-weights: the weight of {term} must be a finite number, not {value!r}"
-                             + (" (rewards are float32: at most 3.4e38)" if math.isfinite(weight) else ""))
-        if term in weights:
-            raise ValueError(f"--reward-weights: {term} is given twice")
-        if term not in valid:
-            raise ValueError(f"--reward-weights: unknown term {term!r}: choose from {', '.join(valid)}")
-        if term == "exact" and not task.has_verifier:
-            raise ValueError(f"--reward-weights: task {task.name} has no verifier, so no exact term: choose from "
-                             f"{', '.join(valid[1:])}")
-        weights[term] = weight
+    no_exact = f"task {task.name} has no verifier, so no exact term: choose from {', '.join(valid[1:])}"
+    weights = parse_weights(  # rewards are float32 tensors: 1e39 would be inf, and inf x 0 NaN
+        text, "--reward-weights", valid if task.has_verifier else valid[1:], limit=3.4028234663852886e38,
+        not_a_pair=lambda piece: f"{piece!r} is not TERM=WEIGHT (e.g. format=0.35,sim=0.65)",
+        not_finite=lambda term, value: f"the weight of {term} must be a finite number, not {value!r}",
+        over_limit=" (rewards are float32: at most 3.4e38)",
+        unknown=lambda term: no_exact if term == "exact" else f"unknown term {term!r}: choose from {', '.join(valid)}")
     if not weights:
         raise ValueError(f"--reward-weights {text!r} names no term: give TERM=WEIGHT, e.g. format=0.35,sim=0.65")
     if not any(weights.values()):
@@ -310,17 +298,6 @@ def _benchmark(row: dict) -> Example:
 
 
 # ---------------------------------------------------------------- procedural tasks (departures 2 and 5)
-def _passes(items: list, seed: int, repeat: bool):
-    """Yield (item, pass) in seeded shuffles of `items`: once, or forever when `repeat`."""
-    rng = random.Random(seed)
-    for pass_index in itertools.count():
-        order = list(items)
-        rng.shuffle(order)
-        yield from ((item, pass_index) for item in order)
-        if not repeat or not items:
-            return
-
-
 ARITH_MAX, ARITH_TEST = 16, 64  # operands 0..15; 64 of the 256 problems held out
 
 
@@ -330,14 +307,14 @@ def _arith(split: str, limit: int, seed: int) -> list[Example]:
     problems = problems[:ARITH_TEST] if split == "test" else problems[ARITH_TEST:]  # disjoint by problem
     return [Example(_chat(f"What is {a} + {b}?", system=None), str(a + b), f"{a} + {b} = {a + b}",
                     {"a": a, "b": b}, f"arith-{a}+{b}#{p}")
-            for (a, b), p in itertools.islice(_passes(problems, seed, split == "train"), limit)]
+            for (a, b), p in itertools.islice(seeded_passes(problems, seed, split == "train"), limit)]
 
 
 def _countdown24(split: str, limit: int, seed: int) -> list[Example]:
     quads = [q for q in itertools.combinations_with_replacement(range(1, 14), 4)
              if in_test(digest("countdown24", *q)) == (split == "test")]  # disjoint by multiset
     rng, out = random.Random(seed + 1), []
-    for quad, p in _passes(quads, seed, repeat=split == "train"):
+    for quad, p in seeded_passes(quads, seed, repeat=split == "train"):
         if len(out) >= limit:
             break
         solution = solve_countdown(quad)
@@ -350,28 +327,8 @@ def _countdown24(split: str, limit: int, seed: int) -> list[Example]:
     return out
 
 
-def _search(items: list[tuple[float, str]], numbers: list[int], target: int) -> str | None:
-    """Depth-first search over pairs; floats to prune, the exact `countdown_reward` to accept."""
-    if len(items) == 1:
-        value, expr = items[0]
-        expr = expr[1:-1] if expr.startswith("(") else expr  # outer parentheses
-        ok = abs(value - target) < 1e-6 and countdown_reward(expr, numbers, target) == 1.0
-        return expr if ok else None
-    for i, j in itertools.combinations(range(len(items)), 2):
-        (a, left), (b, right) = items[i], items[j]
-        rest = [item for k, item in enumerate(items) if k not in (i, j)]
-        options = [(a + b, f"({left} + {right})"), (a * b, f"({left} * {right})"),
-                   (a - b, f"({left} - {right})"), (b - a, f"({right} - {left})")]
-        options += [(a / b, f"({left} / {right})")] if b else []
-        options += [(b / a, f"({right} / {left})")] if a else []
-        for option in options:
-            found = _search(rest + [option], numbers, target)
-            if found:
-                return found
-    return None
-
-
 @cache
 def solve_countdown(numbers: tuple[int, ...], target: int = 24) -> str | None:
-    """An expression using each number once that equals `target` exactly, or None (brute force)."""
-    return _search([(float(n), str(n)) for n in numbers], list(numbers), target)
+    """An expression using each number once that equals `target` exactly, or None (brute force: the first that
+    countdown_reward accepts)."""
+    return search_expression([(float(n), str(n)) for n in numbers], list(numbers), target, accept=countdown_reward)

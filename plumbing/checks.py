@@ -1,15 +1,19 @@
-"""Argument checks for the stage files: the group shape of rewards, and the valid values of a hyperparameter.
+"""Argument checks for the stage files (the group shape of rewards, the valid values of a hyperparameter) and the
+rules of train.py's and eval.py's flags, each broken rule one line (config.check_args, eval.parse_args).
 
 An estimator declares its hyperparameters' ranges in its signature, `tau: Annotated[float, POSITIVE] = 0.1`
 (advantage.py), checks them with `POSITIVE.check(tau, "tau", "softmax_advantages")`, and train.py's command
 line checks every flag against the same Range before anything loads (config.check_args).
 
-    python -m pytest tests/test_advantage.py
+    python -m pytest tests/test_advantage.py tests/test_bad_input.py
 """
 
+import importlib.util
 import math
 import numbers
-from dataclasses import dataclass
+import os
+import shutil
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -136,6 +140,19 @@ def sampling_flag_error(args, *, seed_max: int, seed_why: str = "") -> str | Non
     return None
 
 
+def eval_flag_error(args) -> str | None:
+    """The first problem with eval.py's --limit, --batch-size, --samples, the sampling flags (as train.py checks
+    them), --data-file or --top-p as one line, or None."""
+    if min(1 if args.limit is None else args.limit, args.batch_size) < 1 or args.samples < 0:
+        return "--limit and --batch-size must be >= 1, --samples >= 0"
+    if error := (sampling_flag_error(args, seed_max=SEED_LIMIT - 1, seed_why=" (the sampler's seed takes 32 bits)")
+                 or data_file_error(args, (args.split,))):
+        return error
+    if not 0 < args.top_p <= 1:
+        return f"--top-p must be in (0, 1], got {args.top_p}"
+    return None
+
+
 def data_file_error(args, splits) -> str | None:
     """The problem with --data-file (each of `splits`' files when its name holds "{split}") as one line, or None."""
     from plumbing.data import data_file_error
@@ -154,4 +171,123 @@ def model_flag_error(args) -> str | None:
     if context is not None and args.max_tokens >= context:
         return (f"--max-tokens {args.max_tokens:,} leaves no room for a prompt in the model's context of {context:,} "
                 "tokens: pass a smaller --max-tokens")
+    return None
+
+
+# ---------------------------------------------------------------- train.py's own flags (config.check_args)
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def number_error(args, ranges: dict) -> str | None:
+    """NaN in any float flag of the dataclass `args`, or any estimator's hyperparameter outside its declared Range
+    (`ranges`, advantage.hyperparameter_ranges()), as one line: a flag out of range is an error even for an estimator
+    this run does not train."""
+    for f in fields(args):
+        value = getattr(args, f.name)
+        if f.type is float and isinstance(value, float) and math.isnan(value):
+            return f"{flag(f.name)} must be a number, got nan"
+    for name, valid in ranges.items():
+        if (problem := valid.problem(getattr(args, name))) is not None:
+            return f"{flag(name)} {problem}"
+    return None
+
+
+def choice_error(args, choices: dict) -> str | None:
+    """A string flag whose value is not a key of its registry (`choices`, config.choices()), as one line."""
+    for name, registry in choices.items():
+        if getattr(args, name) not in registry:
+            return f"{flag(name)} must be one of {', '.join(registry)}"
+    return None
+
+
+def train_sampling_error(args, world: int) -> str | None:
+    """sampling_flag_error for train.py: its largest --seed is set by --steps, --rollout-batch and --M."""
+    return sampling_flag_error(args, seed_max=largest_seed(args.steps, args.rollout_batch, args.M, world), seed_why=(
+        f" with --steps {args.steps}, --rollout-batch {args.rollout_batch} and --M {args.M} (each sample's seed, "
+        "rollout.step_seed, must stay below 2^64; np.random.seed's below 2^32)"))
+
+
+def train_flag_error(args, *, task, world: int, estimators, alloc: list[str], max_refills: int,
+                     dapo_defaults: tuple) -> str | None:
+    """The first range or consistency rule train.py's `args` breaks, as one line, or None. `task` is the run's
+    tasks.Task, `world` the ranks (--plan's, or torchrun's), `estimators` advantage.ESTIMATORS, `alloc` the
+    estimators --alloc-estimators names, `max_refills` rollout.MAX_REFILLS, and `dapo_defaults` the defaults of
+    (--filter-std, --max-refill-rounds), which only --rollout dapo may change."""
+    rules = [
+        (not args.plan or (args.plan_gpus >= 1 and math.isfinite(args.plan_gpu_gb) and args.plan_gpu_gb > 0),
+         "--plan-gpus must be >= 1 and --plan-gpu-gb finite and > 0"),
+        (math.isfinite(args.is_cap) and args.is_cap > 0, "--is-cap must be finite and > 0"),
+        (math.isfinite(args.entropy_coef), "--entropy-coef must be finite"),
+        (args.reward != "exact" or task.has_verifier or args.reward_weights,
+         f"task {args.task} has no verifier: use --reward sim"),
+        (min(args.M, args.rollout_batch, args.micro_batch, args.minibatches, args.ppo_epochs, args.steps,
+             args.max_tokens) >= 1, "--M, --rollout-batch, --micro-batch, --minibatches, --ppo-epochs, "
+                                    "--steps and --max-tokens must be >= 1"),
+        (args.M >= 2, f"--M must be >= 2, got {args.M}: a group advantage compares a prompt's samples, and in a "
+                      "group of one every advantage is 0"),
+        (args.rollout_batch % max(1, world * args.minibatches) == 0,  # the list is built whole: 0 is refused above
+         f"--rollout-batch ({args.rollout_batch}) must divide evenly by ranks x minibatches ({world} x "
+         f"{args.minibatches})"),
+        (math.isfinite(args.lr) and args.lr > 0 and args.max_grad_norm > 0,
+         "--lr must be finite and > 0, --max-grad-norm > 0"),
+        (min(args.warmup_steps, args.save_every, args.eval_every, args.eval_examples, args.keep_checkpoints,
+             args.log_completions, args.weight_check_every, args.max_num_seqs) >= 0, "--warmup-steps, --save-every, "
+         "--eval-every, --eval-examples, --keep-checkpoints, --log-completions, --weight-check-every and "
+         "--max-num-seqs must be >= 0"),
+        (math.isfinite(args.weight_decay) and args.weight_decay >= 0 and math.isfinite(args.beta) and args.beta >= 0,
+         "--weight-decay and --beta must be finite and >= 0"),
+        (0 < args.top_p <= 1, "--top-p must be in (0, 1]"),
+        (0 <= args.clip_low < 1 and args.clip_high >= 0, "--clip-low must be in [0, 1), --clip-high >= 0"),
+        (0 < args.gpu_memory_utilization < 1, "--gpu-memory-utilization must be in (0, 1)"),
+        (args.sync_tolerance >= 0, "--sync-tolerance must be >= 0"),
+        (args.steps < 2**24, f"--steps must be below 2^24 = {2**24:,}: rollout.step_seed gives each step 24 bits"),
+        (0 < args.dist_timeout_s < math.inf, "--dist-timeout-s must be finite and > 0"),
+        (0 <= args.ref_ema <= 1 and args.ref_reset_every >= 0, "--ref-ema must be in [0, 1], --ref-reset-every >= 0"),
+        (args.reference != "ema" or args.ref_ema > 0, "--reference ema needs --ref-ema ALPHA in (0, 1]"),
+        (args.reference != "reset" or args.ref_reset_every >= 1, "--reference reset needs --ref-reset-every N >= 1"),
+        (args.reference != "frozen" or not (args.ref_ema or args.ref_reset_every), "--ref-ema and --ref-reset-every "
+         "move the reference, which --reference frozen (the default) keeps: pass --reference ema or reset"),
+        (args.reference == "frozen" or args.beta > 0, f"--reference {args.reference} moves the KL term's reference, "
+         "and --beta 0 has none: pass --beta > 0"),
+        (all(name in estimators for name in alloc),
+         f"--alloc-estimators must name estimators of {', '.join(estimators)}, or all"),
+        (math.isfinite(args.filter_std) and args.filter_std >= 0 and 0 <= args.max_refill_rounds <= max_refills,
+         f"--filter-std must be finite and >= 0, --max-refill-rounds in [0, {max_refills}]"),
+        (args.rollout == "dapo" or (args.filter_std, args.max_refill_rounds) == dapo_defaults,
+         "--filter-std and --max-refill-rounds are read by --rollout dapo only"),
+        (args.rollout != "dapo" or args.steps <= 2**20, "--rollout dapo: --steps must be <= 2^20 (rollout.step_seed)"),
+        (0 <= args.overlong_buffer < args.max_tokens, "--overlong-buffer must be in [0, --max-tokens)"),
+        (not getattr(task, "held_out_only", False), f"--task {args.task} is a held-out benchmark: score it with "
+         f"--eval-tasks {args.task}, and train on another task"),
+        (args.eval_samples >= 0 and 1e-3 <= args.eval_temperature < math.inf and 0 < args.eval_top_p <= 1,
+         "--eval-samples must be >= 0, --eval-temperature finite and >= 0.001, --eval-top-p in (0, 1]"),
+        (args.eval_examples or not (args.eval_samples or args.eval_tasks.strip()),
+         "--eval-samples and --eval-tasks score held-out prompts: they need --eval-examples >= 1"),
+    ]
+    return next((message for ok, message in rules if not ok), None)
+
+
+def tool_error(args) -> str | None:
+    """What the run needs installed and does not find (vLLM for its sampler, a C++ compiler for --compile on CPU), as
+    one line, or None."""
+    rules = [
+        (args.sampler == "hf" or (args.sampler == "auto" and not torch.cuda.is_available())
+         or importlib.util.find_spec("vllm") is not None, f"--sampler {args.sampler} samples with vLLM, which is not "
+         "installed: pip install -r requirements-vllm.txt, or pass --sampler hf (much slower)"),
+        (not args.compile or torch.cuda.is_available() or any(map(shutil.which, (os.environ.get("CXX", "g++"),
+                                                                                 "g++", "c++", "clang++"))),
+         "--compile on CPU needs a C++ compiler (g++, c++ or clang++ on PATH, or $CXX); none found"),
+    ]
+    return next((message for ok, message in rules if not ok), None)
+
+
+def demo_file_error(args, task, weights: dict) -> str | None:
+    """The problem with --demo-file as one line, or None: only countdown joins demonstrations, and only a similarity
+    reward (a sim term in `weights`) reads them."""
+    if args.demo_file and getattr(task, "demos", None) is None:
+        return f"--demo-file: task {args.task} keeps its demonstrations in its own rows (only countdown joins them)"
+    if args.demo_file and ("sim" not in weights or not os.path.isfile(args.demo_file)):
+        return (f"--demo-file {args.demo_file} does not exist" if "sim" in weights else "--demo-file is read only "
+                "for a similarity reward: --reward sim, or a sim term in --reward-weights")
     return None

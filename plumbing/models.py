@@ -73,6 +73,17 @@ def model_context(model: str) -> int | None:
     return context if isinstance(context, int) and not isinstance(context, bool) and context > 0 else None
 
 
+def hub_context(path) -> int | None:
+    """A hub model's context length from its config (cached, or one small download); None where it cannot be read
+    (loading the model then says why, in one line)."""
+    from transformers import AutoConfig
+
+    try:
+        return getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
+    except (OSError, ValueError):
+        return None
+
+
 def _embedded_folder(name: str) -> str:
     return os.path.join(os.environ.get("SOFTMAX_GRPO_CACHE", os.path.expanduser("~/.cache/softmax-grpo")), name)
 

@@ -24,6 +24,13 @@ def _where(example, i: int) -> str:
     return f"{getattr(example, 'source', '') or f'row {i}'} ({getattr(example, 'uid', '')})"
 
 
+def valid_prompt(prompt) -> bool:
+    """A prompt is a non-empty list of chat messages, each with a role and text, some text not blank."""
+    return (isinstance(prompt, list) and len(prompt) > 0
+            and all(isinstance(m, dict) and m.get("role") and isinstance(m.get("content"), str) for m in prompt)
+            and any(m["content"].strip() for m in prompt))
+
+
 def encode_prompts(tokenizer, examples, max_len: int | None = None) -> list[list[int]]:
     """Chat-template token ids of each example's prompt, ending with the assistant turn's header. A row holding a
     special token is a DataError; with `max_len` (the context the model has left beside the completion), so is a

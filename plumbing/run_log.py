@@ -1,5 +1,6 @@
 """Where train.py's numbers go: metrics.jsonl and Weights & Biases on rank 0, and eval.json with the held-out
-score before and after training (step_metrics makes the per-step dict). The curves of metrics.jsonl are
+score before and after training (step_metrics makes the per-step dict), and the two kinds of metric a loss returns
+(Share, TokenMean), which say how train.py reduces them over micro-batches and ranks. The curves of metrics.jsonl are
 train.py's to draw (tools/figures.py): plumbing/ sits below tools/ and imports nothing from it.
 
     python train.py --steps 5 && head -1 runs/arith-softmax-s0/metrics.jsonl
@@ -14,6 +15,20 @@ import torch
 
 from plumbing.files import append_lines, write_json, write_lines
 from plumbing.parallel import gather_objects, per_rank
+
+
+class Share(float):
+    """A metric reduced like the loss: this micro-batch's share of the minibatch's value (train.py sums the shares
+    of a minibatch and averages over optimizer steps)."""
+
+
+class TokenMean(float):
+    """A metric that is a mean over this micro-batch's loss tokens (train.py weighs it by their number)."""
+
+    @classmethod
+    def of(cls, values: torch.Tensor, mask: torch.Tensor) -> "TokenMean":
+        """The mean of per-token values (B, T) (a bool counts 1 where true) over the tokens of a (B, T) 0/1 mask."""
+        return cls(((values.to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1)).item())
 
 
 def model_flops_per_token(model) -> tuple[int, int]:
