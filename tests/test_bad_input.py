@@ -320,11 +320,8 @@ def test_changing_the_algorithm_on_resume_is_refused_naming_the_flag(flags, mess
 
 # ---- item 7: a full disk during a checkpoint save
 
-@pytest.mark.parametrize("failure", ["ENOSPC", "unexpected pos"])
-def test_a_full_disk_during_a_save_is_one_line_and_leaves_the_last_checkpoint_intact(failure, tiny_model_dir,
-                                                                                      tmp_path, monkeypatch):
-    import errno
-
+def saved_at_step_2(tiny_model_dir, tmp_path):
+    """A tiny model's trainer, saved as tmp_path/checkpoint-000002: (model, optimizer, scheduler, tokenizer, args)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import train
@@ -335,6 +332,15 @@ def test_a_full_disk_during_a_save_is_one_line_and_leaves_the_last_checkpoint_in
     optimizer = train.make_optimizer(model, args)
     scheduler = train.make_scheduler(optimizer, args)
     checkpoint.save_checkpoint(str(tmp_path), 2, model, optimizer, scheduler, tokenizer, args)
+    return model, optimizer, scheduler, tokenizer, args
+
+
+@pytest.mark.parametrize("failure", ["ENOSPC", "unexpected pos"])
+def test_a_full_disk_during_a_save_is_one_line_and_leaves_the_last_checkpoint_intact(failure, tiny_model_dir,
+                                                                                      tmp_path, monkeypatch):
+    import errno
+
+    model, optimizer, scheduler, tokenizer, args = saved_at_step_2(tiny_model_dir, tmp_path)
     before = snapshot(tmp_path)
     real_save = torch.save
 
@@ -364,16 +370,7 @@ def test_a_ctrl_c_during_a_save_or_a_load_is_an_interrupt_and_leaves_the_folder_
     # One class: every Ctrl-C inside a save or a resume, wherever it lands, reaches train.py as KeyboardInterrupt
     # (its "interrupted; the newest checkpoint ..." line), never as a failed save or a "corrupt" checkpoint.
     from torch.distributed.checkpoint import FileSystemReader
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import train
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    args = train.Args(model=tiny_model_dir, out_dir=str(tmp_path))
-    optimizer = train.make_optimizer(model, args)
-    scheduler = train.make_scheduler(optimizer, args)
-    checkpoint.save_checkpoint(str(tmp_path), 2, model, optimizer, scheduler, tokenizer, args)
+    model, optimizer, scheduler, tokenizer, args = saved_at_step_2(tiny_model_dir, tmp_path)
     before = snapshot(tmp_path)
     real_save, real_rename = torch.save, os.rename
 
