@@ -187,6 +187,34 @@ def test_a_failed_run_is_reported_and_the_sweep_goes_on(tmp_path, monkeypatch, c
     assert len(calls) == 4 and "train.py exited 1: train.py: error: the policy diverged" in out
 
 
+@pytest.mark.parametrize("how", ["exit 130", "killed by SIGINT"])
+def test_a_run_that_exits_as_interrupted_is_an_interrupt_of_the_sweep(how, tmp_path):
+    import sys
+
+    exits = ("os.kill(os.getpid(), signal.SIGINT)" if how == "killed by SIGINT" else "sys.exit(130)")
+    with pytest.raises(KeyboardInterrupt):
+        sweep.launch([sys.executable, "-c", f"import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                      f"{exits}"], str(tmp_path / "log.txt"))
+    assert sweep.launch([sys.executable, "-c", "import sys; sys.exit(1)"], str(tmp_path / "log.txt")) == 1
+
+
+def test_a_ctrl_c_stops_the_sweep_in_one_line_and_a_rerun_continues(tmp_path, fake_train, monkeypatch, capsys):
+    fake = sweep.launch
+
+    def interrupted_at_the_third(argv, log_path):
+        if len(fake_train) == 2:
+            raise KeyboardInterrupt
+        return fake(argv, log_path)
+
+    monkeypatch.setattr(sweep, "launch", interrupted_at_the_third)
+    assert sweep.main(sweep_argv(tmp_path)) == 130
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("sweep.py: interrupted; finished runs are kept"), err
+    fake_train.clear()
+    monkeypatch.setattr(sweep, "launch", fake)
+    assert sweep.main(sweep_argv(tmp_path)) == 0 and len(fake_train) == 2  # the 2 finished are kept, 2 run now
+
+
 def test_the_same_configuration_maps_to_the_same_run_folder(tmp_path):
     def paths(*configs):
         opts = argparse.Namespace(

@@ -40,6 +40,7 @@ import os
 import random
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -214,9 +215,19 @@ def run_state(path: str) -> str:
 
 
 def launch(argv: list[str], log_path: str) -> int:
-    """One train.py process, output to its log; the sweep waits for it (the machine runs one at a time)."""
+    """One train.py process, output to its log; the sweep waits for it (the machine runs one at a time). A Ctrl-C
+    reaches both: the run is let finish its own exit (a save under way completes or leaves the last one whole), and a
+    run that exited as interrupted (130) stops the sweep as one."""
     with open(log_path, "a") as log:
-        return subprocess.run(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            code = proc.wait()
+        except KeyboardInterrupt:
+            proc.wait()  # not subprocess.run's kill a quarter second later; a second Ctrl-C stops the wait
+            raise
+    if code in (130, -signal.SIGINT):
+        raise KeyboardInterrupt
+    return code
 
 
 def train_argv(args: dict, seed: int, path: str, state: str) -> list[str]:
@@ -564,6 +575,10 @@ def main(argv=None) -> int:
     except SpecError as err:
         print(f"sweep.py: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the run under way got the Ctrl-C too, and kept its newest checkpoint
+        print("sweep.py: interrupted; finished runs are kept, and the same command continues the rest (a run with a "
+              "checkpoint resumes from it)", file=sys.stderr)
+        return 130
     return 1 if summary["runs"]["failed"] else 0
 
 
