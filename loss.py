@@ -7,9 +7,7 @@
 with the asymmetric clip range [0.20, 0.28], no dual clip, the k3 reference KL as a separate term and token-mean
 aggregation, as in the paper's runs (Appendix B.1); A, one number per sequence (advantage.py), covers its tokens.
 Each choice below is a registry whose keys are its flag's choices, the defaults the paper's; a fork adds one in one
-edit (docs/fork.md). Every keyword option of `policy_loss` with a default is a train.py flag (config.py), every
-metric it returns is logged as loss/NAME. The log-probs it takes are speed/logprobs.py's (`sequence_logprobs`,
-re-exported here).
+edit (docs/fork.md). Each option of `policy_loss` with a default is a train.py flag, each metric it returns loss/NAME.
 
     python -m pytest tests/test_loss.py
 """
@@ -19,9 +17,9 @@ from functools import partial
 
 import torch
 
-from plumbing.cli import choose, parse_weights
+from plumbing.cli import choose, term_weights
 from plumbing.run_log import Share, TokenMean
-from speed.logprobs import pad_batch, sequence_logprobs, token_logprobs  # noqa: F401 (loss.sequence_logprobs, ...)
+from speed.logprobs import pad_batch, sequence_logprobs, token_logprobs  # noqa: F401 (the log-probs it takes)
 
 LOG_RATIO_LIMIT = 20.0  # exp(20) ~ 5e8: keeps ratio and k3 finite when policies drift far apart
 
@@ -29,10 +27,9 @@ LOG_RATIO_LIMIT = 20.0  # exp(20) ~ 5e8: keeps ratio and k3 finite when policies
 def policy_loss(logp, old_logp, adv, mask, *, ref_logp=None, sampler_logp=None, entropy=None, denominator=None,
                 norm_len=None, clip_low=0.2, clip_high=0.28, beta=1e-3, kl_estimator="k3", entropy_coef=0.0,
                 loss_terms="", loss_agg="token-mean", ratio="token", is_correction="none", is_cap=2.0):
-    """PPO clipped surrogate + beta * reference KL (Section 4), and the options below. Returns (loss, metrics),
-    each metric a Share or a TokenMean (how train.py reduces it over micro-batches and ranks). logp, old_logp,
-    ref_logp, sampler_logp, entropy, mask: (B, T); adv: (B,) per-sequence advantages. `denominator` and `norm_len` go
-    to `aggregate`; `entropy` has a gradient only where the bonus is on (train.py asks the kernel for it).
+    """PPO clipped surrogate + beta * reference KL (Section 4) with the options below -> (loss, metrics), each metric
+    a Share or a TokenMean (how train.py reduces it over micro-batches and ranks). logp, old_logp, ref_logp,
+    sampler_logp, entropy, mask: (B, T); adv: (B,). `denominator`, `norm_len`: see `aggregate`.
 
     Options, each a train.py flag of the same name with this default (config.py reads the help from these lines):
         clip_low: PPO clip: ratio >= 1 - clip_low
@@ -40,29 +37,23 @@ def policy_loss(logp, old_logp, adv, mask, *, ref_logp=None, sampler_logp=None, 
         beta: reference KL coefficient (estimator: --kl-estimator); 0 skips the reference model
         kl_estimator: per-token estimate of KL(pi_theta || pi_ref) (Schulman 2020, "Approximating KL divergence"): k3,
             the paper's; k1 (logp - ref_logp) or k2 (its square / 2)
-        entropy_coef: entropy bonus: the loss subtracts this times the aggregated entropy of the policy's
-            distributions (with its gradient); 0: none, the paper's runs
-        loss_terms: extra loss terms (loss.py: LOSS_TERMS) with their coefficients, e.g. l2=0.1; each adds COEF x
-            the aggregated term to the loss and logs the aggregate as loss/NAME
-        loss_agg: loss aggregation; the paper's is token-mean, Dr. GRPO's seq-mean-token-sum-norm (length
-            max-tokens)
+        entropy_coef: entropy bonus: the loss subtracts this x the aggregated policy entropy, with its gradient; 0: off
+        loss_terms: extra terms (loss.py: LOSS_TERMS), e.g. l2=0.1: each adds COEF x its aggregate, logged as loss/NAME
+        loss_agg: loss aggregation: token-mean, the paper's; seq-mean-token-sum-norm, Dr. GRPO's (length max-tokens)
         ratio: importance ratio the PPO clip acts on: token, the paper's; sequence, GSPO's (Zheng et al. 2025)
-        is_correction: weights of the policy-gradient term for the gap between the sampler's and the trainer's
-            log-probs, from pi_old / pi_sampler and --is-cap, detached (docs/training.md): token-tis,
-            seq-tis (truncated), token-mask, seq-mask (masked); none: the paper's runs
+        is_correction: detached weights of the policy-gradient term for the sampler/trainer gap, from pi_old /
+            pi_sampler and --is-cap (docs/training.md): token-tis, seq-tis (truncated), token-mask, seq-mask (masked)
         is_cap: --is-correction: the cap C on pi_old / pi_sampler (the mask modes keep [1/C, C])
     """
     mask = mask.to(logp.dtype)
     adv = adv.to(logp.dtype)[:, None]  # (B, 1): broadcast over the sequence's tokens
     log_ratio = choose(RATIOS, ratio, "importance ratio")(logp, old_logp, mask)  # (B, T)
     ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))  # rho_t (Section 4), (B, T)
-    pg_unclipped = -adv * ratio
     pg_clipped = -adv * ratio.clamp(1 - clip_low, 1 + clip_high)  # asymmetric [0.20, 0.28], no dual clip
-    pg = torch.maximum(pg_unclipped, pg_clipped)  # max(-A rho_t, -A clip(rho_t, 1 - eps_low, 1 + eps_high)), (B, T)
+    pg = torch.maximum(-adv * ratio, pg_clipped)  # max(-A rho_t, -A clip(rho_t, 1 - eps_low, 1 + eps_high)), (B, T)
     correction = choose(IS_CORRECTIONS, is_correction, "importance correction")(old_logp, sampler_logp, mask, is_cap)
-    if correction is not None:
-        is_weight, capped = correction  # (B, T) each: the weights, and where the cap truncated or masked
-        pg = pg * is_weight  # (B, T), e.g. w_t = min(pi_old / pi_sampler, C)
+    if correction is not None:  # (B, T) each: the weights, and where the cap truncated or masked them
+        pg = pg * correction[0]  # (B, T), e.g. w_t = min(pi_old / pi_sampler, C)
     pg_loss = aggregate(pg, mask, loss_agg, denominator, norm_len)
     estimate_kl = choose(KL_ESTIMATORS, kl_estimator, "KL estimator")
     loss, kl = pg_loss, torch.zeros((), dtype=logp.dtype, device=logp.device)
@@ -75,7 +66,7 @@ def policy_loss(logp, old_logp, adv, mask, *, ref_logp=None, sampler_logp=None, 
             raise ValueError("entropy_coef needs the entropies: pass entropy (sequence_logprobs, entropy_grad=True)")
         extra["entropy"] = aggregate(entropy, mask, loss_agg, denominator, norm_len)
         loss = loss - entropy_coef * extra["entropy"]  # a bonus: higher entropy, lower loss
-    for name, coef in term_weights(loss_terms).items():
+    for name, coef in term_weights(loss_terms, LOSS_TERMS).items():
         extra[name] = aggregate(LOSS_TERMS[name](logp, old_logp, mask), mask, loss_agg, denominator, norm_len)
         loss = loss + coef * extra[name]
     with torch.no_grad():  # a token is "clipped" where the clip is the active branch: its gradient is zero
@@ -85,7 +76,7 @@ def policy_loss(logp, old_logp, adv, mask, *, ref_logp=None, sampler_logp=None, 
                    "ratio_mean": TokenMean.of(ratio, mask)}
         if correction is not None:  # the uncapped pi_old / pi_sampler, and how often C truncates or masks
             raw = torch.exp((old_logp - sampler_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
-            metrics.update(is_ratio_mean=TokenMean.of(raw, mask), is_clip_frac=TokenMean.of(capped, mask))
+            metrics.update(is_ratio_mean=TokenMean.of(raw, mask), is_clip_frac=TokenMean.of(correction[1], mask))
         metrics.update({name: Share(value.item()) for name, value in extra.items()})
     return loss, metrics
 
@@ -110,17 +101,8 @@ KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
 
 # ---------------------------------------------------------------- further loss terms (--loss-terms NAME=COEF,...)
-# (logp, old_logp, mask), (B, T) -> per-token values (B, T); policy_loss adds COEF x their aggregate to the loss and
-# logs the aggregate as loss/NAME. None is built in; docs/fork.md adds one.
+# (logp, old_logp, mask) -> per-token values (B, T); the loss adds COEF x their aggregate, logged as loss/NAME. None yet
 LOSS_TERMS = {}
-
-
-def term_weights(text: str) -> dict[str, float]:
-    """{name: coefficient} of --loss-terms ("l2=0.1,other=-1"); ValueError, one line naming the flag, for a piece that
-    is not NAME=COEF, a coefficient that is not a finite number, a name given twice or not in LOSS_TERMS."""
-    return parse_weights(text, "--loss-terms", LOSS_TERMS, not_a_pair=lambda piece: (
-        f"{piece!r} is not NAME=COEF with a finite COEF (e.g. l2=0.1)"), unknown=lambda name: (
-        f"unknown term {name!r}; choose from {', '.join(LOSS_TERMS) or 'none yet'} (loss.py: LOSS_TERMS)"))
 
 
 # ---------------------------------------------------------------- the importance ratio (--ratio)
@@ -143,10 +125,6 @@ RATIOS = {"token": token_log_ratio, "sequence": sequence_log_ratio}
 # ---------------------------------------------------------------- the sampler/trainer correction (--is-correction)
 # (old_logp, sampler_logp, mask, cap) -> None, or (B, T) detached weights of the policy-gradient term and where the cap
 # truncated or masked them (loss/is_clip_frac); a weight 0 keeps its token in the denominator (docs/training.md).
-def no_correction(old_logp, sampler_logp, mask, cap):
-    return None  # the paper's runs: pi_old is taken to be the sampler's distribution
-
-
 def is_weights(old_logp, sampler_logp, mask, cap, *, per_sequence: bool, masked: bool):
     """r = pi_old / pi_sampler per token, or per sequence (the product over its tokens, on each): truncated IS,
     w = min(r, C), or masked IS, w = r in [1/C, C], else 0 (the token or sequence drops out)."""
@@ -164,7 +142,8 @@ def is_weights(old_logp, sampler_logp, mask, cap, *, per_sequence: bool, masked:
 
 
 tis_weights = partial(is_weights, per_sequence=False, masked=False)  # token-level truncated IS: min(r_t, C)
-IS_CORRECTIONS = {"none": no_correction, "token-tis": tis_weights,
+IS_CORRECTIONS = {"none": lambda old_logp, sampler_logp, mask, cap: None,  # the paper's: pi_old taken as the sampler's
+                  "token-tis": tis_weights,
                   "seq-tis": partial(is_weights, per_sequence=True, masked=False),  # min(prod_t r_t, C)
                   "token-mask": partial(is_weights, per_sequence=False, masked=True),
                   "seq-mask": partial(is_weights, per_sequence=True, masked=True)}
@@ -178,8 +157,7 @@ def ema_reference(ref, policy, step, ref_ema, ref_reset_every):
 
 
 def reset_reference(ref, policy, step, ref_ema, ref_reset_every):
-    """ref <- policy every ref_reset_every optimizer steps (TRL's ref_model_sync_steps)."""
-    if step % ref_reset_every == 0:
+    if step % ref_reset_every == 0:  # ref <- policy every ref_reset_every optimizer steps (TRL's ref_model_sync_steps)
         ref.copy_(policy)
 
 
@@ -189,15 +167,12 @@ REFERENCES = {"frozen": None, "ema": ema_reference, "reset": reset_reference}
 # ---------------------------------------------------------------- batch filters (--row-filter, --mask-truncated)
 # (G, M) rewards and truncation flags -> the samples the loss keeps. A dropped one leaves the loss and its denominator
 # (train.py zeroes its mask row) but counts in its group's advantages; every rank still runs every micro-batch.
-def keep_all(rewards, truncated):
-    return torch.ones_like(truncated)  # (G, M): the paper's runs
-
-
 def drop_truncated(rewards, truncated):
     return ~truncated  # (G, M): DAPO's overlong filtering (--mask-truncated), a cut answer was never judged whole
 
 
-ROW_FILTERS = {"none": keep_all, "truncated": drop_truncated}
+ROW_FILTERS = {"none": lambda rewards, truncated: torch.ones_like(truncated),  # the paper's runs: every sample
+               "truncated": drop_truncated}
 
 
 # ---------------------------------------------------------------- loss aggregation (--loss-agg: the denominator)
@@ -216,8 +191,7 @@ def seq_mean_token_mean(mask, norm_len):
     return mask / mask.sum(-1, keepdim=True).clamp(min=1), sequences(mask)  # each sequence's token mean, averaged
 
 
-def seq_mean_token_sum_norm(mask, norm_len):
-    """Dr. GRPO: token sum / (number of sequences x a constant length), so long answers are not discounted."""
+def seq_mean_token_sum_norm(mask, norm_len):  # Dr. GRPO: token sum / (sequences x a constant length): no length bias
     if norm_len is None:
         raise ValueError("loss aggregation seq-mean-token-sum-norm needs norm_len (the maximum completion length)")
     return mask, sequences(mask) * norm_len
@@ -227,9 +201,8 @@ AGGREGATIONS = {"token-mean": token_mean, "seq-mean-token-mean": seq_mean_token_
                 "seq-mean-token-sum-norm": seq_mean_token_sum_norm}
 
 
-# policy_loss's options that name an entry of a registry: config.py makes the registry's keys the flag's choices.
-OPTION_CHOICES = {"kl_estimator": KL_ESTIMATORS, "loss_agg": AGGREGATIONS, "ratio": RATIOS,
-                  "is_correction": IS_CORRECTIONS}
+OPTION_CHOICES = {"kl_estimator": KL_ESTIMATORS, "loss_agg": AGGREGATIONS, "ratio": RATIOS,  # policy_loss's options
+                  "is_correction": IS_CORRECTIONS}  # that name a registry's entry: config.py makes its keys the choices
 
 
 def loss_denominator(mask: torch.Tensor, agg: str = "token-mean", norm_len: int | None = None) -> torch.Tensor:
@@ -242,6 +215,5 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean",
     """sum(values * weights) / denominator of per-token values (B, T): `denominator` the whole minibatch's (the sum
     of `loss_denominator` over its micro-batches and ranks), or None for this batch's own (a whole minibatch)."""
     weights, share = choose(AGGREGATIONS, agg, "loss aggregation")(mask.to(values.dtype), norm_len)  # (B, T), ()
-    denominator = torch.as_tensor(share if denominator is None else denominator, dtype=values.dtype,
-                                  device=values.device)
+    denominator = torch.as_tensor(share if denominator is None else denominator).to(values)  # values' dtype, device
     return (values * weights).sum() / denominator.where(denominator > 0, 1)  # every row masked: a loss of 0

@@ -67,6 +67,14 @@ def parse_weights(text: str, flag: str, valid, *, not_a_pair: Callable[[str], st
     return weights
 
 
+def term_weights(text: str, terms: dict) -> dict[str, float]:
+    """{name: coefficient} of --loss-terms ("l2=0.1,other=-1"); ValueError, one line naming the flag, for a piece that
+    is not NAME=COEF, a coefficient that is not a finite number, a name given twice or not in `terms` (LOSS_TERMS)."""
+    return parse_weights(text, "--loss-terms", terms, not_a_pair=lambda piece: (
+        f"{piece!r} is not NAME=COEF with a finite COEF (e.g. l2=0.1)"), unknown=lambda name: (
+        f"unknown term {name!r}; choose from {', '.join(terms) or 'none yet'} (loss.py: LOSS_TERMS)"))
+
+
 def option_help(function, names) -> dict:
     """{option: help} from `function`'s docstring: the "name: help" lines (name in `names`) after "Options", all
     indented alike, each continued by the lines indented deeper below it."""
