@@ -47,7 +47,7 @@ from plumbing.checkpoint import (
     resume_hint,
     save_checkpoint,
 )
-from plumbing.checks import sampling_memory_error
+from plumbing.checks import no_room_error, sampling_memory_error
 from plumbing.cli import first_line
 from plumbing.data import load_data
 from plumbing.eval_sets import gather_samples, load_eval_sets
@@ -104,10 +104,9 @@ def train(args: Args) -> dict:
                                  moving_ref) if ckpt else 0
     n_params = run_log.model_flops_per_token(model)
     n_forwards = 1 + 3 * args.ppo_epochs + (ref_model is not None) + (not reuses_training_logprobs(args))
+    if error := no_room_error(args.max_tokens, model.config.max_position_embeddings):  # a hub model's, known now
+        raise DataError(error)
     room = model.config.max_position_embeddings - args.max_tokens  # the longest prompt the context holds
-    if room < 1:
-        raise DataError(f"--max-tokens {args.max_tokens} leaves no room for a prompt in the model's context of "
-                        f"{model.config.max_position_embeddings} tokens: pass a smaller --max-tokens")
     train_ids, test_ids = (encode_prompts(tokenizer, rows, max_len=room)
                            for rows in (train_set, [ex for _, rows in eval_sets.values() for ex in rows]))
     max_prompt = max(len(p) for p in train_ids + test_ids)

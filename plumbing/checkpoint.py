@@ -254,11 +254,17 @@ def _size(n_bytes: float) -> str:
 
 def remove_orphans(out_dir: str, master: bool = True) -> list[str]:
     """Remove the .tmp-checkpoint-* folders that killed saves or deletions (prune_checkpoints) left in `out_dir`
-    (they can fill a disk), on rank 0 only, and say so in one note; their names."""
+    (they can fill a disk), on rank 0 only, and say so in one note; their names. A checkpoint that a save killed
+    between its two renames had moved aside, with no new one of its step in place, comes back instead."""
     if not master or not os.path.isdir(out_dir):
         return []
     names = sorted(d for d in os.listdir(out_dir) if d.startswith(".tmp-checkpoint-"))
-    for name in names:
+    saves = sorted({m[1] for m in map(re.compile(r"\.tmp-(checkpoint-\d+)-").match, names) if m})
+    if restored := [back for name in saves if (back := _undo_save(os.path.join(out_dir, name)))]:
+        print(f"note: put back {', '.join(restored)} as its checkpoint-STEP in {out_dir}: a save killed mid-way had "
+              "moved it aside")
+    names = [name for name in names if name not in restored]
+    for name in names:  # what _undo_save left: any odd name
         shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
     if names:
         print(f"note: removed {len(names)} unfinished checkpoint save(s) or deletion(s) a killed run left in "
@@ -367,24 +373,29 @@ def _first_failure(err: BaseException) -> BaseException:
 
 @contextlib.contextmanager
 def _undone_if_interrupted(out_dir: str, step: int, master: bool):
-    """A Ctrl-C mid-save leaves what was there before: this save's temporary folder goes, and a checkpoint of the
-    same step that was moved aside for it comes back; then the interrupt goes on. (A failed save does the same
-    below, and says so in its CheckpointError.)"""
+    """A Ctrl-C mid-save leaves what was there before (`_undo_save`), then goes on as the interrupt it is."""
     try:
         yield
     except Exception:
         raise
     except BaseException:
-        if not master:  # rank 0 alone touches the folders, as when it saves
-            raise
-        final = os.path.join(out_dir, f"checkpoint-{step:06d}")
-        for tmp in glob.glob(os.path.join(out_dir, f".tmp-checkpoint-{step:06d}-*")):
-            if tmp.endswith("-old") and not os.path.exists(final):
-                with contextlib.suppress(OSError):
-                    os.rename(tmp, final)
-            else:
-                shutil.rmtree(tmp, ignore_errors=True)
+        if master:  # rank 0 alone touches the folders, as when it saves
+            _undo_save(os.path.join(out_dir, f"checkpoint-{step:06d}"))
         raise
+
+
+def _undo_save(final: str) -> str | None:
+    """Back to what was there before a save of `final` began, after it failed, was interrupted or killed: its
+    temporary folder goes, and a checkpoint of the same step that was moved aside for it comes back (its name)."""
+    put_back = None
+    for tmp in glob.glob(os.path.join(os.path.dirname(final), f".tmp-{os.path.basename(final)}-*")):
+        if tmp.endswith("-old") and not os.path.exists(final):
+            with contextlib.suppress(OSError):
+                os.rename(tmp, final)
+                put_back = os.path.basename(tmp)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return put_back
 
 
 def _why(err: BaseException) -> str:
@@ -446,16 +457,12 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args,
                 if os.path.exists(final):  # move the old one aside first: a rename cannot replace a folder
                     os.rename(final, tmp + "-old")
                 os.rename(tmp, final)
+                shutil.rmtree(tmp + "-old", ignore_errors=True)
             except Exception as err:  # ENOSPC as OSError, or torch.save's RuntimeError "unexpected pos"
                 reason = _why(err)
-                if os.path.isdir(tmp + "-old") and not os.path.exists(final):
-                    with contextlib.suppress(OSError):
-                        os.rename(tmp + "-old", final)  # the old one back in place
-            shutil.rmtree(tmp + "-old", ignore_errors=True)
     error = None
     if master and reason is not None:
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
+        _undo_save(final)  # the old one of the same step back in place
         last_good = find_checkpoint(out_dir) if os.path.isdir(out_dir) else None
         needed = _tensor_bytes(state) + _tensor_bytes(state["model"])  # DTensors count whole: the HF copy too
         free = f"{_size(shutil.disk_usage(out_dir).free)} are free" if os.path.isdir(out_dir) else "its folder is gone"

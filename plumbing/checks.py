@@ -168,8 +168,14 @@ def model_flag_error(args) -> str | None:
     if error := model_error(args.model):
         return error
     context = model_context(args.model)  # a local folder's config.json; None for a hub id (checked at load)
-    if context is not None and args.max_tokens >= context:
-        return (f"--max-tokens {args.max_tokens:,} leaves no room for a prompt in the model's context of {context:,} "
+    return no_room_error(args.max_tokens, context)
+
+
+def no_room_error(max_tokens: int, context: int | None) -> str | None:
+    """The one line for a --max-tokens that leaves a prompt no room in the model's context (train.py, eval.py, at
+    the checks and again at the load, where a hub model's context becomes known); None where it fits or is unknown."""
+    if context is not None and max_tokens >= context:
+        return (f"--max-tokens {max_tokens:,} leaves no room for a prompt in the model's context of {context:,} "
                 "tokens: pass a smaller --max-tokens")
     return None
 

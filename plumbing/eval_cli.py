@@ -11,6 +11,7 @@ import sys
 
 import torch
 
+from plumbing.checks import no_room_error
 from plumbing.cli import first_line
 from plumbing.data import DataError
 from plumbing.files import write_json
@@ -61,11 +62,10 @@ def load_sampler(args, examples, make_sampler):
 def prompt_room(path: str, max_tokens: int) -> int:
     """The tokens a prompt may have in the model's context beside --max-tokens (unbounded where the context is
     unknown); DataError, one line, where there is no room."""
-    room = (model_context(path) or hub_context(path) or sys.maxsize) - max_tokens
-    if room < 1:
-        raise DataError(f"--max-tokens {max_tokens} leaves no room for a prompt in the model's context of "
-                        f"{room + max_tokens} tokens: pass a smaller --max-tokens")
-    return room
+    context = model_context(path) or hub_context(path)
+    if error := no_room_error(max_tokens, context):
+        raise DataError(error)
+    return (context or sys.maxsize) - max_tokens
 
 
 def checkpoint_step(model: str) -> int:

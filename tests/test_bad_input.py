@@ -410,6 +410,22 @@ def test_orphaned_temporary_saves_are_removed_and_named(tmp_path):
     assert checkpoint.remove_orphans(str(tmp_path / "no-such-run")) == []
 
 
+def test_a_checkpoint_a_killed_save_moved_aside_comes_back_at_the_next_start(tmp_path, capsys):
+    """A save of a step that already has a checkpoint moves the old one aside, then renames the new one in: a kill
+    between the two renames leaves no checkpoint-STEP. The next start puts the old one back, not removes it."""
+    good = fake_checkpoint(tmp_path, 30, {"step": 30, "args": {}})
+    kept = {path.replace(str(good), "X"): data for path, data in snapshot(good).items()}
+    (tmp_path / ".tmp-checkpoint-000030-abc").mkdir()  # the new save, half written
+    os.rename(good, tmp_path / ".tmp-checkpoint-000030-abc-old")
+    (tmp_path / ".tmp-checkpoint-000010-def-old").mkdir()  # an old one whose new save landed: superseded
+    fake_checkpoint(tmp_path, 10, {"step": 10, "args": {}})
+    assert checkpoint.remove_orphans(str(tmp_path)) == [".tmp-checkpoint-000010-def-old", ".tmp-checkpoint-000030-abc"]
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-000010", "checkpoint-000030"]
+    assert {path.replace(str(good), "X"): data for path, data in snapshot(good).items()} == kept
+    assert checkpoint.find_checkpoint(str(tmp_path)).endswith("checkpoint-000030")
+    assert "put back .tmp-checkpoint-000030-abc-old" in capsys.readouterr().out
+
+
 # ---- tracebacks where one line belongs: the run folder, a damaged model file
 
 @pytest.mark.parametrize("where", ["a file", "under a file"])
