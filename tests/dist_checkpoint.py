@@ -1,7 +1,7 @@
 """Jobs for tests/test_dcp.py, run in one process or under `torchrun --nproc_per_node 2` (FSDP2 over gloo on CPU):
 
     torchrun --nproc_per_node 2 tests/dist_checkpoint.py train OUT_DIR MODEL_DIR STEPS [RESUME]  # train.main, digits
-    torchrun --nproc_per_node 2 tests/dist_checkpoint.py load CKPT MODEL_DIR OUT.pt   # a resume's state, gathered
+    torchrun --nproc_per_node 2 tests/dist_checkpoint.py load MODEL_DIR CKPT OUT.pt [CKPT OUT.pt]... # resumed
     torchrun --nproc_per_node 2 tests/dist_checkpoint.py fail OUT_DIR MODEL_DIR   # rank 1's disk full mid-save
     python tests/dist_checkpoint.py model MODEL_DIR HIDDEN LAYERS      # a bigger random model, the tiny tokenizer
     torchrun --nproc_per_node 2 tests/dist_checkpoint.py measure-save OUT MODEL [frozen] # a save: seconds, RSS
@@ -32,12 +32,18 @@ def run_args(out_dir, model_dir, steps, resume="", reference="ema"):
                       save_every=1, beta=0.1, resume=resume, **moving)
 
 
-def load(ckpt, model_dir, out_path):
-    """What a resume restores on this world size (train.py's setup), gathered whole: model, AdamW, reference."""
+def load(model_dir, *pairs):
+    """What a resume of each CKPT restores on this world size (train.py's setup), gathered whole into its OUT.pt:
+    model, AdamW, reference. One launch for several checkpoints: a launch costs more than a load."""
+    distributed, rank, world, device = train.init_distributed(run_args("", model_dir, 3).seed)
+    for ckpt, out_path in zip(pairs[::2], pairs[1::2]):
+        load_one(ckpt, model_dir, out_path, rank, device)
+
+
+def load_one(ckpt, model_dir, out_path, rank, device):
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
 
     args = run_args(os.path.dirname(ckpt), model_dir, 3, resume=ckpt)
-    distributed, rank, world, device = train.init_distributed(args.seed)
     _, model, ref_model = train.load_models(args, ckpt, model_dir, device)
     optimizer = train.make_optimizer(model, args)
     step = train.load_checkpoint(ckpt, model, optimizer, train.make_scheduler(optimizer, args), rank, args.lr,

@@ -47,11 +47,13 @@ def test_dcp_resume_is_exact_on_2_ranks_and_reshards_2_to_1_and_1_to_2(tiny_mode
     straight, split, single = tmp_path / "straight", tmp_path / "split", tmp_path / "single"
     launch(2, "train", straight, tiny_model_dir, 3)
     launch(2, "train", split, tiny_model_dir, 2)
+    launch(1, "train", single, tiny_model_dir, 2)  # saved on 1 rank, for the 1 -> 2 reshard below
     ckpt = split / "checkpoint-000002"
     assert sorted(f for f in os.listdir(ckpt / "trainer") if f.endswith(".distcp")) == ["__0_0.distcp",
                                                                                        "__1_0.distcp"]
-    for world in (1, 2):  # the 2-rank checkpoint, resumed on 1 and on 2 ranks: every tensor as saved
-        launch(world, "load", ckpt, tiny_model_dir, tmp_path / f"2to{world}.pt")
+    for world in (1, 2):  # each checkpoint, resumed on 1 and on 2 ranks: every tensor as saved
+        launch(world, "load", tiny_model_dir, ckpt, tmp_path / f"2to{world}.pt",
+               single / "checkpoint-000002", tmp_path / f"1to{world}.pt")
     two_to_one, two_to_two = (torch.load(tmp_path / f"2to{world}.pt") for world in (1, 2))
     assert two_to_one["step"] == two_to_two["step"] == 2
     assert_equal_states(two_to_one, two_to_two)
@@ -69,9 +71,6 @@ def test_dcp_resume_is_exact_on_2_ranks_and_reshards_2_to_1_and_1_to_2(tiny_mode
     assert_equal_states(load_file(split / "checkpoint-000003" / "model.safetensors"),
                         load_file(straight / "checkpoint-000003" / "model.safetensors"))
 
-    launch(1, "train", single, tiny_model_dir, 2)  # saved on 1 rank, resumed on 2
-    for world in (1, 2):
-        launch(world, "load", single / "checkpoint-000002", tiny_model_dir, tmp_path / f"1to{world}.pt")
     assert_equal_states(torch.load(tmp_path / "1to1.pt"), torch.load(tmp_path / "1to2.pt"))
     launch(2, "train", single, tiny_model_dir, 3, single)
     assert [r["step"] for r in comparable(single / "metrics.jsonl")] == [1, 2, 3]
