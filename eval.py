@@ -1,68 +1,50 @@
-"""Evaluation: greedy pass@1, the paper's metric (Sections 5-6, Tables 2 and 5), and sampled pass@k.
+"""Evaluation: greedy pass@1 (Sections 5-6, Tables 2 and 5), sampled mean@K and pass@k; departures: docs/eval.md.
 
-A model, an alias (`smollm2-135m`) or a train.py checkpoint is scored with training's sampler, prompts and rewards
-(--reward-weights as in train.py, a fork's terms too); train.py's evaluations call `evaluate`. The JSON output is
-written whole once the result, judgments included, is ready: a failure never costs an earlier result.
-
-    python eval.py --model smollm2-135m --task arith --limit 100
-    python eval.py --model runs/arith/checkpoint-50 --task gsm8k --samples 8   # + pass@1,2,4,8
-    python eval.py --model runs/countdown/checkpoint-50 --task countdown --reward sim --demo-file gold.parquet
+    python eval.py --model smollm2-135m --task arith --limit 100 --samples 8
     python eval.py --model runs/poetry/checkpoint-200 --task poetry --data-file poems.jsonl \
         --judge-url http://127.0.0.1:8000/v1 --judge-model Qwen/Qwen3-30B-A3B-Thinking-2507   # Table 4
-
-Departures from the paper:
-1. Tasks without a verifier (poetry, meetingbank) report r_sim (B.5); Table 4's judge scores: --judge-url (judge.py).
-2. pass@k: Chen et al.'s unbiased estimator (arXiv 2107.03374) over K samples; a pass is a reward >= 0.5.
-3. Sampled scores (`sampled_scores`, shared with train.py's --eval-samples): mean@K, the mean reward of the K samples
-   (for a verifier, the pass rate), with a 95% normal interval over prompts; sample k of example j draws stream
-   eval_seed(--seed, step) + j * K + k, where step is a train.py checkpoint's own step (0 for any other model):
-   eval.py on checkpoint-N scores what train.py's evaluation at step N scored, sample for sample (docs/eval.md).
+    python -m pytest tests/test_eval.py tests/test_eval_sampled.py -q
 """
 
 import hashlib
+import importlib.util
 import math
 import os
 import sys
 
+import torch
 from tqdm import tqdm
 
-from plumbing import checks
-from plumbing.cli import OneLineParser
-from plumbing.eval_cli import add_eval_args, checkpoint_step, format_summary, load_sampler, write_result
-from plumbing.files import write_error
-from plumbing.models import ModelLoadError, SamplingError
+from plumbing.checkpoint import CheckpointError, safe_load
+from plumbing.checks import eval_flag_error, model_flag_error, no_room_error
+from plumbing.cli import OneLineParser, first_line
+from plumbing.files import write_error, write_json
+from plumbing.models import ModelLoadError, SamplingError, hub_context, load_tokenizer, model_context, resolve_model
+from plumbing.parallel import gather_rows
 from plumbing.prompts import encode_prompts, valid_prompt
 from rewards import declared_lengths
 from rollout import make_sampler
 from tasks import REWARD_TERMS, DataError, get_task, reward_weights
 
-PASS_THRESHOLD = 0.5  # a reward at or above this counts as a pass (verifier rewards are 0 or 1)
+PASS_THRESHOLD = 0.5
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples with c passes: 1 - C(n - c, k) / C(n, k), written as
-    1 - prod_{i = n-c+1..n} (1 - k / i), which never forms the huge binomials."""
+    """Unbiased pass@k (arXiv 2107.03374): 1 - C(n - c, k) / C(n, k)."""
     if not (0 <= c <= n and 1 <= k <= n):
         raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
-    if n - c < k:  # every k-subset contains a pass
-        return 1.0
-    fail = 1.0
-    for i in range(n - c + 1, n + 1):
-        fail *= 1.0 - k / i
-    return 1.0 - fail
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def sampled_scores(rewards: list[list[float]], passes: list[list[bool]] | None) -> dict:
-    """The scores of K samples per prompt (train.py and eval.py both report these): mean@K, the mean reward over
-    every sample, with the 95% interval of that mean over prompts (mean +- 1.96 s / sqrt(n), s the standard deviation
-    of the per-prompt means; one prompt gives no spread), and, given passes, pass@k for k = 1, 2, 4, ... and K."""
+    """mean@K with a 95% normal interval over prompts; given passes, pass@k for k = 1, 2, 4, ..., K."""
     n, K = len(rewards), len(rewards[0]) if rewards else 0
     if n == 0 or K == 0:
         return {}
-    per_prompt = [sum(row) / K for row in rewards]  # each prompt's mean@K
+    per_prompt = [sum(row) / K for row in rewards]
     score = sum(per_prompt) / n
     spread = math.sqrt(sum((m - score) ** 2 for m in per_prompt) / (n - 1)) if n > 1 else 0.0
-    half = 1.96 * spread / math.sqrt(n)  # normal approximation over prompts
+    half = 1.96 * spread / math.sqrt(n)
     out = {f"mean@{K}": score, f"mean@{K}_ci95_low": score - half, f"mean@{K}_ci95_high": score + half}
     if passes is not None:
         ks = sorted({2 ** i for i in range(K.bit_length()) if 2 ** i <= K} | {K})
@@ -71,33 +53,23 @@ def sampled_scores(rewards: list[list[float]], passes: list[list[bool]] | None) 
 
 
 def eval_seed(run_seed: int, step: int) -> int:
-    """The first sample stream of the sampled evaluation at training step `step`: sample k of example j draws
-    stream eval_seed + j * K + k, so a resumed run, another world size, and eval.py on that step's checkpoint draw
-    the same samples. 36 bits of a hash of (run seed, step), times 2^22 samples an evaluation: under 2^58 for any
-    seed and step, where (seed * 2^20 + step) * 2^22 passed torch's 2^64 from seed 2^22."""
+    """First sample stream of the evaluation at `step`: 36 hash bits x 2^22 stays under 2^64."""
     digest = hashlib.sha256(f"{run_seed}:{step}".encode()).digest()
     return (int.from_bytes(digest[:8], "big") >> 28) * 2**22
 
 
 def evaluate(sampler, task, examples, *, samples=0, max_tokens=256, batch_size=64, seed=0,
              reward_kind="exact", weights=None, temperature=1.0, top_p=1.0, first=0, progress=True) -> dict:
-    """Score `examples` with greedy decoding (pass@1) and, if samples = K > 0, K samples each (mean@K, pass@k).
-    Sample k of examples[i] draws stream seed + (first + i) * K + k: `first`, the index of examples[0] in the
-    whole set, lets a shard of it draw what one process draws.
-
-    Returns {"summary": {...}, "examples": [one record per example]}. reward_kind "exact" uses the task's verifier,
-    "sim" the similarity reward ("exact" without a verifier falls back to "sim", with a note). `weights` ({term:
-    weight}, tasks.reward_weights) scores r = sum_k w_k r_k instead, as train.py does, with each term (reward/TERM).
-    """
+    """{"summary", "examples"}: greedy pass@1 and K samples each, sample k of examples[i] on stream
+    seed + (first + i) * K + k, so shards draw what one process draws; `weights`: r = sum_k w_k r_k."""
     if reward_kind == "exact" and not task.has_verifier and weights is None:
         print(f"note: task {task.name} has no verifier: reporting the similarity reward "
               "(the paper's LLM-judge scores: --judge-url, --judge-model)")
         reward_kind = "sim"
     weighted, weights = weights is not None, weights or {reward_kind: 1.0}
+    limits = dict(max_tokens=max_tokens, overlong_buffer=max(1, max_tokens // 5))
 
-    limits = dict(max_tokens=max_tokens, overlong_buffer=max(1, max_tokens // 5))  # as train.py's default
-
-    def score(completion, example) -> tuple[float, dict]:  # (r = sum_k w_k r_k, {term: r_k})
+    def score(completion, example) -> tuple[float, dict]:
         terms = {term: task.reward(completion.text, example, kind=term, **declared_lengths(
             term, n_tokens=len(completion.token_ids), **limits)) for term in weights}
         return sum(weight * terms[term] for term, weight in weights.items()), terms
@@ -105,28 +77,28 @@ def evaluate(sampler, task, examples, *, samples=0, max_tokens=256, batch_size=6
     kept = [ex for ex in examples if valid_prompt(ex.prompt)]
     if len(kept) < len(examples):
         print(f"note: skipped {len(examples) - len(kept)} example(s) with an empty or malformed prompt")
-    records, passes = [], []  # passes: of each example, whether its greedy and each sampled completion pass
+    records, passes = [], []
     for start in tqdm(range(0, len(kept), batch_size), desc=f"eval {task.name}", unit="batch", disable=not progress):
         batch = kept[start:start + batch_size]
         prompt_ids = encode_prompts(sampler.tokenizer, batch)
         greedy = sampler.generate(prompt_ids, n=1, max_tokens=max_tokens, temperature=0.0)
-        # seed + (first + start + i) * K + k: every (example, sample) stream is distinct across batches and shards
         sampled = sampler.generate(prompt_ids, n=samples, max_tokens=max_tokens, temperature=temperature,
                                    top_p=top_p, seed=seed + (first + start) * samples) if samples > 0 else [
             [] for _ in batch]
         for ex, (best,), group in zip(batch, greedy, sampled):
             (reward, terms), scored = score(best, ex), [score(c, ex) for c in group]
-            records.append({"uid": ex.uid, "prompt": ex.prompt, "gold": ex.gold, "reference": ex.reference,
-                            "completion": best.text, "answer": task.extract(best.text), "reward": reward,
-                            "length": len(best.token_ids), "finish_reason": best.finish_reason,
-                            **({"terms": terms} if weighted else {}),
-                            **({"sampled_rewards": [r for r, _ in scored],
-                                "samples": [{"completion": c.text, "reward": r, "length": len(c.token_ids),
-                                             "finish_reason": c.finish_reason,
-                                             "passed": t.get("exact", 0.0) >= PASS_THRESHOLD}
-                                            for c, (r, t) in zip(group, scored)]}
-                               if samples > 0 else {})})
-            passes.append([t.get("exact", 0.0) >= PASS_THRESHOLD for _, t in [(reward, terms), *scored]])
+            passed = [t.get("exact", 0.0) >= PASS_THRESHOLD for _, t in [(reward, terms), *scored]]
+            record = {"uid": ex.uid, "prompt": ex.prompt, "gold": ex.gold, "reference": ex.reference,
+                      "completion": best.text, "answer": task.extract(best.text), "reward": reward,
+                      "length": len(best.token_ids), "finish_reason": best.finish_reason,
+                      **({"terms": terms} if weighted else {})}
+            if samples > 0:
+                record["sampled_rewards"] = [r for r, _ in scored]
+                record["samples"] = [{"completion": c.text, "reward": r, "length": len(c.token_ids),
+                                      "finish_reason": c.finish_reason, "passed": p}
+                                     for c, (r, _), p in zip(group, scored, passed[1:])]
+            records.append(record)
+            passes.append(passed)
 
     n = len(records)
     summary = {"task": task.name, "n": n, "skipped": len(examples) - n,
@@ -134,10 +106,10 @@ def evaluate(sampler, task, examples, *, samples=0, max_tokens=256, batch_size=6
                "len_mean": mean([r["length"] for r in records]),
                "trunc_frac": mean([r["finish_reason"] == "length" for r in records])}
     if "exact" in weights:
-        summary["pass@1"] = mean([p[0] for p in passes])  # greedy (Table 2)
+        summary["pass@1"] = mean([p[0] for p in passes])  # Table 2
     elif not weighted:
         summary["sim_reward"] = mean([r["reward"] for r in records])
-    if weighted:  # r = sum_k w_k r_k, and each term r_k
+    if weighted:
         summary["reward/mean"] = mean([r["reward"] for r in records])
         summary.update({f"reward/{term}": mean([r["terms"][term] for r in records]) for term in weights})
     if samples > 0:
@@ -150,47 +122,143 @@ def evaluate(sampler, task, examples, *, samples=0, max_tokens=256, batch_size=6
 
 def mean(values) -> float:
     values = list(values)
-    return sum(values) / len(values) if values else 0.0  # an empty evaluation gives zeros, not an error
+    return sum(values) / len(values) if values else 0.0
+
+
+def parse_eval_tasks(text: str, registry: dict) -> list[tuple[str, str | None]]:
+    """[(task name, file or None)] of --eval-tasks "NAME[=FILE],..."."""
+    sets = []
+    for piece in filter(str.strip, text.split(",")):
+        name, equals, path = (part.strip() for part in piece.partition("="))
+        if name not in registry:
+            raise ValueError(f"--eval-tasks: unknown task {name!r}: choose from {', '.join(registry)}")
+        if equals and not os.path.isfile(path):
+            raise ValueError(f"--eval-tasks: {name}'s file {path!r} does not exist")
+        if name in (seen for seen, _ in sets):
+            raise ValueError(f"--eval-tasks: {name} is given twice")
+        sets.append((name, path if equals else None))
+    return sets
+
+
+def load_eval_sets(args, task, test_set: list, registry: dict) -> dict:
+    """{set name: (task, examples)}: the task's held-out rows, then each --eval-tasks set."""
+    sets = {task.name: (task, test_set)} if test_set else {}
+    for name, path in parse_eval_tasks(args.eval_tasks, registry):
+        if name in sets:
+            raise DataError(f"--eval-tasks: {name} is the task's own held-out set, scored already")
+        other = registry[name]
+        rows = other.load("test", data_file=path, limit=args.eval_examples, seed=args.seed)
+        if not rows:
+            raise DataError(f"--eval-tasks: {name} has no held-out rows" + (f" in {path}" if path else ""))
+        sets[name] = (other, rows)
+    return sets
+
+
+def gather_samples(records: list[dict], field: str, size: int, K: int, device) -> torch.Tensor:
+    """(n, K) float64: `field` of every rank's samples, in rank order."""
+    block = torch.full((size, K), torch.nan, dtype=torch.float64)  # (size, K): NaN rows pad
+    for j, record in enumerate(records):
+        block[j] = torch.tensor([sample[field] for sample in record["samples"]], dtype=torch.float64)
+    table = gather_rows(block, device)  # (world * size, K)
+    return table[~table[:, 0].isnan()]
+
+
+def load_sampler(args, examples):
+    """rollout.py's sampler, its context sized for the longest prompt plus --max-tokens."""
+    backend = args.sampler or ("vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf")
+    try:
+        path = resolve_model(args.model)
+        context = model_context(path) or hub_context(path)  # vLLM needs it up front
+        if error := no_room_error(args.max_tokens, context):
+            raise DataError(error)
+        prompts = encode_prompts(load_tokenizer(path), [e for e in examples if valid_prompt(e.prompt)],
+                                 max_len=(context or sys.maxsize) - args.max_tokens)
+        return make_sampler(backend, path, dtype="bfloat16" if backend == "hf" else "auto", seed=args.seed,
+                            max_model_len=max(map(len, prompts), default=0) + args.max_tokens)
+    except (OSError, ValueError) as err:
+        raise err if isinstance(err, (ModelLoadError, DataError)) else ModelLoadError(
+            f"cannot use model {args.model!r}: {first_line(err, limit=None)}") from None
+
+
+def checkpoint_step(model: str) -> int:
+    """The step of a train.py checkpoint folder, else 0."""
+    if not os.path.isfile(os.path.join(model, "trainer_state.pt")):
+        return 0
+    state = safe_load(model, "trainer_state.pt")
+    return int(state.get("step", 0)) if isinstance(state, dict) else 0
+
+
+def format_summary(summary: dict) -> str:
+    rows = {("pass@1 (greedy)" if k == "pass@1" else k): v for k, v in summary.items() if k != "pass@k"}
+    rows.update({f"pass@{k} (sampled)": v for k, v in summary.get("pass@k", {}).items()})
+    shown = {k: f"{100 * v:.1f}%" if k.startswith(("pass@", "trunc_frac"))
+             else f"{v:.4g}" if isinstance(v, float) else str(v) for k, v in rows.items()}
+    return "\n".join(f"{k:<24}{v}" for k, v in shown.items())
+
+
+def write_result(out: str, result: dict) -> None:
+    """--out written whole; an OSError says the printed summary is the result."""
+    try:
+        write_json(out, result, indent=1)
+    except OSError as err:
+        kept = f"; the earlier {out} is intact" if os.path.exists(out) else ""
+        raise OSError(f"cannot write {out} ({err.strerror or first_line(err, limit=200)}): the summary above "
+                      f"is the result{kept}") from None
 
 
 def parse_args(argv=None):
-    from tools import judge  # the LLM judge: loaded by this command line only, never by train.py
+    from tools import judge  # never imported by train.py
 
     parser = OneLineParser("eval.py", description="Greedy pass@1 and sampled pass@k of a model on a task.")
-    add_eval_args(parser, reward_choices=("exact", *REWARD_TERMS))
+    add = parser.add_argument
+    add("--model", required=True, help="HF folder, hub id, checkpoint folder or alias")
+    add("--task", required=True, help="task name (see tasks.py)")
+    add("--split", default="test", choices=["train", "test"])
+    add("--limit", type=int, default=None, help="evaluate the first N examples")
+    add("--samples", type=int, default=0, help="K samples per prompt for pass@k (0: greedy only)")
+    add("--temperature", type=float, default=1.0, help="sampling temperature for pass@k")
+    add("--top-p", type=float, default=1.0, help="nucleus sampling for pass@k and mean@K")
+    add("--max-tokens", type=int, default=256)
+    add("--batch-size", type=int, default=64)
+    add("--reward", default="exact", choices=("exact", *REWARD_TERMS), help="verifier, or a term")
+    add("--reward-weights", default="", help="reward terms as train.py takes them: exact=1,format=0.1")
+    add("--sampler", default=None, choices=["hf", "vllm"], help="default: vllm on a GPU, else hf")
+    add("--data-file", default=None, help="local data file for the task (passed to task.load)")
+    add("--demo-file", default=None, help="countdown --reward sim: a local copy of "
+        "HuggingFaceTB/Countdown-Task-GOLD's demonstrations (same columns), joined to the puzzles")
+    add("--seed", type=int, default=0)
+    add("--out", default=None, help="JSON path (default: <model dir or .>/eval_<task>_<split>.json)")
     judge.add_judge_args(parser)
     args = parser.parse_args(argv)
-    if error := judge.judge_args_error(args) or checks.eval_flag_error(args):  # as train.py's, where both take one
+    if error := judge.judge_args_error(args) or eval_flag_error(args):
         parser.error(error)
     args.out = args.out or os.path.join(args.model if os.path.isdir(args.model) else ".",
-                                        f"eval_{args.task}_{args.split}.json")  # by default beside the model
-    # before anything loads: an unwritable --out costs a second, not an evaluation (the model: main, before it loads)
+                                        f"eval_{args.task}_{args.split}.json")
     if error := write_error(args.out, "--out"):
         parser.error(error)
     return args
 
 
 def main(argv=None) -> dict:
-    """Every error is one line, `eval.py: error: ...`: exit status 2 for a bad input, 1 for a failing judge or disk."""
+    """Errors are one line: exit 2 for a bad input, 1 for a failing judge or disk."""
     from tools import judge
 
-    bad_input = (ValueError, ModelLoadError, SamplingError)  # exit 2 (a DataError is a ValueError)
+    bad_input = (ValueError, ModelLoadError, SamplingError, CheckpointError)  # exit 2
     args = parse_args(argv)
-    out, partial = args.out, args.out + ".partial"  # the judgments so far: --out changes only once all are in
+    out, partial = args.out, args.out + ".partial"
     try:
         task = get_task(args.task)
         weights = reward_weights(task, args.reward, args.reward_weights) if args.reward_weights else None
         examples = task.load(args.split, data_file=args.data_file, limit=args.limit, seed=args.seed,
-                             demos="sim" in (weights or {args.reward: 1}), demo_file=args.demo_file)  # joined
-        if error := checks.model_flag_error(args):  # before the judge and the model: a hub id with no hub, ...
+                             demos="sim" in (weights or {args.reward: 1}), demo_file=args.demo_file)
+        if error := model_flag_error(args):
             raise ModelLoadError(error)
-        if not examples:  # a pass@1 of 0.0 over no rows would read as a result
+        if not examples:
             raise DataError(f"no {args.split} rows to evaluate in {args.data_file or task.name} (tasks.py holds out "
                             "~10% by prompt hash; a {split} file holds one split): nothing is scored")
-        # before the model loads and generates: an unreachable judge should cost seconds, not a run
         judges = judge.connect_judges(args) if args.judge_url else []
-        sampler = load_sampler(args, examples, make_sampler)  # rollout.py's, sized for these prompts
-        try:  # DataError: --reward sim on a task without demonstrations; SamplingError: NaN weights
+        sampler = load_sampler(args, examples)
+        try:
             result = evaluate(sampler, task, examples, samples=args.samples, max_tokens=args.max_tokens,
                               batch_size=args.batch_size, seed=eval_seed(args.seed, checkpoint_step(args.model)),
                               reward_kind=args.reward, weights=weights, temperature=args.temperature,
@@ -198,13 +266,13 @@ def main(argv=None) -> dict:
         finally:
             sampler.close()
         result["summary"] = {"model": args.model, "split": args.split, **result["summary"]}
-        if judges:  # reuses the judgments an earlier run left in `out` or `partial`; saves new ones in `partial`
+        if judges:
             judge.judge_result(result, judges, out, save_to=partial, concurrency=args.judge_concurrency)
-        print(format_summary(result["summary"]))  # first: the result is never only on a disk that failed
+        print(format_summary(result["summary"]))  # before writing: a failed disk loses nothing
         if judges:
             print(judge.format_judge_summary(result["judge_summary"]))
         write_result(out, result)
-    except KeyboardInterrupt:  # Ctrl-C: --out is written whole or not at all; judgments so far stay in `partial`
+    except KeyboardInterrupt:
         sys.exit(f"eval.py: interrupted; {out} is {'as it was' if os.path.exists(out) else 'not written'}")
     except (*bad_input, OSError, judge.JudgeError) as err:
         print(f"eval.py: error: {err}", file=sys.stderr)

@@ -1,200 +1,115 @@
-"""Tasks: data, prompts, demonstrations and rewards (SoftmaxGRPO Section 5.1, Appendix B.3).
-
-A task turns a dataset row into an `Example` (chat prompt, gold answer, demonstration) and scores a completion with
-its verifier or a term of rewards.REWARD_TERMS; a new task is one more `Task(...)` entry in TASKS. Reading and
-checking the rows is plumbing/data.py's. Each task's data, how to call it, and the choices the paper leaves open
-(departures 1-5): docs/tasks.md.
+"""Tasks (Section 5.1, Appendix B.3): dataset rows into `Example`s and a completion's reward (docs/tasks.md).
 
     python -m pytest tests/test_tasks.py -q
 """
 
-from __future__ import annotations  # Task names Example, defined below it
-
+import hashlib
 import itertools
+import json
+import os
 import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cache, partial, wraps
+from functools import cache
 
-from plumbing import data
-from plumbing.cli import parse_weights
-from plumbing.data import DataError, Demonstrations, digest, in_test
-from plumbing.procedural import search_expression, seeded_passes
-from rewards import (
-    REWARD_TERMS,
-    countdown_expression,
-    countdown_reward,
-    declared_lengths,
-    final_answer,
-    integer_answer,
-    integer_reward,
-    last_boxed,
-    math_reward,
-    safe_reward,
-)
+import rewards
+from plumbing.cli import choose, first_line, parse_weights
+from plumbing.data import DataError, read_rows, where
+from rewards import REWARD_TERMS, countdown_reward, final_answer, math_reward
 
-
-@dataclass(kw_only=True)
-class Task:
-    """A task, built with keywords: hub-backed (hub_id, columns, make_example) or procedural (generate)."""
-
-    name: str
-    hub_id: str | None = None  # dataset id for datasets.load_dataset (None: --data-file only, or procedural)
-    columns: tuple[str, ...] = ()  # required in hub rows and --data-file rows
-    key: tuple[str, ...] = ()  # columns that identify a prompt (uid and held-out split)
-    key_text: Callable[[dict], str] | None = None  # when only part of them does: {column: value} -> that part
-    make_example: Callable[[dict], Example] | None = None
-    verifier: Callable[[str, Example], float] | None = None
-    answer: Callable[[str], str] = final_answer  # what `extract` reports
-    hub_config: str | None = None
-    hub_test_split: str | None = None  # the hub's own test split; None -> held-out by prompt
-    generate: Callable[[str, int, int], list[Example]] | None = None  # procedural tasks
-    hint: str = ""  # appended to the missing-columns error
-    may_be_empty: tuple[str, ...] = ()  # columns that must exist but may be empty; the others need a value
-    demos: Demonstrations | None = None  # where the similarity reward's demonstrations are, if not in the rows
-    prompt_tokens: int = 1024  # its longest prompt, for tools/memory_plan.py: see docs/tasks.md, "Prompt lengths"
-    held_out_only: bool = False  # a benchmark (--eval-tasks): every row of its hub split or file is held out
-
-    @property
-    def required(self) -> tuple[str, ...]:
-        """The columns every row needs a value in: a row without its answer must not train against "None"."""
-        return tuple(column for column in self.columns if column not in self.may_be_empty)
-
-    @property
-    def has_verifier(self) -> bool:
-        """Tasks without one (poetry, meetingbank, openthoughts) train on the similarity reward only."""
-        return self.verifier is not None
-
-    def load(self, split: str = "train", *, data_file: str | None = None, limit: int | None = None, seed: int = 0,
-             demos: bool = False, demo_file: str | None = None) -> list[Example]:
-        """Examples of `split` ("train" or "test"), shuffled by `seed`, at most `limit`; DataError when offline.
-
-        `demos`: the reward uses sim, so a task whose rows have no demonstrations (countdown) joins them from its
-        `demos` dataset, or from `demo_file` (--demo-file), leaving out the puzzles that have none (departure 3).
-        """
-        data.check_load(self, split, data_file, demos, demo_file)
-        if self.generate is not None:  # departure 5: a train stream of 5000, each held-out problem once
-            default = 5000 if split == "train" else 500
-            return self.generate(split, default if limit is None else limit, seed)
-        return data.load_rows(self, split, data_file, limit=limit, seed=seed, demos=demos, demo_file=demo_file)
-
-    def reward(self, completion: str, example: Example, kind: str = "exact", **lengths) -> float:
-        """One reward term of a completion: "exact" (the verifier), "sim" (B.5) or any rewards.REWARD_TERMS'.
-        Of `lengths` (rollout.score and eval.py pass rewards.declared_lengths'), a term gets those it declares
-        (DAPO's overlong one), so a length-aware term needs no edit in either command."""
-        if kind == "exact":
-            if not self.has_verifier:
-                raise ValueError(f"{self.name} has no verifier: use --reward sim")
-            return safe_reward(self.verifier)(completion, example)  # in [0, 1]; an exception scores 0
-        if kind == "sim" and not example.reference:
-            joined = "load the task with demos=True (train.py and eval.py do for sim), or " if self.demos else ""
-            raise DataError(f"{self.name} example {example.uid} has no demonstration for --reward sim: {joined}pass "
-                            "--data-file with a 'reference' column")
-        if kind in REWARD_TERMS:
-            term = REWARD_TERMS[kind]
-            wanted = declared_lengths(kind, **lengths)
-            term = wraps(term)(partial(term, **wanted)) if wanted else term
-            return safe_reward(term)(completion, example)  # in [0, 1]; an exception scores 0
-        raise ValueError(f"unknown reward kind {kind!r}: use one of {', '.join(('exact', *REWARD_TERMS))}")
-
-    def extract(self, completion: str) -> str:
-        """The answer the verifier looks at (for eval output), at most 500 characters."""
-        return self.answer(completion)[:500]
-
-
-# A new task is one more entry here. `verifier(completion, example)` scores a completion (0 or 1);
-# `answer(completion)` is what eval.py reports as the extracted answer. The functions named in a lambda are below.
-TASKS: dict[str, Task] = {task.name: task for task in [
-    Task(name="gsm8k", hub_id="openai/gsm8k", hub_config="main", hub_test_split="test",
-         columns=("question", "answer"), key=("question",), make_example=lambda row: _gsm8k(row),
-         verifier=lambda completion, ex: math_reward(completion, ex.gold), answer=lambda text: _boxed_or_answer(text)),
-    Task(name="countdown", hub_id="Jiayi-Pan/Countdown-Tasks-3to4",
-         columns=("nums", "target"), key=("nums", "target"), make_example=lambda row: _countdown(row),
-         verifier=lambda completion, ex: countdown_reward(completion, ex.meta["numbers"], ex.meta["target"]),
-         answer=countdown_expression,
-         demos=Demonstrations(hub_id="HuggingFaceTB/Countdown-Task-GOLD", hub_config="verified_Qwen2.5-7B-Instruct",
-                              columns=("nums", "target", "messages"), read=lambda row: _gold_demonstration(row),
-                              puzzle=lambda row: _countdown_puzzle(row))),
-    Task(name="deepmath", hub_id="zwhe99/DeepMath-103K",
-         columns=("question", "final_answer", "r1_solution_1", "r1_solution_2", "r1_solution_3"),
-         may_be_empty=("r1_solution_1", "r1_solution_2", "r1_solution_3"), key=("question",),
-         make_example=lambda row: _deepmath(row),
-         verifier=lambda completion, ex: math_reward(completion, ex.gold), answer=lambda text: _boxed_or_answer(text)),
-    Task(name="poetry", hub_id="jnb666/poems", columns=("instruction", "poem"),
-         key=("instruction",), make_example=lambda row: _poetry(row),
-         hint=". jnb666/poems holds poems only; the paper wrote an instruction for each poem "
-              "with an LLM: pass them with --data-file (columns instruction, poem)"),
-    Task(name="meetingbank", hub_id="microsoft/MeetingBank-LLMCompressed",
-         columns=("prompt", "compressed_prompt"), key=("prompt",), make_example=lambda row: _meetingbank(row),
-         prompt_tokens=2048),  # whole transcripts: as the official 512-prompt openthoughts.yaml
-    Task(name="openthoughts", hub_id="open-thoughts/OpenThoughts3-1.2M", columns=("conversations",),
-         key=("conversations",), key_text=lambda row: _openthoughts_turns(row["conversations"])[0],
-         make_example=lambda row: _openthoughts(row), prompt_tokens=2048),  # the official openthoughts.yaml
-    Task(name="arith", generate=lambda split, limit, seed: _arith(split, limit, seed),
-         verifier=lambda completion, ex: integer_reward(completion, ex.gold), answer=integer_answer,
-         prompt_tokens=40),
-    Task(name="countdown24", generate=lambda split, limit, seed: _countdown24(split, limit, seed),
-         verifier=lambda completion, ex: countdown_reward(completion, ex.meta["numbers"], ex.meta["target"]),
-         answer=countdown_expression, prompt_tokens=120),
-    # benchmarks scored by train.py --eval-tasks and eval.py, never trained on (docs/eval.md says why these ids)
-    Task(name="math500", hub_id="HuggingFaceH4/MATH-500", hub_test_split="test", held_out_only=True,
-         columns=("problem", "answer"), key=("problem",), make_example=lambda row: _benchmark(row),
-         verifier=lambda completion, ex: math_reward(completion, ex.gold), answer=lambda text: _boxed_or_answer(text)),
-    Task(name="aime24", hub_id="HuggingFaceH4/aime_2024", hub_test_split="train", held_out_only=True,
-         columns=("problem", "answer"), key=("problem",), make_example=lambda row: _benchmark(row),
-         verifier=lambda completion, ex: math_reward(completion, ex.gold), answer=lambda text: _boxed_or_answer(text)),
-    Task(name="aime25", hub_id="MathArena/aime_2025", hub_test_split="train", held_out_only=True,
-         columns=("problem", "answer"), key=("problem",), make_example=lambda row: _benchmark(row),
-         verifier=lambda completion, ex: math_reward(completion, ex.gold), answer=lambda text: _boxed_or_answer(text)),
-]}
-
-
-def get_task(name: str) -> Task:
-    """The task called `name`; ValueError listing the valid names otherwise."""
-    if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}: choose one of {', '.join(TASKS)}")
-    return TASKS[name]
-
-
-def reward_weights(task: Task, reward: str, text: str) -> dict[str, float]:
-    """{term: weight} of --reward-weights ("format=0.35,sim=0.65"), or {reward: 1.0} when it is empty.
-
-    The reward is r = sum_k w_k r_k (train.py: score). ValueError, one line naming the flag, for a piece that is not
-    TERM=WEIGHT, a weight that is not a finite number, a term given twice, an unknown term, "exact" on a task without
-    a verifier, no term at all, or every weight 0. A negative weight is a penalty; a 0 logs its term
-    (reward/TERM) without training on it.
-    """
-    valid = ("exact", *REWARD_TERMS)
-    if not text.strip():
-        if reward == "exact" and not task.has_verifier:
-            raise ValueError(f"task {task.name} has no verifier: use --reward sim")
-        return {reward: 1.0}
-    no_exact = f"task {task.name} has no verifier, so no exact term: choose from {', '.join(valid[1:])}"
-    weights = parse_weights(  # rewards are float32 tensors: 1e39 would be inf, and inf x 0 NaN
-        text, "--reward-weights", valid if task.has_verifier else valid[1:], limit=3.4028234663852886e38,
-        not_a_pair=lambda piece: f"{piece!r} is not TERM=WEIGHT (e.g. format=0.35,sim=0.65)",
-        not_finite=lambda term, value: f"the weight of {term} must be a finite number, not {value!r}",
-        over_limit=" (rewards are float32: at most 3.4e38)",
-        unknown=lambda term: no_exact if term == "exact" else f"unknown term {term!r}: choose from {', '.join(valid)}")
-    if not weights:
-        raise ValueError(f"--reward-weights {text!r} names no term: give TERM=WEIGHT, e.g. format=0.35,sim=0.65")
-    if not any(weights.values()):
-        raise ValueError("--reward-weights: every weight is 0, so every reward would be 0")
-    return weights
+TEST_PERCENT = 10  # held-out share when a dataset has no test split
 
 
 @dataclass
 class Example:
-    prompt: list[dict]  # chat messages [{"role": ..., "content": ...}]
-    gold: str | None  # verifier answer (None when the task has no verifier)
-    reference: str  # demonstration for the similarity reward ("" when none)
-    meta: dict = field(default_factory=dict)  # task extras, JSON-serialisable
-    uid: str = ""  # stable id: task name + hash of the prompt (+ "#pass" for repeated problems)
-    source: str = ""  # where its row is, "rows.jsonl line 3", for errors about it ("" when generated)
+    prompt: list[dict]
+    gold: str | None
+    reference: str  # demonstration for sim
+    meta: dict = field(default_factory=dict)
+    uid: str = ""  # task name + prompt hash
+    source: str = ""  # "FILE line 3"
 
 
-# ---------------------------------------------------------------- prompts, and the row readers TASKS names
+@dataclass(kw_only=True)
+class Demonstrations:
+    """Similarity-reward demonstrations from another dataset, joined by puzzle (departure 3)."""
+
+    hub_id: str
+    hub_config: str | None = None
+    columns: tuple[str, ...]
+    read: Callable[[dict], tuple[tuple, str]]
+    puzzle: Callable[[dict], tuple]
+
+
+@dataclass(kw_only=True)
+class Task:
+    """A hub-backed (hub_id, columns, make_example) or procedural (generate) task."""
+
+    name: str
+    hub_id: str | None = None
+    columns: tuple[str, ...] = ()
+    key: tuple[str, ...] = ()  # identifies a prompt
+    key_text: Callable[[dict], str] | None = None
+    make_example: Callable[[dict], Example] | None = None
+    verifier: Callable[[str, Example], float] | None = None
+    answer: Callable[[str], str] = final_answer
+    hub_config: str | None = None
+    hub_test_split: str | None = None  # None: held out by prompt hash
+    generate: Callable[[str, int, int], list[Example]] | None = None
+    hint: str = ""
+    may_be_empty: tuple[str, ...] = ()
+    demos: Demonstrations | None = None
+    prompt_tokens: int = 1024  # for tools/memory_plan.py
+    held_out_only: bool = False  # a benchmark: never trained on
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        return tuple(column for column in self.columns if column not in self.may_be_empty)
+
+    @property
+    def has_verifier(self) -> bool:
+        return self.verifier is not None
+
+    def load(self, split: str = "train", *, data_file: str | None = None, limit: int | None = None, seed: int = 0,
+             demos: bool = False, demo_file: str | None = None) -> list[Example]:
+        """Shuffled examples of `split`; `demos` joins demonstrations for sim. DataError for bad data."""
+        if split not in ("train", "test"):
+            raise DataError(f"{self.name}: split must be 'train' or 'test', not {split!r}")
+        if demo_file and self.demos is None:
+            raise DataError(f"--demo-file {demo_file}: {self.name} takes no --demo-file (its demonstrations are its "
+                            "own; a 'reference' column in --data-file replaces them)")
+        if demo_file and not demos:
+            raise DataError(f"--demo-file {demo_file} is read only when the reward uses sim (--reward sim, or a sim "
+                            "term in --reward-weights)")
+        if split == "train" and self.held_out_only:
+            raise DataError(f"{self.name} is a held-out benchmark: score it with --eval-tasks {self.name} (train.py) "
+                            "or eval.py, not train on it")
+        if self.generate is None:
+            return _load_rows(self, split, data_file, limit, seed, demos, demo_file)
+        if data_file:
+            raise DataError(f"{self.name} is generated procedurally and takes no --data-file")
+        default = 5000 if split == "train" else 500  # departure 5
+        return self.generate(split, default if limit is None else limit, seed)
+
+    def reward(self, completion: str, example: Example, kind: str = "exact", **lengths) -> float:
+        """One reward term in [0, 1]: "exact" (the verifier) or a REWARD_TERMS key."""
+        if kind == "exact" and not self.has_verifier:
+            raise ValueError(f"{self.name} has no verifier: use --reward sim")
+        if kind == "sim" and not example.reference:
+            joined = "load the task with demos=True (train.py and eval.py do for sim), or " if self.demos else ""
+            raise DataError(f"{self.name} example {example.uid} has no demonstration for --reward sim: {joined}pass "
+                            "--data-file with a 'reference' column")
+        if kind != "exact" and kind not in REWARD_TERMS:
+            raise ValueError(f"unknown reward kind {kind!r}: use one of {', '.join(('exact', *REWARD_TERMS))}")
+        term = self.verifier if kind == "exact" else REWARD_TERMS[kind]
+        return rewards.safe_reward(term)(completion, example, **lengths)
+
+    def extract(self, completion: str) -> str:
+        """The answer the verifier sees, cut to 500 characters."""
+        return self.answer(completion)[:500]
+
+
 FORMAT_RULE = ("First think through the task inside <think> </think> tags, "
                "then give your answer after </think>.")  # departure 1
 SYSTEM = "You are a helpful assistant. " + FORMAT_RULE
@@ -208,8 +123,29 @@ def _chat(user: str, system: str | None = SYSTEM) -> list[dict]:
 
 def _boxed_or_answer(completion: str) -> str:
     answer = final_answer(completion)
-    boxed = last_boxed(answer)
+    boxed = rewards.last_boxed(answer)
     return answer if boxed is None else boxed
+
+
+def _math_verifier(completion: str, example: Example) -> float:
+    return math_reward(completion, example.gold)
+
+
+def _countdown_verifier(completion: str, example: Example) -> float:
+    return countdown_reward(completion, example.meta["numbers"], example.meta["target"])
+
+
+def _integer(value, column: str, verb: str = "is") -> int:
+    """`value` as an int (3.0 is 3); ValueError otherwise."""
+    if isinstance(value, bool) or not (isinstance(value, int) or isinstance(value, float) and value.is_integer()):
+        raise ValueError(f"its {column} {verb} {json.dumps(value, default=repr)}, not an integer")
+    return int(value)
+
+
+def _integers(values, column: str) -> list[int]:
+    if not isinstance(values, (list, tuple)):
+        raise ValueError(f"its {column} is {json.dumps(values, default=repr)}, not a list of integers")
+    return [_integer(value, column, "holds") for value in values]
 
 
 def _gsm8k(row: dict) -> Example:
@@ -217,19 +153,38 @@ def _gsm8k(row: dict) -> Example:
         raise ValueError("its answer has no final '#### N'")
     reasoning, _, answer = str(row["answer"]).rpartition("####")
     gold = answer.strip()
-    if not re.fullmatch(r"-?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?", gold):  # "1,5": 15, or 1.5?
+    if not re.fullmatch(r"-?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?", gold):
         raise ValueError(f"its final answer '#### {gold}' is not one number (a comma may only group thousands, "
                          "as in 1,500)")
-    gold = gold.replace(",", "")  # as math_reward reads a gold (plumbing/boxes.py: plain_number)
-    reasoning = re.sub(r"<<[^>]*>>", "", reasoning).strip()  # drop calculator notes "<<48/2=24>>"
+    gold = gold.replace(",", "")
+    reasoning = re.sub(r"<<[^>]*>>", "", reasoning).strip()  # calculator notes
     return Example(_chat(f"{row['question']}\n{BOXED}"), gold, f"{reasoning}\nThe answer is \\boxed{{{gold}}}.")
 
 
 def _countdown(row: dict) -> Example:
-    numbers, target = data.integers(row["nums"], "nums"), data.integer(row["target"], "target")  # 24.5: refused
+    numbers, target = _integers(row["nums"], "nums"), _integer(row["target"], "target")
     user = (f"Using the numbers {numbers}, write an arithmetic expression that equals {target}. "
             "Use each number exactly once, with only +, -, *, / and parentheses.")
     return Example(_chat(user), str(target), "", {"numbers": numbers, "target": target})
+
+
+def _countdown_puzzle(row: dict) -> tuple:
+    """(sorted numbers, target): joins a Countdown puzzle to its demonstration."""
+    return tuple(sorted(_integers(row["nums"], "nums"))), _integer(row["target"], "target")
+
+
+def _gold_demonstration(row: dict) -> tuple[tuple, str]:
+    """(puzzle, last assistant answer) of a Countdown-Task-GOLD row."""
+    if not isinstance(row["messages"], list):
+        raise ValueError("its messages is not a list of {role, content} turns")
+    said = [turn.get("content") for turn in row["messages"]
+            if isinstance(turn, dict) and turn.get("role") == "assistant"]
+    if not said:
+        raise ValueError("its messages have no assistant turn")
+    reference = final_answer(str(said[-1] or ""))
+    if not reference:
+        raise ValueError("its assistant turn has no answer after its thinking")
+    return _countdown_puzzle(row), reference
 
 
 def _deepmath(row: dict) -> Example:
@@ -247,25 +202,18 @@ def _meetingbank(row: dict) -> Example:
     return Example(_chat(user), None, str(row["compressed_prompt"]))
 
 
-def _countdown_puzzle(row: dict) -> tuple:
-    """What joins a Countdown puzzle to its demonstration: the numbers sorted (their order does not change which
-    expressions solve it) and the target."""
-    return tuple(sorted(data.integers(row["nums"], "nums"))), data.integer(row["target"], "target")
-
-
-# ---------------------------------------------------------------- more row readers TASKS names
 def _openthoughts(row: dict) -> Example:
     question, response = _openthoughts_turns(row["conversations"])
     if not question.strip():
         raise ValueError("its human turn is empty")
-    reference = final_answer(response)  # the similarity reward compares answers: the thinking is removed
+    reference = final_answer(response)
     if not reference:
         raise ValueError("its gpt turn has no answer (it is empty, or its <think> never closes)")
     return Example(_chat(question), None, reference)
 
 
 def _openthoughts_turns(conversation) -> tuple[str, str]:
-    """(first human turn, the gpt turn answering it) of an OpenThoughts3 conversation [{"from", "value"}, ...]."""
+    """(first human turn, next gpt turn) of an OpenThoughts3 conversation."""
     if not isinstance(conversation, list) or not all(isinstance(turn, dict) for turn in conversation):
         raise ValueError("its conversations is not a list of {from, value} turns")
     speakers = [turn.get("from") for turn in conversation]
@@ -274,37 +222,31 @@ def _openthoughts_turns(conversation) -> tuple[str, str]:
     asked = speakers.index("human")
     if "gpt" not in speakers[asked:]:
         raise ValueError("its conversations has no gpt turn after the human one")
-    answered = speakers.index("gpt", asked)
-    return str(conversation[asked].get("value") or ""), str(conversation[answered].get("value") or "")
-
-
-def _gold_demonstration(row: dict) -> tuple[tuple, str]:
-    """(puzzle, reference) of a Countdown-Task-GOLD row: the answer of its last assistant turn."""
-    if not isinstance(row["messages"], list):
-        raise ValueError("its messages is not a list of {role, content} turns")
-    said = [turn.get("content") for turn in row["messages"]
-            if isinstance(turn, dict) and turn.get("role") == "assistant"]
-    if not said:
-        raise ValueError("its messages have no assistant turn")
-    reference = final_answer(str(said[-1] or ""))  # thinking and <answer> tags removed: what the reward compares
-    if not reference:
-        raise ValueError("its assistant turn has no answer after its thinking")
-    return _countdown_puzzle(row), reference
+    return tuple(str(conversation[i].get("value") or "") for i in (asked, speakers.index("gpt", asked)))
 
 
 def _benchmark(row: dict) -> Example:
-    """A MATH500 or AIME row: the problem with the boxed-answer instruction, its answer for math-verify."""
     return Example(_chat(f"{row['problem']}\n{BOXED}"), str(row["answer"]).strip(), "")
 
 
-# ---------------------------------------------------------------- procedural tasks (departures 2 and 5)
-ARITH_MAX, ARITH_TEST = 16, 64  # operands 0..15; 64 of the 256 problems held out
+ARITH_MAX, ARITH_TEST = 16, 64  # departures 2, 5
+
+
+def seeded_passes(items: list, seed: int, repeat: bool):
+    """(item, pass) over seeded shuffles of `items`, forever when `repeat`."""
+    rng = random.Random(seed)
+    for pass_index in itertools.count():
+        order = list(items)
+        rng.shuffle(order)
+        yield from ((item, pass_index) for item in order)
+        if not repeat or not items:
+            return
 
 
 def _arith(split: str, limit: int, seed: int) -> list[Example]:
     problems = sorted(((a, b) for a in range(ARITH_MAX) for b in range(ARITH_MAX)),
                       key=lambda ab: digest("arith", *ab))
-    problems = problems[:ARITH_TEST] if split == "test" else problems[ARITH_TEST:]  # disjoint by problem
+    problems = problems[:ARITH_TEST] if split == "test" else problems[ARITH_TEST:]
     return [Example(_chat(f"What is {a} + {b}?", system=None), str(a + b), f"{a} + {b} = {a + b}",
                     {"a": a, "b": b}, f"arith-{a}+{b}#{p}")
             for (a, b), p in itertools.islice(seeded_passes(problems, seed, split == "train"), limit)]
@@ -312,15 +254,14 @@ def _arith(split: str, limit: int, seed: int) -> list[Example]:
 
 def _countdown24(split: str, limit: int, seed: int) -> list[Example]:
     quads = [q for q in itertools.combinations_with_replacement(range(1, 14), 4)
-             if in_test(digest("countdown24", *q)) == (split == "test")]  # disjoint by multiset
+             if in_test(digest("countdown24", *q)) == (split == "test")]
     rng, out = random.Random(seed + 1), []
     for quad, p in seeded_passes(quads, seed, repeat=split == "train"):
         if len(out) >= limit:
             break
-        solution = solve_countdown(quad)
-        if solution is None:  # about a quarter of the multisets cannot make 24
+        if (solution := solve_countdown(quad)) is None:
             continue
-        numbers = rng.sample(quad, 4)  # shown in a random order
+        numbers = rng.sample(quad, 4)
         example = _countdown(dict(nums=numbers, target=24))
         example.reference, example.uid = solution, f"countdown24-{'-'.join(map(str, quad))}#{p}"
         out.append(example)
@@ -329,6 +270,178 @@ def _countdown24(split: str, limit: int, seed: int) -> list[Example]:
 
 @cache
 def solve_countdown(numbers: tuple[int, ...], target: int = 24) -> str | None:
-    """An expression using each number once that equals `target` exactly, or None (brute force: the first that
-    countdown_reward accepts)."""
-    return search_expression([(float(n), str(n)) for n in numbers], list(numbers), target, accept=countdown_reward)
+    """An expression of the numbers, each once, equal to `target`, or None."""
+    return _search([(float(n), str(n)) for n in numbers], list(numbers), target)
+
+
+def _search(items: list[tuple[float, str]], numbers: list[int], target: int) -> str | None:
+    if len(items) == 1:
+        value, expr = items[0]
+        expr = expr[1:-1] if expr.startswith("(") else expr
+        return expr if abs(value - target) < 1e-6 and countdown_reward(expr, numbers, target) == 1.0 else None
+    for i, j in itertools.combinations(range(len(items)), 2):
+        (a, left), (b, right) = items[i], items[j]
+        rest = [item for k, item in enumerate(items) if k not in (i, j)]
+        options = [(a + b, f"({left} + {right})"), (a * b, f"({left} * {right})"),
+                   (a - b, f"({left} - {right})"), (b - a, f"({right} - {left})")]
+        options += [(a / b, f"({left} / {right})")] if b else []
+        options += [(b / a, f"({right} / {left})")] if a else []
+        for option in options:
+            if found := _search(rest + [option], numbers, target):
+                return found
+    return None
+
+
+TASKS: dict[str, Task] = {task.name: task for task in [
+    Task(name="gsm8k", hub_id="openai/gsm8k", hub_config="main", hub_test_split="test", columns=("question", "answer"),
+         key=("question",), make_example=_gsm8k, verifier=_math_verifier, answer=_boxed_or_answer),
+    Task(name="countdown", hub_id="Jiayi-Pan/Countdown-Tasks-3to4", columns=("nums", "target"), key=("nums", "target"),
+         make_example=_countdown, verifier=_countdown_verifier, answer=rewards.countdown_expression,
+         demos=Demonstrations(hub_id="HuggingFaceTB/Countdown-Task-GOLD", hub_config="verified_Qwen2.5-7B-Instruct",
+                              columns=("nums", "target", "messages"), read=_gold_demonstration,
+                              puzzle=_countdown_puzzle)),
+    Task(name="deepmath", hub_id="zwhe99/DeepMath-103K",
+         columns=("question", "final_answer", "r1_solution_1", "r1_solution_2", "r1_solution_3"),
+         may_be_empty=("r1_solution_1", "r1_solution_2", "r1_solution_3"), key=("question",),
+         make_example=_deepmath, verifier=_math_verifier, answer=_boxed_or_answer),
+    Task(name="poetry", hub_id="jnb666/poems", columns=("instruction", "poem"), key=("instruction",),
+         make_example=_poetry, hint=". jnb666/poems holds poems only; the paper wrote an instruction for each poem "
+                                    "with an LLM: pass them with --data-file (columns instruction, poem)"),
+    Task(name="meetingbank", hub_id="microsoft/MeetingBank-LLMCompressed", columns=("prompt", "compressed_prompt"),
+         key=("prompt",), make_example=_meetingbank, prompt_tokens=2048),  # whole transcripts
+    Task(name="openthoughts", hub_id="open-thoughts/OpenThoughts3-1.2M", columns=("conversations",),
+         key=("conversations",), key_text=lambda row: _openthoughts_turns(row["conversations"])[0],
+         make_example=_openthoughts, prompt_tokens=2048),
+    Task(name="arith", generate=_arith, verifier=lambda completion, ex: rewards.integer_reward(completion, ex.gold),
+         answer=rewards.integer_answer, prompt_tokens=40),
+    Task(name="countdown24", generate=_countdown24, verifier=_countdown_verifier, answer=rewards.countdown_expression,
+         prompt_tokens=120),
+    # held-out benchmarks (docs/eval.md)
+    *(Task(name=name, hub_id=hub_id, hub_test_split=split, held_out_only=True, columns=("problem", "answer"),
+           key=("problem",), make_example=_benchmark, verifier=_math_verifier, answer=_boxed_or_answer)
+      for name, hub_id, split in [("math500", "HuggingFaceH4/MATH-500", "test"),
+                                  ("aime24", "HuggingFaceH4/aime_2024", "train"),
+                                  ("aime25", "MathArena/aime_2025", "train")]),
+]}
+
+
+def get_task(name: str) -> Task:
+    return choose(TASKS, name, "task")
+
+
+def reward_weights(task: Task, reward: str, text: str) -> dict[str, float]:
+    """{term: weight} of --reward-weights, else {reward: 1.0}; r = sum_k w_k r_k."""
+    if not text.strip():
+        if reward == "exact" and not task.has_verifier:
+            raise ValueError(f"task {task.name} has no verifier: use --reward sim")
+        return {reward: 1.0}
+    pair = "TERM=WEIGHT (e.g. format=0.35,sim=0.65)"
+    # float32 max: inf x 0 is NaN
+    weights = parse_weights(text, "--reward-weights", ("exact", *REWARD_TERMS), pair, limit=3.4028234663852886e38)
+    if "exact" in weights and not task.has_verifier:
+        raise ValueError(f"--reward-weights: task {task.name} has no verifier, so no exact term: choose from "
+                         f"{', '.join(REWARD_TERMS)}")
+    if not weights:
+        raise ValueError(f"--reward-weights {text!r} names no term: give TERM=WEIGHT, e.g. format=0.35,sim=0.65")
+    if not any(weights.values()):
+        raise ValueError("--reward-weights: every weight is 0, so every reward would be 0")
+    return weights
+
+
+def digest(*parts) -> str:
+    return hashlib.sha1("\x1f".join(str(part) for part in parts).encode()).hexdigest()
+
+
+def in_test(digest: str) -> bool:
+    return int(digest[:8], 16) % 100 < TEST_PERCENT
+
+
+def _load_rows(task: Task, split: str, data_file, limit, seed: int, demos: bool, demo_file) -> list[Example]:
+    """Rows split by key hash (departure 4), joined to demonstrations, shuffled, cut, made examples."""
+    path = data_file.replace("{split}", split) if data_file else None
+    hub_split = task.hub_test_split if split == "test" and task.hub_test_split else "train"
+    rows, lines, source = read_rows(path, "--data-file", task.hub_id and (task.hub_id, task.hub_config, hub_split),
+                                    task.columns, task.required, task.name, task.hint)
+    whole = path != data_file or task.held_out_only if data_file else task.hub_test_split is not None
+    what = f"{task.name} example"
+    keys = [dict(zip(task.key, values)) for values in zip(*(rows[column] for column in task.key))]
+    digests = _each(lambda key: digest(*key.values()) if task.key_text is None else digest(task.key_text(key)),
+                    keys, lines, source, what)
+    seen, uids = {}, []
+    for row_digest in digests:
+        seen[row_digest] = seen.get(row_digest, -1) + 1
+        uids.append(f"{task.name}-{row_digest[:12]}" + (f"#{seen[row_digest]}" if seen[row_digest] else ""))
+    keep = [i for i, row_digest in enumerate(digests) if whole or in_test(row_digest) == (split == "test")]
+    join = demos and task.demos is not None and "reference" not in rows.column_names
+    if join:  # before the limit
+        references, demo_source = _demonstrations(task, demo_file)
+        puzzles = _each(task.demos.puzzle, keys, lines, source, what)
+        joined = [i for i in keep if puzzles[i] in references]
+        if keep and not joined:
+            raise DataError(f"none of the {len(keep)} {task.name} {split} puzzles of {source} has a demonstration "
+                            f"in {demo_source} (joined by target and sorted numbers): pass --demo-file FILE "
+                            "with theirs")
+        if len(joined) < len(keep) and os.environ.get("RANK", "0") == "0":
+            print(f"note: {len(keep) - len(joined)} of {len(keep)} {task.name} {split} puzzles have no "
+                  f"demonstration in {demo_source}: left out", flush=True)
+        keep = joined
+    random.Random(seed).shuffle(keep)
+    keep = keep[:limit] if limit is not None else keep
+    made = _each(lambda row: (task.make_example(row), row.get("reference")), rows.select(keep), lines, source, what,
+                 keep)
+    for i, (example, own) in zip(keep, made):
+        example.reference = str(own or (references[puzzles[i]] if join else example.reference))
+        example.uid, example.source = uids[i], f"{source} {where(lines, i)}"
+        if demos and not example.reference.strip():
+            why = "its 'reference' is empty" if "reference" in rows.column_names else f"the {task.name} row gives none"
+            raise DataError(f"{source}: {where(lines, i)} has no demonstration for the similarity reward ({why}); "
+                            "every row needs one for --reward sim")
+    return [example for example, _ in made]
+
+
+def _demonstrations(task: Task, demo_file: str | None) -> tuple[dict[tuple, str], str]:
+    """({puzzle: shortest reference}, source) of `demo_file` or the task's `demos`."""
+    demos, what = task.demos, f"{task.name} demonstration"
+    rows, lines, source = read_rows(demo_file, "--demo-file", (demos.hub_id, demos.hub_config, "train"),
+                                    demos.columns, demos.columns, f"a {what}")
+    columns = [dict(zip(demos.columns, values)) for values in zip(*(rows[column] for column in demos.columns))]
+    references = {}
+    for puzzle, reference in _each(demos.read, columns, lines, source, what):
+        if puzzle not in references or len(reference) < len(references[puzzle]):
+            references[puzzle] = reference
+    return references, source
+
+
+def _each(read: Callable, rows, lines, source: str, what: str, indices=None) -> list:
+    """read(row) of each row; DataError naming the first refused."""
+    out = []
+    for i, row in zip(range(len(rows)) if indices is None else indices, rows):
+        try:
+            out.append(read(row))
+        except Exception as err:
+            raise DataError(f"{source}: {where(lines, i)} is not a valid {what} ({first_line(err, typed=True)})"
+                            ) from None
+    return out
+
+
+def load_data(args, task: Task, weights: dict, master: bool = True) -> tuple[list[Example], list[Example]]:
+    """(train rows, at most --eval-examples held-out rows)."""
+    demos = dict(demos=True, demo_file=args.demo_file or None) if "sim" in weights else {}
+    train_set = task.load("train", data_file=args.data_file or None, seed=args.seed, **demos)
+    test_set = task.load("test", data_file=args.data_file or None, limit=args.eval_examples, seed=args.seed,
+                         **({} if task.has_verifier else demos)) if args.eval_examples else []
+    if not train_set:
+        raise DataError(f"--data-file {args.data_file}: every row falls in the held-out split (~10% by prompt hash)")
+    if args.eval_examples and not test_set and master:
+        print(f"note: --data-file {args.data_file} leaves no held-out rows (tasks.py holds out ~10% by prompt "
+              "hash): no evaluation before, during (--eval-every) or after training, no eval.json")
+    # the hash split is exact-text: near-copies may cross it
+    seen = {_prompt_text(example) for example in train_set} if master and test_set else set()
+    if repeated := [example for example in test_set if _prompt_text(example) in seen]:
+        print(f"note: {len(repeated)} of {len(test_set)} held-out rows repeat a training prompt up to whitespace and "
+              f"case (first: {repeated[0].source or repeated[0].uid}): kept, but their score is not a held-out one")
+    return train_set, test_set
+
+
+def _prompt_text(example: Example) -> str:
+    return " ".join(" ".join(str(m.get("content", "")) for m in example.prompt).casefold().split())

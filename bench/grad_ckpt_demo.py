@@ -1,7 +1,7 @@
 """The CPU demo's micro-batch with and without gradient checkpointing: seconds and peak memory per forward + backward.
 
 SmolLM2-135M (the embedded `smollm2-135m`) under bf16 autocast over float32 weights, eager attention (as
-load_model picks on CPU), 8 sequences of 40 prompt + 48 completion tokens, loss.sequence_logprobs and
+load_model picks on CPU), 8 sequences of 40 prompt + 48 completion tokens, speed/logprobs.py: sequence_logprobs and
 loss.policy_loss as train.ppo_update runs them. Each mode runs in its own process: one warm-up pass, then
 `--repeats` timed passes; the peak is the resident-set high-water mark (VmHWM, reset after the warm-up) above
 the resident set after the warm-up, gradients included in neither, with glibc returning every large block at
@@ -40,8 +40,9 @@ def run(checkpointing: bool, repeats: int) -> dict:
     mallopt = ctypes.CDLL("libc.so.6").mallopt
     mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD
     mallopt(-1, 64 * 1024)  # M_TRIM_THRESHOLD
-    from loss import policy_loss, sequence_logprobs
+    from loss import policy_loss
     from rollout import resolve_model
+    from speed.logprobs import sequence_logprobs
 
     model = load_model(resolve_model("smollm2-135m"), torch.float32, "cpu")
     if checkpointing:

@@ -40,7 +40,7 @@ class RecordingSampler:
     def generate(self, prompts, *, n, **kwargs):
         start = time.perf_counter()
         groups = self._inner.generate(prompts, n=n, **kwargs)
-        if n == self._M:  # sync_check's probe uses n = 1
+        if n == self._M:  # probe_sync's probe uses n = 1
             self._log.append({"start": start, "prompts": [list(p) for p in prompts],
                               "prompt_tokens": sum(map(len, prompts)) * n,
                               "completion_tokens": sum(len(c.token_ids) for g in groups for c in g)})
@@ -52,7 +52,7 @@ def run(opts) -> dict:
     import train
 
     if opts.M < 2:
-        raise SystemExit("ours_step.py: --M must be >= 2 (n = 1 marks sync_check's probe)")
+        raise SystemExit("ours_step.py: --M must be >= 2 (n = 1 marks the sync probe)")
     log = []
     make_sampler = rollout.make_sampler
     rollout.make_sampler = lambda *a, **k: RecordingSampler(make_sampler(*a, **k), opts.M, log)

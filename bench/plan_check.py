@@ -73,8 +73,9 @@ def measure_state(model_dir) -> int:
 def measure_activations(model_dir, batch, prompt, completion, dtype, checkpointing) -> int:
     import torch
 
-    from loss import policy_loss, sequence_logprobs
+    from loss import policy_loss
     from speed.backward import configure_backward
+    from speed.logprobs import sequence_logprobs
 
     _map_large_blocks()
     model = _model(model_dir)
@@ -104,7 +105,7 @@ def model_dir(name: str) -> str:
         import tempfile
 
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-        from plumbing.tiny_model import build_tiny_model
+        from tools.tiny_model import build_tiny_model
 
         return build_tiny_model(tempfile.mkdtemp(prefix="plan-check-tiny-"))
     from rollout import resolve_model

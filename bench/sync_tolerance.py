@@ -1,7 +1,7 @@
 """The sampler-vs-trainer probe difference of a healthy sampler, which train.py's --sync-tolerance must clear.
 
 For each backend and precision, the sampler and the trainer hold the same weights and train.py's probe
-(rollout.sync_check: 4 seeded tokens per prompt, four prompts per check, the trainer under bf16
+(plumbing/sync.py: probe_sync: 4 seeded tokens per prompt, four prompts per check, the trainer under bf16
 autocast when the run is bf16) runs over the demo's held-out arith prompts. Prints, over the checks,
 the largest and the median of the checked statistic (mean |difference| over a probe's tokens) and the
 largest single-token difference. The vLLM rows need vLLM (on CPU: scripts/setup_vllm_cpu.sh):
@@ -20,7 +20,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from plumbing.models import load_model  # noqa: E402
 from plumbing.prompts import encode_prompts  # noqa: E402
-from rollout import make_sampler, resolve_model, sync_check  # noqa: E402
+from plumbing.sync import probe_sync  # noqa: E402
+from rollout import make_sampler, resolve_model  # noqa: E402
 from tasks import get_task  # noqa: E402
 
 
@@ -30,8 +31,9 @@ def measure(backend, dtype, model_path, prompts):
     diffs = []
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
         for i in range(0, len(prompts) - 3, 4):
-            probe = sync_check(sampler, trainer, prompts[i:i + 4])
-            diffs.append((probe.diff, probe.max_diff))
+            probe = probe_sync(sampler, trainer, prompts[i:i + 4])
+            gaps = (probe.sampler_logp - probe.trainer_logp).abs() * probe.mask  # (B, K)
+            diffs.append((probe.diff, gaps.max().item()))
     sampler.close()
     return torch.tensor(diffs)  # (checks, 2)
 

@@ -2,7 +2,7 @@
 
 1. Peak: a 2048^3 matmul (2 n^3 FLOP) in bfloat16 and float32 on all cores, best of several runs.
 2. Training phase: train.py's `ppo_update` (reference forward, policy forward + backward of the
-   PPO-clip + KL loss via loss.sequence_logprobs / policy_loss under bfloat16 autocast, AdamW step) on a
+   PPO-clip + KL loss via sequence_logprobs / policy_loss under bfloat16 autocast, AdamW step) on a
    fixed batch: 4 real `arith` prompts (about 40 tokens with the chat template) x M = 8, each with a
    64-token random completion, in micro-batches of 8. Also its two parts alone: the reference forward
    and the loss forward + backward.
@@ -83,11 +83,12 @@ def main():
     from transformers import AutoTokenizer
 
     import train
-    from loss import pad_batch, policy_loss, sequence_logprobs
+    from loss import policy_loss
     from plumbing.models import load_model
     from plumbing.prompts import encode_prompts
     from rollout import make_sampler, resolve_model
     from speed.allocator import keep_freed_memory
+    from speed.logprobs import pad_batch, sequence_logprobs
     from tasks import get_task
 
     keep_freed_memory()  # as train.main does on CPU

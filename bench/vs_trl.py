@@ -37,7 +37,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 TRL_PIN = "trl==1.16.0"
-TARGETS = {"step_s": ("<=", 0.35), "peak_rss_gb": ("<=", 1.0)}  # ours / TRL: issue 15 (performance round two)
+TARGETS = {"step_s": ("<=", 0.35), "peak_rss_gb": ("<=", 1.0)}  # ours / TRL: the targets docs/vs_trl.md reports against
 
 
 def trl_python(venv: str) -> str:

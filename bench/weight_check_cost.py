@@ -29,7 +29,7 @@ def main():
     from transformers import AutoModelForCausalLM
 
     from plumbing.sync import check_weights, weight_checksums
-    from plumbing.tiny_model import build_tiny_model
+    from tools.tiny_model import build_tiny_model
     from rollout import make_sampler, resolve_model
 
     path = build_tiny_model(tempfile.mkdtemp()) if cli.model == "tiny" else resolve_model(cli.model)

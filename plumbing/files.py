@@ -1,8 +1,7 @@
-"""Files written whole or not at all, and whether a path can be written: for eval.py, the run log and the judge.
+"""Files written whole or not at all, and whether a path can be written: for train.py, eval.py and the run log.
 
-A write goes to a temporary file beside its target, reaches the disk (flush and fsync), then is renamed over the
-target: a full disk or a failed write leaves an earlier file whole and no partial file behind (a kill mid-write can
-leave a hidden .NAME.PID.tmp beside it, never a torn target).
+A write goes to a hidden temporary file beside its target, reaches the disk (fsync) and is renamed over it: a full
+disk leaves the earlier file whole. An append that fails is cut back to the old length: no torn last line.
 """
 
 import contextlib
@@ -16,32 +15,25 @@ from plumbing.cli import first_line
 
 class WriteError(OSError):
     """A write that did not happen (a full disk, a folder made read-only during a run), as one line; the file is
-    as it was. `strerror` is the system's reason ("Permission denied"), for callers that word their own line."""
+    as it was. `strerror` is the system's reason ("Permission denied")."""
 
     def __init__(self, message: str, strerror: str | None = None):
         super().__init__(message)
         self.strerror = strerror
 
 
-AppendError = WriteError  # train.py's name for it: an append to the run log that did not happen
-
-
 def _write_failed(verb: str, path: str, err: OSError, kept: str) -> WriteError:
-    reason = err.strerror or first_line(err)
-    if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        why = "its folder is not writable (made read-only during the run?)"
-    elif err.errno in (errno.ENOSPC, errno.EDQUOT):
-        why = "is the disk full?"
-    else:
-        why = "is the disk full or failing?"
-    return WriteError(f"cannot {verb} {path} ({reason}): {why} {kept}", err.strerror)
+    why = ("its folder is not writable (made read-only during the run?)" if err.errno in (errno.EACCES, errno.EPERM,
+           errno.EROFS) else "is the disk full?" if err.errno in (errno.ENOSPC, errno.EDQUOT) else
+           "is the disk full or failing?")
+    return WriteError(f"cannot {verb} {path} ({err.strerror or first_line(err)}): {why} {kept}", err.strerror)
 
 
 def write_whole(path: str, write) -> None:
-    """`write(f)` on a temporary text file beside `path`, then flushed to the disk and renamed into place; a
-    failing disk or folder is a one-line WriteError."""
+    """`write(f)` on a temporary text file beside `path` (one file system), flushed to the disk and renamed into
+    place; a failing disk or folder is a one-line WriteError."""
     folder, name = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")  # the same folder: the rename stays on one file system
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "w") as f:
             write(f)
@@ -66,9 +58,7 @@ def write_lines(path: str, lines) -> None:
 
 
 def append_lines(path: str, lines) -> None:
-    """Text lines added at the end of `path`, all or none: on a failure (ENOSPC) the file is cut back to its old
-    length, so no torn last line is left for a reader or a resume, and AppendError says so in one line; so does a
-    file or folder that cannot be opened for writing (made read-only during the run)."""
+    """Text lines added at the end of `path`, all or none (WriteError, one line)."""
     data = "".join(lines).encode()
     kept = "The file is as it was before this step, and the last checkpoint is intact"
     try:
@@ -89,10 +79,9 @@ def append_lines(path: str, lines) -> None:
 
 
 def write_error(path: str, flag: str, folder: bool = False) -> str | None:
-    """Why `path` cannot be written, as one line naming `flag`, or None. `path` is a file to write (eval.py --out),
-    or with folder=True a folder to write in, made later if missing (train.py --out-dir). Checked before anything
-    loads, by creating (and removing) a file where the writes will go, so a read-only folder costs a second, not a
-    run."""
+    """Why `path` cannot be written, as one line naming `flag`, or None: a file to write (eval.py --out), or with
+    folder=True a folder to write in, made later if missing (train.py --out-dir). A probe file is made and removed
+    where the writes will go, so a read-only folder costs a second, not a run."""
     try:  # a path the file system takes but UTF-8 cannot write: the save would fail after the training
         path.encode("utf-8")
     except UnicodeEncodeError:
@@ -107,12 +96,10 @@ def write_error(path: str, flag: str, folder: bool = False) -> str | None:
             parent = os.path.dirname(parent)
         if not os.path.isdir(parent):
             return f"{flag} {path}: {parent} is a file, not a folder"
-    else:
-        if os.path.isdir(path):
-            return f"{flag} {path} is a folder; pass a file path"
-        parent = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(parent):
-            return f"cannot write {path}: its folder {parent} does not exist (or is a file); pass {flag} PATH"
+    elif os.path.isdir(path):
+        return f"{flag} {path} is a folder; pass a file path"
+    elif not os.path.isdir(parent := os.path.dirname(os.path.abspath(path))):
+        return f"cannot write {path}: its folder {parent} does not exist (or is a file); pass {flag} PATH"
     try:
         fd, probe = tempfile.mkstemp(dir=parent, prefix=".write-check-")
         os.close(fd)

@@ -1,12 +1,12 @@
-"""Data parallelism over torchrun ranks, as train.py uses it: FSDP2 sharding, the full weights streamed to
-the sampler, and the gathers and all-reduces behind every logged number. Outside torchrun (no process
-group) each is the single-process identity.
+"""Data parallelism over torchrun ranks: FSDP2 sharding, the full weights streamed to the sampler, and the gathers
+and all-reduces behind every logged number; outside torchrun each is the single-process identity.
 
     torchrun --nproc_per_node 2 tests/dist_train.py parity OUT.pt MODEL_DIR REF_DIR   # equals one process
 """
 
 import os
 import random
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -48,11 +48,8 @@ def per_rank(values: dict[str, float], device) -> dict[str, float]:
 
 
 def shard(model, device, bf16: bool = False):
-    """FSDP2 data parallelism: each decoder layer is one all-gather unit, the root holds the rest.
-
-    With `bf16`, mixed precision as in the paper's verl runs (param_dtype bfloat16, reduce_dtype float32): each
-    layer is gathered and computed in bfloat16, half the bytes of a float32 gather, and its gradients are reduced
-    in float32 into the float32 master shards that AdamW updates."""
+    """FSDP2: each decoder layer one all-gather unit, the root the rest. `bf16`: the paper's verl mixed precision,
+    layers gathered and computed in bf16, gradients reduced in float32 into float32 master shards."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -61,8 +58,7 @@ def shard(model, device, bf16: bool = False):
         else MixedPrecisionPolicy()
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh, mp_policy=policy)
-    # The root too reshards after forward (FSDP2 keeps a root gathered by default, for the backward that follows):
-    # the reference and the no-grad forwards have no backward, and would leave the embedding gathered in bf16.
+    # the root reshards after forward too: the no-grad forwards have no backward to free the gathered embedding
     return fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
 
 
@@ -72,21 +68,17 @@ def local(t: torch.Tensor) -> torch.Tensor:
 
 
 def full_weights(model):
-    """(HF name, full tensor), one parameter at a time, gathered only when asked for: the sync holds one full
-    parameter at once (tests/test_rollout.py::test_the_weight_sync_holds_one_gathered_parameter_at_a_time).
-    All-gathering FSDP2 shards is a collective: every rank iterates in the same order."""
-    for name, param in model.named_parameters():  # FSDP2's shards are DTensors; a parameter it left whole is not
+    """(HF name, full tensor), each gathered only when asked for, so the sync holds one at a time; a collective:
+    every rank iterates in the same order."""
+    for name, param in model.named_parameters():
         yield name, (param.full_tensor() if isinstance(param, DTensor) else param).detach()
 
 
 def init_distributed(seed: int, timeout_s: float = 1800):
-    """(distributed, rank, world, device): under torchrun (RANK is set), one process group over all ranks; then the
-    models are FSDP2-sharded, each rank samples its share of prompts, every logged number is all-reduced.
-    `timeout_s` (--dist-timeout-s): how long a rank waits in a collective before the run fails, which must cover
-    the longest wait a rank has, rank 0 writing a checkpoint's HF folder (the shards are written in parallel)."""
-    from datetime import timedelta
-
+    """(distributed, rank, world, device), seeded: under torchrun (RANK set) one process group over all ranks,
+    whose collectives wait `timeout_s` (--dist-timeout-s) before the run fails."""
     from transformers.utils import logging as hf_logging
+
     hf_logging.disable_progress_bar()  # no "Loading weights" bar per model on every rank
     cuda = torch.cuda.is_available()
     if not cuda:  # CPU tensors come from malloc: keep their pages instead of faulting them in again

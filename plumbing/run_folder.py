@@ -1,8 +1,4 @@
-"""The run folder's policy (train.py --out-dir): one run per folder, and a folder train.py can write.
-
-Checked before any model loads, so that a run that cannot save, or would overwrite another run's metrics and
-checkpoints, stops in one line instead of after hours of training.
-"""
+"""One run per folder (train.py --out-dir): held by a lock, and checked writable before any model loads."""
 
 import contextlib
 import fcntl
@@ -25,15 +21,12 @@ class RunFolderError(RuntimeError):
 
 
 class RunLock:
-    """Holds a run folder (lock_run_folder) until release(), which leaves the folder as the run found it when the
-    run wrote nothing else there: no .lock, and no folder it made."""
+    """A held run folder; release() unlocks it, and removes it if the run made it and wrote nothing there."""
 
     def __init__(self, out: str, handle, made: bool):
         self.out, self.handle, self.made = out, handle, made
 
     def release(self):
-        """Unlock. The .lock file stays (a racer that opened it then locks the same file), unless the run wrote
-        nothing else in a folder it made: then the folder goes, and the run leaves no trace."""
         if self.handle is not None:
             self.handle.close()
         with contextlib.suppress(OSError):
@@ -43,10 +36,8 @@ class RunLock:
 
 
 def lock_run_folder(out: str, hold: bool = True) -> RunLock:
-    """Hold `out` for this run: an exclusive lock on out/.lock, taken without waiting, so that a second run on the
-    same folder stops at once (RunFolderError) instead of interleaving its metrics and checkpoints with this one's.
-    The lock is the operating system's (flock): it ends with the process, a crash or a kill included, so no stale
-    lock outlives its run. hold=False (torchrun's other ranks): a lock that holds nothing."""
+    """Hold `out` with an flock on out/.lock, which dies with its process: a second run there stops at once
+    (RunFolderError). hold=False (torchrun's other ranks): a lock that holds nothing."""
     if not hold:
         return RunLock(out, None, False)
     made = not os.path.isdir(out)
@@ -54,16 +45,16 @@ def lock_run_folder(out: str, hold: bool = True) -> RunLock:
     handle = open(os.path.join(out, ".lock"), "a+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as err:
-        if not isinstance(err, BlockingIOError):  # a filesystem without flock (NFS nolock, some Lustre mounts)
-            handle.close()
-            print(f"note: {out} cannot be locked ({err.strerror}); nothing stops a second run there")
-            return RunLock(out, None, made)
+    except BlockingIOError:
         handle.seek(0)
         holder = handle.read().strip() or "another process"
-        handle.close()  # the file is the holder's
+        handle.close()
         raise RunFolderError(f"--out-dir {out} is in use by a running train.py ({holder}); wait for it to end, or "
                              "pick another --out-dir") from None
+    except OSError as err:  # a filesystem without flock (NFS nolock, some Lustre mounts)
+        handle.close()
+        print(f"note: {out} cannot be locked ({err.strerror}); nothing stops a second run there")
+        return RunLock(out, None, made)
     handle.seek(0)
     handle.truncate()
     handle.write(f"pid {os.getpid()} on {os.uname().nodename}\n")
@@ -73,8 +64,8 @@ def lock_run_folder(out: str, hold: bool = True) -> RunLock:
 
 def run_folder_error(out: str, resume_ckpt: str | None) -> str | None:
     """Why `out` cannot hold this run, as one line, or None: unwritable, or holding another run (metrics or
-    checkpoints) that this one is not resuming (`resume_ckpt`: the checkpoint --resume names, or None)."""
-    if error := write_error(out, "--out-dir", folder=True):  # a probe file in it, or where it will be made
+    checkpoints) that this one is not resuming (`resume_ckpt`: --resume's checkpoint, or None)."""
+    if error := write_error(out, "--out-dir", folder=True):
         return error
     taken = os.path.isdir(out) and any(f == "metrics.jsonl" or f.startswith("checkpoint-") for f in os.listdir(out))
     if taken and resume_ckpt is None:

@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from plumbing.tiny_model import build_tiny_model
+from tools.tiny_model import build_tiny_model
 
 # A reward that raises is a bug: in tests it fails the test instead of scoring 0 (rewards.py's docstring).
 # Set before any test module imports rewards; subprocesses (torchrun, vLLM workers) inherit it.

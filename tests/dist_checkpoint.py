@@ -156,10 +156,10 @@ def fail(out_dir, model_dir):
 
 
 def model(model_dir, hidden, layers):
-    """plumbing/tiny_model.py's model scaled to `hidden` x `layers`, so that a measurement is of megabytes."""
+    """tools/tiny_model.py's model scaled to `hidden` x `layers`, so that a measurement is of megabytes."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from plumbing.tiny_model import build_tokenizer
+    from tools.tiny_model import build_tokenizer
 
     tok, hidden = build_tokenizer(), int(hidden)
     config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 11 // 4,

@@ -21,9 +21,10 @@ import torch.distributed as dist
 sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # the repo root
 
 import train  # noqa: E402
-from loss import pad_batch, policy_loss, sequence_logprobs  # noqa: E402
+from loss import policy_loss  # noqa: E402
 from plumbing.models import enable_grad_checkpointing, load_model  # noqa: E402
 from speed.compile import compile_layers  # noqa: E402
+from speed.logprobs import pad_batch, sequence_logprobs  # noqa: E402
 
 
 def fixed_batch(n=8, seed=0):

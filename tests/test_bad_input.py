@@ -1,7 +1,7 @@
 """Bad input to train.py and eval.py, as a new user gives it: one line, exit 1 or 2, nothing lost, nothing run.
 
 Each case asserts the exit code, that stderr is one line (no traceback), and that every file present
-before the command is byte-identical after it (issue 29).
+before the command is byte-identical after it.
 
     python -m pytest tests/test_bad_input.py -q
 """
@@ -106,17 +106,6 @@ def test_rng_states_are_saved_as_plain_types_and_restore_exactly(tmp_path):
     assert (random.random(), np.random.rand(), torch.rand(1)) == expected
 
 
-def test_an_older_checkpoint_with_numpy_rng_arrays_still_loads(tmp_path):
-    np.random.seed(5)
-    old = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(), "cuda": None}
-    expected = np.random.rand()
-    ckpt = fake_checkpoint(tmp_path / "run", 1, {"step": 1, "args": {"task": "arith"}, "rng": [old]})
-    state = checkpoint.read_trainer_state(str(ckpt))
-    np.random.seed(0)
-    checkpoint.set_rng_state(state["rng"][0])
-    assert np.random.rand() == expected
-
-
 def test_a_corrupt_or_empty_trainer_state_is_corrupt_not_refused(tmp_path):
     ckpt = fake_checkpoint(tmp_path / "run", 1, {})
     for data in (b"not a torch file", b""):
@@ -136,7 +125,7 @@ def test_a_corrupt_or_empty_trainer_state_is_corrupt_not_refused(tmp_path):
     (["--tau", "inf"], "--tau must be finite and > 0"),
     (["--advantage", "reinforce", "--baseline", "inf"], "--baseline must be finite"),
     (["--beta", "nan"], "--beta must be a number, got nan"),  # was silently 0
-    (["--beta", "inf"], "--weight-decay and --beta must be finite"),
+    (["--beta", "inf"], "--beta must be finite and >= 0"),
     (["--weight-decay", "nan"], "--weight-decay must be a number, got nan"),  # was a traceback
     (["--lr", "nan"], "--lr must be a number"),
     (["--lr", "inf"], "--lr must be finite"),
@@ -206,7 +195,7 @@ def test_a_50_mb_line_is_refused_in_seconds(tiny_model_dir, tmp_path):
     start = time.perf_counter()
     result = run("train.py", "--task", "gsm8k", "--model", tiny_model_dir, "--data-file", data,
                  "--out-dir", tmp_path / "run")
-    assert_one_line(result, 1, "line 4 is 50,000,0", "characters long, over the 1,000,000 a row may hold")
+    assert_one_line(result, 1, "line 4 has a 'question' of 50,000,0", "characters, over the 1,000,000 a row may hold")
     assert time.perf_counter() - start < 60 and not (tmp_path / "run").exists()
 
 
@@ -219,7 +208,7 @@ def test_a_prompt_longer_than_the_models_context_is_one_line_naming_its_row(tiny
     before = snapshot(tmp_path)
     result = run("train.py", "--task", "gsm8k", "--model", tiny_model_dir, "--data-file", data, "--max-tokens", "16",
                  "--out-dir", tmp_path / "run")
-    assert_one_line(result, 1, f"train.py: error: {data} line 3 ", "tokens, more than the 1008 the model's context "
+    assert_one_line(result, 1, f"train.py: error: --data-file {data} line 3 ", "tokens, more than the 1008 the model's context "
                     "leaves")
     assert snapshot(tmp_path) == before and not (tmp_path / "run" / "metrics.jsonl").exists()
 
@@ -410,22 +399,6 @@ def test_orphaned_temporary_saves_are_removed_and_named(tmp_path):
     assert checkpoint.remove_orphans(str(tmp_path / "no-such-run")) == []
 
 
-def test_a_checkpoint_a_killed_save_moved_aside_comes_back_at_the_next_start(tmp_path, capsys):
-    """A save of a step that already has a checkpoint moves the old one aside, then renames the new one in: a kill
-    between the two renames leaves no checkpoint-STEP. The next start puts the old one back, not removes it."""
-    good = fake_checkpoint(tmp_path, 30, {"step": 30, "args": {}})
-    kept = {path.replace(str(good), "X"): data for path, data in snapshot(good).items()}
-    (tmp_path / ".tmp-checkpoint-000030-abc").mkdir()  # the new save, half written
-    os.rename(good, tmp_path / ".tmp-checkpoint-000030-abc-old")
-    (tmp_path / ".tmp-checkpoint-000010-def-old").mkdir()  # an old one whose new save landed: superseded
-    fake_checkpoint(tmp_path, 10, {"step": 10, "args": {}})
-    assert checkpoint.remove_orphans(str(tmp_path)) == [".tmp-checkpoint-000010-def-old", ".tmp-checkpoint-000030-abc"]
-    assert sorted(os.listdir(tmp_path)) == ["checkpoint-000010", "checkpoint-000030"]
-    assert {path.replace(str(good), "X"): data for path, data in snapshot(good).items()} == kept
-    assert checkpoint.find_checkpoint(str(tmp_path)).endswith("checkpoint-000030")
-    assert "put back .tmp-checkpoint-000030-abc-old" in capsys.readouterr().out
-
-
 # ---- tracebacks where one line belongs: the run folder, a damaged model file
 
 @pytest.mark.parametrize("where", ["a file", "under a file"])
@@ -500,11 +473,11 @@ def test_a_damaged_eval_json_on_resume_is_one_line(tmp_path):
     class Task:
         has_verifier = True
 
-    report_eval({"before": 0.25}, str(tmp_path), Task(), 8, master=True)  # written whole, through a rename
+    report_eval({}, "before", {"eval/score": 0.25}, str(tmp_path), Task(), 8, master=True)  # whole, via a rename
     assert read_evals(str(tmp_path)) == {"before": 0.25} and sorted(os.listdir(tmp_path)) == ["eval.json"]
 
 
-# ---- issue 35: flags a resume ignored, runs that shared a folder, data quietly changed, interrupts
+# ---- flags a resume ignored, runs that shared a folder, data quietly changed, interrupts
 
 TINY_RUN = ["--task", "arith", "--M", "4", "--rollout-batch", "2", "--max-tokens", "4", "--eval-examples", "0",
             "--dtype", "float32", "--log-completions", "0"]
@@ -559,7 +532,7 @@ def test_a_second_run_on_a_held_folder_is_one_line_and_a_dead_holder_frees_it(ti
     (["--temperature", "inf"], "--temperature must be finite and >= 0.001"),
     (["--temperature", "1e-40"], "--temperature must be finite and >= 0.001"),
     (["--seed", "-1"], "--seed must be >= 0, got -1"),
-    (["--reward-weights", "exact=1e39"], "rewards are float32: at most 3.4e38"),
+    (["--reward-weights", "exact=1e39"], "must be a finite number, not '1e39' (at most 3.4e+38)"),
 ])
 def test_values_that_would_train_nothing_or_nan_are_one_line(flags, message, tmp_path):
     result = run("train.py", *flags, "--out-dir", tmp_path / "run")
@@ -605,7 +578,7 @@ def test_chat_special_tokens_in_a_data_row_are_refused_not_turned_into_turns(scr
 
 def test_a_data_file_with_only_held_out_rows_is_one_line(tiny_model_dir, tmp_path):
     import tasks
-    from plumbing.data import digest, in_test
+    from tasks import digest, in_test
 
     test_rows = [i for i in range(400) if in_test(digest(f"What is {i} plus 1?"))][:5]
     assert test_rows and tasks.get_task("gsm8k")  # the hash split puts these in the held-out 10%
@@ -669,7 +642,7 @@ def test_ctrl_c_during_training_is_one_line_naming_the_checkpoint(tiny_model_dir
 
 def test_a_full_disk_while_logging_is_one_line_and_leaves_no_torn_line(tmp_path, monkeypatch):
     """metrics.jsonl and completions.jsonl grow by appends (plumbing/files.py: append_lines). A disk that fills
-    halfway through one: the file is cut back to its old length and AppendError, which train.py prints as its one
+    halfway through one: the file is cut back to its old length and WriteError, which train.py prints as its one
     line, says what happened; without the cut, a resume would meet a torn last line."""
     import plumbing.files as files
 
@@ -683,10 +656,10 @@ def test_a_full_disk_while_logging_is_one_line_and_leaves_no_torn_line(tmp_path,
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(files.os, "write", half_then_full)
-    with pytest.raises(files.AppendError, match="^cannot append to .*completions.jsonl .No space left on device"):
+    with pytest.raises(files.WriteError, match="^cannot append to .*completions.jsonl .No space left on device"):
         files.append_lines(str(path), ['{"step": 2, "completion": "a long line"}\n'])
     assert path.read_text() == '{"step": 1}\n'
-    assert issubclass(files.AppendError, OSError) and "AppendError" in open(os.path.join(ROOT, "train.py")).read()
+    assert issubclass(files.WriteError, OSError) and "WriteError" in open(os.path.join(ROOT, "train.py")).read()
 
 
 @pytest.mark.parametrize("script", ["train.py", "eval.py"])
@@ -728,7 +701,7 @@ def test_the_sampling_plan_counts_what_the_sampler_holds():
     """The plan scales with the rows and their length: the KV cache and one growing layer's copy, logits, generators."""
     from transformers import LlamaConfig
 
-    from plumbing.checks import sampling_bytes
+    from config import sampling_bytes
     config = LlamaConfig(num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, hidden_size=128,
                          vocab_size=100)
     one = sampling_bytes(config, 1, 64, "float32")

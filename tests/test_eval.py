@@ -195,7 +195,7 @@ def test_cli_unloadable_model_one_line_exit_2(kind, tmp_path, capsys, monkeypatc
     assert "--model" in stderr and "HF_HUB_OFFLINE" in stderr and "Traceback" not in stderr
 
 
-# ---- the result file: checked writable before anything loads, printed first, written atomically (issue 29)
+# ---- the result file: checked writable before anything loads, printed first, written atomically
 
 def test_an_unwritable_output_is_refused_before_anything_loads(tiny_model_dir, tmp_path, capsys, monkeypatch):
     import tempfile
@@ -250,7 +250,7 @@ def test_a_full_disk_keeps_the_earlier_result_and_prints_the_summary(tiny_model_
     assert out.read_bytes() == earlier and sorted(os.listdir(tmp_path)) == ["eval.json"]  # no partial file left
 
 
-# ---- --reward-weights, as train.py takes it: any term of rewards.REWARD_TERMS, a fork's own too (issue 34)
+# ---- --reward-weights, as train.py takes it: any term of rewards.REWARD_TERMS, a fork's own too
 
 def test_a_registered_reward_term_reaches_the_result(tiny_model_dir, tmp_path, monkeypatch, capsys):
     import rewards

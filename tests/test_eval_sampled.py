@@ -1,4 +1,4 @@
-"""Sampled evaluation (issue 46): mean@K and pass@k by hand, K samples per prompt, two held-out sets in one run,
+"""Sampled evaluation: mean@K and pass@k by hand, K samples per prompt, two held-out sets in one run,
 resume, torchrun with 2 ranks against one process, and train.py's evaluation against eval.py on its checkpoint."""
 
 import json

@@ -127,10 +127,10 @@ def test_the_verdict_lines(tmp_path, monkeypatch, capsys):
 
 
 def test_phase_memory_records_the_engines_device_and_what_an_hf_sampler_holds_asleep(tiny_model_dir, monkeypatch):
-    """plumbing/run_log.PhaseMemory with CUDA's counters faked: engine/device is what the sampler reports, not the
+    """plumbing/run_log.Phases with CUDA's counters faked: engine/device is what the sampler reports, not the
     trainer's LOCAL_RANK device; an HF sampler's sleep frees its weights through torch, so the train phase's
     peak is not lowered by an engine that no longer holds them."""
-    from plumbing.run_log import PhaseMemory
+    from plumbing.run_log import Phases
     from rollout import make_sampler
 
     assert make_sampler("hf", tiny_model_dir, dtype="float32").device() == torch.device("cpu")
@@ -151,12 +151,12 @@ def test_phase_memory_records_the_engines_device_and_what_an_hf_sampler_holds_as
             allocated["now"] -= 400
             return 400
 
-    memory = PhaseMemory(torch.device("cuda", 1))  # the trainer's own device: LOCAL_RANK 1
-    sampler = memory.build(Sampler)
-    memory.sleep(sampler)
-    allocated["peak"] = 3000  # the training peak, the sampler's weights gone
-    memory.end("train")
-    values = memory.metrics()
+    phase = Phases(torch.device("cuda", 1))  # the trainer's own device: LOCAL_RANK 1
+    sampler = phase.build(Sampler)
+    phase.sleep(sampler)
+    with phase("train"):
+        allocated["peak"] = 3000  # the training peak, the sampler's weights gone
+    values = phase.metrics()
     assert values["engine/device/rank0"] == 0 and values["mem/device/rank0"] == 1
     assert values["mem/engine_gb/rank0"] == 400 / 1e9
     assert values["mem/peak_gb/train/rank0"] == 3000 / 1e9  # nothing subtracted: the engine held nothing
@@ -310,10 +310,11 @@ def test_needs_holds_each_gpus_free_memory_against_the_plans_peak(monkeypatch):
     assert gpu_check.gpu_memory_need(run_args)[0]
 
 
-def test_phase_memory_counts_the_engines_transient_buffers_apart_from_the_trainers(monkeypatch):
-    """A sampler call that allocates above what was allocated as it began (a forward's activations, a reload's
-    casts) is the engine's transient, mem/engine_transient_gb/PHASE; the trainer's peak is taken outside it."""
-    from plumbing.run_log import PhaseMemory
+def test_phases_take_each_phases_peak_less_what_a_sleeping_vllm_engine_keeps(monkeypatch):
+    """A vLLM-like engine keeps its bytes allocated through torch across its sleep: each phase's peak (counted
+    afresh from the phase's start, the engine's transient buffers in it) is torch's less those; the device memory
+    used around the sleep and time/NAME per phase are recorded, the times once per step."""
+    from plumbing.run_log import Phases
 
     allocated = {"now": 1000, "peak": 1000}
 
@@ -327,38 +328,33 @@ def test_phase_memory_counts_the_engines_transient_buffers_apart_from_the_traine
                         lambda device=None: allocated.update(peak=allocated["now"]))
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (50e9, 150e9))
 
-    class Sampler:  # 400 bytes held; 5000 more for a moment in every generate
+    class Sampler:  # 400 bytes held, still counted by torch while asleep (vLLM unmaps behind its back)
         def __init__(self):
             allocate(400)
 
         def device(self):
             return torch.device("cuda", 0)
 
-        def generate(self, *args):
-            allocate(5000)
-            self.update_weights()  # an engine call inside another: still the engine's
-            allocate(-5000)
-            return "samples"
+        def sleep(self):
+            return 0
 
-        def update_weights(self):
-            allocate(700)
-            allocate(-700)
-
-    memory = PhaseMemory(torch.device("cuda", 0))
-    sampler = memory.build(Sampler)
-    memory.start()
-    allocate(300)  # the trainer's own, before the engine's call ...
-    allocate(-300)
-    assert sampler.generate("prompts") == "samples"
-    allocate(500)  # ... and after it
-    allocate(-500)
-    memory.end("sync")
-    values = memory.metrics()
-    assert values["mem/peak_gb/sync/rank0"] == 1500 / 1e9  # its 1000 and 500 more; the engine's 400 and 5000 not
-    assert values["mem/engine_transient_gb/sync/rank0"] == 5700 / 1e9
-    memory.start()
-    memory.end("rollout")  # a phase with no call: nothing carried over from the last one
-    assert memory.metrics()["mem/engine_transient_gb/rollout/rank0"] == 0.0
+    phase = Phases(torch.device("cuda", 0))
+    sampler = phase.build(Sampler)
+    allocate(9000)  # a peak before the step: not any phase's
+    allocate(-9000)
+    with phase("rollout"):
+        allocate(5000)  # the engine's activations
+        allocate(-5000)
+        phase.sleep(sampler)
+    with phase("train"):
+        allocate(300)
+        allocate(-300)
+    values = phase.metrics()
+    assert values["mem/peak_gb/rollout/rank0"] == 6000 / 1e9  # 1400 + 5000, less the engine's 400
+    assert values["mem/peak_gb/train/rank0"] == 1300 / 1e9
+    assert values["mem/used_before_sleep_gb/rank0"] == values["mem/used_after_sleep_gb/rank0"] == 100.0
+    assert {key for key in values if key.startswith("time/")} == {"time/rollout", "time/train"}
+    assert not any(key.startswith("time/") for key in phase.metrics())
 
 
 def test_the_vllm_engine_refuses_expandable_segments_in_one_line_before_it_loads(monkeypatch):

@@ -1,5 +1,5 @@
-"""grad_alloc.py: Table 3 shares on hand-built groups, and the cheap budget against real gradient norms;
-tools/grad_alloc.py: its command line."""
+"""grad_alloc.py: Table 3 shares on hand-built groups; tools/grad_alloc.py: the cheap budget against real gradient
+norms, and its command line."""
 
 import math
 
@@ -11,15 +11,13 @@ import grad_alloc
 from grad_alloc import (
     BIN_LABELS,
     BINS,
-    agreement,
     allocation_by_estimator,
     allocation_metrics,
     allocation_table,
     bin_index,
-    exact_prompt_grad_norms,
     prompt_budgets,
 )
-from tools.grad_alloc import main
+from tools.grad_alloc import agreement, exact_prompt_grad_norms, main
 
 M = 4
 # One group per pass rate 0, 1/4, 1/2, 3/4, 1 (binary rewards, s successes out of M).
@@ -117,7 +115,8 @@ def test_exact_norms_proportional_case(model_and_tokenizer):
 
 def test_exact_norms_match_a_direct_backward(model_and_tokenizer):
     # Cross-check one prompt's norm against loss.policy_loss at ratio 1 (token-mean over the batch).
-    from loss import pad_batch, policy_loss, sequence_logprobs
+    from loss import policy_loss
+    from speed.logprobs import pad_batch, sequence_logprobs
     model, tok = model_and_tokenizer
     torch.manual_seed(0)
     prompts = [tok.encode("What is 3+4?"), tok.encode("Hi")]

@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def ref_dir(tmp_path_factory):
-    from plumbing.tiny_model import build_tiny_model
+    from tools.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("ref"), seed=1)  # a different reference: the KL has a gradient
 

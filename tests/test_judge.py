@@ -13,7 +13,7 @@ import shutil
 import pytest
 from judge_servers import VLLM_PYTHON, ScriptedServer, VLLMServer, free_port
 
-import eval as eval_cli
+import eval as eval_py
 from tools import judge
 from tools.judge import Judge, judge_result, parse_criteria, parse_preference, parse_score
 
@@ -267,7 +267,7 @@ def test_unreachable_server_is_one_line_and_exit_1(tmp_path, capsys):
     assert exit_info.value.code == 1 and url in err and len(err.strip().splitlines()) == 1
     # eval.py checks the judge before it loads a model: the missing model is never reached
     with pytest.raises(SystemExit) as exit_info:
-        eval_cli.main(["--model", str(tmp_path / "no-model"), "--task", "poetry", "--data-file", POEMS,
+        eval_py.main(["--model", str(tmp_path / "no-model"), "--task", "poetry", "--data-file", POEMS,
                        "--split", "train",  # its 6 poems hash to train: a test split with none is refused first
                        "--judge-url", url, "--judge-model", "m", "--judge-retries", "0"])
     err = capsys.readouterr().err  # (datasets may draw a progress bar above it)
@@ -276,7 +276,7 @@ def test_unreachable_server_is_one_line_and_exit_1(tmp_path, capsys):
 
 
 def test_a_failing_judge_leaves_an_earlier_eval_result_byte_identical(tiny_model_dir, tmp_path, capsys):
-    """eval.py writes --out only once the whole result, judgments included, is in (issue 35): a judge that fails
+    """eval.py writes --out only once the whole result, judgments included, is in: a judge that fails
     keeps the earlier file whole, and what it answered waits beside it for the rerun, which asks only the rest."""
     out = tmp_path / "eval_poetry_train.json"
     partial = tmp_path / "eval_poetry_train.json.partial"
@@ -284,7 +284,7 @@ def test_a_failing_judge_leaves_an_earlier_eval_result_byte_identical(tiny_model
             "--max-tokens", "4", "--sampler", "hf", "--out", str(out), "--judge-retries", "0",
             "--judge-concurrency", "1"]
     with ScriptedServer(poetry_judge, models=("judge", "other")) as server:
-        eval_cli.main(argv + ["--judge-url", server.url, "--judge-model", "judge"])
+        eval_py.main(argv + ["--judge-url", server.url, "--judge-model", "judge"])
         assert len(server.requests) == 6 and not partial.exists()  # 3 examples x (score + pairwise)
     earlier = out.read_bytes()
     capsys.readouterr()
@@ -297,13 +297,13 @@ def test_a_failing_judge_leaves_an_earlier_eval_result_byte_identical(tiny_model
 
     with ScriptedServer(fails_after_two, models=("judge", "other")) as server:
         with pytest.raises(SystemExit) as exit_info:
-            eval_cli.main(argv + ["--judge-url", server.url, "--judge-model", "other"])
+            eval_py.main(argv + ["--judge-url", server.url, "--judge-model", "other"])
     err = capsys.readouterr().err
     assert exit_info.value.code == 1 and "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith("eval.py: error: 1 judge request(s) failed")
     assert str(partial) in err and out.read_bytes() == earlier  # the earlier result and its judgments are whole
     with ScriptedServer(poetry_judge, models=("judge", "other")) as server:  # back up: only the missing are asked
-        result = eval_cli.main(argv + ["--judge-url", server.url, "--judge-model", "other"])
+        result = eval_py.main(argv + ["--judge-url", server.url, "--judge-model", "other"])
         assert len(server.requests) == 6 - 2
     saved = json.loads(out.read_text())
     assert saved == json.loads(json.dumps(result)) and not partial.exists()
@@ -322,7 +322,7 @@ def test_unknown_model_and_bad_flags(tmp_path, capsys):
                            (["--judge-url", "a", "--judge-url", "b", "--judge-url", "c", "--judge-model", "m",
                              "--judge-model", "n"], "one --judge-url per --judge-model")]:
         with pytest.raises(SystemExit) as exit_info:
-            eval_cli.parse_args(["--model", "m", "--task", "poetry", *flags])
+            eval_py.parse_args(["--model", "m", "--task", "poetry", *flags])
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
     for argv in (["out.json", "--judge-model", "m"], ["out.json", "--judge-concurrency", "0", "--judge-url", "u",
                                                       "--judge-model", "m"], ["--judge-url", "u"]):
@@ -331,7 +331,7 @@ def test_unknown_model_and_bad_flags(tmp_path, capsys):
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("judge.py: error")
     with pytest.raises(SystemExit):
-        eval_cli.parse_args(["--model", "m", "--task", "gsm8k", "--judge-url", "u", "--judge-model", "m"])
+        eval_py.parse_args(["--model", "m", "--task", "gsm8k", "--judge-url", "u", "--judge-model", "m"])
     assert "scores poetry, meetingbank, not gsm8k" in capsys.readouterr().err
     corrupt = tmp_path / "corrupt.json"
     corrupt.write_text("{not json")
@@ -342,7 +342,7 @@ def test_unknown_model_and_bad_flags(tmp_path, capsys):
 
 def test_key_from_env_reaches_server(tmp_path, monkeypatch):
     monkeypatch.setenv("SOFTMAX_GRPO_TEST_KEY", "sk-test-123")
-    args = eval_cli.parse_args(["--model", "m", "--task", "poetry", "--judge-url", "u", "--judge-model", "m",
+    args = eval_py.parse_args(["--model", "m", "--task", "poetry", "--judge-url", "u", "--judge-model", "m",
                                 "--judge-key-env", "SOFTMAX_GRPO_TEST_KEY"])
     assert args.judge_key_env == "SOFTMAX_GRPO_TEST_KEY"
     with ScriptedServer(poetry_judge, models=("m",)) as server:
@@ -371,7 +371,7 @@ def test_eval_judge_against_vllm_server(tiny_model_dir, tmp_path):
         return log.read_text().count("POST /v1/chat/completions")
 
     with VLLMServer(str(served), "tiny-judge", str(log)) as server:
-        generated = eval_cli.main(argv)  # the outputs to judge, generated while the server starts
+        generated = eval_py.main(argv)  # the outputs to judge, generated while the server starts
         print(f"vLLM server up in {server.wait_until_up():.1f} s")
         judge.main([out, "--judge-url", server.url, *judge_flags])
         assert chat_requests() == 6  # 3 examples x (isolated score + pairwise)
@@ -391,7 +391,7 @@ def test_eval_judge_against_vllm_server(tiny_model_dir, tmp_path):
         assert row["n_scored"] == 3 - row["score/parse_failures"]
 
         # eval.py --judge-url on the same --out regenerates the same greedy outputs and asks nothing again
-        second = eval_cli.main(argv + ["--judge-url", server.url, *judge_flags])
+        second = eval_py.main(argv + ["--judge-url", server.url, *judge_flags])
         assert chat_requests() == 6
         assert [ex["judge"] for ex in second["examples"]] == [ex["judge"] for ex in first["examples"]]
 

@@ -17,13 +17,10 @@ from loss import (
     aggregate,
     kl_k3,
     loss_denominator,
-    pad_batch,
     policy_loss,
-    sequence_logprobs,
     tis_weights,
-    token_logprobs,
 )
-from speed.logprobs import chunked_token_logprobs
+from speed.logprobs import chunked_token_logprobs, pad_batch, sequence_logprobs, token_logprobs
 
 CHUNK = "speed.logprobs.CPU_CHUNK_ELEMENTS"  # the kernel's row-chunk size on CPU, in float32 elements
 
@@ -35,7 +32,7 @@ def naive_logprobs(logits, targets, temperature=1.0):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("rows", [1, 4, 7, 21, 1000])  # 21 rows: one chunk; 1000: the whole batch at once
 def test_chunked_token_logprobs_equal_the_plain_version(rows, temperature, monkeypatch):
-    """speed/logprobs.py's kernel computes loss.token_logprobs: the same float32 log-probs, entropies and gradient
+    """speed/logprobs.py's kernel computes token_logprobs: the same float32 log-probs, entropies and gradient
     with respect to the logits, at every chunk size (rows per chunk), temperature 1 and not."""
     monkeypatch.setattr(CHUNK, 50 * rows)
     torch.manual_seed(0)

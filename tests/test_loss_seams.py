@@ -48,7 +48,7 @@ def test_a_new_option_of_policy_loss_is_a_flag_without_editing_config(monkeypatc
         """
     monkeypatch.setattr(config, "policy_loss", forked)
     assert config.loss_option_defaults() == {"length_coef": 0.0, "clip_low": 0.2}
-    assert config._loss_option_help() == {"length_coef": "a penalty per token of the answer", "clip_low": "PPO clip"}
+    assert config.loss_option_help() == {"length_coef": "a penalty per token of the answer", "clip_low": "PPO clip"}
 
 
 def test_help_lists_the_loss_flags_with_their_defaults():

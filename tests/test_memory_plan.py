@@ -44,7 +44,7 @@ def test_saved_activations_equal_what_autograd_saves(tiny_model_dir, bf16):
     """Every tensor autograd saves in one forward (parameters excluded), counted by storage, against the plan."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from loss import sequence_logprobs
+    from speed.logprobs import sequence_logprobs
 
     config = AutoConfig.from_pretrained(tiny_model_dir)
     config._attn_implementation = "eager"
@@ -111,7 +111,7 @@ def test_cli_prints_the_plan_and_refuses_bad_input_in_one_line(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
     broken = run("--task", "deepmath", "--model", str(tmp_path))
     assert broken.returncode == 2 and broken.stderr.count("\n") == 1 and "KeyError" in broken.stderr
-    table = run("--table")  # the README's preset table: every paper preset, both columns
+    table = run("--table")  # docs/memory_plan.md's preset table: every paper preset, both columns
     assert table.returncode == 0, table.stderr
     rows = [line for line in table.stdout.splitlines() if line.startswith("| ") and "GiB)" in line]
     assert [row.split(" | ")[0] for row in rows] == ["| " + t for t in memory_plan.PAPER_HARDWARE]

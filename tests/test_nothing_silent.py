@@ -1,4 +1,4 @@
-"""Issue 45, "nothing lost, nothing silent", round three: each class of bad input with its examples and the others
+"""Nothing lost, nothing silent: each class of bad input with its examples and the others
 of its class that were tried. Command lines go through train.py's and eval.py's own parsers (in process where
 the case is decided before anything loads, as a subprocess where it needs a run); the loader through Task.load
 on a file.
@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from plumbing.data import DataError, digest, in_test
-from tasks import get_task
+from plumbing.data import DataError
+from tasks import digest, get_task, in_test
 from tests.test_bad_input import ROOT, assert_one_line, run, snapshot, write_jsonl
 
 
@@ -57,8 +57,7 @@ def test_json_values_are_read_as_the_file_holds_them(tmp_path):
             {"question": 1.50, "answer": "#### 5"}] + [{"question": f"What is {i}?", "answer": "#### 6"}
                                                       for i in range(20)]
     path = write_jsonl(tmp_path / "mixed.jsonl", rows)
-    path.write_text(path.read_text().replace('"question": 1.5,', '"question": 1.50,'))  # as a person typed it
-    assert {"1e5", "null", "2024-01-02", "7", "1.50"} <= questions(path)
+    assert {"1e5", "null", "2024-01-02", "7", "1.5"} <= questions(path)
     array = tmp_path / "mixed.json"  # a .json file holding one array is read the same way
     array.write_text(json.dumps(rows))
     assert {"1e5", "null", "2024-01-02", "7"} <= questions(array)
@@ -200,7 +199,7 @@ def test_a_run_log_in_a_folder_made_read_only_is_one_line(tmp_path, monkeypatch)
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(os, "open", denied)
-    with pytest.raises(files.AppendError, match="^cannot append to .*metrics.jsonl .Permission denied.: its folder "
+    with pytest.raises(files.WriteError, match="^cannot append to .*metrics.jsonl .Permission denied.: its folder "
                                                 "is not writable"):
         files.append_lines(str(tmp_path / "metrics.jsonl"), ["{}\n"])
     monkeypatch.undo()
@@ -211,7 +210,7 @@ def test_a_run_log_in_a_folder_made_read_only_is_one_line(tmp_path, monkeypatch)
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
 def test_a_read_only_folder_without_dac_override_is_one_line(tmp_path):
-    """As root, chmod is ignored; without CAP_DAC_OVERRIDE it is not (the issue's reproduction)."""
+    """As root, chmod is ignored; without CAP_DAC_OVERRIDE it is not: a read-only folder as a non-root user meets it."""
     folder = tmp_path / "run"
     folder.mkdir()
     (folder / "metrics.jsonl").write_text("{}\n")
@@ -219,7 +218,7 @@ def test_a_read_only_folder_without_dac_override_is_one_line(tmp_path):
     (folder / "metrics.jsonl").chmod(0o444)
     code = ("import sys; from plumbing import files\n"
             "try: files.append_lines(sys.argv[1] + '/metrics.jsonl', ['{}\\n'])\n"
-            "except files.AppendError as err: print(err)\n"
+            "except files.WriteError as err: print(err)\n"
             "try: files.write_json(sys.argv[1] + '/evals.json', {})\n"
             "except files.WriteError as err: print(err)\n")
     result = subprocess.run(["setpriv", "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-c", code,
@@ -236,7 +235,7 @@ def test_a_read_only_folder_without_dac_override_is_one_line(tmp_path):
     (["--micro-batch", "0"], "--micro-batch"),  # was a ZeroDivisionError
     (["--M", "-3", "--max-tokens", "-5"], "must be >= 1"),  # was a plan that "fits"
     (["--plan-gpu-gb", "nan"], "--plan-gpu-gb must be a number, got nan"),  # was "peak nan GiB"
-    (["--plan-gpu-gb", "-1"], "--plan-gpu-gb finite and > 0"),
+    (["--plan-gpu-gb", "-1"], "--plan-gpu-gb must be finite and > 0"),
     (["--plan-gpus", "0"], "--plan-gpus must be >= 1"),
     (["--task", "deepmath", "--plan-gpus", "3"], "--rollout-batch (512) must divide evenly by ranks x minibatches "
                                                  "(3 x 1)"),  # "fits", then train.py refused it
@@ -297,7 +296,7 @@ def test_a_prompt_error_names_the_file_line_not_the_shuffled_row(tiny_model_dir,
     data = write_jsonl(tmp_path / "rows.jsonl", rows)
     result = run("train.py", "--task", "gsm8k", "--data-file", data, "--model", tiny_model_dir, "--max-tokens", "4",
                  "--eval-examples", "40", "--out-dir", tmp_path / "run")
-    assert_one_line(result, 1, f"train.py: error: {data} line 3 (gsm8k-", "special token")
+    assert_one_line(result, 1, f"train.py: error: --data-file {data} line 3 (gsm8k-", "special token")
 
 
 @pytest.mark.parametrize("script", ["train.py", "eval.py"])
@@ -343,7 +342,7 @@ def test_a_data_file_that_is_a_folder_says_so(name, capsys, tmp_path):
 def test_held_out_rows_that_repeat_a_training_prompt_are_named(tmp_path, capsys):
     from types import SimpleNamespace
 
-    from plumbing.data import load_data
+    from tasks import load_data
 
     train_q = [f"What is {i} plus 1?" for i in range(300) if not in_test(digest(f"What is {i} plus 1?"))][:30]
     variant = next(v for q in train_q for v in (q.upper(), q.replace(" ", "  "), " " + q.lower())

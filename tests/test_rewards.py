@@ -379,7 +379,8 @@ def test_answers_split_over_several_boxes_are_one_set_as_math_verify_reads_them(
     assert math_reward(completion, gold) == want
     if as_math_verify:
         assert float(verify(parse("\\boxed{" + gold + "}"), parse(completion))) == want
-    assert rewards.last_boxes(r"\boxed{1}, \boxed{2}") == ["1", "2"] and rewards.last_boxes(r"\boxed{2") == []
+    assert rewards.last_box_run(r"\boxed{1}, \boxed{2}", 99) == (["1", "2"], 20)
+    assert rewards.last_box_run(r"\boxed{2", 99) == ([], -1)
 
 
 # ---------------------------------------------------------------- math-verify's own cases (docs/rewards.md, note 1)

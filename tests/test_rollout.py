@@ -14,10 +14,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from loss import pad_batch, sequence_logprobs
 from plumbing.models import SamplingError
-from rollout import HFSampler, draw, make_sampler, resolve_model, sync_check
+from plumbing.sync import probe_sync
+from rollout import HFSampler, draw, make_sampler, resolve_model
 from speed import cpu_sampler
+from speed.logprobs import pad_batch, sequence_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def prompts(sampler):
 
 
 def trainer_logprobs(model, prompts, groups, temperature):
-    """The trainer's recomputation (loss.sequence_logprobs) of every sampled completion's log-probs."""
+    """The trainer's recomputation (speed/logprobs.py: sequence_logprobs) of every sampled completion's log-probs."""
     rows = [(p, c) for p, group in zip(prompts, groups) for c in group]
     input_ids, attention_mask, completion_mask = pad_batch([p for p, _ in rows], [c.token_ids for _, c in rows], 0)
     with torch.no_grad():
@@ -104,22 +105,22 @@ def test_eos_and_length(sampler, prompts):
             assert len(c.token_ids) == 40 and eos not in c.token_ids
 
 
-def test_update_weights_and_sync_check(tiny_model_dir, prompts):
+def test_update_weights_and_probe_sync(tiny_model_dir, prompts):
     sampler = make_sampler("hf", tiny_model_dir, dtype="float32", seed=0)
     trainer = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    assert sync_check(sampler, trainer, prompts).diff < 1e-4
+    assert probe_sync(sampler, trainer, prompts).diff < 1e-4
     before = sampler.generate(prompts, n=2, max_tokens=16, seed=0)
     torch.manual_seed(1)
     with torch.no_grad():  # a training step stand-in: every weight moves, the tied embedding too
         for p in trainer.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    assert sync_check(sampler, trainer, prompts).diff > 0.1  # stale sampler is caught
+    assert probe_sync(sampler, trainer, prompts).diff > 0.1  # stale sampler is caught
     with pytest.raises(ValueError, match="shape"):  # a wrong tensor is refused before it replaces a weight
         sampler.update_weights([("model.embed_tokens.weight", torch.zeros(3, 3))])
     # named_parameters lists the tied embedding once, as model.embed_tokens.weight.
     sampler.update_weights(trainer.named_parameters())
     assert torch.equal(sampler.model.lm_head.weight, trainer.model.embed_tokens.weight)
-    assert sync_check(sampler, trainer, prompts).diff < 1e-4
+    assert probe_sync(sampler, trainer, prompts).diff < 1e-4
     assert sampler.generate(prompts, n=2, max_tokens=16, seed=0) != before
     sampler.close()
 
@@ -145,7 +146,6 @@ def test_sleep_frees_the_weights_and_the_sync_brings_them_back(tiny_model_dir, p
     with torch.no_grad():  # a training step stand-in
         for p in trainer.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    sleeper.wake()
     for sampler in (awake, sleeper):
         sampler.update_weights(trainer.named_parameters())
     assert sleeper.model.lm_head.weight is sleeper.model.model.embed_tokens.weight  # still tied
@@ -459,7 +459,7 @@ def test_the_weight_sync_holds_one_gathered_parameter_at_a_time(tiny_model_dir, 
     listing = []  # the check can fail: consuming the iterator into a list keeps every earlier one alive
     held = list(gathered(trainer, listing))
     assert max(listing) == len(names) - 1 and held
-    assert sync_check(hf, trainer, [[5, 6, 7]]).diff < 1e-4  # and the streamed weights did arrive
+    assert probe_sync(hf, trainer, [[5, 6, 7]]).diff < 1e-4  # and the streamed weights did arrive
     hf.close()
     with pytest.raises(ValueError, match="no tensors"):  # an empty sync is refused before the engine is touched
         engine = fake_vllm_sampler(on_gpu=True)
@@ -480,7 +480,6 @@ def test_a_sleeping_engine_wakes_in_two_steps_around_the_sync(trainer, monkeypat
     assert gpu.sleep() == 15e9 and gpu.asleep
     with pytest.raises(RuntimeError, match="asleep"):  # level 2 kept no weights: nothing to sample from
         gpu.generate([[1, 2]], n=1, max_tokens=1)
-    gpu.wake()  # nor to wake to: only a sync wakes it
     assert events == ["sleep(2)"]
     gpu.update_weights(gathered(trainer, []))
     assert events == ["sleep(2)", "empty_cache", "wake_up(['weights'])", "reload_weights", "empty_cache",
@@ -494,7 +493,6 @@ def test_a_sleeping_engine_wakes_in_two_steps_around_the_sync(trainer, monkeypat
     events.clear()
     assert cpu.sleep() == 0 and not cpu.asleep
     cpu.update_weights(gathered(trainer, []))
-    cpu.wake()
     assert events == ["reload_weights", "apply_model", "reset_prefix_cache"]  # apply_model: the tied lm_head repack
 
 
@@ -518,7 +516,7 @@ def updated(model_dir, step_size):
 @pytest.mark.parametrize("dtype, step_size", [("float32", 1e-6), ("bfloat16", 1e-2)])  # bf16: a step past its ulps
 def test_the_weight_check_names_the_family_a_sync_skipped(tmp_path, dtype, step_size):
     from plumbing.sync import SyncError, check_weights, weight_checksums
-    from plumbing.tiny_model import build_tiny_model
+    from tools.tiny_model import build_tiny_model
 
     model_dir = build_tiny_model(tmp_path / "bias", attention_bias=True)  # q/k/v/o biases, as Qwen2's q/k/v
     sampler = make_sampler("hf", model_dir, dtype=dtype, seed=0)

@@ -252,8 +252,7 @@ def test_cli_bad_spec_exits_2_with_one_line(tmp_path):
     result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.strip().splitlines() == [
-        "sweep.py: error: configuration 'x': --M, --rollout-batch, --micro-batch, --minibatches, --ppo-epochs, "
-        "--steps and --max-tokens must be >= 1"]
+        "sweep.py: error: configuration 'x': --M must be >= 2, got 0"]
     missing = subprocess.run([sys.executable, "-m", "tools.sweep"], cwd=ROOT, capture_output=True, text=True,
                              timeout=60)
     assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [

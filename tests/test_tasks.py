@@ -249,15 +249,15 @@ def test_bad_rows_and_repeated_prompts(tmp_path):
     ({"nums": "8338", "target": 24}, 'its nums is "8338", not a list of integers'),
 ])  # NaN is not JSON: refused as its line is read (test_json_values_are_read_as_the_file_holds_them)
 def test_countdown_values_that_are_not_integers_are_one_line_naming_the_row_and_column(tmp_path, row, message):
-    """A target of 24.5 would be cut to 24 in the prompt and the gold answer, 1.7 to 1, true to 1 (issue 35)."""
+    """A target of 24.5 would be cut to 24 in the prompt and the gold answer, 1.7 to 1, true to 1."""
     path = write_jsonl(tmp_path / "countdown.jsonl", [row])
     text = one_line_error(lambda: load_both(get_task("countdown"), data_file=path))
-    assert text == f"{path}: line 1 is not a valid countdown example (ValueError: {message})"
+    assert text == f"--data-file {path}: line 1 is not a valid countdown example (ValueError: {message})"
     # among integer rows, whose column datasets then reads as floats (6.0): only the bad row is refused
     if isinstance(row["target"], float) or any(isinstance(n, float) for n in row["nums"]):
         path = write_jsonl(tmp_path / "mixed.jsonl", [{"nums": [1, 2, 3], "target": 6}] * 2 + [row])
         text = one_line_error(lambda: load_both(get_task("countdown"), data_file=path))
-        assert text == f"{path}: line 3 is not a valid countdown example (ValueError: {message})"
+        assert text == f"--data-file {path}: line 3 is not a valid countdown example (ValueError: {message})"
 
 
 def test_countdown_whole_floats_are_read_as_integers(tmp_path):

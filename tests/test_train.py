@@ -29,7 +29,7 @@ import tasks
 import train
 from advantage import compute_advantages, estimator_params
 from loss import AGGREGATIONS
-from plumbing.data import digest, in_test
+from tasks import digest, in_test
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -61,7 +61,7 @@ def cli(*flags, env=None):
 @pytest.mark.parametrize("flags, message", [
     (["--advantage", "nope"], "--advantage must be one of"),
     (["--tau", "0"], "--tau must be"),
-    (["--M", "0"], "must be >= 1"),
+    (["--M", "0"], "--M must be >= 2"),
     (["--lr", "-1"], "--lr"),
     (["--task", "no_such_task"], "no_such_task"),
     (["--M", "eight"], "invalid int value"),
@@ -127,11 +127,11 @@ def test_no_held_out_rows_is_said_in_one_line(tmp_path, capsys):
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     args = train.Args(task="gsm8k", data_file=str(data), eval_examples=8, out_dir=str(tmp_path / "run"))
     task = tasks.get_task("gsm8k")
-    train_set, test_set = plumbing.data.load_data(args, task, {"exact": 1.0})
+    train_set, test_set = tasks.load_data(args, task, {"exact": 1.0})
     out = capsys.readouterr().out
     assert train_set and test_set == []
     assert out.count("\n") == 1 and "no held-out rows" in out and str(data) in out
-    plumbing.data.load_data(replace(args, eval_examples=0), task, {"exact": 1.0})
+    tasks.load_data(replace(args, eval_examples=0), task, {"exact": 1.0})
     assert capsys.readouterr().out == ""  # no evaluation asked for: nothing to say
 
 
@@ -205,8 +205,7 @@ def test_plan_prints_the_preset_and_exits_without_loading_or_refusing_a_taken_ru
     assert "every layer's saved tensors" in without.stdout and without.stdout != result.stdout
     bad = cli("--task", "deepmath", "--plan", "--plan-gpus", "0")
     assert bad.returncode == 2 and bad.stdout == ""
-    assert bad.stderr.strip().splitlines() == ["train.py: error: --plan-gpus must be >= 1 and --plan-gpu-gb finite "
-                                               "and > 0"]  # train.py's checks, with --plan-gpus as the ranks
+    assert bad.stderr.strip().splitlines() == ["train.py: error: --plan-gpus must be >= 1, got 0"]  # train.py's checks
 
 
 def test_batch_indices_cover_each_epoch_once_and_reshuffle():
@@ -369,9 +368,9 @@ def test_resume_restores_the_rng_after_an_engine_reseeds_it(tiny_model_dir, tmp_
         random.seed(99), np.random.seed(99), torch.manual_seed(99)
         return sampler
 
-    make_sampler, check_sync = rollout.make_sampler, train.check_sync
+    make_sampler, check_probe = rollout.make_sampler, train.check_probe
     seen = []  # the RNG states when the run starts its first sync check, right after the sampler is built
-    monkeypatch.setattr(train, "check_sync", lambda probe, before, *a: seen.append(rng_state()) or check_sync(
+    monkeypatch.setattr(train, "check_probe", lambda probe, before, *a: seen.append(rng_state()) or check_probe(
         probe, before, *a))
     train.main(tiny_args(tiny_model_dir, tmp_path, steps=2))
     saved = read_trainer_state(tmp_path / "checkpoint-000002")["rng"][0]
@@ -568,7 +567,7 @@ def torchrun(*job):
 def test_one_update_under_torchrun_2_equals_one_process(tiny_model_dir, tmp_path, loss_agg):
     from transformers import AutoModelForCausalLM
 
-    from plumbing.tiny_model import build_tiny_model
+    from tools.tiny_model import build_tiny_model
 
     ref_dir = build_tiny_model(tmp_path / "ref", seed=1)  # a different reference: the KL term has a gradient
     single = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "dist_train.py"), "parity",
@@ -593,7 +592,7 @@ def test_recast_and_recompute_under_fsdp2_are_bit_identical(tiny_model_dir, tmp_
     """Under FSDP2 (2 ranks, bf16 autocast) the weight a linear layer saves is the gathered float32 parameter,
     which FSDP2 frees after forward and gathers again for backward, and the norms and gates rerun inside
     FSDP2's layers: the update is still the plain one, bit for bit."""
-    from plumbing.tiny_model import build_tiny_model
+    from tools.tiny_model import build_tiny_model
 
     ref_dir = build_tiny_model(tmp_path / "ref", seed=1)
     runs = {}
@@ -633,7 +632,7 @@ def test_end_to_end_under_torchrun_2(tiny_model_dir, tmp_path):
     assert len(read_metrics(tmp_path / "eval-000000.jsonl")) == 4  # both ranks' held-out generations
 
 
-# ---- speed changes (issue 7): each keeps the update equal to the plain version
+# ---- speed changes: each keeps the update equal to the plain version
 
 
 def ppo_batch(n_prompts=4, M=4, seed=0):
@@ -726,7 +725,7 @@ def test_mask_truncated_trains_as_the_batch_without_the_cut_rows(tiny_model_dir,
 
 @pytest.fixture(scope="module")
 def ref_dir(tmp_path_factory):
-    from plumbing.tiny_model import build_tiny_model
+    from tools.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("ref"), seed=1)  # another model: the KL term is not zero
 
@@ -776,7 +775,7 @@ def test_bf16_reference_is_exact(tiny_model_dir, ref_dir):
     """Linear weights stored in bf16 give the bf16-autocast reference forward bit for bit, at half the bytes."""
     from transformers import AutoModelForCausalLM
 
-    from loss import pad_batch, sequence_logprobs
+    from speed.logprobs import pad_batch, sequence_logprobs
 
     ref = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval()
     small = speed.backward.store_linears_bf16(AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval())
@@ -819,7 +818,7 @@ def test_compiled_bf16_update_is_as_close_to_float32_as_the_eager_one(tiny_model
 
 @pytest.fixture(scope="module")
 def bias_model_dir(tmp_path_factory):
-    from plumbing.tiny_model import build_tiny_model
+    from tools.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("bias"), attention_bias=True)  # q/k/v/o with biases, as Qwen2
 
@@ -875,7 +874,7 @@ def test_backward_keeps_one_cast_per_input_and_reruns_down_projs_input(tiny_mode
 def saved_bytes(model, dtype, keep=lambda t: True) -> int:
     """Bytes autograd keeps for backward in one forward of ppo_batch() (parameters excluded, each storage once;
     only the tensors `keep` accepts)."""
-    from loss import pad_batch, sequence_logprobs
+    from speed.logprobs import pad_batch, sequence_logprobs
 
     params, saved = {p.untyped_storage().data_ptr() for p in model.parameters()}, {}
 
@@ -993,7 +992,7 @@ def test_on_policy_shortcut_equals_recomputing_old_logprobs(tiny_model_dir, ref_
     assert_same_update(shortcut, recomputed, tol=1e-6)
 
 
-# ---- the sync check (issue 11): a sampler that misses an update stops the run
+# ---- the sync check: a sampler that misses an update stops the run
 
 @pytest.mark.parametrize("lr", [3e-2, 1e-6])  # a step that moves the probe past the tolerance, and one far below it
 def test_a_sampler_that_never_updates_stops_the_run_at_the_first_step(tiny_model_dir, tmp_path, digits,
@@ -1082,7 +1081,7 @@ def test_fsdp2_bf16_mixed_precision_update_is_as_close_to_float32_as_autocast(ti
     stay float32."""
     from transformers import AutoModelForCausalLM
 
-    from plumbing.tiny_model import build_tiny_model
+    from tools.tiny_model import build_tiny_model
 
     ref_dir = build_tiny_model(tmp_path / "ref", seed=1)
     initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()

@@ -30,12 +30,13 @@ CHECKPOINT_PROBE = """
 import sys
 import torch
 from transformers import AutoModelForCausalLM
-from rollout import make_sampler, sync_check
+from plumbing.sync import probe_sync
+from rollout import make_sampler
 ckpt = sys.argv[1]
 sampler = make_sampler("vllm", ckpt, dtype="float32", max_model_len=128, seed=0)
 model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
 prompts = [sampler.tokenizer.encode(text) for text in ("say something", "a longer prompt for the probe", "x")]
-probe = sync_check(sampler, model, prompts, max_tokens=16)
+probe = probe_sync(sampler, model, prompts, max_tokens=16)
 sampler.close()
 print("DIFF", probe.diff, sum(map(len, probe.token_ids)))
 """

@@ -13,8 +13,8 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM
 
-from plumbing.sync import SyncError, check_weights, weight_checksums
-from rollout import make_sampler, sync_check
+from plumbing.sync import SyncError, check_weights, probe_sync, weight_checksums
+from rollout import make_sampler
 
 
 def as_lists(groups):
@@ -57,7 +57,7 @@ def main(job_path, result_path):
     new = AutoModelForCausalLM.from_pretrained(job["perturbed"], dtype=torch.float32)
     result = {"base": sample(), "again": sample(),
               "greedy": as_lists(sampler.generate(prompts, n=1, max_tokens=max_tokens, temperature=0)),
-              "sync_before": sync_check(sampler, old, prompts).diff}
+              "sync_before": probe_sync(sampler, old, prompts).diff}
     try:
         sampler.update_weights([])
         result["empty_update_raises"] = False
@@ -65,8 +65,8 @@ def main(job_path, result_path):
         result["empty_update_raises"] = True
     # As train.py does: the trainer's named_parameters, where the tied lm_head.weight is not listed.
     sampler.update_weights(new.named_parameters())
-    result.update(after=sample(), sync_new=sync_check(sampler, new, prompts).diff,
-                  sync_old=sync_check(sampler, old, prompts).diff)
+    result.update(after=sample(), sync_new=probe_sync(sampler, new, prompts).diff,
+                  sync_old=probe_sync(sampler, old, prompts).diff)
     sampler.update_weights(old.named_parameters())
     result["restored"] = sample()
     result["device"] = str(sampler.device())  # as the engine reports it (scripts/gpu_check.sh's device gate)

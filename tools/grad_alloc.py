@@ -14,17 +14,42 @@ import sys
 import torch
 
 from advantage import ESTIMATORS, compute_advantages, estimator_params
-from grad_alloc import (
-    BINS,
-    agreement,
-    allocation_by_estimator,
-    bin_index,
-    exact_prompt_grad_norms,
-    pass_rates_of,
-    prompt_budgets,
-    shares_by_bin,
-)
+from grad_alloc import BINS, allocation_by_estimator, bin_index, pass_rates_of, prompt_budgets, shares_by_bin
 from plumbing.cli import OneLineParser
+from speed.logprobs import pad_batch, sequence_logprobs
+
+
+def exact_prompt_grad_norms(model, prompts, completions, adv, pad_id, temperature=1.0) -> torch.Tensor:
+    """(G,) norms ||grad L_g||, L_g = sum_i A_gi sum_t logp_git / N: prompt g's share of the step at theta_old."""
+    n_tokens = sum(len(c) for group in completions for c in group)  # N: the batch's token-mean denominator
+    norms = torch.zeros(len(prompts), dtype=torch.float64)  # (G,)
+    params = [q for q in model.parameters() if q.requires_grad]
+    for g, (prompt, group) in enumerate(zip(prompts, completions)):
+        if not adv[g].abs().sum() > 0:  # no advantage, no gradient: skip the backward pass
+            continue
+        input_ids, attention_mask, mask = pad_batch([prompt] * len(group), group, pad_id)
+        logp = sequence_logprobs(model, input_ids, attention_mask, mask.shape[1], temperature)  # (M, K)
+        loss = (torch.as_tensor(adv[g]).float() * (logp * mask).sum(-1)).sum() / n_tokens
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        norms[g] = torch.sqrt(sum((gr.double() ** 2).sum() for gr in grads if gr is not None))
+    return norms
+
+
+def agreement(cheap, exact) -> dict[str, float]:
+    """Pearson and Spearman correlation of two per-prompt budgets, leaving out prompts that are 0 in both."""
+    cheap, exact = torch.as_tensor(cheap).double(), torch.as_tensor(exact).double()
+    keep = (cheap != 0) | (exact != 0)
+    x, y = cheap[keep], exact[keep]
+
+    def pearson(a, b):
+        a, b = a - a.mean(), b - b.mean()
+        denom = a.norm() * b.norm()
+        return float((a @ b) / denom) if len(a) > 1 and denom > 0 else float("nan")
+
+    def ranks(a):  # average ranks, so ties get the same rank
+        return torch.tensor([(a < v).sum().item() + ((a == v).sum().item() - 1) / 2 for v in a], dtype=torch.float64)
+
+    return {"pearson": pearson(x, y), "spearman": pearson(ranks(x), ranks(y)), "prompts": int(keep.sum())}
 
 
 def format_table(rows: dict[str, list[float]], counts: list[int] | None = None) -> str:

@@ -3,7 +3,7 @@
     python -m tools.memory_plan --task deepmath --gpus 16 --gpu-gb 80            # Table B.1's DeepMath preset on A100s
     python -m tools.memory_plan --task meetingbank --gpus 16 --gpu-gb 139 --no-grad-checkpointing
     python -m tools.memory_plan --task arith --gpus 1 --gpu-gb 24 --prompt-tokens 40   # any preset of train.py
-    python -m tools.memory_plan --table                     # every paper preset on its Table B.1/B.2 GPUs (README)
+    python -m tools.memory_plan --table                     # every paper preset on its paper GPUs (docs/memory_plan.md)
 
 A step has three phases, and the plan adds up what one rank holds in each (GiB = 2^30 bytes):
 - rollout: vLLM awake (its `gpu_memory_utilization` share: weights, KV cache, activations) beside the
@@ -13,7 +13,7 @@ A step has three phases, and the plan adds up what one rank holds in each (GiB =
   longest prompt + longest completion, `--micro-batch` sequences);
 - optimizer: the AdamW step after the last micro-batch: the gradients reduce-scattered to shards, and under
   FSDP2 foreach AdamW's float32 temporary of one shard (its sqrt of the second moment); fused AdamW in one process
-  has none. train.py measures it inside the train phase (plumbing/run_log.py: PhaseMemory);
+  has none. train.py measures it inside the train phase (plumbing/run_log.py: Phases);
 - sync: vLLM's weights woken alone while `full_weights` streams one full float32 parameter at a time into
   their reload; the KV cache wakes after it (plumbing/vllm_sampler.py: VLLMSampler.update_weights), which is the
   rollout phase again.
@@ -349,7 +349,7 @@ def calibration(item: str) -> str:
 
 
 def trainer_allocated(p: Plan) -> dict:
-    """Bytes per phase as train.py measures them (plumbing/run_log.py: PhaseMemory's mem/peak_gb/PHASE, torch's
+    """Bytes per phase as train.py measures them (plumbing/run_log.py: Phases's mem/peak_gb/PHASE, torch's
     allocated peak less the engine's): the plan's rows without the engine's and without what torch's allocator never
     counts (CUDA_OVERHEAD). The measured train phase holds the optimizer step, so it is the larger of the two."""
     totals = {phase: sum(size for ph, item, size, _ in p.rows if ph == phase and item not in ENGINE_ROWS

@@ -1,4 +1,4 @@
-"""The SoftmaxGRPO-vs-GRPO study's numbers (docs/study.md, issue 37), read from its collected runs.
+"""The SoftmaxGRPO-vs-GRPO study's numbers (docs/study.md), read from its collected runs.
 
 Pairs are the two arms at one seed and one reward. For each reward and outcome: SoftmaxGRPO minus GRPO, its mean with
 the 95% paired t-interval, the seeds favouring each arm, the power the pairs achieved at the observed SD against the

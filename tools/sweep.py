@@ -486,7 +486,7 @@ def sweep(opts) -> dict:
 
 def smoke(opts) -> int:
     """The grid on the tiny random model, then resume checks and the summary's arithmetic recomputed by hand."""
-    from plumbing.tiny_model import build_tiny_model
+    from tools.tiny_model import build_tiny_model
 
     opts.runs_dir = os.path.join(opts.out, "runs")
     shutil.rmtree(opts.runs_dir, ignore_errors=True)  # every smoke starts from nothing: it counts launches

@@ -1,4 +1,4 @@
-"""Table 5 in the demo's setting (docs/sweeps.md section 2, issue 43): SoftmaxGRPO's tau against the study's tau 0.1.
+"""Table 5 in the demo's setting (docs/sweeps.md section 2): SoftmaxGRPO's tau against the study's tau 0.1.
 
 Each tau's runs (results/table5/runs) are paired by seed with the study's tau 0.1 exact-reward SoftmaxGRPO runs
 (results/softmax-vs-grpo/runs): the same prompts, order, held-out set and initial weights; only --tau differs. Per
@@ -6,7 +6,7 @@ tau and outcome: the mean over seeds, and tau minus tau 0.1 with its 95% paired 
 worse. Outcomes: held-out pass@1 after training, the training pass rate (mean over steps), and mean |A| over the
 logged training groups (completions.jsonl logs one group of M a step, with the advantages the loss used).
 
-The mechanism (issue 43 item 3): for binary rewards and large tau, A_i ~ (r_i - mean r) / tau, so tau 10 scales every
+The mechanism: for binary rewards and large tau, A_i ~ (r_i - mean r) / tau, so tau 10 scales every
 advantage down about 10-fold against tau 1. `counterfactual |A|` applies each tau's estimator to the *same* logged
 reward groups (the tau 0.1 runs'), which isolates the scale from the trajectory.
 

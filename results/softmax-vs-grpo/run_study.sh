@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The powered SoftmaxGRPO-vs-GRPO study (docs/study.md, issue 37), resumable on any machine.
+# The powered SoftmaxGRPO-vs-GRPO study (docs/study.md), resumable on any machine.
 #   bash results/softmax-vs-grpo/run_study.sh run        # pilots: 5 paired seeds, exact reward, then sim
 #   bash results/softmax-vs-grpo/run_study.sh collect    # copy finished runs here (then git add + commit)
 #   SEEDS=5-12 REWARDS=exact bash results/softmax-vs-grpo/run_study.sh run   # the powered runs, once sized

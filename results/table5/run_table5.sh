@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Table 5 in the demo's setting (docs/sweeps.md section 2, issue 43): SoftmaxGRPO's tau 0.5, 1.0 and 10 with the
+# Table 5 in the demo's setting (docs/sweeps.md section 2): SoftmaxGRPO's tau 0.5, 1.0 and 10 with the
 # study's exact-reward flags, paired by seed with the study's tau 0.1 runs (results/softmax-vs-grpo/runs).
 #   bash results/table5/run_table5.sh run                   # every tau, seeds 0-4 (TAUS="10 1.0 0.5", SEEDS=0-4)
 #   TAUS=10 SEEDS=3 bash results/table5/run_table5.sh run   # one run

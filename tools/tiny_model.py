@@ -1,9 +1,8 @@
-"""A tiny causal LM for tests: random weights, a character-level tokenizer built in code.
+"""A tiny random-weight Llama and a character-level tokenizer, saved as a normal Hugging Face folder for tests.
 
-Saved as a normal Hugging Face folder (config, safetensors, tokenizer, chat template), so every
-stage that loads a model by path (rollout's HF and vLLM samplers, train.py, eval.py) is tested on
-it exactly as it would run on a real checkpoint. It has tied embeddings like SmolLM2 and Qwen2.5,
-so weight sync of tied parameters is exercised too.
+Tied embeddings, like SmolLM2 and Qwen2.5, so the weight sync of tied parameters is exercised too.
+
+    python -c "from tools.tiny_model import build_tiny_model; build_tiny_model('/tmp/tiny')"
 """
 
 import string
