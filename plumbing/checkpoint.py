@@ -1,10 +1,5 @@
-"""Checkpoints of a train.py run: save, find, check, restore and prune (Appendix B.1's runs save every 100 steps).
-
-checkpoint-STEP/ holds a Hugging Face folder of the policy, trainer/ (torch.distributed.checkpoint: each rank's
-shards of the policy, AdamW and a moving reference; resharded on load) and trainer_state.pt (step, scheduler, RNG
-states, args), written last into a temporary folder renamed into place. Loading one runs no code (safe_load).
-
-    python train.py --resume runs/arith-softmax-s0          # continue from the newest checkpoint
+"""train.py checkpoints (HF folder, DCP shards, trainer_state.pt): save, find, check, restore, prune.
+    python -m pytest tests/test_checkpoint.py
 """
 
 import contextlib
@@ -33,10 +28,9 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # DC
 
 
 class CheckpointError(Exception):
-    """A checkpoint that cannot be used; the message is one line for the user."""
+    """One-line message."""
 
 
-# What DCP's .metadata pickle names, and all it may: DCP's own reader would unpickle anything
 DCP_METADATA_GLOBALS = {"torch.Size", "torch.serialization._get_layout", "pathlib.PosixPath", "builtins.set",
                         "collections.OrderedDict", "torch.distributed.checkpoint.filesystem._StorageInfo",
                         *(f"torch.distributed.checkpoint.metadata.{name}" for name in (
@@ -44,7 +38,7 @@ DCP_METADATA_GLOBALS = {"torch.Size", "torch.serialization._get_layout", "pathli
                             "ChunkStorageMetadata", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING"))}
 
 
-class _MetadataUnpickler(pickle.Unpickler):
+class _MetadataUnpickler(pickle.Unpickler):  # DCP's own reader unpickles anything
     def find_class(self, module, name):
         dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
         if dtype or f"{module}.{name}" in DCP_METADATA_GLOBALS:
@@ -53,8 +47,7 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 def safe_load(ckpt: str, name: str):
-    """ckpt/name with torch.load(weights_only=True), or DCP's metadata classes alone: a file that needs any other
-    object is refused unbuilt, a damaged one is corrupt (CheckpointError, one line)."""
+    """Load ckpt/name without running code; else CheckpointError."""
     try:
         if name.endswith(".metadata"):
             with open(os.path.join(ckpt, name), "rb") as f:
@@ -70,7 +63,7 @@ def safe_load(ckpt: str, name: str):
 
 
 def read_trainer_state(ckpt: str) -> dict:
-    """trainer_state.pt of a complete checkpoint whose DCP metadata loads too; CheckpointError otherwise."""
+    """trainer_state.pt, or CheckpointError."""
     missing = [f for f in ("config.json", "trainer/.metadata") if not os.path.isfile(os.path.join(ckpt, f))]
     if missing:
         raise CheckpointError(f"checkpoint {ckpt} is incomplete: missing {', '.join(missing)}")
@@ -82,7 +75,7 @@ def read_trainer_state(ckpt: str) -> dict:
 
 
 def rng_state() -> dict:
-    """This process's RNG states (its own GPU's) in plain types, which load under weights_only=True."""
+    """Plain types, so weights_only loads them."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     return {"python": random.getstate(), "numpy": [kind, keys.tolist(), pos, has_gauss, gauss],
             "torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
@@ -93,28 +86,28 @@ def set_rng_state(rng: dict):
     np.random.set_state(rng["numpy"])
     torch.set_rng_state(rng["torch"])
     if torch.cuda.is_available() and rng["cuda"] is not None:
-        torch.cuda.set_rng_state(rng["cuda"])  # this process's GPU, however many are visible
+        torch.cuda.set_rng_state(rng["cuda"])
 
 
 @contextlib.contextmanager
 def kept_rng_state():
-    """The global RNGs as before the block: vLLM's engine set-up seeds them, which would undo a resume's."""
+    """vLLM's set-up reseeds the global RNGs."""
     python, numpy = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng(devices=range(torch.cuda.device_count())):  # torch's CPU and GPU generators
+    with torch.random.fork_rng(devices=range(torch.cuda.device_count())):
         yield
     random.setstate(python)
     np.random.set_state(numpy)
 
 
 def complete_checkpoints(run: str) -> list[str]:
-    """The names of the complete checkpoint-STEP folders in `run`, oldest step first."""
+    """Oldest first."""
     done = [d for d in os.listdir(run) if d.startswith("checkpoint-") and d[11:].isdigit()
             and os.path.isfile(os.path.join(run, d, "trainer_state.pt"))] if os.path.isdir(run) else []
     return sorted(done, key=lambda d: int(d[11:]))
 
 
 def find_checkpoint(path: str) -> str | None:
-    """`path` itself if it is a checkpoint, else the newest complete checkpoint-STEP inside it."""
+    """`path`, or its newest checkpoint."""
     if os.path.isfile(os.path.join(path, "trainer_state.pt")):
         return path
     done = complete_checkpoints(path)
@@ -122,14 +115,12 @@ def find_checkpoint(path: str) -> str | None:
 
 
 def resume_hint(out: str) -> str:
-    """What an interrupted run leaves to continue from, in words: a save is atomic, so the newest is whole."""
     ckpt = find_checkpoint(out) if out else None
     return f"the newest checkpoint is {ckpt}: continue with --resume {out}" if ckpt else "no checkpoint was saved yet"
 
 
 def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...]) -> str | None:
-    """Why continuing --resume `resume` into `out` with the flags `given` (config.Args as a dict) would lose or mix
-    runs, as one line, or None; `keeps`: the flags that only --resume-changed may change."""
+    """Why this resume would lose or mix runs, or None; `keeps`: flags only --resume-changed changes."""
     ckpt = find_checkpoint(resume)
     if ckpt is None:
         return f"--resume {resume}: no checkpoint there"
@@ -137,7 +128,7 @@ def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...]) -> 
     try:
         state = read_trainer_state(ckpt)
     except CheckpointError as err:
-        older = complete_checkpoints(run)[:-1] if ckpt != resume else []  # a run folder's newest: the one before?
+        older = complete_checkpoints(run)[:-1] if ckpt != resume else []
         return str(err) + (f"; to go on from the one before, fork it into a new folder: --resume "
                            f"{os.path.join(os.path.dirname(ckpt), older[-1])} --out-dir NEW" if older else "")
     saved, step, fingerprint = state["args"], int(state.get("step", 0)), state.get("model_fingerprint")
@@ -147,7 +138,7 @@ def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...]) -> 
         return (f"checkpoint {ckpt} is from task {saved['task']} / model {saved['model']}, not task "
                 f"{given['task']} / model {given['model']}; pass the same --task and --model (or a moved or "
                 "copied folder of that model) to resume")
-    try:  # at the last step, only the final held-out score may be due
+    try:
         with open(os.path.join(run, "eval.json")) as f:
             evaluated = given["eval_examples"] == 0 or "after" in json.load(f)
     except (OSError, ValueError, TypeError):
@@ -168,7 +159,7 @@ def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...]) -> 
 
 
 def changed_flags(ckpt: str, given: dict) -> str:
-    """The flags a resume of `ckpt` changes, "--lr 0.001 -> 1e-05, ..." (its own bookkeeping flags left out)."""
+    """The flags it changes: "--lr 0.001 -> 1e-05, ..."."""
     saved = read_trainer_state(ckpt)["args"]
     own = ("resume", "resume_changed", "out_dir", "steps", "plan", "plan_gpus", "plan_gpu_gb")
     return ", ".join(f"--{name.replace('_', '-')} {saved[name]} -> {value}" for name, value in given.items()
@@ -176,8 +167,7 @@ def changed_flags(ckpt: str, given: dict) -> str:
 
 
 def folder_fingerprint(path: str) -> str | None:
-    """A digest of a model folder's config.json and weights (name, size, first and last MiB), which a moved or
-    copied folder keeps; None for what is not a folder (a hub id, an alias)."""
+    """Survives moving the folder; None for a hub id or alias."""
     if not os.path.isdir(path):
         return None
     digest = hashlib.sha256()
@@ -192,8 +182,7 @@ def folder_fingerprint(path: str) -> str | None:
 
 
 def sharded_state(model, optimizer, ref_model=None) -> tuple[dict, list]:
-    """(what DCP saves and loads: this rank's shards of "model", "optimizer" and a moving "reference"; AdamW's
-    param_groups, plain numbers for trainer_state.pt). On a fresh optimizer it creates the moments a load fills."""
+    """(DCP state, param_groups); creates a fresh optimizer's moments."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)
@@ -204,7 +193,7 @@ def sharded_state(model, optimizer, ref_model=None) -> tuple[dict, list]:
 
 
 def _first_failure(err: BaseException) -> Exception:
-    """The first rank's own exception inside DCP's CheckpointException; a Ctrl-C in there is raised as itself."""
+    """The first rank's own exception in DCP's wrapper; re-raises a Ctrl-C."""
     failures = getattr(err, "failures", None)
     inner = next(iter(failures.values()))[0] if failures else err
     if not isinstance(inner, Exception):
@@ -213,7 +202,6 @@ def _first_failure(err: BaseException) -> Exception:
 
 
 def _any_rank_reason(reason: str | None) -> str | None:
-    """The first rank's reason that is not None, on every rank."""
     if not dist.is_initialized():
         return reason
     reasons = [None] * dist.get_world_size()
@@ -228,12 +216,11 @@ def _reason(err: BaseException) -> str:
 def _nbytes(tree) -> int:
     if isinstance(tree, dict):
         return sum(map(_nbytes, tree.values()))
-    return tree.numel() * tree.element_size() if isinstance(tree, torch.Tensor) else 0  # a DTensor counts whole
+    return tree.numel() * tree.element_size() if isinstance(tree, torch.Tensor) else 0
 
 
 def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args, ref_model=None):
-    """out_dir/checkpoint-STEP, then prune_checkpoints. A failure on any rank (a full disk, a folder made read-only)
-    is the same one-line CheckpointError on every rank; it and a Ctrl-C leave the folder as it was (_undo_save)."""
+    """Any rank's failure is one CheckpointError on all, the folder unchanged."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     master = not dist.is_initialized() or dist.get_rank() == 0
@@ -242,22 +229,22 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args,
         if master:
             try:
                 tmp = tempfile.mkdtemp(dir=out_dir, prefix=f".tmp-checkpoint-{step:06d}-")
-            except OSError as err:  # the run folder made read-only, or gone, mid-run
+            except OSError as err:
                 reason = f"cannot write in {out_dir}: {_reason(err)}"
-        if dist.is_initialized():  # the other ranks write their shards into rank 0's temporary folder
+        if dist.is_initialized():
             shared = [tmp, reason]
             dist.broadcast_object_list(shared, src=0)
             tmp, reason = shared
         state, param_groups = sharded_state(model, optimizer, ref_model)
         if reason is None:
-            try:  # DCP's own collectives make every rank raise when any rank's write fails
+            try:
                 dcp.save(state, storage_writer=dcp.FileSystemWriter(os.path.join(tmp, "trainer")),
                          no_dist=not dist.is_initialized())
-            except (Exception, CheckpointException) as err:  # DCP's is a BaseException holding each rank's error
+            except (Exception, CheckpointException) as err:  # DCP's is a BaseException
                 reason = _reason(_first_failure(err))
             reason = _any_rank_reason(reason)
-        rngs = gather_objects([rng_state()])  # every rank's, on rank 0
-        full = StateDictOptions(full_state_dict=True, cpu_offload=True)  # the one gather: the model, to rank 0
+        rngs = gather_objects([rng_state()])
+        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
         model_state = get_model_state_dict(model, options=full) if reason is None else {}
         if master and reason is None:
             try:
@@ -267,31 +254,31 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args,
                             "rng": rngs, "args": asdict(args), "reference": ref_model is not None,
                             "model_fingerprint": folder_fingerprint(args.model)}, os.path.join(tmp, "trainer_state.pt"))
                 os.rename(tmp, final)
-            except Exception as err:  # ENOSPC as OSError, or torch.save's RuntimeError "unexpected pos"
+            except Exception as err:  # torch.save reports ENOSPC as RuntimeError "unexpected pos"
                 reason = _reason(err)
         if master and reason is not None:
             _undo_save(out_dir, f"{step:06d}")
-            needed = (_nbytes(state) + _nbytes(state["model"])) / 1e6  # the HF folder holds the model once more
+            needed = (_nbytes(state) + _nbytes(state["model"])) / 1e6  # + the HF folder's copy
             free = shutil.disk_usage(out_dir).free / 1e6 if os.path.isdir(out_dir) else 0
             good = find_checkpoint(out_dir)
             error = (f"saving checkpoint {final} failed ({reason}): it needs about {needed:,.1f} MB and {free:,.1f} MB "
                      "are free; its partial folder is removed, and " + (
                          f"the last good checkpoint, {good}, is intact" if good else "no earlier checkpoint exists"))
-        error = _any_rank_reason(error)  # rank 0's verdict on every rank, after its HF folder
-    except BaseException:  # a Ctrl-C mid-save: the folder as it was, then the interrupt goes on
+        error = _any_rank_reason(error)
+    except BaseException:
         if master:
             _undo_save(out_dir, f"{step:06d}")
         raise
     if error:
         raise CheckpointError(error)
-    try:  # on rank 0, while the other ranks go on training
+    try:
         prune_checkpoints(out_dir, args.keep_checkpoints, master)
-    except OSError as err:  # an old checkpoint that cannot go costs disk, not the run
+    except OSError as err:  # costs disk, not the run
         print(f"note: could not delete old checkpoints in {out_dir} ({err.strerror or type(err).__name__}); kept")
 
 
 def _undo_save(out_dir: str, step: str = "[0-9]*") -> list[str]:
-    """Remove the temporary folders of a save or deletion of checkpoint `step` (default: any) in out_dir; names."""
+    """Remove unfinished saves/deletions of `step`; their names."""
     names = sorted(glob.glob(f".tmp-checkpoint-{step}-*", root_dir=out_dir))
     for name in names:
         shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
@@ -299,7 +286,6 @@ def _undo_save(out_dir: str, step: str = "[0-9]*") -> list[str]:
 
 
 def remove_orphans(out_dir: str, master: bool = True) -> list[str]:
-    """At a run's start, on rank 0: what killed saves and deletions left (it can fill a disk) goes, with a note."""
     names = _undo_save(out_dir) if master else []
     if names:
         print(f"note: removed {len(names)} unfinished checkpoint save(s) or deletion(s) a killed run left in "
@@ -308,8 +294,7 @@ def remove_orphans(out_dir: str, master: bool = True) -> list[str]:
 
 
 def prune_checkpoints(out_dir: str, keep: int, master: bool = True) -> list[str]:
-    """Delete all but the newest `keep` complete checkpoints (0: none), on rank 0; the names deleted. Each is
-    renamed to a .tmp-checkpoint-* name first, so a kill mid-delete leaves no checkpoint-STEP with files missing."""
+    """Keep the newest `keep` (0: all); rename, then delete: no half-deleted checkpoint."""
     deleted = complete_checkpoints(out_dir)[:-keep] if master and keep else []
     for name in deleted:
         os.rename(os.path.join(out_dir, name), os.path.join(out_dir, f".tmp-{name}-deleted"))
@@ -318,11 +303,10 @@ def prune_checkpoints(out_dir: str, keep: int, master: bool = True) -> list[str]
 
 
 def load_checkpoint(ckpt, model, optimizer, scheduler, rank, lr=None, weight_decay=None, ref_model=None) -> int:
-    """Restore this rank's shards of the policy and AdamW (DCP reshards to this world size), the scheduler, this
-    rank's RNG states and a moving reference; the step. `lr`, `weight_decay`: the run's flags, over the saved."""
+    """Restore (resharded); the step. `lr`, `weight_decay` override the saved."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
-    state = read_trainer_state(ckpt)  # its metadata too, here on every rank, before DCP's reader unpickles it
+    state = read_trainer_state(ckpt)  # before DCP unpickles
     own = [{k: group[k] for k in ("fused", "foreach", "capturable") if k in group} for group in optimizer.param_groups]
     shards, _ = sharded_state(model, optimizer, ref_model if state.get("reference") else None)
     try:
@@ -338,12 +322,12 @@ def load_checkpoint(ckpt, model, optimizer, scheduler, rank, lr=None, weight_dec
         set_model_state_dict(ref_model, shards["reference"])
     scheduler.load_state_dict(state["scheduler"])
     for i, (group, mine) in enumerate(zip(optimizer.param_groups, own)):
-        group.update(mine)  # this run's kernel choice (fused in one process, not on FSDP2's shards), not the save's
-        if lr is not None:  # LambdaLR: lr = base_lr * lambda(step), as at each of its steps
+        group.update(mine)  # this run's kernels
+        if lr is not None:  # LambdaLR: lr = base_lr * lambda(step)
             scheduler.base_lrs[i] = group["initial_lr"] = lr
             group["lr"] = lr * scheduler.lr_lambdas[i](scheduler.last_epoch)
         if weight_decay is not None:
             group["weight_decay"] = weight_decay
-    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]  # what get_last_lr() reports
-    set_rng_state(state["rng"][rank if rank < len(state["rng"]) else 0])  # another world size: rank 0's
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+    set_rng_state(state["rng"][rank if rank < len(state["rng"]) else 0])
     return state["step"]

@@ -1,7 +1,5 @@
-"""Files written whole or not at all, and whether a path can be written: for train.py, eval.py and the run log.
-
-A write goes to a hidden temporary file beside its target, reaches the disk (fsync) and is renamed over it: a full
-disk leaves the earlier file whole. An append that fails is cut back to the old length: no torn last line.
+"""Files written whole or not at all, and write checks.
+    python -m pytest tests/test_bad_input.py -k "disk or unwritable"
 """
 
 import contextlib
@@ -14,8 +12,7 @@ from plumbing.cli import first_line
 
 
 class WriteError(OSError):
-    """A write that did not happen (a full disk, a folder made read-only during a run), as one line; the file is
-    as it was. `strerror` is the system's reason ("Permission denied")."""
+    """One line; the file is as it was."""
 
     def __init__(self, message: str, strerror: str | None = None):
         super().__init__(message)
@@ -30,8 +27,7 @@ def _write_failed(verb: str, path: str, err: OSError, kept: str) -> WriteError:
 
 
 def write_whole(path: str, write) -> None:
-    """`write(f)` on a temporary text file beside `path` (one file system), flushed to the disk and renamed into
-    place; a failing disk or folder is a one-line WriteError."""
+    """`write(f)` to a temp file, fsync, rename over `path`."""
     folder, name = os.path.split(os.path.abspath(path))
     tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
     try:
@@ -53,19 +49,18 @@ def write_json(path: str, obj, indent: int | None = None) -> None:
 
 
 def write_lines(path: str, lines) -> None:
-    """Text lines, each ending in its own newline (JSON Lines rows, say)."""
     write_whole(path, lambda f: f.writelines(lines))
 
 
 def append_lines(path: str, lines) -> None:
-    """Text lines added at the end of `path`, all or none (WriteError, one line)."""
+    """All or none."""
     data = "".join(lines).encode()
     kept = "The file is as it was before this step, and the last checkpoint is intact"
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     except OSError as err:
         raise _write_failed("append to", path, err, kept) from None
-    try:  # unbuffered: nothing is left to flush at close
+    try:
         size = os.lseek(fd, 0, os.SEEK_END)
         done = 0
         while done < len(data):
@@ -79,10 +74,8 @@ def append_lines(path: str, lines) -> None:
 
 
 def write_error(path: str, flag: str, folder: bool = False) -> str | None:
-    """Why `path` cannot be written, as one line naming `flag`, or None: a file to write (eval.py --out), or with
-    folder=True a folder to write in, made later if missing (train.py --out-dir). A probe file is made and removed
-    where the writes will go, so a read-only folder costs a second, not a run."""
-    try:  # a path the file system takes but UTF-8 cannot write: the save would fail after the training
+    """Why `path` (folder=True: a folder) cannot be written, or None."""
+    try:  # else the save would fail after training
         path.encode("utf-8")
     except UnicodeEncodeError:
         return f"{flag} {os.fsencode(path)!r} is not UTF-8 text: pass a path in UTF-8"
@@ -92,7 +85,7 @@ def write_error(path: str, flag: str, folder: bool = False) -> str | None:
         if os.path.exists(path) and not os.path.isdir(path):
             return f"{flag} {path} is a file, not a folder"
         parent = os.path.abspath(path)
-        while not os.path.exists(parent):  # the nearest existing parent, where the folder will be made
+        while not os.path.exists(parent):
             parent = os.path.dirname(parent)
         if not os.path.isdir(parent):
             return f"{flag} {path}: {parent} is a file, not a folder"

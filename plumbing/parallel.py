@@ -1,7 +1,5 @@
-"""Data parallelism over torchrun ranks: FSDP2 sharding, the full weights streamed to the sampler, and the gathers
-and all-reduces behind every logged number; outside torchrun each is the single-process identity.
-
-    torchrun --nproc_per_node 2 tests/dist_train.py parity OUT.pt MODEL_DIR REF_DIR   # equals one process
+"""Data parallelism over torchrun ranks (FSDP2, gathers); the identity outside torchrun.
+    torchrun --nproc_per_node 2 tests/dist_train.py parity OUT.pt MODEL_DIR REF_DIR
 """
 
 import os
@@ -24,7 +22,7 @@ def all_reduce_sum(values: list[float], device, op=dist.ReduceOp.SUM) -> list[fl
 
 
 def gather_rows(t: torch.Tensor, device) -> torch.Tensor:
-    """(G_local, M) on every rank -> (G, M), rank-major, on every rank."""
+    """(G_local, M) -> (G, M), rank-major, on every rank."""
     if not dist.is_initialized():
         return t
     parts = [torch.empty_like(t, device=device) for _ in range(dist.get_world_size())]
@@ -33,7 +31,7 @@ def gather_rows(t: torch.Tensor, device) -> torch.Tensor:
 
 
 def gather_objects(items: list) -> list:
-    """Each rank's list of picklable items -> their rank-major concatenation on rank 0 ([] on the others)."""
+    """All ranks' items on rank 0 ([] elsewhere)."""
     if not dist.is_initialized():
         return list(items)
     parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
@@ -42,14 +40,13 @@ def gather_objects(items: list) -> list:
 
 
 def per_rank(values: dict[str, float], device) -> dict[str, float]:
-    """Each rank's own numbers, gathered: {"name/rank0": ..., "name/rank1": ...} on every rank."""
+    """{"name/rank0": ..., "name/rank1": ...}."""
     table = gather_rows(torch.tensor([list(values.values())], dtype=torch.float64), device)  # (world, len(values))
     return {f"{name}/rank{r}": table[r, i].item() for i, name in enumerate(values) for r in range(len(table))}
 
 
 def shard(model, device, bf16: bool = False):
-    """FSDP2: each decoder layer one all-gather unit, the root the rest. `bf16`: the paper's verl mixed precision,
-    layers gathered and computed in bf16, gradients reduced in float32 into float32 master shards."""
+    """FSDP2 per layer; `bf16`: verl's mixed precision."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -58,30 +55,27 @@ def shard(model, device, bf16: bool = False):
         else MixedPrecisionPolicy()
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh, mp_policy=policy)
-    # the root reshards after forward too: the no-grad forwards have no backward to free the gathered embedding
-    return fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
+    return fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=True)  # no-grad forwards: no backward
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of an FSDP2 parameter (a view: writing it writes the parameter), or the tensor itself."""
+    """This rank's shard (a writable view)."""
     return t.to_local() if isinstance(t, DTensor) else t
 
 
 def full_weights(model):
-    """(HF name, full tensor), each gathered only when asked for, so the sync holds one at a time; a collective:
-    every rank iterates in the same order."""
+    """(HF name, full tensor), one at a time; every rank must iterate."""
     for name, param in model.named_parameters():
         yield name, (param.full_tensor() if isinstance(param, DTensor) else param).detach()
 
 
 def init_distributed(seed: int, timeout_s: float = 1800):
-    """(distributed, rank, world, device), seeded: under torchrun (RANK set) one process group over all ranks,
-    whose collectives wait `timeout_s` (--dist-timeout-s) before the run fails."""
+    """(distributed, rank, world, device), seeded."""
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # no "Loading weights" bar per model on every rank
+    hf_logging.disable_progress_bar()
     cuda = torch.cuda.is_available()
-    if not cuda:  # CPU tensors come from malloc: keep their pages instead of faulting them in again
+    if not cuda:
         keep_freed_memory()
     distributed = "RANK" in os.environ
     if distributed:

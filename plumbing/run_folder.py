@@ -1,4 +1,6 @@
-"""One run per folder (train.py --out-dir): held by a lock, and checked writable before any model loads."""
+"""train.py's run folder: locked to one run, checked writable before any model loads.
+    python -m pytest tests/test_bad_input.py -k "out_dir or held_folder or runs_folder"
+"""
 
 import contextlib
 import fcntl
@@ -9,7 +11,7 @@ from plumbing.files import write_error
 
 
 def run_dir(args) -> str:
-    """train.py's run folder: --out-dir, or the folder of --resume's checkpoint, or runs/TASK-ADVANTAGE-sSEED."""
+    """--out-dir, --resume's folder or runs/TASK-ADVANTAGE-sSEED."""
     if args.out_dir:
         return args.out_dir
     ckpt = find_checkpoint(args.resume) if args.resume else None
@@ -17,11 +19,11 @@ def run_dir(args) -> str:
 
 
 class RunFolderError(RuntimeError):
-    """The run folder is in use or cannot hold this run; the message is one line."""
+    """One-line message."""
 
 
 class RunLock:
-    """A held run folder; release() unlocks it, and removes it if the run made it and wrote nothing there."""
+    """release() removes it if made here and left empty."""
 
     def __init__(self, out: str, handle, made: bool):
         self.out, self.handle, self.made = out, handle, made
@@ -36,8 +38,7 @@ class RunLock:
 
 
 def lock_run_folder(out: str, hold: bool = True) -> RunLock:
-    """Hold `out` with an flock on out/.lock, which dies with its process: a second run there stops at once
-    (RunFolderError). hold=False (torchrun's other ranks): a lock that holds nothing."""
+    """flock out/.lock (dies with the process), else RunFolderError."""
     if not hold:
         return RunLock(out, None, False)
     made = not os.path.isdir(out)
@@ -51,7 +52,7 @@ def lock_run_folder(out: str, hold: bool = True) -> RunLock:
         handle.close()
         raise RunFolderError(f"--out-dir {out} is in use by a running train.py ({holder}); wait for it to end, or "
                              "pick another --out-dir") from None
-    except OSError as err:  # a filesystem without flock (NFS nolock, some Lustre mounts)
+    except OSError as err:  # NFS nolock, Lustre
         handle.close()
         print(f"note: {out} cannot be locked ({err.strerror}); nothing stops a second run there")
         return RunLock(out, None, made)
@@ -63,8 +64,7 @@ def lock_run_folder(out: str, hold: bool = True) -> RunLock:
 
 
 def run_folder_error(out: str, resume_ckpt: str | None) -> str | None:
-    """Why `out` cannot hold this run, as one line, or None: unwritable, or holding another run (metrics or
-    checkpoints) that this one is not resuming (`resume_ckpt`: --resume's checkpoint, or None)."""
+    """Why `out` cannot hold this run, or None."""
     if error := write_error(out, "--out-dir", folder=True):
         return error
     taken = os.path.isdir(out) and any(f == "metrics.jsonl" or f.startswith("checkpoint-") for f in os.listdir(out))
