@@ -19,7 +19,7 @@ from tqdm import tqdm
 import config
 from advantage import compute_advantages
 from config import Args, check_args, parse_args, sampling_memory_error
-from eval import gather_samples, load_eval_sets
+from eval import gather_samples, load_eval_sets, no_room_error
 from grad_alloc import allocation_metrics
 from loss import REFERENCES, Share, kept_samples, loss_denominator, policy_loss
 from plumbing import run_log
@@ -33,7 +33,6 @@ from plumbing.checkpoint import (
     resume_hint,
     save_checkpoint,
 )
-from plumbing.checks import no_room_error
 from plumbing.cli import first_line
 from plumbing.files import WriteError
 from plumbing.models import ModelLoadError, SamplingError, load_model, load_tokenizer
@@ -62,9 +61,8 @@ def main(args: Args, checked: bool = False) -> dict:
 
 
 def train(args: Args) -> dict:
-    from plumbing.prompts import encode_prompts
     from rollout import ROLLOUTS, make_sampler, resolve_model
-    from tasks import TASKS, get_task, reward_weights
+    from tasks import TASKS, encode_prompts, get_task, reward_weights
 
     out_dir, args = run_dir(args), config.resolve_auto(args)
     distributed, rank, world, device = init_distributed(args.seed, args.dist_timeout_s)

@@ -194,9 +194,8 @@ def measure_ours(opts) -> dict:
     import speed.compile
     import train
     from advantage import compute_advantages
-    from plumbing.prompts import encode_prompts
     from rollout import make_sampler, resolve_model
-    from tasks import get_task
+    from tasks import encode_prompts, get_task
 
     record["rss_imports"], record["heap_imports"] = rss(), heap()
     speed.allocator.keep_freed_memory()  # as train.main on CPU, before any model is loaded

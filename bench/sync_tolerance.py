@@ -19,10 +19,12 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from plumbing.models import load_model  # noqa: E402
-from plumbing.prompts import encode_prompts  # noqa: E402
 from plumbing.sync import probe_sync  # noqa: E402
 from rollout import make_sampler, resolve_model  # noqa: E402
-from tasks import get_task  # noqa: E402
+from tasks import (
+    encode_prompts,  # noqa: E402
+    get_task,  # noqa: E402
+)
 
 
 def measure(backend, dtype, model_path, prompts):

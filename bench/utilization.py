@@ -85,11 +85,10 @@ def main():
     import train
     from loss import policy_loss
     from plumbing.models import load_model
-    from plumbing.prompts import encode_prompts
     from rollout import make_sampler, resolve_model
     from speed.allocator import keep_freed_memory
     from speed.logprobs import pad_batch, sequence_logprobs
-    from tasks import get_task
+    from tasks import encode_prompts, get_task
 
     keep_freed_memory()  # as train.main does on CPU
     print(f"{torch.get_num_threads()} threads, torch {torch.__version__}, load average {os.getloadavg()[0]:.2f}")

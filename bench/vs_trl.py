@@ -85,8 +85,7 @@ def write_prompts(path: str, task_name: str, model_path: str, n_prompts: int, se
     from transformers import AutoTokenizer
 
     from plumbing.data import batch_indices
-    from plumbing.prompts import encode_prompts
-    from tasks import get_task
+    from tasks import encode_prompts, get_task
 
     train_set = get_task(task_name).load("train", seed=seed)  # as train.py loads it
     picked = [train_set[i] for i in batch_indices(0, n_prompts, len(train_set), seed)]  # steps 0.. in a row

@@ -29,8 +29,8 @@ def main():
     from transformers import AutoModelForCausalLM
 
     from plumbing.sync import check_weights, weight_checksums
-    from tools.tiny_model import build_tiny_model
     from rollout import make_sampler, resolve_model
+    from tools.tiny_model import build_tiny_model
 
     path = build_tiny_model(tempfile.mkdtemp()) if cli.model == "tiny" else resolve_model(cli.model)
     sampler = make_sampler(cli.backend, path, dtype=cli.dtype, seed=0,

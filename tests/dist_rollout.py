@@ -16,7 +16,7 @@ sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # 
 import rollout  # noqa: E402
 import tasks  # noqa: E402
 import train  # noqa: E402
-from plumbing.vllm_sampler import Completion  # noqa: E402
+from rollout import Completion  # noqa: E402
 
 
 class FakeSampler:

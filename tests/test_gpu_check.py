@@ -361,7 +361,7 @@ def test_the_vllm_engine_refuses_expandable_segments_in_one_line_before_it_loads
     """vLLM's sleep mode (its CuMem allocator) asserts on expandable segments: the engine refuses them first, in
     one line, on a GPU (the CPU has no sleep mode); no vLLM is needed to get there."""
     from plumbing.models import SamplingError
-    from plumbing.vllm_sampler import VLLMSampler, allocator_conf_error
+    from rollout import VLLMSampler, allocator_conf_error
 
     assert allocator_conf_error({}) is None
     assert allocator_conf_error({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}) is None

@@ -399,7 +399,7 @@ def test_packed_bf16_linears_compute_the_plain_linears(tiny_model_dir, prompts, 
     sampler.close()
 
 
-# ---- the weight sync: streamed, and a sleeping engine woken in two steps around it (plumbing/vllm_sampler.py)
+# ---- the weight sync: streamed, and a sleeping engine woken in two steps around it (rollout.py: VLLMSampler)
 
 def gathered(model, alive_before):
     """plumbing.parallel.full_weights as FSDP2 runs it: each parameter gathered afresh (here a copy) only when
@@ -440,7 +440,7 @@ class FakeEngine:
 
 
 def fake_vllm_sampler(on_gpu):
-    from plumbing.vllm_sampler import VLLMSampler
+    from rollout import VLLMSampler
 
     sampler = VLLMSampler.__new__(VLLMSampler)  # no engine built: FakeEngine stands in for vllm.LLM
     sampler.llm, sampler.on_gpu, sampler.asleep = FakeEngine(), on_gpu, False

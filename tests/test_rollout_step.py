@@ -124,7 +124,7 @@ def test_overlong_term_by_hand(n_tokens, want):
 def test_score_hands_the_token_count_to_a_term_that_declares_it():
     task = tasks.get_task("arith")
     example = task.load("test", limit=1)[0]
-    from plumbing.vllm_sampler import Completion
+    from rollout import Completion
 
     right = f"<think>add</think> {example.gold}"
     groups = [[Completion([1] * n, [0.0] * n, right, "stop") for n in (4, 8, 10, 12)]]
@@ -232,7 +232,7 @@ def test_eval_py_scores_a_length_aware_term_as_training_does(monkeypatch):
     # eval.evaluate hands each reply's token count (and --max-tokens) to the term, as rollout.score does; before, a
     # term declaring n_tokens was a TypeError there (scored 0 and counted, or raised under strict rewards)
     import eval as eval_py
-    from plumbing.vllm_sampler import Completion
+    from rollout import Completion
 
     monkeypatch.setattr(eval_py, "encode_prompts", lambda tokenizer, batch: [[1] for _ in batch])
     task = tasks.get_task("arith")

@@ -219,7 +219,7 @@ def needs(sampler: str, dry: bool, work: str, need_gb: float, run_args: dict) ->
     else:
         found.append((True, "compiler: none needed (the HF sampler's path compiles nothing)"))
     if sampler == "vllm" and not dry and not missing:  # vLLM's sleep mode asserts on expandable segments
-        from plumbing.vllm_sampler import allocator_conf_error
+        from rollout import allocator_conf_error
 
         error = allocator_conf_error(os.environ)
         found.append((error is None, f"allocator: {error}" if error else "allocator: no expandable segments"))

@@ -80,9 +80,8 @@ def main(argv=None):
     if any(n not in ESTIMATORS for n in names) or args.prompts < 1 or args.M < 2:
         parser.error(f"--estimators must be among {sorted(ESTIMATORS)}, --prompts >= 1, --M >= 2")
 
-    from plumbing.prompts import encode_prompts
     from rollout import make_sampler, resolve_model
-    from tasks import get_task
+    from tasks import encode_prompts, get_task
 
     task = get_task(args.task)
     kind = "exact" if task.has_verifier else "sim"  # no verifier: similarity reward (Appendix B.5)

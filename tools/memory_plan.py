@@ -15,7 +15,7 @@ A step has three phases, and the plan adds up what one rank holds in each (GiB =
   FSDP2 foreach AdamW's float32 temporary of one shard (its sqrt of the second moment); fused AdamW in one process
   has none. train.py measures it inside the train phase (plumbing/run_log.py: Phases);
 - sync: vLLM's weights woken alone while `full_weights` streams one full float32 parameter at a time into
-  their reload; the KV cache wakes after it (plumbing/vllm_sampler.py: VLLMSampler.update_weights), which is the
+  their reload; the KV cache wakes after it (rollout.py: VLLMSampler.update_weights), which is the
   rollout phase again.
 A fixed CUDA_OVERHEAD covers the CUDA context, NCCL and cuBLAS workspaces and allocator slack; torch's allocator
 counts none of it, so `trainer_allocated` (what scripts/gpu_check.sh holds against torch's measured peaks) leaves it
