@@ -18,11 +18,10 @@ import torch
 from advantage import ESTIMATORS, compute_advantages, estimator_params, hyperparameter_ranges, hyperparameters
 from eval import SAMPLING_RULES, SEED_LIMIT, flag, model_flag_error, number_error
 from loss import OPTION_CHOICES, REFERENCES, ROW_FILTERS, policy_loss
-from plumbing.checkpoint import find_checkpoint, resume_error
+from plumbing.checkpoint import find_checkpoint, resume_error, run_dir, run_folder_error
 from plumbing.cli import OneLineParser, first_line
 from plumbing.data import data_file_error
 from plumbing.models import has_bf16_units
-from plumbing.run_folder import run_dir, run_folder_error
 from plumbing.sync import SYNC_TOLERANCE
 from rewards import REWARD_TERMS
 

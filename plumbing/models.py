@@ -31,34 +31,28 @@ def model_load_error(path, err: BaseException) -> ModelLoadError:
                           "smollm2-135m; a hub id needs network access, or HF_HUB_OFFLINE=1 and the model cached")
 
 
-def model_file_error(folder: str) -> str | None:
-    """Pickled-only or damaged weights, or None."""
+def model_error(model: str) -> str | None:
+    """Why --model cannot load (pickled-only or damaged weights, unreachable hub), found fast, or None."""
     from safetensors import safe_open
 
-    names = sorted(os.listdir(folder))
-    pickled = [f for f in names if f.startswith(("pytorch_model", "model")) and f.endswith((".bin", ".pt", ".pth",
-                                                                                             ".ckpt"))]
-    if pickled and not any(f.endswith(".safetensors") for f in names):
-        return (f"{folder} holds pickled weights ({', '.join(pickled)}), which can run code when loaded; convert "
-                "them to model.safetensors (safetensors' convert script) and load that")
-    for path in (os.path.join(folder, f) for f in names if f.endswith(".safetensors")):
-        try:
-            with safe_open(path, "pt"):
-                pass
-        except Exception as err:  # SafetensorError
-            return f"model file {path} is corrupt ({first_line(err)}); save or download the model again"
-    return None
-
-
-def model_error(model: str) -> str | None:
-    """Why --model cannot load, found fast, or None."""
     from plumbing.data import hub_reachable
 
     if model in EMBEDDED:
         return None
     if os.path.isdir(model):
-        error = model_file_error(model)
-        return f"--model {model}: {error}" if error else None
+        names = sorted(os.listdir(model))
+        pickled = [f for f in names if f.startswith(("pytorch_model", "model")) and f.endswith((".bin", ".pt", ".pth",
+                                                                                                 ".ckpt"))]
+        if pickled and not any(f.endswith(".safetensors") for f in names):
+            return (f"--model {model}: {model} holds pickled weights ({', '.join(pickled)}), which can run code when "
+                    "loaded; convert them to model.safetensors (safetensors' convert script) and load that")
+        for path in (os.path.join(model, f) for f in names if f.endswith(".safetensors")):
+            try:
+                with safe_open(path, "pt"):
+                    pass
+            except Exception as err:  # SafetensorError
+                return f"--model {model}: model file {path} is corrupt ({first_line(err)}); save or download it again"
+        return None
     if os.path.exists(model):
         return f"--model {model} is a file; pass a model folder, a hub id or the alias smollm2-135m"
     if model.startswith((".", "/", "~")) or model.count("/") > 1:  # a path: the load says why

@@ -86,13 +86,6 @@ FAMILIES = {"embed_tokens": "embedding rows", "lm_head": "lm_head rows (the embe
 RELATIVE_TOLERANCE = 1e-10  # float64 reorderings agree to ~1e-15
 
 
-def family(name: str) -> str:
-    """The family of a parameter name, as errors name it."""
-    module = name.rpartition(".")[0].rpartition(".")[2]
-    key = "bias" if name.endswith(".bias") else "norm" if "norm" in module else module
-    return FAMILIES.get(key, FAMILIES["rest"])
-
-
 @functools.lru_cache(maxsize=8)
 def _fixed_vector(n: int, device) -> torch.Tensor:
     """(n,) float64 normal draws seeded by n."""
@@ -140,7 +133,9 @@ def check_weights(sums, step: int, device) -> dict:
     labels = list(dict.fromkeys(FAMILIES.values()))
     worst, example = dict.fromkeys(labels, 0.0), {}
     for name in [*trainer, *(engine.keys() - trainer.keys())]:
-        ours, theirs, label = trainer.get(name), engine.get(name), family(name)
+        module = name.rpartition(".")[0].rpartition(".")[2]  # its family, as errors name it:
+        key = "bias" if name.endswith(".bias") else "norm" if "norm" in module else module
+        ours, theirs, label = trainer.get(name), engine.get(name), FAMILIES.get(key, FAMILIES["rest"])
         diff = math.inf
         if ours and theirs:
             scale = max(ours[1], theirs[1], 1e-30)

@@ -1,5 +1,5 @@
-"""SPEED: the HF sampler's decode loop on CPU (bucketed KV cache, grouped attention, oneDNN-packed bf16 linears,
-two-level draw, finished rows leave); the plain version is rollout.HFSampler's `_decode` and `draw`.
+"""SPEED: the HF sampler's CPU fast path (bucketed KV cache, grouped attention, oneDNN-packed bf16 linears, two-level
+draw); rollout.HFSampler's `_decode(fast=True)` uses it and lets finished rows leave; the plain draw is rollout's.
 
     python -m pytest tests/test_rollout.py -k "cpu_fast_path or grouped or packed or blocked or finished"
 """
@@ -9,14 +9,14 @@ import types
 
 import torch
 from transformers import AttentionInterface
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from plumbing.models import check_finite
 
 
 class FastPath:
-    """HFSampler's decode loop on CPU, and its packed weights."""
+    """HFSampler's CPU fast path: grouped attention, and its packed weights."""
 
     def __init__(self, model):
         if model.config._attn_implementation == "eager":
@@ -24,39 +24,6 @@ class FastPath:
         self.packed = (model.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
                        and torch.ops.mkldnn._is_mkldnn_bf16_supported())
         self.packed_only = _pack_linears(model) if self.packed else {}  # {weight name: layer}
-
-    def decode(self, model, input_ids, mask, positions, generators, *, n, max_tokens, pad_id, eos, choose):
-        """rollout.HFSampler._decode with a bucketed cache and finished rows leaving the batch."""
-        device = input_ids.device
-        # An index, not logits_to_keep=1: its strided slice sends a bf16 lm_head down a slow path (pytorch#151934).
-        cache = Cache(layers=[BucketedLayer() for _ in range(model.config.num_hidden_layers)])
-        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                    use_cache=True, logits_to_keep=torch.tensor([input_ids.shape[1] - 1], device=device))
-        cache.batch_repeat_interleave(n)
-        logits = out.logits[:, -1].float().repeat_interleave(n, 0)  # (R, V)
-        mask, positions = mask.repeat_interleave(n, 0), positions.repeat_interleave(n, 0)[:, -1:]
-        tokens = torch.full((len(logits), max_tokens), pad_id, device=device)  # (R, K)
-        logps = torch.zeros(len(logits), max_tokens, device=device)  # (R, K)
-        rows = torch.arange(len(logits), device=device)  # (A,): output row of each batch row
-        live = torch.ones(len(logits), dtype=torch.bool, device=device)
-        for i in range(max_tokens):
-            token, logp = choose(logits, generators)
-            tokens[rows[live], i], logps[rows[live], i] = token[live], logp[live]
-            token = torch.where(live, token, pad_id)
-            live &= ~torch.isin(token, eos)
-            if not live.any() or i == max_tokens - 1:
-                break
-            # Once an eighth of the batch is done, those rows leave (each leaving copies the cache).
-            if (~live).sum() * 8 >= len(live):
-                keep = live.nonzero().squeeze(-1)
-                cache.batch_select_indices(keep)
-                rows, live, token, mask, positions = rows[keep], live[keep], token[keep], mask[keep], positions[keep]
-                generators = [generators[j] for j in keep.tolist()]
-            positions, mask = positions + 1, torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            out = model(input_ids=token[:, None], attention_mask=mask, position_ids=positions,
-                        past_key_values=cache, use_cache=True, logits_to_keep=1)
-            cache, logits = out.past_key_values, out.logits[:, -1].float()  # (A, V)
-        return tokens, logps
 
     def load(self, name, tensor) -> bool:
         """Pack a weight kept only packed straight from the new tensor; False for any other weight."""
@@ -92,15 +59,12 @@ class BucketedLayer(DynamicLayer):
         super().__init__()
         self.bucket, self.length = bucket, 0
 
-    def _buffer_length(self, length):
-        return -(-length // self.bucket) * self.bucket
-
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         end = self.length + key_states.shape[-2]
         if self.length == 0 or end > self.keys.shape[-2]:
-            keys, values = (s.new_zeros(*s.shape[:2], self._buffer_length(end), s.shape[3])
+            keys, values = (s.new_zeros(*s.shape[:2], -(-end // self.bucket) * self.bucket, s.shape[3])
                             for s in (key_states, value_states))  # zeros: 0 x NaN would be NaN
             if self.length:
                 keys[:, :, :self.length] = self.keys[:, :, :self.length]
@@ -114,7 +78,7 @@ class BucketedLayer(DynamicLayer):
         return self.length
 
     def get_mask_sizes(self, query_length):  # asked before update
-        return self._buffer_length(self.length + query_length), 0
+        return -(-(self.length + query_length) // self.bucket) * self.bucket, 0
 
 
 def _grouped_eager_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -168,8 +132,7 @@ def draw(probs, uniforms, block=256):
     total = cdf[:, -1:]
     check_finite(total)
     below = torch.zeros_like(total)
-    u = uniforms.to(torch.float64).reshape(-1, 1) * total
-    u = torch.minimum(u, torch.nextafter(total, below))
+    u = torch.minimum(uniforms.to(torch.float64).reshape(-1, 1) * total, torch.nextafter(total, below))
     chosen = torch.searchsorted(cdf, u, right=True)  # first block whose CDF exceeds u
     u = u - torch.where(chosen > 0, cdf.gather(-1, (chosen - 1).clamp(min=0)), below)
     inside = by_block.gather(1, chosen[:, :, None].expand(-1, -1, block)).squeeze(1).double().cumsum(-1)  # (R, b)

@@ -16,7 +16,7 @@ import pytest
 
 from plumbing.data import DataError
 from tasks import digest, get_task, in_test
-from tests.test_bad_input import ROOT, assert_one_line, run, snapshot, write_jsonl
+from tests.test_bad_input import ROOT, assert_one_line, run, write_jsonl
 
 
 def refused(parse, argv, capsys, prog) -> str:
@@ -337,21 +337,3 @@ def test_a_data_file_that_is_a_folder_says_so(name, capsys, tmp_path):
     assert f"--data-file {tmp_path / name} is a folder" in line
     with pytest.raises(DataError, match="is a folder"):
         get_task("gsm8k").load(data_file=str(tmp_path / name))
-
-
-def test_held_out_rows_that_repeat_a_training_prompt_are_named(tmp_path, capsys):
-    from types import SimpleNamespace
-
-    from tasks import load_data
-
-    train_q = [f"What is {i} plus 1?" for i in range(300) if not in_test(digest(f"What is {i} plus 1?"))][:30]
-    variant = next(v for q in train_q for v in (q.upper(), q.replace(" ", "  "), " " + q.lower())
-                   if in_test(digest(v)))  # another case or space: hashed to the held-out split
-    rows = [{"question": q, "answer": "#### 1"} for q in train_q] + [{"question": variant, "answer": "#### 1"}]
-    args = SimpleNamespace(data_file=str(write_jsonl(tmp_path / "d.jsonl", rows)), demo_file="", seed=0,
-                           eval_examples=64)
-    before = snapshot(tmp_path)
-    load_data(args, get_task("gsm8k"), {"exact": 1.0})
-    out = capsys.readouterr().out
-    assert "note: 1 of 1 held-out rows repeat a training prompt up to whitespace and case" in out, out
-    assert "d.jsonl line 31" in out and snapshot(tmp_path) == before

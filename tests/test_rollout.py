@@ -461,10 +461,6 @@ def test_the_weight_sync_holds_one_gathered_parameter_at_a_time(tiny_model_dir, 
     assert max(listing) == len(names) - 1 and held
     assert probe_sync(hf, trainer, [[5, 6, 7]]).diff < 1e-4  # and the streamed weights did arrive
     hf.close()
-    with pytest.raises(ValueError, match="no tensors"):  # an empty sync is refused before the engine is touched
-        engine = fake_vllm_sampler(on_gpu=True)
-        engine.update_weights(iter([]))
-    assert engine.llm.calls == []
 
 
 def test_a_sleeping_engine_wakes_in_two_steps_around_the_sync(trainer, monkeypatch):
