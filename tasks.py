@@ -432,8 +432,14 @@ def encode_prompts(tokenizer, examples, max_len: int | None = None) -> list[list
             if found := next((t for t in specials if t in str(message.get("content", ""))), None):
                 raise DataError(f"{sources[i]}: its {message.get('role', '')} text holds the special token {found!r}, "
                                 "which the chat template would turn into a real turn marker; remove it from the data")
-    ids = [list(tokenizer.apply_chat_template(ex.prompt, add_generation_prompt=True, tokenize=True, return_dict=False))
-           for ex in examples]
+    try:
+        ids = [list(tokenizer.apply_chat_template(ex.prompt, add_generation_prompt=True, tokenize=True,
+                                                  return_dict=False)) for ex in examples]
+    except Exception as err:
+        if type(err).__module__.split(".")[0] != "jinja2":
+            raise
+        raise ModelLoadError(f"the model's chat template cannot render a prompt ({first_line(err, typed=True)}); "
+                             "use a model whose tokenizer_config.json has a working chat_template") from None
     if too_long := [i for i, p in enumerate(ids) if max_len is not None and len(p) > max_len]:
         raise DataError(f"{sources[too_long[0]]}: its prompt is {len(ids[too_long[0]])} tokens, more than the "
                         f"{max_len} the model's context leaves beside --max-tokens ({len(too_long)} such rows)")

@@ -1,5 +1,5 @@
 """SPEED: the HF sampler's CPU fast path (bucketed KV cache, grouped attention, oneDNN-packed bf16 linears, two-level
-draw); rollout.HFSampler's `_decode(fast=True)` uses it and lets finished rows leave; the plain draw is rollout's.
+draw): HFSampler._decode(fast=True) uses it, finished rows leaving; the plain version is _decode(fast=False).
 
     python -m pytest tests/test_rollout.py -k "cpu_fast_path or grouped or packed or blocked or finished"
 """

@@ -511,7 +511,7 @@ def test_a_second_run_on_a_held_folder_is_one_line_and_a_dead_holder_frees_it(ti
     frees the folder without any cleanup."""
     out = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from plumbing.checkpoint import "
-                               "lock_run_folder; h = lock_run_folder(sys.argv[1]).__enter__(); print('held', "
+                               "lock_run_folder; lock = lock_run_folder(sys.argv[1]); lock.__enter__(); print('held', "
                                "flush=True); time.sleep(600)", str(out)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
