@@ -106,7 +106,7 @@ class MetricsLog:
 
 
 class Phases:
-    """`with phase(NAME):` logs time/NAME and, on CUDA, mem/peak_gb/NAME less what the sleeping sampler holds."""
+    """`with phase(NAME):` logs time/NAME and, on CUDA, mem/peak_gb/NAME less what the sampler holds."""
 
     def __init__(self, device):
         self.device, self.cuda, self.times = device, device.type == "cuda", {}
@@ -144,7 +144,8 @@ class Phases:
         yield
         self.times[f"time/{name}"] = time.perf_counter() - start
         if self.cuda:
-            self.memory[f"mem/peak_gb/{name}"] = (torch.cuda.max_memory_allocated(self.device) - self.held) / 1e9
+            engine = self.held if name in ("reward", "train") else self.engine  # awake in rollout, sync and eval
+            self.memory[f"mem/peak_gb/{name}"] = (torch.cuda.max_memory_allocated(self.device) - engine) / 1e9
 
     def seconds(self) -> float:
         return sum(self.times.values())
