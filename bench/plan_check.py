@@ -9,7 +9,7 @@ at free, so resident memory follows the live tensors instead of the heap's high-
 built from its config with random weights (memory does not depend on the values); attention is eager, as
 plumbing/models.py: load_model picks on CPU, and the plan is asked for eager attention too.
 
-    python bench/plan_check.py                          # tiny model and SmolLM2-135M, bf16 autocast and float32
+    python bench/plan_check.py                          # tiny, SmolLM2-135M and 2 of its layers; bf16 and float32
     python bench/plan_check.py --models smollm2-135m --dtypes bfloat16
 """
 
@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 SHAPES = {  # model -> (sequences, prompt tokens, completion tokens) of the measured micro-batch
     "tiny": (8, 256, 256),
     "smollm2-135m": (8, 40, 48),  # the CPU demo's micro-batch
+    "smollm2-2-layers": (8, 40, 48),  # its tied 49152 x 576 head on 2 of its 30 layers: the head's moments, fast
 }
 
 
@@ -110,7 +111,16 @@ def model_dir(name: str) -> str:
         return build_tiny_model(tempfile.mkdtemp(prefix="plan-check-tiny-"))
     from rollout import resolve_model
 
-    return resolve_model(name)
+    if name != "smollm2-2-layers":
+        return resolve_model(name)
+    import tempfile
+
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(resolve_model("smollm2-135m"))
+    config.num_hidden_layers = 2
+    config.save_pretrained(path := tempfile.mkdtemp(prefix="plan-check-smollm2-"))
+    return path
 
 
 def child(cmd: list[str]) -> int:

@@ -15,6 +15,10 @@ from test_eval_sampled import SayTask  # noqa: E402
 
 import tasks  # noqa: E402
 import train  # noqa: E402
+import types  # noqa: E402
+
+# curves.png is ~3 s of matplotlib per run, more than a tiny run's training; no test here reads it
+sys.modules["tools.figures"] = types.SimpleNamespace(plot_training_curves=lambda paths, out, **kw: out)
 
 if __name__ == "__main__":
     out_dir, model_dir = sys.argv[1:3]

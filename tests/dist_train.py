@@ -16,6 +16,10 @@ sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # 
 
 import tasks  # noqa: E402
 import train  # noqa: E402
+import types  # noqa: E402
+
+# curves.png is ~3 s of matplotlib per run, more than a tiny run's training; no test here reads it
+sys.modules["tools.figures"] = types.SimpleNamespace(plot_training_curves=lambda paths, out, **kw: out)
 
 DIGITS = "0123456789"
 
