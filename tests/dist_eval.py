@@ -7,6 +7,7 @@ with 3 samples each, on the task's own set and a benchmark fixture, in one proce
 
 import os
 import sys
+import types
 
 sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                 os.path.dirname(os.path.abspath(__file__))]
@@ -15,7 +16,6 @@ from test_eval_sampled import SayTask  # noqa: E402
 
 import tasks  # noqa: E402
 import train  # noqa: E402
-import types  # noqa: E402
 
 # curves.png is ~3 s of matplotlib per run, more than a tiny run's training; no test here reads it
 sys.modules["tools.figures"] = types.SimpleNamespace(plot_training_curves=lambda paths, out, **kw: out)
