@@ -29,8 +29,8 @@ def hub_answers(monkeypatch):
 @pytest.fixture(autouse=True)
 def no_training_curves(request, monkeypatch):
     """train.py ends by drawing curves.png, about 3 s of matplotlib, more than a tiny run's training: a test that
-    runs train.main in this process skips it, unless the test's name says it is about the curves."""
-    if "curves" not in request.node.name:
+    runs train.main in this process skips it, unless the test is marked `curves`."""
+    if request.node.get_closest_marker("curves") is None:
         import tools.figures
 
         monkeypatch.setattr(tools.figures, "plot_training_curves", lambda paths, out, **kwargs: out)

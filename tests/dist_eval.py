@@ -7,20 +7,18 @@ with 3 samples each, on the task's own set and a benchmark fixture, in one proce
 
 import os
 import sys
-import types
 
 sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                 os.path.dirname(os.path.abspath(__file__))]
 
+from dist_train import skip_curves  # noqa: E402
 from test_eval_sampled import SayTask  # noqa: E402
 
 import tasks  # noqa: E402
 import train  # noqa: E402
 
-# curves.png is ~3 s of matplotlib per run, more than a tiny run's training; no test here reads it
-sys.modules["tools.figures"] = types.SimpleNamespace(plot_training_curves=lambda paths, out, **kw: out)
-
 if __name__ == "__main__":
+    skip_curves()
     out_dir, model_dir = sys.argv[1:3]
     tasks.TASKS["say"] = SayTask()
     aime = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "aime24.jsonl")

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 from torch.distributed.checkpoint.metadata import Metadata
+from warm_python import run_script
 
 from plumbing import checkpoint
 
@@ -39,6 +40,8 @@ def snapshot(*roots) -> dict:
 
 
 def run(script, *flags, env=None):
+    if env is None:  # as the subprocess below, forked from a process that has imported torch already
+        return run_script(script, *flags)
     return subprocess.run([sys.executable, script, *map(str, flags)], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
 

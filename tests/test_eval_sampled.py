@@ -218,6 +218,7 @@ def test_benchmarks_load_whole_from_a_file_and_verify_with_math_verify():
 
 # ---- the curves
 
+@pytest.mark.curves
 def test_curves_draw_the_sampled_mean_with_its_band_beside_the_greedy_score(tmp_path, monkeypatch):
     import matplotlib.axes
 

@@ -3,11 +3,10 @@ reaches ppo_update's metrics, --entropy-coef trains through the chunked kernel, 
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from warm_python import run_script
 
 import config
 import loss
@@ -52,7 +51,7 @@ def test_a_new_option_of_policy_loss_is_a_flag_without_editing_config(monkeypatc
 
 
 def test_help_lists_the_loss_flags_with_their_defaults():
-    out = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True).stdout
+    out = run_script("train.py", "--help").stdout
     text = "".join(out.split())  # argparse wraps lines, at hyphens too ('token-mean' may break after 'token-')
     for flag, default in (("--clip-low", "0.2"), ("--clip-high", "0.28"), ("--beta", "0.001"),
                           ("--kl-estimator", "'k3'"), ("--entropy-coef", "0.0"), ("--loss-agg", "'token-mean'"),
@@ -143,6 +142,7 @@ def kl_title(paths, tmp_path, monkeypatch):
     return next(ax.get_title() for ax in saved[-1].axes if ax.get_ylabel() == "loss/kl")
 
 
+@pytest.mark.curves
 def test_the_kl_panel_names_the_runs_estimators(tmp_path, monkeypatch):
     k1 = fake_run(tmp_path / "a", {"kl_estimator": "k1"})
     old = fake_run(tmp_path / "b", {"beta": 1e-3})  # saved before --kl-estimator existed: k3

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from warm_python import run_script
 
 from speed.backward import configure_backward
 from tools import memory_plan
@@ -100,8 +101,7 @@ def test_checkpointing_keeps_only_layer_inputs_and_the_verdict_follows_the_gpu()
 
 def test_cli_prints_the_plan_and_refuses_bad_input_in_one_line(tmp_path):
     def run(*flags):
-        return subprocess.run([sys.executable, "-m", "tools.memory_plan", *flags], cwd=ROOT, capture_output=True,
-                              text=True, timeout=120)
+        return run_script("-m", "tools.memory_plan", *flags)
 
     ok = run("--task", "deepmath", "--gpus", "16", "--gpu-gb", "80")
     assert ok.returncode == 0, ok.stderr
