@@ -1,5 +1,5 @@
 """The repository's files one training step runs code from: every function called, at any depth, from inside
-train.py's `for step` loop, on the tiny model (two steps of the digits bandit), with and without a save and a
+train.py's `for step` loop, on the tiny model (two steps of arith), with and without a save and a
 held-out evaluation in the step.
 
     python bench/step_files.py
@@ -11,19 +11,14 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+sys.path[:0] = [ROOT]
 
 
 def step_files(**overrides) -> list[str]:
-    from dist_train import DigitTask
-    from test_train import tiny_args
-
-    import tasks
     import tools.figures
     import train
     from tools.tiny_model import build_tiny_model
 
-    tasks.TASKS["digits"] = DigitTask()
     tools.figures.plot_training_curves = lambda paths, out, **kwargs: out  # after the loop anyway
     loop = next(node for node in ast.walk(ast.parse(open(os.path.join(ROOT, "train.py")).read()))
                 if isinstance(node, ast.For) and getattr(node.target, "id", "") == "step")
@@ -41,7 +36,9 @@ def step_files(**overrides) -> list[str]:
             files.add(os.path.relpath(path, ROOT))
 
     work = tempfile.mkdtemp(prefix="step-files-")
-    args = tiny_args(build_tiny_model(os.path.join(work, "model")), os.path.join(work, "run"), steps=2, **overrides)
+    args = train.Args(**{**dict(task="arith", model=build_tiny_model(os.path.join(work, "model")), M=4, steps=2,
+                                rollout_batch=4, micro_batch=8, max_tokens=4, warmup_steps=0, eval_examples=0,
+                                dtype="float32", out_dir=os.path.join(work, "run")), **overrides})
     sys.setprofile(on_call)
     try:
         train.main(args)
