@@ -293,6 +293,7 @@ def test_a_diverged_policy_stops_with_one_line(tiny_model_dir, tmp_path):
 
 # ---- the loop on the tiny model
 
+@pytest.mark.curves
 def test_end_to_end_writes_metrics_and_a_loadable_checkpoint(tiny_model_dir, tmp_path, digits):
     from transformers import AutoModelForCausalLM
 
