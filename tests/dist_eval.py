@@ -11,14 +11,12 @@ import sys
 sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                 os.path.dirname(os.path.abspath(__file__))]
 
-from dist_train import skip_curves  # noqa: E402
 from test_eval_sampled import SayTask  # noqa: E402
 
 import tasks  # noqa: E402
 import train  # noqa: E402
 
 if __name__ == "__main__":
-    skip_curves()
     out_dir, model_dir = sys.argv[1:3]
     tasks.TASKS["say"] = SayTask()
     aime = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "aime24.jsonl")

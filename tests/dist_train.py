@@ -8,7 +8,6 @@ tests run both in one process and under `torchrun --nproc_per_node 2` (FSDP2 ove
 
 import os
 import sys
-import types
 
 import torch
 import torch.distributed as dist
@@ -17,12 +16,6 @@ sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # 
 
 import tasks  # noqa: E402
 import train  # noqa: E402
-
-
-def skip_curves():
-    """In a job's process only: curves.png is ~3 s of matplotlib per run, more than a tiny run's training."""
-    sys.modules["tools.figures"] = types.SimpleNamespace(plot_training_curves=lambda paths, out, **kw: out)
-
 
 DIGITS = "0123456789"
 
@@ -90,7 +83,6 @@ def e2e(out_dir, model_dir, sampler="hf"):
 
 
 if __name__ == "__main__":
-    skip_curves()
     job, *rest = sys.argv[1:]
     if job == "parity":
         if "RANK" in os.environ:
