@@ -40,8 +40,3 @@ def no_training_curves(request, monkeypatch):
 
         monkeypatch.setattr(tools.figures, "plot_training_curves", lambda paths, out, **kwargs: out)
 
-
-def pytest_collection_modifyitems(items):
-    """The slow tests first: on -n 2 the quick ones then fill in at the end, instead of one long test running
-    alone on one worker while the other idles."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
