@@ -6,6 +6,7 @@
 """
 
 import os
+import signal
 import sys
 from dataclasses import asdict
 from functools import partial
@@ -126,7 +127,7 @@ def train(args: Args) -> dict:
         with phase("train"):
             update = ppo_update(model, ref_model, optimizer, scheduler, *sequences(batch), adv, args, pad_id, keep)
         with phase("sync"):
-            sampler.update_weights(full_weights(model))
+            sampler.update_weights(full_weights(model, sampler.dtype))
             checksums = weight_checksums(sampler, model, step + 1, args.weight_check_every)
             with autocast:
                 probe, before = probe_sync(sampler, model, probe_prompts), probe
@@ -260,19 +261,20 @@ def update_reference(ref_model, model, step: int, args: Args):
             update(local(ref), local(policy), step, ref_ema=args.ref_ema, ref_reset_every=args.ref_reset_every)
 
 
-def load_reference(path, args: Args, device):
+def load_reference(path, args: Args, device, empty=False):
     """The KL reference; a frozen one under bf16 keeps its linears in bf16 (an EMA step would round away)."""
-    ref_model = load_model(path, torch.float32, device).eval().requires_grad_(False)
+    ref_model = load_model(path, torch.float32, device, empty).eval().requires_grad_(False)
     if args.dtype == "bfloat16" and not dist.is_initialized() and REFERENCES[args.reference] is None:
         store_linears_bf16(ref_model)  # FSDP2 wants one dtype per sharded layer
     return compile_layers(ref_model) if args.compile else ref_model
 
 
 def load_models(args: Args, ckpt, init_path, device):
-    """Tokenizer, float32 policy (`ckpt` on resume), reference."""
+    """Tokenizer, float32 policy (`ckpt` on resume), reference; under torchrun rank 0 alone reads the weights."""
+    empty = dist.is_initialized() and dist.get_rank() > 0
     try:
         tokenizer = load_tokenizer(ckpt or init_path)
-        model = load_model(ckpt or init_path, torch.float32, device)
+        model = load_model(ckpt or init_path, torch.float32, device, empty)
     except Exception as err:  # whatever a damaged file raises
         if ckpt is None:
             raise
@@ -280,7 +282,7 @@ def load_models(args: Args, ckpt, init_path, device):
     # before shard(): FSDP2 must wrap the checkpointed layers
     configure_backward(model, bf16=args.dtype == "bfloat16", checkpointing=args.grad_checkpointing,
                        compiled=args.compile)
-    ref_model = load_reference(init_path, args, device) if args.beta > 0 else None
+    ref_model = load_reference(init_path, args, device, empty) if args.beta > 0 else None
     if dist.is_initialized():
         model = shard(model, device, bf16=args.dtype == "bfloat16")
         ref_model = shard(ref_model, device, bf16=args.dtype == "bfloat16") if ref_model is not None else None
@@ -325,6 +327,7 @@ def evaluate_held_out(sampler, eval_sets, args: Args, rank: int, world: int, dev
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # Slurm's time limit, a preemption: as a Ctrl-C
     cli_args = parse_args()
     if cli_args.plan:
         from tools.memory_plan import print_plan

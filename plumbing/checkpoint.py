@@ -22,8 +22,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from plumbing.cli import first_line
-from plumbing.files import write_error
-from plumbing.parallel import gather_objects
+from plumbing.files import fsync, fsync_tree, write_error
+from plumbing.parallel import gather_objects, tied_names
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # DCP in one process, as we ask of it
 
@@ -165,14 +165,22 @@ def changed_flags(ckpt: str, given: dict) -> str:
                      if name not in own and name in saved and saved[name] != value)
 
 
+def retied(model, state: dict) -> dict:
+    """A tied head is saved once, under the embedding's name."""
+    return state | {name: state[other] for name, other in tied_names(model).items()}
+
+
 def sharded_state(model, optimizer, ref_model=None) -> tuple[dict, list]:
-    """(DCP state, param_groups); creates a fresh optimizer's moments."""
+    """(DCP state with each tensor once, param_groups); creates a fresh optimizer's moments."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
+    def once(m, state):
+        return {k: v for k, v in state.items() if k not in tied_names(m)}
+
     model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optimizer": optim_state["state"]}
+    state = {"model": once(model, model_state), "optimizer": optim_state["state"]}
     if ref_model is not None:
-        state["reference"] = get_model_state_dict(ref_model)
+        state["reference"] = once(ref_model, get_model_state_dict(ref_model))
     return state, optim_state["param_groups"]
 
 
@@ -215,10 +223,14 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args,
                 tmp = tempfile.mkdtemp(dir=out_dir, prefix=f".tmp-checkpoint-{step:06d}-")
             except OSError as err:
                 reason = f"cannot write in {out_dir}: {_reason(err)}"
-        if dist.is_initialized():
-            shared = [tmp, reason]
+        if dist.is_initialized():  # each rank writes its shards into rank 0's folder: it must see it
+            shared = [tmp and os.path.basename(tmp), reason]
             dist.broadcast_object_list(shared, src=0)
-            tmp, reason = shared
+            tmp, reason = shared[0] and os.path.join(out_dir, shared[0]), shared[1]
+            if reason is None and not os.path.isdir(tmp):
+                reason = (f"rank {dist.get_rank()} on {os.uname().nodename} does not see rank 0's {tmp}: put "
+                          "--out-dir on a filesystem that every node shares")
+            reason = _any_rank_reason(reason)
         state, param_groups = sharded_state(model, optimizer, ref_model)
         if reason is None:
             try:
@@ -232,12 +244,15 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args,
         model_state = get_model_state_dict(model, options=full) if reason is None else {}
         if master and reason is None:
             try:
-                model.save_pretrained(tmp, state_dict=model_state)
+                tied = tied_names(model)
+                model.save_pretrained(tmp, state_dict={k: v for k, v in model_state.items() if k not in tied})
                 tokenizer.save_pretrained(tmp)
                 torch.save({"step": step, "scheduler": scheduler.state_dict(), "param_groups": param_groups,
                             "rng": rngs, "args": asdict(args), "reference": ref_model is not None},
                            os.path.join(tmp, "trainer_state.pt"))
+                fsync_tree(tmp)  # durable before the rename marks it complete
                 os.rename(tmp, final)
+                fsync(out_dir)
             except Exception as err:  # torch.save reports ENOSPC as RuntimeError "unexpected pos"
                 reason = _reason(err)
         if master and reason is not None:
@@ -300,10 +315,10 @@ def load_checkpoint(ckpt, model, optimizer, scheduler, rank, lr=None, weight_dec
         inner = _first_failure(err)
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: cannot read trainer/ ({type(inner).__name__}: "
                               f"{first_line(inner, limit=120)})") from None
-    set_state_dict(model, optimizer, model_state_dict=shards["model"],
+    set_state_dict(model, optimizer, model_state_dict=retied(model, shards["model"]),
                    optim_state_dict={"state": shards["optimizer"], "param_groups": state["param_groups"]})
     if "reference" in shards:
-        set_model_state_dict(ref_model, shards["reference"])
+        set_model_state_dict(ref_model, retied(ref_model, shards["reference"]))
     scheduler.load_state_dict(state["scheduler"])
     for i, (group, mine) in enumerate(zip(optimizer.param_groups, own)):
         group.update(mine)  # this run's kernels

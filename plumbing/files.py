@@ -44,6 +44,22 @@ def write_whole(path: str, write) -> None:
         raise
 
 
+def fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(folder: str) -> None:
+    """Every file and folder under `folder`, deepest first."""
+    for root, _, names in os.walk(folder, topdown=False):
+        for name in names:
+            fsync(os.path.join(root, name))
+        fsync(root)
+
+
 def write_json(path: str, obj, indent: int | None = None) -> None:
     write_whole(path, lambda f: json.dump(obj, f, indent=indent))
 

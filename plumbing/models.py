@@ -137,12 +137,19 @@ def repack_tied_lm_head(model):
 
 
 # SPEED TRICK: tests/test_loss.py::test_eager_attention_matches_sdpa
-def load_model(path, dtype=torch.float32, device="cpu"):
-    """Eager attention on CPU: faster for short sequences."""
-    from transformers import AutoModelForCausalLM
+def load_model(path, dtype=torch.float32, device="cpu", empty=False):
+    """Eager attention on CPU: faster for short sequences. `empty`: no weights (meta), for shard() to fill."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     attention = "eager" if torch.device(device).type == "cpu" else "sdpa"
     try:
+        if empty:
+            with init_empty_weights():  # the buffers (rotary frequencies) are built: no state dict holds them
+                model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=dtype,
+                                                         attn_implementation=attention)
+            model.tie_weights()  # as from_pretrained does
+            return model
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attention)
     except (OSError, ValueError) as err:
         raise model_load_error(path, err) from None

@@ -46,16 +46,27 @@ def per_rank(values: dict[str, float], device) -> dict[str, float]:
 
 
 def shard(model, device, bf16: bool = False):
-    """FSDP2 per layer; `bf16`: verl's mixed precision."""
+    """FSDP2 per layer, the weights sent from rank 0 (the others may build `model` empty); `bf16`: verl's mixed
+    precision."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    full = get_model_state_dict(model) if dist.get_rank() == 0 else {}
+    empty = any(p.is_meta for p in model.parameters())
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
         else MixedPrecisionPolicy()
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh, mp_policy=policy)
-    return fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=True)  # no-grad forwards: no backward
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=True)  # no-grad forwards: no backward
+    if empty:  # this rank's shards allocated, the built buffers kept
+        buffers = [(m, name, b) for m in model.modules() for name, b in m._buffers.items() if b is not None]
+        model.to_empty(device=device)
+        for m, name, b in buffers:
+            m._buffers[name] = b.to(device)
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    return model
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -63,10 +74,18 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def full_weights(model):
-    """(HF name, full tensor), one at a time; every rank must iterate."""
+def full_weights(model, dtype=None):
+    """(HF name, full tensor), one at a time, gathered in `dtype` (the engine's: bf16 halves it); all ranks iterate."""
     for name, param in model.named_parameters():
-        yield name, (param.full_tensor() if isinstance(param, DTensor) else param).detach()
+        param = param.detach().to(dtype or param.dtype)
+        yield name, param.full_tensor() if isinstance(param, DTensor) else param
+
+
+def tied_names(model) -> dict[str, str]:
+    """{name: the name that holds its tensor} for each parameter that is another's (a tied head)."""
+    first = {}
+    kept = {name: first.setdefault(id(param), name) for name, param in model.named_parameters(remove_duplicate=False)}
+    return {name: other for name, other in kept.items() if name != other}
 
 
 def init_distributed(seed: int, timeout_s: float = 1800):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from plumbing.parallel import all_reduce_sum, full_weights, per_rank
+from plumbing.parallel import all_reduce_sum, full_weights, per_rank, tied_names
 from speed.logprobs import pad_batch, sequence_logprobs
 
 SYNC_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.5}  # far above a healthy gap (bench/sync_tolerance.py)
@@ -108,13 +108,8 @@ def checksum(t: torch.Tensor, dtype, chunk: int = 1 << 22) -> tuple[float, float
 
 def trainer_checksums(model, dtype) -> dict:
     """{name: checksum} of the trainer's full parameters (a collective under FSDP2)."""
-    sums = {name: checksum(tensor, dtype) for name, tensor in full_weights(model)}
-    first = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        first.setdefault(id(param), name)
-        if first[id(param)] in sums:
-            sums.setdefault(name, sums[first[id(param)]])
-    return sums
+    sums = {name: checksum(tensor, dtype) for name, tensor in full_weights(model, dtype)}
+    return sums | {name: sums[other] for name, other in tied_names(model).items()}
 
 
 def weight_checksums(sampler, model, step: int = 0, every: int = 1) -> tuple[dict, dict] | None:

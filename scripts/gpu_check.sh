@@ -2,19 +2,20 @@
 # What a user with GPUs runs first: train.py's headline path on a randomly initialised Qwen2.5-1.5B-shaped model
 # (28 layers, hidden 1536, vocab 151936, tied embeddings) under `torchrun --nproc_per_node N`: FSDP2 on NCCL with
 # bf16 mixed precision, one sampler per rank, the streamed weight sync and its check, gradient checkpointing,
-# top_p 0.999, held-out evaluation, a checkpoint, and a resume from it for one more step at lr 1e-4 (a step large
-# enough that an engine which missed part of the update shows in its log-probs). The sampler is vLLM where it is
-# importable, else the HF sampler: the same torchrun path, and the first line says which. No network: the
-# tokenizer is built in code and the hub is set offline. docs/gpu.md explains each verdict line.
+# top_p 0.999, held-out evaluation, a checkpoint, and a resume from it for one more step at lr 1e-3 (it must move
+# the engine's probe further than the engine differs from the trainer, or the sync gate fails). The sampler is
+# vLLM where it is importable, else the HF sampler: the same torchrun path, and the first line says which. No
+# network: the tokenizer is built in code and the hub is set offline. docs/gpu.md explains each verdict line.
 #
 #   bash scripts/gpu_check.sh [work_dir]             # N = 1 and the GPU count (NPROCS="1 2 8" picks others)
 #   bash scripts/gpu_check.sh --quick [work_dir]     # N = 1, 3 steps, a one-screen verdict: for a short GPU loan
 #   bash scripts/gpu_check.sh --dry-run [work_dir]   # the no-vLLM path on the CPU: gloo, a 2-layer model
 #
-# Before the first run, one line each: the packages, a compiler (only where the path compiles), disk, GPU memory.
-# Bounded: each torchrun runs under `timeout` (RUN_TIMEOUT seconds); the save run writes one checkpoint, the
-# resumed run none (--no-final-save), and each N's is deleted after its resume; the work folder (default: a new
-# folder on the filesystem with the most free space) is measured at its peak. The verdict: python -m tools.gpu_check.
+# Before the first run, one line each: packages, a compiler (only where the path compiles), disk room and speed,
+# GPU memory. Bounded: each torchrun runs under `timeout` (RUN_TIMEOUT s, plus twice the checkpoint's write time
+# at the measured disk speed); the save run writes one checkpoint, the resumed run none (--no-final-save), and
+# each N's is deleted after its resume; the work folder (default: a new folder on the filesystem with the most
+# free space) is measured at its peak. The verdict: python -m tools.gpu_check.
 # Env: NPROCS, STEPS (>= 2), RUN_TIMEOUT, SAMPLER (hf: the HF sampler although vLLM is importable), PEAK_TFLOPS
 # (for MFU), PYTHON.
 set -euo pipefail
@@ -24,7 +25,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --dry-run) DRY=1; shift ;;
     --quick) QUICK=1; shift ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "gpu_check: unknown option $1 (use --quick, --dry-run or a work folder)" >&2; exit 2 ;;
     *) break ;;
   esac
@@ -50,10 +51,12 @@ else
 fi
 # ---- the work folder, and room for it. Estimate for the 1.5B model (n = 1.54e9 parameters), not yet measured
 # on a GPU: the random model in bf16 (2n bytes, 3.1 GB) and one checkpoint at a time (the HF folder's float32
-# model 4n, and DCP's shards of the float32 model 4n and AdamW's two float32 moments 8n: 24.7 GB), 27.8 GB; 30 GB
-# with room for logs and caches.
+# model 4n, and DCP's shards of the float32 model 4n and AdamW's two float32 moments 8n, the tied head once in
+# each: 24.7 GB), 27.8 GB; 30 GB with room for logs and caches.
 NEED_GB=$([ "$DRY" = 1 ] && echo 1 || echo 30)
-free_gb() { df -Pk "$1" 2>/dev/null | awk 'NR == 2 {printf "%d", $4 / 1e6}'; }
+SAVE_GB=$([ "$DRY" = 1 ] && echo 0.01 || echo 25)  # the checkpoint alone, for the disk-speed line
+LR_STEP=1e-3
+free_gb() { df -Pk "$1" 2>/dev/null | awk 'NR == 2 {printf "%d", $4 * 1024 / 1e9}'; }
 if [ $# -gt 0 ]; then
   WORK=$1
   mkdir -p "$WORK"
@@ -84,9 +87,11 @@ else
               \"micro_batch\": 16, \"max_tokens\": 256, \"dtype\": \"bfloat16\", \"gpu_memory_utilization\": 0.3,
               \"beta\": 0.001}"
 fi
-NEEDS=(--sampler "$SAMPLER" --disk-need-gb "$NEED_GB" --run-args "$PLAN_ARGS")
+NEEDS=(--sampler "$SAMPLER" --disk-need-gb "$NEED_GB" --run-args "$PLAN_ARGS" --save-gb "$SAVE_GB"
+       --timeout "$RUN_TIMEOUT")
 [ "$DRY" = 0 ] || NEEDS+=(--dry-run)
 "$PY" -m tools.gpu_check "$WORK" --needs "${NEEDS[@]}" || { echo "gpu_check: stopped before the first run" >&2; exit 1; }
+RUN_TIMEOUT=$(cat "$WORK/logs/run_timeout_s")  # grown by the save's write time at the measured disk speed
 
 "$PY" - "$WORK/model" "$DRY" <<'EOF' > "$WORK/logs/model.log" 2>&1 || { cat "$WORK/logs/model.log" >&2; exit 1; }
 import os, string, sys
@@ -172,15 +177,15 @@ for N in $NPROCS; do
             "${WEIGHT_CHECK[@]}")
   launch "run-$N-save" "${TORCHRUN[@]}" --lr 1e-6 --steps "$SAVE" --out-dir "$WORK/run-$N"
   if [ "$(cat "$WORK/logs/run-$N-save.rc")" = 0 ]; then  # from checkpoint-$SAVE, one more step at a large lr
-    launch "run-$N-resume" "${TORCHRUN[@]}" --lr 1e-4 --steps "$STEPS" --resume "$WORK/run-$N" --no-final-save
+    launch "run-$N-resume" "${TORCHRUN[@]}" --lr "$LR_STEP" --steps "$STEPS" --resume "$WORK/run-$N" --no-final-save
   fi
   disk_sample  # the peak: the model and this N's checkpoint, before the cleanup
   { ls -A "$WORK/run-$N" 2>/dev/null || true; } | { grep checkpoint || true; } > "$WORK/logs/run-$N-checkpoints"
   rm -rf "$WORK/run-$N"/checkpoint-* "$WORK/run-$N"/.tmp-checkpoint-*  # read: no N leaves one for the next
 done
 kill "$DISK_WATCH" 2>/dev/null || true
-sort -n "$WORK/logs/disk_kb" | tail -n 1 | awk '{printf "%.3f\n", $1 / 1e6}' > "$WORK/logs/disk_peak_gb"
+sort -n "$WORK/logs/disk_kb" | tail -n 1 | awk '{printf "%.3f\n", $1 * 1024 / 1e9}' > "$WORK/logs/disk_peak_gb"
 
 # shellcheck disable=SC2086  # NPROCS: one argument per N
-"$PY" -m tools.gpu_check "$WORK" --runs $NPROCS --sampler "$SAMPLER" --steps "$STEPS" --lr-step 1e-4 \
+"$PY" -m tools.gpu_check "$WORK" --runs $NPROCS --sampler "$SAMPLER" --steps "$STEPS" --lr-step "$LR_STEP" \
   --timeout "$RUN_TIMEOUT" --run-args "$PLAN_ARGS" --disk-need-gb "$NEED_GB" --save-step "$SAVE" "${VERDICT[@]}"

@@ -3,9 +3,11 @@
     torchrun --nproc_per_node 2 tests/dist_checkpoint.py train OUT_DIR MODEL_DIR STEPS [RESUME]  # train.main, digits
     torchrun --nproc_per_node 2 tests/dist_checkpoint.py load MODEL_DIR CKPT OUT.pt [CKPT OUT.pt]... # resumed
     torchrun --nproc_per_node 2 tests/dist_checkpoint.py fail OUT_DIR MODEL_DIR   # rank 1's disk full mid-save
-    python tests/dist_checkpoint.py model MODEL_DIR HIDDEN LAYERS      # a bigger random model, the tiny tokenizer
+    torchrun --nproc_per_node 2 tests/dist_checkpoint.py unshared OUT_DIR MODEL_DIR   # each rank its own folder
+    python tests/dist_checkpoint.py model MODEL_DIR HIDDEN LAYERS [DTYPE]  # a bigger random model, tiny tokenizer
     torchrun --nproc_per_node 2 tests/dist_checkpoint.py measure-save OUT MODEL [frozen] # a save: seconds, RSS
     torchrun --nproc_per_node 2 tests/dist_checkpoint.py measure-resume CKPT MODEL [frozen] # a resume: the same
+    torchrun --nproc_per_node 2 tests/dist_checkpoint.py measure-load MODEL   # the start: models loaded, sharded
 """
 
 import io
@@ -113,6 +115,15 @@ def measure_save(out_dir, model_dir, reference="ema"):
     report("save", world, rank, watch)
 
 
+def measure_load(model_dir):
+    """train.py's start, the policy and an EMA reference loaded (and sharded), measured on each rank."""
+    args = run_args("", model_dir, 1)
+    distributed, rank, world, device = train.init_distributed(args.seed)
+    with RssPeak() as watch:
+        train.load_models(args, None, model_dir, device)
+    report("load", world, rank, watch)
+
+
 def measure_resume(ckpt, model_dir, reference="ema"):
     """train.py's resume of that checkpoint (models loaded from it, a fresh AdamW), measured around
     load_checkpoint on each rank."""
@@ -127,8 +138,9 @@ def measure_resume(ckpt, model_dir, reference="ema"):
     report("resume", world, rank, watch)
 
 
-def fail(out_dir, model_dir):
-    """A save whose shard write fails on rank 1 alone (a full disk): every rank prints the error it raised."""
+def fail(out_dir, model_dir, unshared=False):
+    """A save whose shard write fails on rank 1 alone (a full disk), or (`unshared`) whose ranks write to folders
+    that are not one (node-local disks at one path): every rank prints the error it raised."""
     import errno
 
     from plumbing.checkpoint import CheckpointError, save_checkpoint
@@ -139,8 +151,14 @@ def fail(out_dir, model_dir):
     _, model, ref_model = train.load_models(args, None, model_dir, device)
     optimizer = train.make_optimizer(model, args)
     scheduler, tokenizer = train.make_scheduler(optimizer, args), load_tokenizer(model_dir)
+    if unshared:
+        out_dir = os.path.join(out_dir, f"rank{rank}")
     os.makedirs(out_dir, exist_ok=True)
-    save_checkpoint(out_dir, 1, model, optimizer, scheduler, tokenizer, args, ref_model)
+    try:
+        save_checkpoint(out_dir, 1, model, optimizer, scheduler, tokenizer, args, ref_model)
+    except CheckpointError as err:
+        os.write(1, f"rank {rank}: {err}\n".encode())  # one write: the ranks share the pipe
+        return
     real_save = torch.save
 
     def full_disk_on_rank_1(obj, f, *a, **k):
@@ -152,11 +170,12 @@ def fail(out_dir, model_dir):
     try:
         save_checkpoint(out_dir, 2, model, optimizer, scheduler, tokenizer, args, ref_model)
     except CheckpointError as err:
-        print(f"rank {rank}: {err}", flush=True)
+        os.write(1, f"rank {rank}: {err}\n".encode())  # one write: the ranks share the pipe
 
 
-def model(model_dir, hidden, layers):
-    """tools/tiny_model.py's model scaled to `hidden` x `layers`, so that a measurement is of megabytes."""
+def model(model_dir, hidden, layers, dtype="float32"):
+    """tools/tiny_model.py's model scaled to `hidden` x `layers`, so that a measurement is of megabytes; saved in
+    `dtype` (bfloat16: loading it in float32 copies every tensor, as a hub model's load does)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from tools.tiny_model import build_tokenizer
@@ -168,7 +187,7 @@ def model(model_dir, hidden, layers):
                          max_position_embeddings=1024, tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
                          eos_token_id=tok.eos_token_id, bos_token_id=None)
     torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(model_dir)
+    LlamaForCausalLM(config).to(getattr(torch, dtype)).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
 
 
@@ -178,8 +197,8 @@ if __name__ == "__main__":
     if job == "train":
         train.main(run_args(*rest))
     else:
-        jobs = {"load": load, "fail": fail, "model": model, "measure-save": measure_save,
-                "measure-resume": measure_resume}
+        jobs = {"load": load, "fail": fail, "unshared": lambda *a: fail(*a, unshared=True), "model": model,
+                "measure-save": measure_save, "measure-load": measure_load, "measure-resume": measure_resume}
         jobs[job](*rest)
         if dist.is_initialized():
             dist.barrier()

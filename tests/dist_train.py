@@ -4,8 +4,10 @@ tests run both in one process and under `torchrun --nproc_per_node 2` (FSDP2 ove
     python tests/dist_train.py parity OUT.pt MODEL_DIR REF_DIR [LOSS_AGG [DTYPE [RECAST]]]   # one ppo_update
     torchrun --nproc_per_node 2 tests/dist_train.py parity OUT.pt MODEL_DIR REF_DIR
     torchrun --nproc_per_node 2 tests/dist_train.py e2e OUT_DIR MODEL_DIR [vllm]   # train.main on the toy task
+    python tests/dist_train.py bf16-sync MODEL_DIR   # FSDP2 on one rank: the weight sync gathered in bf16
 """
 
+import json
 import os
 import sys
 
@@ -14,6 +16,7 @@ import torch.distributed as dist
 
 sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # the repo root
 
+import rollout  # noqa: E402
 import tasks  # noqa: E402
 import train  # noqa: E402
 
@@ -82,9 +85,30 @@ def e2e(out_dir, model_dir, sampler="hf"):
     train.main(args)
 
 
+def bf16_sync(model_dir):
+    """FSDP2 over a world of one: the sync gathers each shard in the engine's bf16, and the weight check is exact."""
+    from torch.distributed.tensor import DTensor
+
+    from plumbing.sync import check_weights, weight_checksums
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    model = train.shard(train.load_model(model_dir), torch.device("cpu"), bf16=True)
+    with torch.no_grad():
+        for p in model.parameters():  # the step the engine must receive
+            train.local(p).add_(0.01)
+    sampler, gathered, full_tensor = rollout.make_sampler("hf", model_dir, dtype="bfloat16"), [], DTensor.full_tensor
+    DTensor.full_tensor = lambda self, **kw: gathered.append(str(self.dtype)) or full_tensor(self, **kw)
+    sampler.update_weights(train.full_weights(model, sampler.dtype))
+    print(json.dumps({"gathered": sorted(set(gathered)), **check_weights(weight_checksums(sampler, model), 1,
+                                                                         torch.device("cpu"))}))
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     job, *rest = sys.argv[1:]
-    if job == "parity":
+    if job == "bf16-sync":
+        bf16_sync(*rest)
+    elif job == "parity":
         if "RANK" in os.environ:
             dist.init_process_group("gloo")
         parity(*rest)

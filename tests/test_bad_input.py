@@ -620,7 +620,8 @@ def test_the_newest_checkpoint_corrupt_names_the_last_good_one_to_fork_from(tiny
 
 
 @pytest.mark.slow
-def test_ctrl_c_during_training_is_one_line_naming_the_checkpoint(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])  # SIGTERM: Slurm's time limit or a preemption
+def test_ctrl_c_or_sigterm_during_training_is_one_line_naming_the_checkpoint(sig, tiny_model_dir, tmp_path):
     import signal
 
     out = tmp_path / "run"
@@ -635,7 +636,7 @@ def test_ctrl_c_during_training_is_one_line_naming_the_checkpoint(tiny_model_dir
     deadline = time.time() + 600
     while not (out / "checkpoint-000001").exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(getattr(signal, sig))
     _, err = proc.communicate(timeout=120)
     lines = [line for line in err.strip().splitlines() if "it/s" not in line and "s/it" not in line]
     assert proc.returncode == 130 and lines and lines[-1].startswith("train.py: interrupted; the newest"), err

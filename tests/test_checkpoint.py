@@ -250,3 +250,44 @@ def test_a_moved_run_and_a_copied_model_folder_resume_exactly(tiny_model_dir, tm
     other = build_tiny_model(tmp_path / "other", seed=1)
     error = config.check_args(tiny_args(other, tmp_path / "moved", steps=4, resume=str(tmp_path / "moved")))
     assert error and "pass the same --task and --model" in error
+
+
+def test_a_tied_head_is_saved_once_and_every_file_is_fsynced_before_the_rename(tiny_model_dir, tmp_path, monkeypatch):
+    """The tiny model ties lm_head to the embedding: one key in DCP and in the HF folder, as save_pretrained of an
+    unsharded model writes it; a resume and from_pretrained tie it again. Each file and folder of the save is
+    fsynced before the rename that marks it complete, and the run folder after it (a power cut keeps either the
+    last checkpoint or a complete new one)."""
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint import FileSystemReader
+    from transformers import AutoModelForCausalLM
+
+    from plumbing.checkpoint import load_checkpoint, save_checkpoint
+
+    args, model, optimizer, scheduler, tokenizer = tiny_trainer(tiny_model_dir)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.add_(1.0)  # not the initial weights
+    events, real_fsync, real_rename = [], os.fsync, os.rename
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+                        or real_fsync(fd))
+    monkeypatch.setattr(os, "rename", lambda a, b: events.append(("rename", str(a), str(b))) or real_rename(a, b))
+    save_checkpoint(str(tmp_path), 1, model, optimizer, scheduler, tokenizer, args)
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    ckpt = tmp_path / "checkpoint-000001"
+    (rename,) = [i for i, e in enumerate(events) if e[0] == "rename" and e[2] == str(ckpt)]
+    tmp = events[rename][1]
+    synced = {e[1] for e in events[:rename] if e[0] == "fsync"}
+    for folder, _, names in os.walk(ckpt):
+        moved = folder.replace(str(ckpt), tmp, 1)
+        assert moved in synced and all(os.path.join(moved, n) in synced for n in names), (folder, names)
+    assert ("fsync", str(tmp_path)) in events[rename:]
+
+    dcp_keys = FileSystemReader(str(ckpt / "trainer")).read_metadata().state_dict_metadata
+    assert "model.model.embed_tokens.weight" in dcp_keys and "model.lm_head.weight" not in dcp_keys
+    hf = load_file(ckpt / "model.safetensors")
+    assert "model.embed_tokens.weight" in hf and "lm_head.weight" not in hf
+    reloaded = AutoModelForCausalLM.from_pretrained(ckpt)
+    assert torch.equal(reloaded.lm_head.weight, model.get_input_embeddings().weight)
+    _, fresh, fresh_optimizer, fresh_scheduler, _ = tiny_trainer(tiny_model_dir)
+    assert load_checkpoint(str(ckpt), fresh, fresh_optimizer, fresh_scheduler, 0) == 1
+    assert fresh.lm_head.weight is fresh.get_input_embeddings().weight
+    assert torch.equal(fresh.lm_head.weight, model.get_input_embeddings().weight)  # resumed, still tied

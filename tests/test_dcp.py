@@ -13,6 +13,7 @@ import sys
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,7 +58,11 @@ def test_dcp_resume_is_exact_on_2_ranks_and_reshards_2_to_1_and_1_to_2(tiny_mode
     two_to_one, two_to_two = (torch.load(tmp_path / f"2to{world}.pt") for world in (1, 2))
     assert two_to_one["step"] == two_to_two["step"] == 2
     assert_equal_states(two_to_one, two_to_two)
-    assert_equal_states(two_to_one["model"], load_file(ckpt / "model.safetensors"))  # the HF folder's weights
+    hf = load_file(ckpt / "model.safetensors")  # the HF folder's weights, the tied head once
+    assert "lm_head.weight" not in hf and torch.equal(two_to_one["model"].pop("lm_head.weight"),
+                                                      hf["model.embed_tokens.weight"])
+    assert_equal_states(two_to_one["model"], hf)
+    assert "model.lm_head.weight" not in dcp.FileSystemReader(str(ckpt / "trainer")).read_metadata().state_dict_metadata
     initial = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
     assert not torch.equal(two_to_one["reference"]["model.norm.weight"], initial["model.norm.weight"])  # EMA moved
     assert all(len(moments) == 3 for moments in two_to_one["optimizer"].values())  # step, exp_avg, exp_avg_sq
@@ -85,3 +90,35 @@ def test_a_save_that_fails_on_one_rank_is_the_same_line_on_every_rank(tiny_model
     assert len(lines) == 2 and lines[0].removeprefix("rank 0: ") == lines[1].removeprefix("rank 1: "), lines
     assert "No space left on device" in lines[0] and "checkpoint-000001, is intact" in lines[0]
     assert sorted(os.listdir(tmp_path)) == ["checkpoint-000001"]
+
+
+@pytest.mark.slow
+def test_ranks_that_do_not_share_the_run_folder_stop_at_the_save_in_one_line(tiny_model_dir, tmp_path):
+    """Two nodes' local disks at one path, played by one folder per rank: rank 1 cannot see rank 0's temporary
+    folder, so no rank writes its shards, and each raises the line that names the shared path it needs."""
+    result = launch(2, "unshared", tmp_path, tiny_model_dir)
+    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
+    assert len(lines) == 2 and lines[0].removeprefix("rank 0: ") == lines[1].removeprefix("rank 1: "), lines
+    assert "rank 1 on" in lines[0] and "a filesystem that every node shares" in lines[0]
+    assert not [f for rank in (0, 1) for f in os.listdir(tmp_path / f"rank{rank}") if f != ".lock"]
+
+
+@pytest.mark.slow
+def test_at_start_rank_0_alone_holds_the_whole_model_and_the_other_ranks_their_shards(tmp_path):
+    """train.py's start on a 26M-parameter model saved in bf16 (policy and reference loaded in float32, about 200
+    MB together). In one process the load holds both whole. On 2 ranks rank 0 alone reads them (its peak: the one
+    process's, give or take FSDP2's copies of its shards), and rank 1 builds them empty and receives its shards:
+    its peak stays well under a whole copy. Before, every rank loaded both whole (314 MB on each rank here)."""
+    model_dir = tmp_path / "model"
+    launch(1, "model", model_dir, 512, 8, "bfloat16")
+    weights_mb = 2 * 2 * os.path.getsize(model_dir / "model.safetensors") / 2**20  # policy + reference, float32
+
+    def peaks(world):
+        out = launch(world, "measure-load", model_dir).stdout
+        return {row["rank"]: row["peak_over_start_mb"] for row in
+                (json.loads(line[len("measure "):]) for line in out.splitlines() if line.startswith("measure "))}
+
+    one, two = peaks(1)[0], peaks(2)
+    assert one > 0.8 * weights_mb, (one, weights_mb)  # the measurement sees the load
+    assert sorted(two) == [0, 1] and two[0] < 1.3 * one, (one, two)
+    assert two[1] < 0.7 * one, (one, two)  # its halves of both models, never a whole one

@@ -30,7 +30,7 @@ def rows_for(ranks: int, steps: int = 4, **per_rank) -> list[dict]:
                "mem/used_before_sleep_gb": [60.0] * ranks, "mem/used_after_sleep_gb": [20.0] * ranks,
                **{f"mem/peak_gb/{p}": [10.0] * ranks for p in gpu_check.PHASES}, **per_rank}
     return [{"step": s, **base, "lr": 1e-4 if s == steps else 1e-6,  # the last step resumed at a large lr
-             "sync/sampler_moved": 3e-2 if s == steps else 2e-4,
+             "sync/sampler_moved": 0.3 if s == steps else 2e-4,
              **{f"{k}/rank{r}": v[r] for k, v in healthy.items() for r in range(ranks)}} for s in range(1, steps + 1)]
 
 
@@ -60,6 +60,10 @@ def test_the_memory_sleep_and_sync_gates_fail_past_their_bounds():
     stale[-1]["sync/logprob_diff"] = 0.9  # the large-lr step shows an engine that missed part of the update
     status, detail = gpu_check.sync_gate(stale, 0.5, 1e-4)
     assert status == "FAIL" and "after the lr 0.0001 step 9.00e-01" in detail
+    small = rows_for(1)
+    small[-1]["sync/sampler_moved"] = 0.03  # under the 0.04 the engine differs: a stale engine would look the same
+    status, detail = gpu_check.sync_gate(small, 0.5, 1e-4)
+    assert status == "FAIL" and detail.endswith("so a stale engine would pass; raise the lr step")
 
 
 def test_runs_that_time_out_or_stop_fail_quoting_train_pys_line():
@@ -166,7 +170,7 @@ def test_phase_memory_records_the_engines_device_and_what_an_hf_sampler_holds_as
 def test_the_dry_run_checks_the_no_vllm_path_and_leaves_no_checkpoint(tmp_path):
     """scripts/gpu_check.sh --dry-run: a random 2-layer model, train.py under torchrun --nproc_per_node 1 (gloo)
     with the HF sampler, checkpointing, top_p 0.999 and evaluation, a save, a resume from it for one more step at
-    lr 1e-4, and the verdict. Every checkpoint is gone once read."""
+    lr 1e-3, and the verdict. Every checkpoint is gone once read."""
     result = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run", str(tmp_path)], cwd=ROOT,
                             capture_output=True, text=True, timeout=900, env={**os.environ, "STEPS": "3"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -176,6 +180,7 @@ def test_the_dry_run_checks_the_no_vllm_path_and_leaves_no_checkpoint(tmp_path):
     verdict = {line.split()[1]: line.split()[0] for line in lines if line.split()[0] in ("PASS", "FAIL", "skip")}
     assert verdict["runs"] == verdict["sync"] == verdict["update"] == verdict["disk"] == "PASS"
     assert "compiler: none needed" in result.stdout and "disk: " in result.stdout  # what it needs, one line each
+    assert "disk speed: " in result.stdout and int((tmp_path / "logs" / "run_timeout_s").read_text()) >= 300
     assert verdict["devices"] == verdict["sleep"] == verdict["memory"] == "skip"
     import config  # the weight check runs after every sync where train.py has --weight-check-every
 
@@ -183,8 +188,8 @@ def test_the_dry_run_checks_the_no_vllm_path_and_leaves_no_checkpoint(tmp_path):
     assert verdict["weights"] == ("PASS" if has_flag else "skip")
     rows = [json.loads(line) for line in open(tmp_path / "run-1" / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [1, 2, 3] and "eval/score" in rows[1]  # --eval-every 2
-    assert rows[-1]["lr"] == 1e-4 and rows[1]["lr"] == 1e-6  # the resumed step at the large learning rate
-    assert "changed flags: --lr 1e-06 -> 0.0001" in (tmp_path / "logs" / "run-1-resume.log").read_text()
+    assert rows[-1]["lr"] == 1e-3 and rows[1]["lr"] == 1e-6  # the resumed step at the large learning rate
+    assert "changed flags: --lr 1e-06 -> 0.001" in (tmp_path / "logs" / "run-1-resume.log").read_text()
     left = [name for name in os.listdir(tmp_path / "run-1") if "checkpoint" in name]
     assert left == []  # saved at step 2, resumed from, then deleted; the resumed run saved none
     assert (tmp_path / "logs" / "run-1-checkpoints").read_text().split() == ["checkpoint-000002"]
@@ -295,6 +300,17 @@ def test_needs_names_each_missing_thing_in_one_line(tmp_path, monkeypatch):
     lines = dict((line.split(":")[0], (ok, line)) for ok, line in gpu_check.needs("vllm", False, str(tmp_path), 1,
                                                                                     {}))
     assert not lines["allocator"][0] and "expandable_segments:True" in lines["allocator"][1]
+
+
+def test_needs_times_the_disk_and_grows_the_timeout_by_the_saves_write_time_or_stops(tmp_path):
+    found = gpu_check.needs("hf", True, str(tmp_path), 1, {}, save_gb=0.001)
+    (ok, line), = [(ok, line) for ok, line in found if line.startswith("disk speed:")]
+    assert ok and os.listdir(tmp_path) == []  # the probe file is gone
+    save_s = float(line.split("takes about ")[1].split(" s")[0])
+    assert gpu_check.run_timeout(found, 240) == int(240 + 2 * save_s)
+    slow = gpu_check.disk_speed_need(str(tmp_path), 1e9, 1)  # a petabyte checkpoint: no disk writes it in time
+    assert not slow[0] and slow[1].endswith("s: pass a work folder on a faster disk")
+    assert gpu_check.run_timeout([(True, "disk: 10 GB free")], 240) == 240  # no speed measured: as given
 
 
 def test_needs_holds_each_gpus_free_memory_against_the_plans_peak(monkeypatch):

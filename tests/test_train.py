@@ -610,6 +610,14 @@ def test_recast_and_recompute_under_fsdp2_are_bit_identical(tiny_model_dir, tmp_
     assert runs["yes"]["metrics"] == runs["no"]["metrics"]
 
 
+def test_the_sync_gathers_in_the_engines_bf16_and_the_weight_check_stays_exact(tiny_model_dir):
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "dist_train.py"), "bf16-sync",
+                             tiny_model_dir], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report == {"gathered": ["torch.bfloat16"], "sync/weight_diff": 0.0}
+
+
 @pytest.mark.slow
 def test_end_to_end_under_torchrun_2(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM

@@ -7,12 +7,16 @@ feed it rows that must fail (tests/test_gpu_check.py). docs/gpu.md explains ever
 The gates, one verdict line each (PASS, FAIL or skip, with why):
 1. runs: every torchrun exited 0 within its timeout, and metrics.jsonl holds steps 1..STEPS after the resume.
    Any `train.py: error:` line of their logs is quoted (the sync check's and the weight check's one-line errors).
-2. sync: the sampler-trainer probe difference stayed within train.py's tolerance at every step, the last one
-   taken at the large learning rate, where a stale engine shows.
+2. sync: the sampler-trainer probe difference (mean nats per probe token) stayed within train.py's tolerance at
+   every step. It sees an engine that computes another policy (wrong weights, dtype or tokenizer) by more than the
+   tolerance (0.5 nats in bf16, where a healthy engine differs by ~0.04). A missed step shows only as large as the
+   step moved the probe, so the gate also asks that the last step, at the large lr, moved the engine's probe
+   further than the engine differs from the trainer; else it FAILs, as unable to see a stale engine.
    update: the large-lr step moved the engine's probe log-probs (sync/sampler_moved) more than any small-lr step
-   did; else the engine did not take the update.
+   did. It sees an engine that took no update, or a much smaller one; not a partial one.
 3. weights: train.py compared the engine's weights with the trainer's after every sync (--weight-check-every 1),
-   where this train.py has the flag; a failure is train.py's one line naming the parameter family.
+   where this train.py has the flag: a checksum per tensor, so it sees one stale or missing tensor in any family
+   (embedding, lm_head, q/k/v, gate/up, norms); a failure is train.py's one line naming the family.
 4. devices: no two ranks' engines on one device, as each engine reports its device (engine/device).
 5. sleep: a sleeping vLLM engine gave back at least half of its --gpu-memory-utilization share of the device.
 6. memory: the trainer's allocated peak in the train phase (less what the sleeping engine holds) within 1.15 x
@@ -22,7 +26,8 @@ The gates, one verdict line each (PASS, FAIL or skip, with why):
    asked for before it ran, and no checkpoint but the one each resume read.
 
 Before the first run, `--needs` checks and names, one line each, what the check needs: packages, a compiler
-(only where the path compiles), disk and GPU memory (`needs`).
+(only where the path compiles), disk room, disk speed (the save run's timeout grows by twice the time its
+checkpoint takes to write at the measured speed, or the check stops there) and GPU memory (`needs`).
 """
 
 import argparse
@@ -35,6 +40,7 @@ import os
 import re
 import shutil
 import sys
+import time
 
 MEMORY_SLACK = 1.15  # measured over planned before the memory gate fails (docs/memory_plan.md: what it covers)
 PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "tqdm")  # the torchrun path on arith
@@ -69,15 +75,20 @@ def run_gate(rows: list[dict], steps: int, exits: dict, errors: list[str], timeo
 
 
 def sync_gate(rows: list[dict], tolerance: float, lr_step: float) -> tuple[str, str]:
-    """Every step's probe difference (rank-maximum) within `tolerance`; the last step's reported apart: it was
-    taken at learning rate `lr_step`, where an engine that missed part of the update disagrees visibly."""
+    """Every step's probe difference (rank-maximum) within `tolerance`, and the last step (at learning rate
+    `lr_step`) moved the engine's probe further than the engine then differed from the trainer: else an engine
+    that missed the step would differ by no more than this one does, and the gate could not tell them apart."""
     diffs = [r["sync/logprob_diff"] for r in rows if "sync/logprob_diff" in r]
     if not diffs:
         return "FAIL", "no sync/logprob_diff in metrics.jsonl"
-    worst = max(diffs)
+    worst, moved = max(diffs), rows[-1].get("sync/sampler_moved", 0.0)
     detail = (f"probe difference max {worst:.2e} nats (tolerance {tolerance:g}); after the lr {lr_step:g} step "
-              f"{diffs[-1]:.2e}")
-    return ("FAIL" if worst > tolerance else "PASS"), detail
+              f"{diffs[-1]:.2e}, which moved the engine's probe {moved:.2e}")
+    if worst > tolerance:
+        return "FAIL", detail
+    if moved <= diffs[-1]:
+        return "FAIL", f"{detail}: no further than the difference, so a stale engine would pass; raise the lr step"
+    return "PASS", detail
 
 
 def update_gate(rows: list[dict], lr_step: float) -> tuple[str, str]:
@@ -190,7 +201,8 @@ def disk_gate(work: str, runs: list[str], need_gb: float, save_step: int) -> tup
                    f"{read}, read by its resume; none left"
 
 
-def needs(sampler: str, dry: bool, work: str, need_gb: float, run_args: dict) -> list[tuple[bool, str]]:
+def needs(sampler: str, dry: bool, work: str, need_gb: float, run_args: dict,
+          save_gb: float = 0.0) -> list[tuple[bool, str]]:
     """What the check needs before its first run, one (ok, line) each: the path's packages, a C compiler where
     the path compiles (vLLM's CUDA graphs and compiled kernels; the HF sampler's path compiles nothing), the work
     folder's free disk, and each GPU's free memory against the plan's peak for one rank."""
@@ -226,6 +238,8 @@ def needs(sampler: str, dry: bool, work: str, need_gb: float, run_args: dict) ->
     free = shutil.disk_usage(work).free / 1e9
     found.append((free >= need_gb, f"disk: {work} has {free:.0f} GB free, the check needs about {need_gb:g} GB"
                   + ("" if free >= need_gb else ": pass a work folder with more room")))
+    if save_gb:
+        found.append(disk_speed_need(work, save_gb, 64 if dry else 1024))
     if dry:
         found.append((True, "GPU memory: none needed (--dry-run runs on the CPU)"))
     elif any(m.split()[0] == "torch" for m in missing):
@@ -233,6 +247,37 @@ def needs(sampler: str, dry: bool, work: str, need_gb: float, run_args: dict) ->
     else:
         found.append(gpu_memory_need(run_args))
     return found
+
+
+MAX_SAVE_S = 1800  # a checkpoint that takes longer to write stops the check before its first run
+
+
+def disk_speed_need(work: str, save_gb: float, probe_mb: int) -> tuple[bool, str]:
+    """Write and fsync `probe_mb` MB in `work`: how long the save run's checkpoint (`save_gb`) takes at that speed."""
+    path, block = os.path.join(work, ".disk-speed-probe"), os.urandom(1 << 20)
+    start = time.perf_counter()
+    try:
+        with open(path, "wb") as f:
+            for _ in range(probe_mb):
+                f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        if os.path.exists(path):
+            os.remove(path)
+    speed = probe_mb / max(time.perf_counter() - start, 1e-6)  # MB/s
+    save_s = save_gb * 1e3 / speed
+    line = f"disk speed: {speed:.0f} MB/s in {work}: the save's {save_gb:g} GB checkpoint takes about {save_s:.0f} s"
+    if save_s > MAX_SAVE_S:
+        return False, line + f", over {MAX_SAVE_S} s: pass a work folder on a faster disk"
+    return True, line
+
+
+def run_timeout(found: list[tuple[bool, str]], base_s: int) -> int:
+    """Each launch's timeout: `base_s` plus twice the save's write time from the disk-speed line."""
+    line = next((line for _, line in found if line.startswith("disk speed:")), "")
+    save_s = float(re.search(r"takes about (\d+) s", line).group(1)) if line else 0.0
+    return int(base_s + 2 * save_s)
 
 
 def gpu_memory_need(run_args: dict) -> tuple[bool, str]:
@@ -305,14 +350,19 @@ def main(argv=None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="CPU: no device, sleep or memory gate")
     parser.add_argument("--weight-check", action="store_true", help="train.py ran --weight-check-every 1")
     parser.add_argument("--lr-step", type=float, default=1e-4, help="the resumed step's learning rate")
-    parser.add_argument("--timeout", type=int, default=0, help="each launch's timeout, s (for the verdict)")
+    parser.add_argument("--timeout", type=int, default=0, help="each launch's timeout, s (with --needs: before the "
+                        "save's write time is added; it writes WORK/logs/run_timeout_s)")
+    parser.add_argument("--save-gb", type=float, default=0.0, help="with --needs: the save run's checkpoint, GB")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     parser.add_argument("--run-args", default="{}", help="train.py's flags for the plan, as JSON")
     cli = parser.parse_args(argv)
     if cli.needs:
-        found = needs(cli.sampler, cli.dry_run, cli.work, cli.disk_need_gb, json.loads(cli.run_args))
+        found = needs(cli.sampler, cli.dry_run, cli.work, cli.disk_need_gb, json.loads(cli.run_args), cli.save_gb)
         for ok, line in found:
             print(f"gpu_check: {'' if ok else 'MISSING '}{line}")
+        if cli.timeout:  # gpu_check.sh reads it back
+            with open(os.path.join(cli.work, "logs", "run_timeout_s"), "w") as f:
+                f.write(f"{run_timeout(found, cli.timeout)}\n")
         return 0 if all(ok for ok, _ in found) else 1
     if not cli.runs or cli.steps < 2:
         parser.error("the verdict needs --runs and --steps >= 2")

@@ -14,7 +14,8 @@ A step has three phases, and the plan adds up what one rank holds in each (GiB =
 - optimizer: the AdamW step after the last micro-batch: the gradients reduce-scattered to shards, and under
   FSDP2 foreach AdamW's float32 temporary of one shard (its sqrt of the second moment); fused AdamW in one process
   has none. train.py measures it inside the train phase (plumbing/run_log.py: Phases);
-- sync: vLLM's weights woken alone while `full_weights` streams one full float32 parameter at a time into
+- sync: vLLM's weights woken alone while `full_weights` streams one full parameter at a time, in the engine's
+  dtype, into
   their reload; the KV cache wakes after it (rollout.py: VLLMSampler.update_weights), which is the
   rollout phase again.
 A fixed CUDA_OVERHEAD covers the CUDA context, NCCL and cuBLAS workspaces and allocator slack; torch's allocator
@@ -325,8 +326,9 @@ def plan(args: dict, *, gpus: int, gpu_gb: float, grad_checkpointing: bool, prom
              f"moment, float32 / {ranks}" if fsdp else "fused AdamW (one process): none"),
         ],
         "sync": resident + [("vllm weights", 2 * n, "woken alone for the reload; its KV cache wakes after"),
-                            ("one full parameter", 6 * shape.embedding,
-                             "full_weights, streamed: the largest, the embedding, float32, + vLLM's bf16 build")],
+                            ("one full parameter", (4 if bf16 else 8) * shape.embedding,
+                             "full_weights, streamed in the engine's dtype: the largest, the embedding, gathered + "
+                             "vLLM's build of it")],
     }
     rows = [(phase, item, size, how) for phase, items in phases.items() for item, size, how in items]
     totals = {phase: sum(size for _, size, _ in items) for phase, items in phases.items()}
