@@ -31,8 +31,7 @@ def grpo_advantages(rewards: torch.Tensor, eps: Annotated[float, POSITIVE] = 1e-
     eps = POSITIVE.check(eps, "eps", "grpo_advantages")
     rewards = _as_groups(rewards, "grpo_advantages")
     mean = rewards.mean(-1, keepdim=True)
-    # population std: large-M weight 1 / sqrt(p (1 - p)) (Table 1)
-    std = rewards.std(-1, keepdim=True, correction=0)
+    std = rewards.std(-1, keepdim=True, correction=0)  # population std: large-M weight 1 / sqrt(p (1 - p)) (Table 1)
     return (rewards - mean) / (std + eps)
 
 
@@ -48,8 +47,7 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     M = rewards.shape[-1]
     if M == 1:
         return torch.zeros_like(rewards)
-    others_mean = (rewards.sum(-1, keepdim=True) - rewards) / (M - 1)
-    return rewards - others_mean
+    return rewards - (rewards.sum(-1, keepdim=True) - rewards) / (M - 1)
 
 
 def maxrl_advantages(rewards: torch.Tensor, eps: Annotated[float, POSITIVE] = 1e-6) -> torch.Tensor:
@@ -80,8 +78,7 @@ def _as_groups(rewards: torch.Tensor, name: str) -> torch.Tensor:
         raise ValueError(f"{name}: rewards must have shape (G, M) with M >= 1, got {tuple(rewards.shape)}")
     if not rewards.is_floating_point() or rewards.dtype in (torch.float16, torch.bfloat16):
         rewards = rewards.float()
-    bad = ~torch.isfinite(rewards)
-    if bad.any():
+    if (bad := ~torch.isfinite(rewards)).any():
         group = int(bad.reshape(-1, rewards.shape[-1]).any(-1).nonzero()[0])
         raise ValueError(f"{name}: non-finite reward in group {group}")
     return rewards

@@ -91,7 +91,6 @@ class _Args:
     plan_gpu_gb: float = arg(80.0, "--plan: memory per GPU, GiB")
 
 
-
 def loss_option_defaults() -> dict:
     """{name: default} of policy_loss's keyword-only parameters with a non-None default."""
     return {p.name: p.default for p in inspect.signature(policy_loss).parameters.values()
@@ -106,7 +105,6 @@ def loss_option_help() -> dict:
 
 
 def loss_options(args) -> dict:
-    """policy_loss's options from the flags."""
     return {name: getattr(args, name) for name in loss_option_defaults()}
 
 
@@ -145,15 +143,12 @@ def alloc_estimators(args: Args) -> list[str]:
 
 
 def estimator_hparams(args: Args) -> dict:
-    """Every estimator's hyperparameters."""
     return {name: getattr(args, name) for name in estimator_params()}
 
 
 PAPER = dict(model="Qwen/Qwen2.5-1.5B", lr=1e-6, warmup_steps=0, save_every=100,
              eval_examples=500,  # Tables B.1-B.2; then the official configs' (base.yaml)
-             top_p=0.999, eval_every=25, grad_checkpointing=True,
-             keep_checkpoints=2,
-             alloc_estimators="all")
+             top_p=0.999, eval_every=25, grad_checkpointing=True, keep_checkpoints=2, alloc_estimators="all")
 PRESETS = {  # explicit flags override these; micro_batch, gpu_memory_utilization: tools/memory_plan.py, 80 GB
     "arith": dict(alloc_estimators="all"),  # the CPU demo
     "countdown24": dict(max_tokens=128),

@@ -1,15 +1,13 @@
 """Evaluation: greedy pass@1 (Sections 5-6, Tables 2 and 5), sampled mean@K and pass@k; departures: docs/eval.md.
 
     python eval.py --model smollm2-135m --task arith --limit 100 --samples 8
-    python eval.py --model runs/poetry/checkpoint-200 --task poetry --data-file poems.jsonl \
-        --judge-url http://127.0.0.1:8000/v1 --judge-model Qwen/Qwen3-30B-A3B-Thinking-2507   # Table 4
-    python -m pytest tests/test_eval.py tests/test_eval_sampled.py -q
 """
 
 import hashlib
 import importlib.util
 import math
 import os
+import signal
 import sys
 
 import torch
@@ -56,8 +54,7 @@ def eval_seed(run_seed: int, step: int) -> int:
 
 def evaluate(sampler, task, examples, *, samples=0, max_tokens=256, batch_size=64, seed=0,
              reward_kind="exact", weights=None, temperature=1.0, top_p=1.0, first=0, progress=True) -> dict:
-    """{"summary", "examples"}: greedy pass@1 and K samples each, sample k of examples[i] on stream
-    seed + (first + i) * K + k, so shards draw what one process draws; `weights`: r = sum_k w_k r_k."""
+    """Greedy pass@1, K samples each; examples[i]'s sample k on stream seed + (first + i) * K + k, so shards agree."""
     if reward_kind == "exact" and not task.has_verifier and weights is None:
         print(f"note: task {task.name} has no verifier: reporting the similarity reward "
               "(the paper's LLM-judge scores: --judge-url, --judge-model)")
@@ -68,7 +65,7 @@ def evaluate(sampler, task, examples, *, samples=0, max_tokens=256, batch_size=6
     def score(completion, example) -> tuple[float, dict]:
         terms = {term: task.reward(completion.text, example, kind=term, **declared_lengths(
             term, n_tokens=len(completion.token_ids), **limits)) for term in weights}
-        return sum(weight * terms[term] for term, weight in weights.items()), terms
+        return sum(weight * terms[term] for term, weight in weights.items()), terms  # r = sum_k w_k r_k
 
     kept = [ex for ex in examples if valid_prompt(ex.prompt)]
     if len(kept) < len(examples):
@@ -183,7 +180,6 @@ def format_summary(summary: dict) -> str:
     return "\n".join(f"{k:<24}{v}" for k, v in shown.items())
 
 
-# ---------------------------------------------------------------- flag checks (eval.py's, and train.py's shared ones)
 MAX_TOKENS = 2**24  # beyond any model's context
 SEED_LIMIT = 2**32  # np.random.seed and vLLM's seed take 32 bits
 SAMPLING_RULES = [  # (flags, valid, what valid means); NaN breaks each
@@ -314,4 +310,5 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a scheduler's stop: as a Ctrl-C
     main()

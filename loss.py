@@ -47,8 +47,7 @@ def policy_loss(logp, old_logp, adv, mask, *, ref_logp=None, sampler_logp=None, 
     adv = adv.to(logp.dtype)[:, None]  # (B, 1)
     log_ratio = choose(RATIOS, ratio, "importance ratio")(logp, old_logp, mask)  # (B, T)
     ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))  # rho_t, (B, T)
-    pg_clipped = -adv * ratio.clamp(1 - clip_low, 1 + clip_high)
-    pg = torch.maximum(-adv * ratio, pg_clipped)  # Eq. 10
+    pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip_low, 1 + clip_high))  # Eq. 10
     correction = choose(IS_CORRECTIONS, is_correction, "importance correction")(old_logp, sampler_logp, mask, is_cap)
     if correction is not None:
         pg = pg * correction[0]
@@ -80,20 +79,14 @@ def policy_loss(logp, old_logp, adv, mask, *, ref_logp=None, sampler_logp=None, 
 
 
 # --kl-estimator: per-token KL(pi_theta || pi_ref), (B, T)
-def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    return logp - ref_logp
-
-
-def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    return 0.5 * (logp - ref_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT) ** 2
-
-
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     d = (ref_logp - logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     return torch.exp(d) - d - 1  # k3, the paper's
 
 
-KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+KL_ESTIMATORS = {"k1": lambda logp, ref_logp: logp - ref_logp,
+                 "k2": lambda logp, ref_logp: 0.5 * (logp - ref_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT) ** 2,
+                 "k3": kl_k3}
 
 
 # --loss-terms NAME=COEF: (logp, old_logp, mask) -> per-token values (B, T)
@@ -101,17 +94,13 @@ LOSS_TERMS = {}
 
 
 # --ratio: (logp, old_logp, mask) -> log ratio, (B, T)
-def token_log_ratio(logp, old_logp, mask):
-    return logp - old_logp  # the paper's
-
-
 def sequence_log_ratio(logp, old_logp, mask):
     """GSPO-token: the sequence's mean log-ratio on each token, each token's gradient its own."""
     seq = ((logp - old_logp) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # (B, 1)
     return seq.detach() + (logp - logp.detach())
 
 
-RATIOS = {"token": token_log_ratio, "sequence": sequence_log_ratio}
+RATIOS = {"token": lambda logp, old_logp, mask: logp - old_logp, "sequence": sequence_log_ratio}  # token: the paper's
 
 
 # --is-correction: -> None, or (weights, where the cap acted), (B, T) each
@@ -151,12 +140,8 @@ REFERENCES = {"frozen": None, "ema": ema_reference, "reset": reset_reference}
 
 
 # --row-filter: (G, M) rewards, truncated -> kept samples
-def drop_truncated(rewards, truncated):
-    return ~truncated  # (G, M): DAPO's overlong filtering
-
-
 ROW_FILTERS = {"none": lambda rewards, truncated: torch.ones_like(truncated),
-               "truncated": drop_truncated}
+               "truncated": lambda rewards, truncated: ~truncated}  # DAPO's overlong filtering
 
 
 def kept_samples(rewards, truncated, row_filter: str = "none", mask_truncated: bool = False):

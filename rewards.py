@@ -16,9 +16,7 @@ import sys
 import threading
 import traceback
 from collections import Counter
-from collections.abc import Callable
 from fractions import Fraction
-from typing import Any
 
 from plumbing.math_worker import MathWorker
 
@@ -65,10 +63,8 @@ def countdown_reward(completion, numbers, target) -> float:
     except SyntaxError:
         return 0.0
     nodes = list(ast.walk(tree))
-    if not all(isinstance(node, _ALLOWED_NODES) for node in nodes):
-        return 0.0
-    used = [node.value for node in nodes if isinstance(node, ast.Constant)]
-    if any(type(value) is not int for value in used) or Counter(used) != Counter(numbers):
+    used = [node.value for node in nodes if isinstance(node, ast.Constant)]  # ints: the whitelist has no . e j
+    if not all(isinstance(node, _ALLOWED_NODES) for node in nodes) or Counter(used) != Counter(numbers):
         return 0.0
     try:
         return float(_evaluate(tree.body) == target)
@@ -114,7 +110,7 @@ def overlong_reward(completion, example, *, n_tokens: int, max_tokens: int, over
 
 
 # --reward-weights' terms besides "exact": (completion, example), called through safe_reward.
-REWARD_TERMS: dict[str, Callable[[str, Any], float]] = {
+REWARD_TERMS = {
     "sim": lambda completion, example: similarity_reward(completion, example.reference),  # Appendix B.5
     "format": lambda completion, example: format_reward(completion),
     "overlong": overlong_reward,
@@ -129,10 +125,8 @@ def declared_lengths(kind: str, **lengths) -> dict:
 
 def final_answer(text) -> str:
     """Text after the last </think>, inside the last <answer>; "" for an unclosed <think>."""
-    text = _text(text)
-    if "</think>" in text:
-        text = text.rpartition("</think>")[2]
-    elif "<think>" in text:
+    _, closed, text = _text(text).rpartition("</think>")
+    if not closed and "<think>" in text:
         return ""  # departure 4
     if "<answer>" in text:
         text = text.rpartition("<answer>")[2].partition("</answer>")[0]
@@ -164,10 +158,7 @@ def integer_answer(text) -> str:
     """Last number of the last \\boxed{} (else of the answer), a whole one as digits ("1,234" -> "1234")."""
     answer = final_answer(text).replace("\u2212", "-")
     boxed = last_boxed(answer)
-    found = _NUMBER.findall((boxed if boxed is not None else answer)[-MAX_ANSWER_CHARS:])
-    if not found:
-        return ""
-    number = found[-1]
+    number = (_NUMBER.findall((boxed if boxed is not None else answer)[-MAX_ANSWER_CHARS:]) or [""])[-1]
     if re.fullmatch(r"-?[0-9]{1,3}(?:,[0-9]{3})+|-?[0-9]+(?:\.0+)?", number):
         return str(int(number.replace(",", "").split(".")[0]))
     return number
@@ -191,8 +182,7 @@ def countdown_expression(completion) -> str:
     """Last \\boxed{} of the final answer, else its last non-empty line."""
     answer = final_answer(completion)
     boxed = last_boxed(answer)
-    lines = [line for line in answer.splitlines() if line.strip()]
-    expr = boxed if boxed is not None else (lines[-1] if lines else "")
+    expr = boxed if boxed is not None else ([line for line in answer.splitlines() if line.strip()] or [""])[-1]
     for symbol, ascii_op in _OPERATORS.items():
         expr = expr.replace(symbol, ascii_op)
     return expr.strip().rstrip(".").strip()
@@ -284,7 +274,6 @@ def _f1(overlap: int, n_pred: int, n_ref: int) -> float:
 
 
 def _text(value) -> str:
-    """Model output as str (None as "")."""
     return "" if value is None else str(value)
 
 

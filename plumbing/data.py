@@ -19,9 +19,7 @@ class DataError(ValueError):
 
 
 class Rows(list):
-    """A JSON file's rows as json reads them, with the datasets.Dataset interface used here.
-
-    datasets' JSON reader re-types mixed columns (the question "7" became the number 7)."""
+    """A JSON file's rows as json reads them, with the Dataset interface (datasets' reader re-types "7" as 7)."""
 
     @property
     def column_names(self) -> list[str]:
@@ -101,18 +99,14 @@ def _read_json(path: str, source: str) -> tuple:
         array = path.lower().endswith(".json") and f.read(4096).lstrip().startswith(b"[")
         f.seek(0)
         if array:
-            try:
-                rows, lines = _parse(f.read()), None
-            except ValueError as err:
-                raise DataError(f"{source}: the file {err}") from None
+            rows, lines = _parse(f.read()), None
+            if isinstance(rows, ValueError):
+                raise DataError(f"{source}: the file {rows}")
         else:
             for number, raw in enumerate(f, 1):
                 if raw.strip():  # as datasets does
                     lines.append(number)
-                    try:
-                        rows.append(_parse(raw))
-                    except ValueError as err:
-                        rows.append(err)
+                    rows.append(_parse(raw))
     if bad := [(where(lines, i), str(row) if isinstance(row, ValueError) else "is not a JSON object")
                for i, row in enumerate(rows) if not isinstance(row, dict)]:
         raise DataError(f"{source}: {bad[0][0]} {bad[0][1]}; {len(bad)} of {len(rows)} rows are bad")
@@ -120,16 +114,14 @@ def _read_json(path: str, source: str) -> tuple:
 
 
 def _parse(raw: bytes):
-    """JSON of `raw`; ValueError saying why not."""
+    """JSON of `raw`, else a ValueError saying why not."""
     try:
-        text = raw.decode("utf-8")
+        return json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
     except UnicodeDecodeError as err:
-        raise ValueError(f"is not UTF-8 text (byte 0x{raw[err.start]:02x} at byte {err.start + 1})") from None
-    try:
-        return json.loads(text, parse_constant=_no_constant)
+        return ValueError(f"is not UTF-8 text (byte 0x{raw[err.start]:02x} at byte {err.start + 1})")
     except ValueError as err:  # also NaN, Infinity: not JSON
         at = f" at column {err.colno}" if isinstance(err, json.JSONDecodeError) else ""
-        raise ValueError(f"is not valid JSON ({getattr(err, 'msg', err)}{at})") from None
+        return ValueError(f"is not valid JSON ({getattr(err, 'msg', err)}{at})")
 
 
 def _no_constant(name: str):

@@ -116,15 +116,11 @@ class _GatedDownRecast(torch.autograd.Function):
             gate = gate.detach().requires_grad_(ctx.needs_input_grad[0])
             up = up.detach().requires_grad_(ctx.needs_input_grad[1])
             h = _gate(ctx.act_fn, gate, up)
-        need_h = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        wanted = [t for t in (gate, up) if t.requires_grad]
         h16 = h.detach().to(torch.bfloat16)
-        grad_h, grad_w = _recast_linear_grads(grad, h16, weight, h.dtype, need_h, ctx.needs_input_grad[2])
-        grad_gate = grad_up = None
-        if need_h:
-            wanted = [t for t in (gate, up) if t.requires_grad]
-            grads = iter(torch.autograd.grad(h, wanted, grad_h))
-            grad_gate = next(grads) if gate.requires_grad else None
-            grad_up = next(grads) if up.requires_grad else None
+        grad_h, grad_w = _recast_linear_grads(grad, h16, weight, h.dtype, bool(wanted), ctx.needs_input_grad[2])
+        grads = iter(torch.autograd.grad(h, wanted, grad_h) if wanted else ())
+        grad_gate, grad_up = (next(grads) if t.requires_grad else None for t in (gate, up))
         return grad_gate, grad_up, grad_w, None
 
 

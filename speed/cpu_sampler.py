@@ -50,8 +50,7 @@ class FastPath:
 
 
 class BucketedLayer(DynamicLayer):
-    """One layer's KV cache in a buffer a multiple of `bucket` long, written in place: few shapes for oneDNN,
-    no per-step copy."""
+    """One layer's KV cache in a buffer a multiple of `bucket` long, written in place: few oneDNN shapes, no copies."""
 
     is_croppable = False  # crop would cut the buffer's empty end
 
@@ -89,8 +88,7 @@ def _grouped_eager_attention(module, query, key, value, attention_mask, scaling,
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     if attention_mask is not None:
         scores = (scores.unflatten(2, (heads // groups, length)) + attention_mask[:, :, None]).flatten(2, 3)
-    weights = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    out = torch.matmul(weights, value)
+    out = torch.matmul(torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype), value)
     return out.reshape(batch, heads, length, dim).transpose(1, 2).contiguous(), None  # (B, Q, H, D)
 
 
@@ -136,6 +134,5 @@ def draw(probs, uniforms, block=256):
     chosen = torch.searchsorted(cdf, u, right=True)  # first block whose CDF exceeds u
     u = u - torch.where(chosen > 0, cdf.gather(-1, (chosen - 1).clamp(min=0)), below)
     inside = by_block.gather(1, chosen[:, :, None].expand(-1, -1, block)).squeeze(1).double().cumsum(-1)  # (R, b)
-    # the block's scan can end an ulp above its sum
-    u = torch.minimum(u, torch.nextafter(inside[:, -1:], below))
+    u = torch.minimum(u, torch.nextafter(inside[:, -1:], below))  # the block's scan can end an ulp above its sum
     return (chosen * block + torch.searchsorted(inside, u, right=True)).squeeze(-1)

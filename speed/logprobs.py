@@ -6,8 +6,7 @@
 import torch
 
 CHUNK_ELEMENTS = 1 << 25  # 128 MB on a GPU
-# CPU: 2 MB, so a chunk stays in L2
-CPU_CHUNK_ELEMENTS = 1 << 19
+CPU_CHUNK_ELEMENTS = 1 << 19  # CPU: 2 MB, so a chunk stays in L2
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, entropy: bool = False,
@@ -89,8 +88,7 @@ def pad_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: in
     input_ids = torch.full((B, P + K), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((B, P + K), dtype=torch.long)
     for i, (prompt, completion) in enumerate(zip(prompts, completions)):
-        input_ids[i, P - len(prompt):P] = torch.tensor(prompt, dtype=torch.long)
-        input_ids[i, P:P + len(completion)] = torch.tensor(completion, dtype=torch.long)
+        input_ids[i, P - len(prompt):P + len(completion)] = torch.tensor([*prompt, *completion], dtype=torch.long)
         attention_mask[i, P - len(prompt):P + len(completion)] = 1
     return input_ids, attention_mask, attention_mask[:, P:].float()
 
