@@ -186,7 +186,8 @@ TRAIN_RULES = [  # (flags, valid, what valid means); NaN breaks each
     ("warmup_steps save_every eval_every eval_examples keep_checkpoints log_completions weight_check_every "
      "max_num_seqs ref_reset_every max_refill_rounds overlong_buffer eval_samples clip_high sync_tolerance",
      lambda v: v >= 0, ">= 0"),
-    ("lr is_cap dist_timeout_s plan_gpu_gb", lambda v: 0 < v < math.inf, "finite and > 0"),
+    ("lr is_cap dist_timeout_s", lambda v: 0 < v < math.inf, "finite and > 0"),
+    ("plan_gpu_gb", lambda v: 0 < v <= 2**20, "> 0 and at most 2^20 GiB"),  # bytes stay finite
     ("max_grad_norm", lambda v: v > 0, "> 0"),
     ("weight_decay beta filter_std", lambda v: 0 <= v < math.inf, "finite and >= 0"),
     ("entropy_coef", math.isfinite, "finite"),
@@ -213,6 +214,8 @@ def train_rule_error(args: Args, task, world: int) -> str | None:
           for name, registry in choices().items()),
         (args.rollout_batch % (world * args.minibatches) == 0, f"--rollout-batch ({args.rollout_batch}) must divide "
          f"evenly by ranks x minibatches ({world} x {args.minibatches})"),
+        (seed_max >= 0, f"--rollout-batch x --M is {args.rollout_batch * args.M:,} samples a step: each needs a seed "
+         f"stream of its own, and at most {2**40:,} fit"),
         (args.seed <= seed_max, f"--seed must be at most {seed_max:,} with --steps {args.steps}, --rollout-batch "
          f"{args.rollout_batch} and --M {args.M}, got {args.seed:,}"),
         (args.reference != "ema" or args.ref_ema > 0, "--reference ema needs --ref-ema ALPHA in (0, 1]"),

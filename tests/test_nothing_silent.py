@@ -235,7 +235,10 @@ def test_a_read_only_folder_without_dac_override_is_one_line(tmp_path):
     (["--micro-batch", "0"], "--micro-batch"),  # was a ZeroDivisionError
     (["--M", "-3", "--max-tokens", "-5"], "must be >= 1"),  # was a plan that "fits"
     (["--plan-gpu-gb", "nan"], "--plan-gpu-gb must be a number, got nan"),  # was "peak nan GiB"
-    (["--plan-gpu-gb", "-1"], "--plan-gpu-gb must be finite and > 0"),
+    (["--plan-gpu-gb", "-1"], "--plan-gpu-gb must be > 0 and at most 2^20 GiB"),
+    (["--plan-gpu-gb", "1e308"], "--plan-gpu-gb must be > 0 and at most 2^20 GiB"),  # was "peak inf GiB (nan%)"
+    (["--M", "1000000000", "--rollout-batch", "1000000000000"],  # was "--seed must be at most -1"
+     "--rollout-batch x --M is 1,000,000,000,000,000,000,000 samples a step"),
     (["--plan-gpus", "0"], "--plan-gpus must be >= 1"),
     (["--task", "deepmath", "--plan-gpus", "3"], "--rollout-batch (512) must divide evenly by ranks x minibatches "
                                                  "(3 x 1)"),  # "fits", then train.py refused it
