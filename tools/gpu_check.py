@@ -349,7 +349,7 @@ def main(argv=None) -> int:
     parser.add_argument("--disk-need-gb", type=float, default=30.0, help="the room the check asked for")
     parser.add_argument("--dry-run", action="store_true", help="CPU: no device, sleep or memory gate")
     parser.add_argument("--weight-check", action="store_true", help="train.py ran --weight-check-every 1")
-    parser.add_argument("--lr-step", type=float, default=1e-4, help="the resumed step's learning rate")
+    parser.add_argument("--lr-step", type=float, default=1e-3, help="the resumed step's learning rate")
     parser.add_argument("--timeout", type=int, default=0, help="each launch's timeout, s (with --needs: before the "
                         "save's write time is added; it writes WORK/logs/run_timeout_s)")
     parser.add_argument("--save-gb", type=float, default=0.0, help="with --needs: the save run's checkpoint, GB")
