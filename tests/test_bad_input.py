@@ -40,10 +40,7 @@ def snapshot(*roots) -> dict:
 
 
 def run(script, *flags, env=None):
-    if env is None:  # as the subprocess below, forked from a process that has imported torch already
-        return run_script(script, *flags)
-    return subprocess.run([sys.executable, script, *map(str, flags)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+    return run_script(script, *flags, env=env)
 
 
 def assert_one_line(result, code, *words):

@@ -53,10 +53,7 @@ def read_metrics(path):
 
 
 def cli(*flags, env=None):
-    if (env or {}).items() <= warm_python.ENV.items():  # forked from a process that has imported torch already
-        return warm_python.run_script("train.py", *flags)
-    return subprocess.run([sys.executable, "train.py", *flags], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, **(env or {})})
+    return warm_python.run_script("train.py", *flags, env=env)
 
 
 # ---- flags, presets, checkpoints on disk (fast)

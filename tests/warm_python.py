@@ -59,10 +59,13 @@ def serve():
         print(os.waitstatus_to_exitcode(status), flush=True)
 
 
-def run_script(script, *flags, timeout=300) -> subprocess.CompletedProcess:
+def run_script(script, *flags, timeout=300, env=None) -> subprocess.CompletedProcess:
     """`python SCRIPT FLAGS` (or `python -m MODULE FLAGS`) in ROOT with ENV set, forked from the warm server
-    (started on first use)."""
+    (started on first use); a plain subprocess when `env` sets more than ENV, which the server cannot change."""
     global _server
+    if not (env or {}).items() <= ENV.items():
+        return subprocess.run([sys.executable, script, *map(str, flags)], cwd=ROOT, capture_output=True, text=True,
+                              timeout=timeout, env={**os.environ, **ENV, **env})
     if _server is None or _server.poll() is not None:
         _server = subprocess.Popen([sys.executable, __file__], cwd=ROOT, stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True, env={**os.environ, **ENV})
