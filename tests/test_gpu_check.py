@@ -118,8 +118,8 @@ def test_the_verdict_lines(tmp_path, monkeypatch, capsys):
         (tmp_path / "logs" / f"run-2-{name}.rc").write_text("0\n")
     run_args = json.dumps({"model": "Qwen/Qwen2.5-1.5B", "task": "arith", "M": 8, "rollout_batch": 16,
                            "micro_batch": 16, "max_tokens": 256, "dtype": "bfloat16", "beta": 0.001})
-    assert gpu_check.main([str(tmp_path), "--runs", "2", "--sampler", "hf", "--steps", "4", "--run-args",
-                           run_args]) == 1
+    assert gpu_check.main([str(tmp_path), "--runs", "2", "--sampler", "hf", "--steps", "4", "--lr-step", "1e-4",
+                           "--run-args", run_args]) == 1  # rows_for's resumed step is at 1e-4
     out = capsys.readouterr().out.splitlines()
     verdict = {line.split()[1]: line.split()[0] for line in out if line.startswith("  ") and len(line.split()) > 2
                and line.split()[0] in ("PASS", "FAIL", "skip")}
