@@ -165,8 +165,13 @@ def changed_flags(ckpt: str, given: dict) -> str:
                      if name not in own and name in saved and saved[name] != value)
 
 
+def untied(model, state: dict) -> dict:
+    """Each tensor once: a tied head is saved under the embedding's name alone."""
+    tied = tied_names(model)
+    return {k: v for k, v in state.items() if k not in tied}
+
+
 def retied(model, state: dict) -> dict:
-    """A tied head is saved once, under the embedding's name."""
     return state | {name: state[other] for name, other in tied_names(model).items()}
 
 
@@ -174,13 +179,10 @@ def sharded_state(model, optimizer, ref_model=None) -> tuple[dict, list]:
     """(DCP state with each tensor once, param_groups); creates a fresh optimizer's moments."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
-    def once(m, state):
-        return {k: v for k, v in state.items() if k not in tied_names(m)}
-
     model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": once(model, model_state), "optimizer": optim_state["state"]}
+    state = {"model": untied(model, model_state), "optimizer": optim_state["state"]}
     if ref_model is not None:
-        state["reference"] = once(ref_model, get_model_state_dict(ref_model))
+        state["reference"] = untied(ref_model, get_model_state_dict(ref_model))
     return state, optim_state["param_groups"]
 
 
@@ -244,8 +246,7 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args,
         model_state = get_model_state_dict(model, options=full) if reason is None else {}
         if master and reason is None:
             try:
-                tied = tied_names(model)
-                model.save_pretrained(tmp, state_dict={k: v for k, v in model_state.items() if k not in tied})
+                model.save_pretrained(tmp, state_dict=untied(model, model_state))
                 tokenizer.save_pretrained(tmp)
                 torch.save({"step": step, "scheduler": scheduler.state_dict(), "param_groups": param_groups,
                             "rng": rngs, "args": asdict(args), "reference": ref_model is not None},
