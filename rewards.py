@@ -39,11 +39,10 @@ def safe_reward(fn):
 @safe_reward
 def math_reward(completion, gold) -> float:
     """1.0 when the final answer equals `gold` under math-verify."""
-    answer = math_answer(completion)
-    gold = _text(gold).strip()
+    answer, gold = math_answer(completion), math_text(gold)
     if not answer or not gold or bracket_depth(answer) > MAX_DEPTH:
         return 0.0
-    gold = gold if "\\boxed" in gold else "\\boxed{" + plain_number(gold) + "}"
+    gold = gold if "\\boxed" in gold else "\\boxed{" + gold + "}"
     return _math_worker.verify(answer, gold)
 
 
@@ -148,7 +147,7 @@ def math_answer(completion) -> str:
         return answer[stated[-1]:].partition("\n")[0][:MAX_ANSWER_CHARS]
     if not boxes:
         return answer[-MAX_ANSWER_CHARS:]
-    boxes = [units.group(1) if (units := _UNIT_WORDS.fullmatch(box)) else box for box in boxes]
+    boxes = [math_text(box) for box in boxes]
     if sum(map(len, boxes)) > MAX_ANSWER_CHARS:
         boxes = boxes[-1:]
     return "\\boxed{" + ", ".join(boxes) + "}"
@@ -164,11 +163,14 @@ def integer_answer(text) -> str:
     return number
 
 
-def plain_number(gold: str) -> str:
-    """Gold commas as thousands ("7,425,000") or a decimal comma ("1,22")."""
-    if re.fullmatch(r"-?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?", gold):
-        return gold.replace(",", "")
-    return gold.replace(",", ".") if re.fullmatch(r"-?\d+,\d+", gold) else gold
+def math_text(text) -> str:
+    """The one normaliser of a math gold and a boxed prediction: U+2212 a minus, a unit word dropped ("72 dollars",
+    "5\\text{ cm}"), commas as thousands ("7,425,000") or a decimal comma ("1,22")."""
+    text = _text(text).replace("\u2212", "-").strip()
+    text = units.group(1) if (units := _UNIT_WORDS.fullmatch(text)) else text
+    if re.fullmatch(r"-?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?", text):
+        return text.replace(",", "")
+    return text.replace(",", ".") if re.fullmatch(r"-?\d+,\d+", text) else text
 
 
 _OPERATORS = {"×": "*", "÷": "/", "−": "-", "–": "-", "·": "*", "\\times": "*", "\\cdot": "*",

@@ -5,7 +5,6 @@
 
 import hashlib
 import itertools
-import json
 import os
 import random
 import re
@@ -36,18 +35,19 @@ class Demonstrations:
 
     hub_id: str
     hub_config: str | None = None
-    columns: tuple[str, ...]
+    columns: dict[str, type]
     read: Callable[[dict], tuple[tuple, str]]
     puzzle: Callable[[dict], tuple]
 
 
 @dataclass(kw_only=True)
 class Task:
-    """A hub-backed (hub_id, columns, make_example) or procedural (generate) task."""
+    """A hub-backed (hub_id, columns, make_example) or procedural (generate) task; `columns`: {name: type}, the
+    row gate's (plumbing/data.py: check_rows), where a type that admits None makes the column optional."""
 
     name: str
     hub_id: str | None = None
-    columns: tuple[str, ...] = ()
+    columns: dict[str, type] = field(default_factory=dict)
     key: tuple[str, ...] = ()  # identifies a prompt
     key_text: Callable[[dict], str] | None = None
     make_example: Callable[[dict], Example] | None = None
@@ -57,7 +57,6 @@ class Task:
     hub_test_split: str | None = None  # None: held out by prompt hash
     generate: Callable[[str, int, int], list[Example]] | None = None
     hint: str = ""
-    may_be_empty: tuple[str, ...] = ()
     demos: Demonstrations | None = None
     prompt_tokens: int = 1024  # for tools/memory_plan.py
     held_out_only: bool = False  # a benchmark: never trained on
@@ -122,34 +121,19 @@ def _countdown_verifier(completion: str, example: Example) -> float:
     return countdown_reward(completion, example.meta["numbers"], example.meta["target"])
 
 
-def _integer(value, column: str, verb: str = "is") -> int:
-    """`value` as an int (3.0 is 3); ValueError otherwise."""
-    if isinstance(value, bool) or not (isinstance(value, int) or isinstance(value, float) and value.is_integer()):
-        raise ValueError(f"its {column} {verb} {json.dumps(value, default=repr)}, not an integer")
-    return int(value)
-
-
-def _integers(values, column: str) -> list[int]:
-    if not isinstance(values, (list, tuple)):
-        raise ValueError(f"its {column} is {json.dumps(values, default=repr)}, not a list of integers")
-    return [_integer(value, column, "holds") for value in values]
-
-
 def _gsm8k(row: dict) -> Example:
     if "####" not in str(row["answer"]):
         raise ValueError("its answer has no final '#### N'")
     reasoning, _, answer = str(row["answer"]).rpartition("####")
-    gold = answer.strip()
-    if not re.fullmatch(r"-?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?", gold):
-        raise ValueError(f"its final answer '#### {gold}' is not one number (a comma may only group thousands, "
-                         "as in 1,500)")
-    gold = gold.replace(",", "")
+    gold = rewards.math_text(answer)  # as every math gold and boxed prediction: "1,500 dollars" is 1500
+    if not re.fullmatch(r"-?[0-9]+(?:\.[0-9]+)?", gold):
+        raise ValueError(f"its final answer '#### {answer.strip()}' is not one number")
     reasoning = re.sub(r"<<[^>]*>>", "", reasoning).strip()  # calculator notes
     return Example(_chat(f"{row['question']}\n{BOXED}"), gold, f"{reasoning}\nThe answer is \\boxed{{{gold}}}.")
 
 
 def _countdown(row: dict) -> Example:
-    numbers, target = _integers(row["nums"], "nums"), _integer(row["target"], "target")
+    numbers, target = [int(n) for n in row["nums"]], int(row["target"])  # the gate took 3.0 as an int
     user = (f"Using the numbers {numbers}, write an arithmetic expression that equals {target}. "
             "Use each number exactly once, with only +, -, *, / and parentheses.")
     return Example(_chat(user), str(target), "", {"numbers": numbers, "target": target})
@@ -157,13 +141,12 @@ def _countdown(row: dict) -> Example:
 
 def _countdown_puzzle(row: dict) -> tuple:
     """(sorted numbers, target): joins a Countdown puzzle to its demonstration."""
-    return tuple(sorted(_integers(row["nums"], "nums"))), _integer(row["target"], "target")
+    return tuple(sorted(int(n) for n in row["nums"])), int(row["target"])
 
 
 def _gold_demonstration(row: dict) -> tuple[tuple, str]:
     """(puzzle, last assistant answer) of a Countdown-Task-GOLD row."""
-    said = [turn.get("content") for turn in row["messages"]
-            if isinstance(turn, dict) and turn.get("role") == "assistant"]
+    said = [turn.get("content") for turn in row["messages"] if turn.get("role") == "assistant"]
     if not said:
         raise ValueError("its messages have no assistant turn")
     reference = final_answer(str(said[-1] or ""))
@@ -189,9 +172,7 @@ def _openthoughts(row: dict) -> Example:
 
 
 def _openthoughts_turns(conversation) -> tuple[str, str]:
-    """(first human turn, next gpt turn) of an OpenThoughts3 conversation."""
-    if not isinstance(conversation, list) or not all(isinstance(turn, dict) for turn in conversation):
-        raise ValueError("its conversations is not a list of {from, value} turns")
+    """(first human turn, next gpt turn) of an OpenThoughts3 conversation (a list[dict], by the row gate)."""
     speakers = [turn.get("from") for turn in conversation]
     if "human" not in speakers:
         raise ValueError("its conversations has no human turn")
@@ -264,26 +245,28 @@ def _search(items: list[tuple[float, str]], numbers: list[int], target: int) -> 
 
 
 TASKS: dict[str, Task] = {task.name: task for task in [
-    Task(name="gsm8k", hub_id="openai/gsm8k", hub_config="main", hub_test_split="test", columns=("question", "answer"),
-         key=("question",), make_example=_gsm8k, verifier=_math_verifier, answer=_boxed_or_answer),
-    Task(name="countdown", hub_id="Jiayi-Pan/Countdown-Tasks-3to4", columns=("nums", "target"), key=("nums", "target"),
-         make_example=_countdown, verifier=_countdown_verifier, answer=rewards.countdown_expression,
+    Task(name="gsm8k", hub_id="openai/gsm8k", hub_config="main", hub_test_split="test", key=("question",),
+         columns={"question": str, "answer": str}, make_example=_gsm8k, verifier=_math_verifier,
+         answer=_boxed_or_answer),
+    Task(name="countdown", hub_id="Jiayi-Pan/Countdown-Tasks-3to4", columns={"nums": list[int], "target": int},
+         key=("nums", "target"), make_example=_countdown, verifier=_countdown_verifier,
+         answer=rewards.countdown_expression,
          demos=Demonstrations(hub_id="HuggingFaceTB/Countdown-Task-GOLD", hub_config="verified_Qwen2.5-7B-Instruct",
-                              columns=("nums", "target", "messages"), read=_gold_demonstration,
-                              puzzle=_countdown_puzzle)),
+                              columns={"nums": list[int], "target": int, "messages": list[dict]},
+                              read=_gold_demonstration, puzzle=_countdown_puzzle)),
     Task(name="deepmath", hub_id="zwhe99/DeepMath-103K",
-         columns=("question", "final_answer", "r1_solution_1", "r1_solution_2", "r1_solution_3"),
-         may_be_empty=("r1_solution_1", "r1_solution_2", "r1_solution_3"), key=("question",),
+         columns={"question": str, "final_answer": str | int | float, **dict.fromkeys(
+             ("r1_solution_1", "r1_solution_2", "r1_solution_3"), str | None)}, key=("question",),
          make_example=_deepmath, verifier=_math_verifier, answer=_boxed_or_answer),
-    Task(name="poetry", hub_id="jnb666/poems", columns=("instruction", "poem"), key=("instruction",),
+    Task(name="poetry", hub_id="jnb666/poems", columns={"instruction": str, "poem": str}, key=("instruction",),
          make_example=lambda row: Example(_chat(str(row["instruction"]), POETRY_SYSTEM), None, str(row["poem"])),
          hint=". jnb666/poems holds poems only; the paper wrote an instruction for each poem with an LLM: pass "
               "them with --data-file (columns instruction, poem)"),
-    Task(name="meetingbank", hub_id="microsoft/MeetingBank-LLMCompressed", columns=("prompt", "compressed_prompt"),
-         key=("prompt",), prompt_tokens=2048, make_example=lambda row: Example(_chat(  # whole transcripts
+    Task(name="meetingbank", hub_id="microsoft/MeetingBank-LLMCompressed", key=("prompt",), prompt_tokens=2048,
+         columns={"prompt": str, "compressed_prompt": str}, make_example=lambda row: Example(_chat(  # whole transcripts
              f"Summarize this city council meeting transcript concisely and informatively.\n\n{row['prompt']}"),
              None, str(row["compressed_prompt"]))),
-    Task(name="openthoughts", hub_id="open-thoughts/OpenThoughts3-1.2M", columns=("conversations",),
+    Task(name="openthoughts", hub_id="open-thoughts/OpenThoughts3-1.2M", columns={"conversations": list[dict]},
          key=("conversations",), key_text=lambda row: _openthoughts_turns(row["conversations"])[0],
          make_example=_openthoughts, prompt_tokens=2048),
     Task(name="arith", generate=_arith, verifier=lambda completion, ex: rewards.integer_reward(completion, ex.gold),
@@ -291,8 +274,8 @@ TASKS: dict[str, Task] = {task.name: task for task in [
     Task(name="countdown24", generate=_countdown24, verifier=_countdown_verifier, answer=rewards.countdown_expression,
          prompt_tokens=120),
     # held-out benchmarks (docs/eval.md)
-    *(Task(name=name, hub_id=hub_id, hub_test_split=split, held_out_only=True, columns=("problem", "answer"),
-           key=("problem",), verifier=_math_verifier, answer=_boxed_or_answer,
+    *(Task(name=name, hub_id=hub_id, hub_test_split=split, held_out_only=True, key=("problem",),
+           columns={"problem": str, "answer": str | int | float}, verifier=_math_verifier, answer=_boxed_or_answer,
            make_example=lambda row: Example(_chat(f"{row['problem']}\n{BOXED}"), str(row["answer"]).strip(), ""))
       for name, hub_id, split in [("math500", "HuggingFaceH4/MATH-500", "test"),
                                   ("aime24", "HuggingFaceH4/aime_2024", "train"),
@@ -333,8 +316,7 @@ def _load_rows(task: Task, split: str, data_file, limit, seed: int, demos: bool,
     path = data_file.replace("{split}", split) if data_file else None
     hub_split = task.hub_test_split if split == "test" and task.hub_test_split else "train"
     rows, lines, source = read_rows(path, "--data-file", task.hub_id and (task.hub_id, task.hub_config, hub_split),
-                                    task.columns, [c for c in task.columns if c not in task.may_be_empty], task.name,
-                                    task.hint)
+                                    {**task.columns, "reference": str | None}, task.name, task.hint)
     whole = path != data_file or task.held_out_only if data_file else task.hub_test_split is not None
     what = f"{task.name} example"
     keys = [dict(zip(task.key, values)) for values in zip(*(rows[column] for column in task.key))]
@@ -362,13 +344,18 @@ def _load_rows(task: Task, split: str, data_file, limit, seed: int, demos: bool,
     keep = keep[:limit] if limit is not None else keep
     made = _each(lambda row: (task.make_example(row), row.get("reference")), rows.select(keep), lines, source, what,
                  keep)
+    golds = {}  # {prompt digest: its golds}
     for i, (example, own) in zip(keep, made):
+        golds.setdefault(digests[i], set()).add(example.gold)
         example.reference = str(own or (references[puzzles[i]] if join else example.reference))
         example.uid, example.source = uids[i], f"{source} {where(lines, i)}"
         if demos and not example.reference.strip():
             why = "its 'reference' is empty" if "reference" in rows.column_names else f"the {task.name} row gives none"
             raise DataError(f"{source}: {where(lines, i)} has no demonstration for the similarity reward ({why}); "
                             "every row needs one for --reward sim")
+    if (clash := sum(len(each) > 1 for each in golds.values())) and os.environ.get("RANK", "0") == "0":
+        print(f"note: {clash} {task.name} {split} prompt(s) of {source} have two or more different golds; each copy "
+              "trains on its own", flush=True)
     return [example for example, _ in made]
 
 
@@ -376,7 +363,7 @@ def _demonstrations(task: Task, demo_file: str | None) -> tuple[dict[tuple, str]
     """({puzzle: shortest reference}, source) of `demo_file` or the task's `demos`."""
     demos, what = task.demos, f"{task.name} demonstration"
     rows, lines, source = read_rows(demo_file, "--demo-file", (demos.hub_id, demos.hub_config, "train"),
-                                    demos.columns, demos.columns, f"a {what}")
+                                    demos.columns, f"a {what}")
     columns = [dict(zip(demos.columns, values)) for values in zip(*(rows[column] for column in demos.columns))]
     references = {}
     for puzzle, reference in _each(demos.read, columns, lines, source, what):

@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from plumbing.cli import first_line
 from plumbing.files import fsync, fsync_tree, write_error
 from plumbing.parallel import gather_objects, tied_names
+from plumbing.run_log import read_log
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # DCP in one process, as we ask of it
 
@@ -145,6 +146,11 @@ def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...]) -> 
     if given["steps"] < step or given["steps"] == step and evaluated:
         return (f"--steps {given['steps']}: checkpoint {ckpt} is already at step {step}, so there is nothing to "
                 f"train; pass --steps above {step} to continue it")
+    try:  # before any model loads: the logs --resume cuts back to its step
+        for name in ("metrics.jsonl", "completions.jsonl"):
+            read_log(os.path.join(out, name), note=False)
+    except CheckpointError as err:
+        return str(err)
     newer = [d for d in complete_checkpoints(run) if int(d[11:]) > step]
     if newer and os.path.realpath(out) == os.path.realpath(run):
         return (f"--resume {ckpt}: {run} holds newer checkpoints ({', '.join(newer)}), which resuming an older one "

@@ -6,12 +6,14 @@
 import json
 import os
 import socket
+import typing
 import urllib.parse
 from functools import lru_cache
 
 import numpy as np
 
 MAX_ROW_CHARS = 1_000_000  # ~250k tokens
+MAX_LINE_BYTES = 16 * MAX_ROW_CHARS  # a few columns of MAX_ROW_CHARS, in UTF-8
 
 
 class DataError(ValueError):
@@ -70,8 +72,9 @@ def _dataset(failed: str, *args, **kwargs):
         raise DataError(f"{failed} ({type(err).__name__}: {str(err).strip().partition(chr(10))[0][:300]})") from None
 
 
-def read_rows(path: str | None, flag: str, hub: tuple | None, columns, required, who: str, hint: str = ""):
-    """(rows, line numbers or None, source) of `path`, else of the `hub` dataset (id, config, split), checked."""
+def read_rows(path: str | None, flag: str, hub: tuple | None, columns: dict, who: str, hint: str = ""):
+    """(rows, line numbers or None, source) of `path`, else of the `hub` dataset (id, config, split), checked
+    against `columns` ({name: type}, check_rows)."""
     advice, source = f"pass {flag} FILE (.jsonl or .parquet with columns {', '.join(columns)})", f"{flag} {path}"
     if path and (error := data_file_error(path, flag)):
         raise DataError(error)
@@ -88,12 +91,13 @@ def read_rows(path: str | None, flag: str, hub: tuple | None, columns, required,
                         "or set HF_HUB_OFFLINE=1 to use a cached copy")
     else:
         rows, lines, source = _dataset(f"cannot load {hub[0]}: {advice}", hub[0], hub[1], split=hub[2]), None, hub[0]
-    check_rows(rows, lines, columns, required, source, who, hint)
+    check_rows(rows, lines, columns, source, who, hint)
     return rows, lines, source
 
 
 def _read_json(path: str, source: str) -> tuple:
-    """(Rows, line numbers) of a JSON Lines file, or (Rows, None) of a .json array."""
+    """(Rows, line numbers) of a JSON Lines file, or (Rows, None) of a .json array; a line is read in bounded
+    chunks."""
     rows, lines = [], []
     with open(path, "rb") as f:
         array = path.lower().endswith(".json") and f.read(4096).lstrip().startswith(b"[")
@@ -103,13 +107,21 @@ def _read_json(path: str, source: str) -> tuple:
             if isinstance(rows, ValueError):
                 raise DataError(f"{source}: the file {rows}")
         else:
-            for number, raw in enumerate(f, 1):
+            for number, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
+                if len(raw) > MAX_LINE_BYTES:
+                    raise DataError(f"{source}: line {number} is over {MAX_LINE_BYTES / 1e6:.0f} MB, more than a row "
+                                    "may hold (plumbing/data.py: MAX_LINE_BYTES)")
                 if raw.strip():  # as datasets does
                     lines.append(number)
                     rows.append(_parse(raw))
+    first = rows[0] if len(rows) == 1 and isinstance(rows[0], dict) and not array else {}
+    if first and all(isinstance(value, (dict, list)) for value in first.values()):
+        raise DataError(f"{source}: the file is one JSON object of columns (pandas' to_json() layout), not rows: "
+                        "write a list of row objects (orient='records') or JSON Lines (orient='records', lines=True)")
     if bad := [(where(lines, i), str(row) if isinstance(row, ValueError) else "is not a JSON object")
                for i, row in enumerate(rows) if not isinstance(row, dict)]:
-        raise DataError(f"{source}: {bad[0][0]} {bad[0][1]}; {len(bad)} of {len(rows)} rows are bad")
+        layout = " (a .json file holds a list of row objects, or one object per line)" if path.endswith(".json") else ""
+        raise DataError(f"{source}: {bad[0][0]} {bad[0][1]}; {len(bad)} of {len(rows)} rows are bad{layout}")
     return Rows(rows), lines
 
 
@@ -137,16 +149,33 @@ def _empty(value) -> bool:
         isinstance(value, (list, tuple, dict)) and not value)
 
 
-def check_rows(rows, lines, columns, required, source: str, who: str, hint: str = "") -> None:
-    """DataError when `rows` lack a column, or a row a `required` value (or one over MAX_ROW_CHARS)."""
-    if missing := [column for column in columns if column not in rows.column_names]:
+def is_a(value, kind) -> bool:
+    """isinstance for a column's declared type: str, int (3.0 too), float, dict, list[T], A | B; a bool is none."""
+    if typing.get_origin(kind) is list:
+        return isinstance(value, list) and all(is_a(each, typing.get_args(kind)[0]) for each in value)
+    if typing.get_args(kind):  # A | B
+        return any(is_a(value, each) for each in typing.get_args(kind))
+    return not isinstance(value, bool) and (isinstance(value, kind) or kind is int and isinstance(value, float)
+                                            and value.is_integer())
+
+
+def check_rows(rows, lines, columns: dict, source: str, who: str, hint: str = "") -> None:
+    """The one gate for rows: DataError when `rows` lack a column, or a row a value of its column's type ({name:
+    type}; a type that admits None is optional), or one of over MAX_ROW_CHARS."""
+    required = [name for name, kind in columns.items() if not is_a(None, kind)]
+    if missing := [column for column in required if column not in rows.column_names]:
         raise DataError(f"{source} lacks column(s) {', '.join(missing)} needed by {who} "
                         f"(it has: {', '.join(rows.column_names)}){hint}")
+    present = [column for column in columns if column in rows.column_names]
     bad = []
-    for i, values in enumerate(zip(*(rows[column] for column in required))):
-        row = dict(zip(required, values))
-        if lacking := [name for name, value in row.items() if _empty(value)]:
+    for i, values in enumerate(zip(*(rows[column] for column in present))):
+        row = dict(zip(present, values))
+        if lacking := [name for name in required if _empty(row[name])]:
             bad.append((where(lines, i), f"lacks a value for {', '.join(map(repr, lacking))}"))
+        elif wrong := [name for name, value in row.items() if not _empty(value) and not is_a(value, columns[name])]:
+            kind, shown = columns[wrong[0]], json.dumps(row[wrong[0]], default=repr)
+            bad.append((where(lines, i), f"has a {wrong[0]!r} that is not {kind.__name__ if isinstance(kind, type) else kind}: "
+                                         f"{shown[:80]}{'...' if len(shown) > 80 else ''}"))
         elif long := [name for name, value in row.items() if isinstance(value, str) and len(value) > MAX_ROW_CHARS]:
             bad.append((where(lines, i), f"has a {long[0]!r} of {len(row[long[0]]):,} characters, over the "
                                          f"{MAX_ROW_CHARS:,} a row may hold (plumbing/data.py: MAX_ROW_CHARS)"))

@@ -3,6 +3,7 @@
     python train.py --steps 5 && head -1 runs/arith-softmax-s0/metrics.jsonl
 """
 
+import contextlib
 import json
 import os
 import time
@@ -23,10 +24,34 @@ def param_counts(model) -> tuple[int, int]:
     return sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel() - n_tied, n_head
 
 
+def read_log(path: str, note: bool = True) -> list[dict]:
+    """The one reader of a run's own JSON Lines logs ([] when absent): CheckpointError for a line that is not an object
+    with an integer "step"; a cut-short last line (a run stopped mid-write) is left out, with a `note`."""
+    from plumbing.checkpoint import CheckpointError
+
+    rows = []
+    with open(path, "rb") if os.path.exists(path) else contextlib.nullcontext([]) as f:
+        for number, line in enumerate(f, 1):
+            if not line.endswith(b"\n"):
+                if note:
+                    print(f"note: line {number} of {path} was cut short (a run stopped mid-write): left out")
+                break
+            if not line.strip():
+                continue  # holds nothing to lose
+            try:
+                rows.append(json.loads(line))
+            except ValueError:  # also bytes that are not UTF-8
+                rows.append(None)
+            if not isinstance(rows[-1], dict) or type(rows[-1].get("step")) is not int:
+                raise CheckpointError(f"line {number} of {path} is damaged (not a JSON object with an integer step): "
+                                      "mend or delete that line")
+    return rows
+
+
 def keep_steps(path: str, step: int):
-    """Drop a JSON Lines log's lines after `step`, and a cut-short last line."""
+    """Drop a JSON Lines log's lines after `step`."""
     if os.path.exists(path):
-        write_lines(path, [line for line in open(path) if line.endswith("\n") and json.loads(line)["step"] <= step])
+        write_lines(path, [json.dumps(row) + "\n" for row in read_log(path) if row["step"] <= step])
 
 
 def user_text(prompt) -> str:

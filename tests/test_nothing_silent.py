@@ -53,20 +53,21 @@ def questions(path) -> set:
 def test_json_values_are_read_as_the_file_holds_them(tmp_path):
     """datasets' JSON reader re-typed a mixed column through pandas: "1e5" became 100000.0, "null" None."""
     rows = [{"question": "1e5", "answer": "#### 1"}, {"question": "null", "answer": "#### 2"},
-            {"question": "2024-01-02", "answer": "#### 3"}, {"question": 7, "answer": "#### 4"},
-            {"question": 1.50, "answer": "#### 5"}] + [{"question": f"What is {i}?", "answer": "#### 6"}
-                                                      for i in range(20)]
+            {"question": "2024-01-02", "answer": "#### 3"}] + [{"question": f"What is {i}?", "answer": "#### 6"}
+                                                               for i in range(20)]
     path = write_jsonl(tmp_path / "mixed.jsonl", rows)
-    assert {"1e5", "null", "2024-01-02", "7", "1.5"} <= questions(path)
+    assert {"1e5", "null", "2024-01-02"} <= questions(path)
     array = tmp_path / "mixed.json"  # a .json file holding one array is read the same way
     array.write_text(json.dumps(rows))
-    assert {"1e5", "null", "2024-01-02", "7"} <= questions(array)
+    assert {"1e5", "null", "2024-01-02"} <= questions(array)
+    rows[3]["question"] = 7  # a number where the task declares text: the row gate names it
+    with pytest.raises(DataError, match="line 4 has a 'question' that is not str: 7; 1 of 23 rows are bad"):
+        questions(write_jsonl(path, rows))
 
 
 @pytest.mark.parametrize("bad, message", [
-    ('{"nums": [3, 4], "target": "7"}', 'line 2 is not a valid countdown example (ValueError: its target is "7", '
-                                        'not an integer)'),
-    ('{"nums": ["3", 4], "target": 7}', 'line 2 is not a valid countdown example (ValueError: its nums holds "3"'),
+    ('{"nums": [3, 4], "target": "7"}', """line 2 has a 'target' that is not int: "7"; 1 of 2 rows are bad"""),
+    ('{"nums": ["3", 4], "target": 7}', """line 2 has a 'nums' that is not list[int]: ["3", 4]"""),
     ('{"nums": [3, 4], "target": NaN}', "line 2 is not valid JSON (NaN is not JSON)"),
     ('{"nums": [3, 4], "target": Infinity}', "line 2 is not valid JSON (Infinity is not JSON)"),
 ])
@@ -103,14 +104,18 @@ def test_arith_reports_the_answer_its_reward_compares():
 
 
 def test_a_gsm8k_gold_that_is_not_one_number_is_refused_at_load(tmp_path):
-    """"#### 1,5" became the gold 15 while math-verify reads the boxed 1,5 as a pair or 1.5."""
+    """"#### 1,5" became the gold 15 while math-verify read the boxed 1,5 as a pair or 1.5; now every math gold and
+    boxed prediction goes through rewards.math_text, which reads it as 1.5 on both sides."""
     rows = [{"question": f"What is {i}?", "answer": f"#### {i}"} for i in range(10)]
-    rows[3]["answer"] = "so #### 1,5"
+    rows[3]["answer"] = "so #### 1 or 2"
     path = write_jsonl(tmp_path / "g.jsonl", rows)
-    with pytest.raises(DataError, match="line 4 is not a valid gsm8k example .* '#### 1,5' is not one number"):
+    with pytest.raises(DataError, match="line 4 is not a valid gsm8k example .* '#### 1 or 2' is not one number"):
         both_splits(get_task("gsm8k"), path)
     rows[3]["answer"] = "#### 1,500"  # thousands: 1500, as before
     assert "1500" in {ex.gold for ex in both_splits(get_task("gsm8k"), write_jsonl(path, rows))}
+    rows[3]["answer"] = "#### 1,5"  # a decimal comma, as every math task reads it
+    example = next(ex for ex in both_splits(get_task("gsm8k"), write_jsonl(path, rows)) if ex.gold == "1.5")
+    assert get_task("gsm8k").reward("\\boxed{1,5}", example) == 1.0
 
 
 # ---------------------------------------------------------------- 3. eval.py checks what train.py checks

@@ -232,27 +232,27 @@ def test_bad_rows_and_repeated_prompts(tmp_path):
     path.write_text(json.dumps({"nums": ["x"], "target": 3}) + "\n")
     message = one_line_error(lambda: get_task("countdown").load("train", data_file=str(path))
                              + get_task("countdown").load("test", data_file=str(path)))
-    assert "line 1 is not a valid countdown example" in message
+    assert "line 1 has a 'nums' that is not list[int]: [\"x\"]" in message
 
 
 @pytest.mark.parametrize("row, message", [
-    ({"nums": [8, 3, 3, 8], "target": 24.5}, "its target is 24.5, not an integer"),
-    ({"nums": [8, 3, 1.7, 8], "target": 24}, "its nums holds 1.7, not an integer"),
-    ({"nums": [8, 3, 3, 8], "target": True}, "its target is true, not an integer"),
-    ({"nums": [8, 3, False, 8], "target": 24}, "its nums holds false, not an integer"),
-    ({"nums": [8, 3, 3, 8], "target": "24"}, 'its target is "24", not an integer'),
-    ({"nums": "8338", "target": 24}, 'its nums is "8338", not a list of integers'),
+    ({"nums": [8, 3, 3, 8], "target": 24.5}, "has a 'target' that is not int: 24.5"),
+    ({"nums": [8, 3, 1.7, 8], "target": 24}, "has a 'nums' that is not list[int]: [8, 3, 1.7, 8]"),
+    ({"nums": [8, 3, 3, 8], "target": True}, "has a 'target' that is not int: true"),
+    ({"nums": [8, 3, False, 8], "target": 24}, "has a 'nums' that is not list[int]: [8, 3, false, 8]"),
+    ({"nums": [8, 3, 3, 8], "target": "24"}, "has a 'target' that is not int: \"24\""),
+    ({"nums": "8338", "target": 24}, "has a 'nums' that is not list[int]: \"8338\""),
 ])  # NaN is not JSON: refused as its line is read (test_json_values_are_read_as_the_file_holds_them)
 def test_countdown_values_that_are_not_integers_are_one_line_naming_the_row_and_column(tmp_path, row, message):
     """A target of 24.5 would be cut to 24 in the prompt and the gold answer, 1.7 to 1, true to 1."""
     path = write_jsonl(tmp_path / "countdown.jsonl", [row])
     text = one_line_error(lambda: load_both(get_task("countdown"), data_file=path))
-    assert text == f"--data-file {path}: line 1 is not a valid countdown example (ValueError: {message})"
+    assert text == f"--data-file {path}: line 1 {message}; 1 of 1 rows are bad (countdown needs nums, target in every row)"
     # among integer rows, whose column datasets then reads as floats (6.0): only the bad row is refused
     if isinstance(row["target"], float) or any(isinstance(n, float) for n in row["nums"]):
         path = write_jsonl(tmp_path / "mixed.jsonl", [{"nums": [1, 2, 3], "target": 6}] * 2 + [row])
         text = one_line_error(lambda: load_both(get_task("countdown"), data_file=path))
-        assert text == f"--data-file {path}: line 3 is not a valid countdown example (ValueError: {message})"
+        assert text.startswith(f"--data-file {path}: line 3 {message}; 1 of 3 rows are bad")
 
 
 def test_countdown_whole_floats_are_read_as_integers(tmp_path):
@@ -356,7 +356,7 @@ def test_openthoughts_bad_rows_are_one_line_naming_their_line(tmp_path, bad, mes
 
 def test_openthoughts_conversations_that_are_not_turns_are_refused(tmp_path):
     path = write_jsonl(tmp_path / "o.jsonl", [{"conversations": "Why is the sky blue?"}] * 2)
-    assert "line 1 is not a valid openthoughts example (ValueError: its conversations is not a list" in \
+    assert """line 1 has a 'conversations' that is not list[dict]: "Why is the sky blue?"; 2 of 2 rows""" in \
         one_line_error(lambda: get_task("openthoughts").load("train", data_file=path))
 
 
@@ -459,9 +459,9 @@ def test_countdown_sim_without_any_match_or_with_bad_demonstrations_is_one_line(
     cut["messages"][-1]["content"] = "<think>cut off by the token limit"
     assert "line 1 is not a valid countdown demonstration (ValueError: its assistant turn has no answer" in load([cut])
     assert "line 2 lacks a value for 'messages'" in load([gold_row([1, 2, 3], 6, "1+2+3"), {"nums": [1], "target": 1}])
-    assert 'line 1 is not a valid countdown demonstration (ValueError: its nums holds "x", not an integer)' in \
+    assert """line 1 has a 'nums' that is not list[int]: ["x", 2, 3]""" in \
         load([gold_row(["x", 2, 3], 6, "1+2+3")])
-    assert "line 1 is not a valid countdown demonstration (ValueError: its target is 6.5, not an integer)" in \
+    assert "line 1 has a 'target' that is not int: 6.5" in \
         load([gold_row([1, 2, 3], 6.5, "1+2+3")])
     assert "line 1 is not valid JSON" in load(["{not json"])
     parquet = tmp_path / "no_messages.parquet"

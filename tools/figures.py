@@ -26,6 +26,7 @@ import json
 import math
 import os
 import re
+import sys
 
 import matplotlib
 
@@ -102,20 +103,12 @@ def plot_figure1(out_path: str, M: int = 8, taus=(0.1, 0.3, 1.0)) -> str:
 
 
 def _read_metrics(path: str) -> list[dict]:
-    """One JSON dict per line; blank or broken lines (a run still writing) are skipped."""
-    rows = []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(row, dict):
-                rows.append(row)
-    return rows
+    """A run's metrics.jsonl through the run's own reader (a run still writing: its cut-short last line waits)."""
+    from plumbing.run_log import read_log
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} does not exist")
+    return read_log(path, note=False)
 
 
 def _series(rows: list[dict], key: str):
@@ -261,6 +254,16 @@ def main(argv=None):
     t3.add_argument("--title", default=None)
     t3.add_argument("--out", default="docs/table3.png")
     args = parser.parse_args(argv)
+    from plumbing.checkpoint import CheckpointError  # what a damaged log line raises
+
+    try:
+        path = _draw(args)
+    except (OSError, ValueError, CheckpointError) as err:
+        sys.exit(f"figures: error: {err}")
+    print(f"wrote {path}")
+
+
+def _draw(args) -> str:
     if args.cmd == "figure1":
         path = plot_figure1(args.out, M=args.M, taus=tuple(args.taus))
     elif args.cmd == "curves":
@@ -274,7 +277,7 @@ def main(argv=None):
             with open(args.from_json) as f:
                 table = json.load(f)
         path = plot_table3(table, args.out, title=args.title)
-    print(f"wrote {path}")
+    return path
 
 
 if __name__ == "__main__":
