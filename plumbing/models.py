@@ -104,10 +104,9 @@ def resolve_model(name_or_path: str) -> str:
 
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
     loaded = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name)
-    config = loaded.config
-    if hasattr(config, "quantization_config"):  # the GGUF quantizer refuses save_pretrained
-        del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if hasattr(loaded.config, "quantization_config"):  # the GGUF quantizer refuses save_pretrained
+        del loaded.config.quantization_config
+    model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
     os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -167,8 +166,7 @@ def load_tokenizer(path):
 
 def enable_grad_checkpointing(model):
     """Call before shard(); HF needs train mode, so no attention dropout."""
-    dropout = getattr(model.config, "attention_dropout", 0.0)
-    if dropout:
+    if dropout := getattr(model.config, "attention_dropout", 0.0):
         raise ValueError(f"gradient checkpointing needs train mode, which would turn on attention dropout {dropout}")
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # FSDP2; no-grad inputs
     return model.train()

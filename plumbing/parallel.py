@@ -3,10 +3,8 @@
 """
 
 import os
-import random
 from datetime import timedelta
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
@@ -90,6 +88,7 @@ def tied_names(model) -> dict[str, str]:
 
 def init_distributed(seed: int, timeout_s: float = 1800):
     """(distributed, rank, world, device), seeded."""
+    from accelerate.utils import set_seed
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -103,7 +102,5 @@ def init_distributed(seed: int, timeout_s: float = 1800):
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+    set_seed(seed)  # random, numpy and torch
     return distributed, rank, world, device

@@ -106,18 +106,14 @@ def checksum(t: torch.Tensor, dtype, chunk: int = 1 << 22) -> tuple[float, float
     return projected, squares, t.numel()
 
 
-def trainer_checksums(model, dtype) -> dict:
-    """{name: checksum} of the trainer's full parameters (a collective under FSDP2)."""
-    sums = {name: checksum(tensor, dtype) for name, tensor in full_weights(model, dtype)}
-    return sums | {name: sums[other] for name, other in tied_names(model).items()}
-
-
 def weight_checksums(sampler, model, step: int = 0, every: int = 1) -> tuple[dict, dict] | None:
-    """(engine, trainer) checksums; None unless `step` is a multiple of `every` > 0."""
+    """(engine, trainer) checksums (a collective under FSDP2); None unless `step` is a multiple of `every` > 0."""
     if not every or step % every:
         return None
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters(remove_duplicate=False)}
-    return sampler.weight_checksums(shapes), trainer_checksums(model, sampler.dtype)
+    engine = sampler.weight_checksums(shapes)
+    trainer = {name: checksum(tensor, sampler.dtype) for name, tensor in full_weights(model, sampler.dtype)}
+    return engine, trainer | {name: trainer[other] for name, other in tied_names(model).items()}
 
 
 def check_weights(sums, step: int, device) -> dict:

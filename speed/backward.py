@@ -75,8 +75,7 @@ def _recasts(layer, x) -> bool:
     """A float32 trained weight under bf16 autocast with grad."""
     return (getattr(layer, "recasts_in_backward", False)
             and layer.weight.dtype == torch.float32 and torch.is_grad_enabled() and layer.weight.requires_grad
-            and torch.is_autocast_enabled(x.device.type)
-            and torch.get_autocast_dtype(x.device.type) == torch.bfloat16)
+            and torch.is_autocast_enabled(x.device.type) and torch.get_autocast_dtype(x.device.type) == torch.bfloat16)
 
 
 def _linear_forward(self, x):

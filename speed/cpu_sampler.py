@@ -27,8 +27,7 @@ class FastPath:
 
     def load(self, name, tensor) -> bool:
         """Pack a weight kept only packed straight from the new tensor; False for any other weight."""
-        layer = self.packed_only.get(name)
-        if layer is not None:
+        if (layer := self.packed_only.get(name)) is not None:
             layer.packed_weight = _pack(tensor.to(layer.weight.device, layer.weight.dtype))
         return layer is not None
 
