@@ -5,7 +5,6 @@
 import contextlib
 import fcntl
 import glob
-import json
 import os
 import pickle
 import random
@@ -24,7 +23,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from plumbing.cli import first_line
 from plumbing.files import fsync, fsync_tree, write_error
 from plumbing.parallel import gather_objects, tied_names
-from plumbing.run_log import read_log
+from plumbing.run_log import read_evals, read_log
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # DCP in one process, as we ask of it
 
@@ -138,19 +137,15 @@ def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...]) -> 
         return (f"checkpoint {ckpt} is from task {saved['task']} / model {saved['model']}, not task "
                 f"{given['task']} / model {given['model']}; pass the same --task and --model to resume, or "
                 "--resume-changed to change them (e.g. the model folder moved)")
-    try:
-        with open(os.path.join(run, "eval.json")) as f:
-            evaluated = given["eval_examples"] == 0 or "after" in json.load(f)
-    except (OSError, ValueError, TypeError):
-        evaluated = given["eval_examples"] == 0
-    if given["steps"] < step or given["steps"] == step and evaluated:
-        return (f"--steps {given['steps']}: checkpoint {ckpt} is already at step {step}, so there is nothing to "
-                f"train; pass --steps above {step} to continue it")
-    try:  # before any model loads: the logs --resume cuts back to its step
+    try:  # the run's own files, read back before any model loads
+        evaluated = given["eval_examples"] == 0 or "after" in read_evals(run)
         for name in ("metrics.jsonl", "completions.jsonl"):
             read_log(os.path.join(out, name), note=False)
     except CheckpointError as err:
         return str(err)
+    if given["steps"] < step or given["steps"] == step and evaluated:
+        return (f"--steps {given['steps']}: checkpoint {ckpt} is already at step {step}, so there is nothing to "
+                f"train; pass --steps above {step} to continue it")
     newer = [d for d in complete_checkpoints(run) if int(d[11:]) > step]
     if newer and os.path.realpath(out) == os.path.realpath(run):
         return (f"--resume {ckpt}: {run} holds newer checkpoints ({', '.join(newer)}), which resuming an older one "
