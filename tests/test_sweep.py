@@ -274,12 +274,12 @@ def test_smoke_grid_end_to_end(tmp_path):
 
 
 @pytest.mark.parametrize("grids, seeds, runs", [
-    ([f"k{i}=" + ",".join(map(str, range(20))) for i in range(8)], "0-1", "102,400,000,000"),  # 20^8 x 2 configs x 2 seeds
+    ([f"k{i}=" + ",".join(map(str, range(20))) for i in range(8)], "0-1", "102,400,000,000"),  # 20^8 x 2 x 2
     (["tau=" + ",".join(map(str, range(2501)))], "0-1", "10,004"),  # one long axis: 2 configs x 2501 x 2 seeds
     (["tau=0.1,0.3", "M=" + ",".join(map(str, range(2, 1252)))], "0-1", "10,000"),  # the limit itself: allowed
 ])
-def test_a_grid_past_the_run_limit_is_refused_before_its_cross_product_is_made(grids, seeds, runs, tmp_path, capsys,
-                                                                                fake_train, monkeypatch):
+def test_a_grid_past_the_run_limit_is_refused_before_its_cross_product_is_made(grids, seeds, runs, tmp_path,
+                                                                                capsys, fake_train, monkeypatch):
     """8 axes of 20 values took 2 GB in 21 s to build; the product of the axes' lengths is bounded first."""
     made = []
     args = {"task": "arith", "advantage": "softmax", "tau": 0.1, "M": 8, "reward": "exact"}
