@@ -69,6 +69,7 @@ def reinforce_advantages(rewards: torch.Tensor,
 
 ESTIMATORS = {"softmax": softmax_advantages, "grpo": grpo_advantages, "drgrpo": drgrpo_advantages,
               "rloo": rloo_advantages, "maxrl": maxrl_advantages, "reinforce": reinforce_advantages}
+REWARD_FLOOR = {"maxrl": 0.0}  # the least reward each formula holds for (MaxRL divides by the mean); others: any real
 
 
 def _as_groups(rewards: torch.Tensor, name: str) -> torch.Tensor:
@@ -76,8 +77,7 @@ def _as_groups(rewards: torch.Tensor, name: str) -> torch.Tensor:
     rewards = torch.as_tensor(rewards).detach()  # Eq. (10): advantages are constants
     if rewards.dim() < 1 or rewards.shape[-1] < 1:
         raise ValueError(f"{name}: rewards must have shape (G, M) with M >= 1, got {tuple(rewards.shape)}")
-    if not rewards.is_floating_point() or rewards.dtype in (torch.float16, torch.bfloat16):
-        rewards = rewards.float()
+    rewards = rewards if rewards.dtype in (torch.float32, torch.float64) else rewards.float()
     if (bad := ~torch.isfinite(rewards)).any():
         group = int(bad.reshape(-1, rewards.shape[-1]).any(-1).nonzero()[0])
         raise ValueError(f"{name}: non-finite reward in group {group}")
@@ -162,6 +162,9 @@ def compute_advantages(name: str, rewards: torch.Tensor, tau: float | None = Non
     if unknown := sorted(set(hparams) - set(estimator_params())):
         raise ValueError(f"unknown estimator hyperparameter(s) {', '.join(unknown)}; "
                          f"the estimators declare {', '.join(sorted(estimator_params()))}")
+    floor, rewards = REWARD_FLOOR.get(name, -math.inf), torch.as_tensor(rewards)
+    if (below := rewards[rewards < floor]).numel():
+        raise ValueError(f"estimator {name} holds for rewards >= {floor:g}, got a reward of {below.min().item():g}")
     own = hyperparameters(ESTIMATORS[name])
     return ESTIMATORS[name](rewards, **{k: v for k, v in hparams.items() if k in own})
 

@@ -12,7 +12,6 @@ import re
 import shutil
 from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
 
-import psutil
 import torch
 
 from advantage import ESTIMATORS, compute_advantages, estimator_params, hyperparameter_ranges, hyperparameters
@@ -238,6 +237,7 @@ def train_rule_error(args: Args, task, world: int) -> str | None:
 
 def check_args(args: Args) -> str | None:
     """The first problem with `args` as one line, or None."""
+    from advantage import REWARD_FLOOR
     from eval import parse_eval_tasks
     from tasks import TASKS, get_task, reward_weights
 
@@ -261,6 +261,11 @@ def check_args(args: Args) -> str | None:
         return first_line(err, limit=None)
     if args.overlong_buffer and "overlong" not in weights:
         return "--overlong-buffer is read by the overlong reward term only: add it to --reward-weights"
+    least = sum(min(weight, 0.0) for weight in weights.values())  # every term is in [0, 1] (rewards.py)
+    if low := next((name for name in alloc_estimators(args) if least < REWARD_FLOOR.get(name, -math.inf)), None):
+        given = "--advantage" if low == args.advantage else f"--alloc-estimators {args.alloc_estimators} includes"
+        return (f"{given} {low}, which holds for rewards >= {REWARD_FLOOR[low]:g}, but --reward-weights "
+                f"{args.reward_weights} gives rewards down to {least:g}")
     if args.plan:
         return None
     vllm = args.sampler == "vllm" or (args.sampler == "auto" and torch.cuda.is_available())
@@ -296,23 +301,3 @@ def parse_args(argv=None) -> Args:
         parser.error(error)
     return args
 
-
-def sampling_bytes(model_config, rows: int, length: int, dtype: str) -> int:
-    """HF sampler bytes for `rows` x `length`: KV cache plus a layer's copy, float32 logits x3, ~5 kB a row."""
-    heads = model_config.num_attention_heads
-    head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // heads
-    kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
-    layer = 2 * kv_heads * head_dim * torch.finfo(getattr(torch, dtype)).bits // 8 * length
-    return rows * ((model_config.num_hidden_layers + 1) * layer + model_config.vocab_size * 4 * 3 + 5_000)
-
-
-def sampling_memory_error(args, model_config, max_prompt: int, world: int, device: torch.device) -> str | None:
-    """One line when the HF sampler's rollout needs more memory than `device` has free; else None."""
-    rows = args.rollout_batch // world * args.M
-    need = sampling_bytes(model_config, rows, max_prompt + args.max_tokens, args.dtype)
-    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else psutil.virtual_memory().available
-    if args.sampler != "hf" or need <= free:  # vLLM sizes its own KV cache
-        return None
-    return (f"sampling {rows:,} sequences at once (--rollout-batch x --M per process) needs about {need / 1e9:.1f} "
-            f"GB for the HF sampler's KV cache and logits, more than the {free / 1e9:.1f} GB free on {device.type}: "
-            "lower --M or --rollout-batch")

@@ -12,6 +12,7 @@ import sys
 
 import torch
 from tqdm import tqdm
+from transformers import AutoConfig
 
 from plumbing import models
 from plumbing.checkpoint import CheckpointError, safe_load
@@ -21,7 +22,7 @@ from plumbing.files import write_error, write_json
 from plumbing.models import ModelLoadError, SamplingError
 from plumbing.parallel import gather_rows
 from rewards import declared_lengths
-from rollout import make_sampler
+from rollout import make_sampler, sampling_memory_error
 from tasks import REWARD_TERMS, DataError, encode_prompts, get_task, reward_weights, valid_prompt
 
 
@@ -75,9 +76,8 @@ def evaluate(sampler, task, examples, *, samples=0, max_tokens=256, batch_size=6
         batch = kept[start:start + batch_size]
         prompt_ids = encode_prompts(sampler.tokenizer, batch)
         greedy = sampler.generate(prompt_ids, n=1, max_tokens=max_tokens, temperature=0.0)
-        sampled = sampler.generate(prompt_ids, n=samples, max_tokens=max_tokens, temperature=temperature,
-                                   top_p=top_p, seed=seed + (first + start) * samples) if samples > 0 else [
-            [] for _ in batch]
+        sampled = sampler.generate(prompt_ids, n=samples, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                   seed=seed + (first + start) * samples) if samples > 0 else [[]] * len(batch)
         for ex, (best,), group in zip(batch, greedy, sampled):
             (reward, terms), scored = score(best, ex), [score(c, ex) for c in group]
             passed = [t.get("exact", 0.0) >= 0.5 for _, t in [(reward, terms), *scored]]
@@ -165,8 +165,13 @@ def load_sampler(args, examples):
             raise DataError(error)
         prompts = encode_prompts(models.load_tokenizer(path), [e for e in examples if valid_prompt(e.prompt)],
                                  max_len=(context or sys.maxsize) - args.max_tokens)
+        longest, n = max(map(len, prompts), default=0), len(prompts)
+        if error := sampling_memory_error(AutoConfig.from_pretrained(path), min(n, args.batch_size) * max(
+                args.samples, 1), n * (args.samples + 1), longest, max_tokens=args.max_tokens, dtype="bfloat16",
+                hf=backend == "hf", device=torch.device("cpu"), lower="--samples, --limit or --batch-size"):
+            raise SamplingError(error)
         return make_sampler(backend, path, dtype="bfloat16" if backend == "hf" else "auto", seed=args.seed,
-                            max_model_len=max(map(len, prompts), default=0) + args.max_tokens)
+                            max_model_len=longest + args.max_tokens)
     except (OSError, ValueError) as err:
         raise err if isinstance(err, (ModelLoadError, DataError)) else ModelLoadError(
             f"cannot use model {args.model!r}: {first_line(err, limit=None)}") from None

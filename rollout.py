@@ -8,6 +8,7 @@ import itertools
 import os
 from dataclasses import dataclass, field
 
+import psutil
 import torch
 from transformers.cache_utils import Cache, DynamicCache
 
@@ -144,6 +145,28 @@ def draw(probs, uniforms):
     check_finite(total)
     u = torch.minimum(uniforms.double()[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, u, right=True).squeeze(-1)  # (R,)
+
+
+def sampling_bytes(model_config, rows: int, length: int, dtype: str) -> int:
+    """HF sampler bytes for `rows` x `length`: KV cache plus a layer's copy, float32 logits x3, ~5 kB a row."""
+    heads = model_config.num_attention_heads
+    head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // heads
+    kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
+    layer = 2 * kv_heads * head_dim * torch.finfo(getattr(torch, dtype)).bits // 8 * length
+    return rows * ((model_config.num_hidden_layers + 1) * layer + model_config.vocab_size * 4 * 3 + 5_000)
+
+
+KEPT_TOKEN_BYTES = 70  # a Completion's bytes a token: tracemalloc over 200 of 256 SmolLM2 tokens (id, log-prob, text)
+
+
+def sampling_memory_error(model_config, rows, kept, prompt_len, *, max_tokens, dtype, hf, device, lower) -> str | None:
+    """One line when sampling `rows` sequences at once and keeping `kept` completions need more memory than is free."""
+    need = kept * max_tokens * KEPT_TOKEN_BYTES + (sampling_bytes(model_config, rows, prompt_len + max_tokens, dtype)
+                                                   if hf else 0)  # vLLM sizes its own KV cache
+    free = torch.cuda.mem_get_info(device)[0] if hf and device.type == "cuda" else psutil.virtual_memory().available
+    if need > free:  # on a GPU the completions (host memory) count against the GPU's: an over-count
+        return (f"sampling {rows:,} sequences at once and keeping {kept:,} completions needs about {need / 1e9:.1f} "
+                f"GB, more than the {free / 1e9:.1f} GB free on {device.type if hf else 'cpu'}: lower {lower}")
 
 
 class HFSampler:

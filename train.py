@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 import config
 from advantage import compute_advantages
-from config import Args, check_args, parse_args, sampling_memory_error
+from config import Args, check_args, parse_args
 from eval import gather_samples, load_eval_sets, no_room_error
 from grad_alloc import allocation_metrics
 from loss import REFERENCES, Share, kept_samples, loss_denominator, policy_loss
@@ -61,7 +61,7 @@ def main(args: Args, checked: bool = False) -> dict:
 
 
 def train(args: Args) -> dict:
-    from rollout import ROLLOUTS, make_sampler, resolve_model
+    from rollout import ROLLOUTS, make_sampler, resolve_model, sampling_memory_error
     from tasks import TASKS, encode_prompts, get_task, reward_weights
 
     out_dir, args = run_dir(args), config.resolve_auto(args)
@@ -90,14 +90,19 @@ def train(args: Args) -> dict:
     train_ids, test_ids = (encode_prompts(tokenizer, rows, max_len=room)
                            for rows in (train_set, [ex for _, rows in eval_sets.values() for ex in rows]))
     max_prompt = max(len(p) for p in train_ids + test_ids)
-    if error := sampling_memory_error(args, model.config, max_prompt, world, device):
+    n_local, shard = args.rollout_batch // world, -(-len(test_ids) // world)  # shard: held-out prompts a rank scores
+    at = dict(max_tokens=args.max_tokens, dtype=args.dtype, hf=args.sampler == "hf", device=device)
+    if error := (sampling_memory_error(model.config, n_local * args.M, n_local * args.M, max_prompt, **at,
+                                       lower="--M or --rollout-batch") or sampling_memory_error(  # evaluate: 64 at once
+            model.config, min(shard, 64) * max(args.eval_samples, 1), shard * (args.eval_samples + 1), max_prompt,
+            **at, lower="--eval-samples or --eval-examples")):
         raise SamplingError(error)
     phase = run_log.Phases(device)
     with kept_rng_state():  # vLLM reseeds the global RNGs
         sampler = phase.build(make_sampler, args.sampler, ckpt or init_path, dtype=args.dtype, device=device,
                               max_model_len=max_prompt + args.max_tokens, seed=args.seed + rank,
                               gpu_memory_utilization=args.gpu_memory_utilization,
-                              max_num_seqs=args.max_num_seqs or args.rollout_batch // world * args.M)
+                              max_num_seqs=args.max_num_seqs or n_local * args.M)
     probe_prompts = train_ids[:4]  # a sampler that never updates repeats itself
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bfloat16")
     with autocast:
@@ -110,8 +115,7 @@ def train(args: Args) -> dict:
     if eval_sets and start_step == 0:
         run_log.report_eval(evals, "before", held_out(0), out_dir, task, len(test_set), master)
 
-    metrics, n_local = {}, args.rollout_batch // world
-    hparams, estimators = config.estimator_hparams(args), config.alloc_estimators(args)
+    metrics, hparams, estimators = {}, config.estimator_hparams(args), config.alloc_estimators(args)
     rollout_step = partial(ROLLOUTS[args.rollout], sampler=sampler, task=task, train_set=train_set,
                            train_ids=train_ids, weights=weights, args=args, rank=rank, world=world, device=device)
     bar = tqdm(range(start_step, args.steps), initial=start_step, total=args.steps, disable=not master,

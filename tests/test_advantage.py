@@ -8,6 +8,7 @@ import torch
 
 from advantage import (
     ESTIMATORS,
+    REWARD_FLOOR,
     compute_advantages,
     drgrpo_advantages,
     estimator_params,
@@ -253,3 +254,62 @@ def test_declared_ranges_accept_the_defaults_and_small_float32_values():
     r = torch.tensor([[1.0, 0.0, 0.0, 1.0]])
     assert torch.isfinite(softmax_advantages(r, tau=1e-30)).all()  # the smallest accepted values stay finite
     assert torch.isfinite(grpo_advantages(torch.ones(1, 4), eps=torch.finfo(torch.float32).tiny)).all()
+
+
+# ---------------------------------------------------------------- invariants over random rewards in each domain
+def random_rewards(name: str, M: int, seed: int) -> list[torch.Tensor]:
+    """(64, M) groups in `name`'s reward domain: binary, continuous in [0, 1], and signed where it takes any real."""
+    gen = torch.Generator().manual_seed(seed)
+    rewards = [torch.randint(0, 2, (64, M), generator=gen).float(), torch.rand(64, M, generator=gen)]
+    return rewards if name in REWARD_FLOOR else rewards + [4 * torch.rand(64, M, generator=gen) - 2]
+
+
+def bound(name: str, M: int, rewards: torch.Tensor) -> torch.Tensor:
+    """The largest |A| (or, for softmax and maxrl, the interval) each group's advantages may reach, (G, 1) each."""
+    spread = (rewards.amax(-1, keepdim=True) - rewards.amin(-1, keepdim=True))  # (G, 1)
+    return {  # derived next to each: every bound is reached by some group, so none is loose by construction
+        "softmax": (-1, M - 1),  # A = M w - 1 with softmax weights w in (0, 1)
+        "maxrl": (-1, M - 1),  # R >= 0: A = R / mean - 1 >= -1, and R <= M mean, so A <= M - 1 (0 when mean <= eps)
+        "grpo": math.sqrt(M - 1),  # a z-score with the population std is at most sqrt(M - 1) (Samuelson)
+        "drgrpo": spread * (M - 1) / M,  # R - mean, the mean within [min, max] at least (max - min) / M from R
+        "rloo": spread,  # R - mean of the others = M / (M - 1) (R - mean): at most max - min
+        "reinforce": rewards.amax() - rewards.amin(),  # R - batch mean: at most the batch's range
+    }.get(name, math.inf)  # a new estimator: finite advantages, its own bound stated here when it has one
+
+
+@pytest.mark.parametrize("M", [2, 3, 8, 16, 64])
+@pytest.mark.parametrize("name", list(ESTIMATORS))
+def test_every_estimator_keeps_its_sums_order_and_bounds_over_random_rewards(name, M):
+    """Over seeded rewards in the estimator's domain, for each group: advantages sum to zero (REINFORCE: over the
+    batch, and to the rewards' sum less M x baseline with a constant one), a higher reward never gets a lower
+    advantage, and |A| stays within the estimator's bound. Float32 on rewards of at most 2 in size: 1e-5 relative."""
+    for seed in range(3):
+        for rewards in random_rewards(name, M, seed):
+            adv = compute_advantages(name, rewards)  # (G, M)
+            scale = 1e-5 * (1 + adv.abs().amax())  # rounding of float32 sums of M terms of this size
+            assert torch.isfinite(adv).all() and adv.shape == rewards.shape
+            sums = adv.sum() if name == "reinforce" else adv.sum(-1)  # batch-mean baseline: zero over the batch
+            assert sums.abs().max() <= M * scale, (name, M, sums.abs().max())
+            if name == "reinforce":
+                constant = compute_advantages(name, rewards, baseline=0.25).sum(-1)  # (G,)
+                assert torch.allclose(constant, rewards.sum(-1) - M * 0.25, atol=M * scale)
+            higher = rewards[:, :, None] > rewards[:, None, :]  # (G, M, M): R_i > R_j
+            lower = adv[:, :, None] < adv[:, None, :] - scale  # A_i < A_j beyond rounding
+            assert not (higher & lower).any(), (name, M)
+            limit = bound(name, M, rewards)
+            low, high = limit if isinstance(limit, tuple) else (-limit, limit)
+            assert (adv >= low - scale).all() and (adv <= high + scale).all(), (name, M, adv.min(), adv.max())
+
+
+@pytest.mark.parametrize("name", list(REWARD_FLOOR))
+def test_an_estimator_refuses_rewards_below_its_floor_by_name(name):
+    """MaxRL's (R - mean) / mean flipped every sign for a penalty (exact=-1) and reached +-4,000 with mixed-sign
+    weights (exact=1,format=-0.9); the registry's door refuses any reward below the estimator's declared floor."""
+    floor = REWARD_FLOOR[name]
+    weighted = floor + torch.tensor([[1.0, -0.9, 0.1, 0.0], [0.0, 0.0, 1.0, 0.1]])  # exact=1,format=-0.9: 4 terms
+    with pytest.raises(ValueError) as info:
+        compute_advantages(name, weighted)
+    assert str(info.value) == f"estimator {name} holds for rewards >= {floor:g}, got a reward of {floor - 0.9:g}"
+    with pytest.raises(ValueError, match=f"^estimator {name} holds for rewards >= {floor:g}, got a reward of "):
+        compute_advantages(name, torch.tensor([[floor - 1.0, floor + 1.0]]))  # exact=-1: a penalty
+    assert torch.isfinite(compute_advantages(name, torch.full((2, 4), floor))).all()  # the floor itself is in

@@ -8,6 +8,7 @@ on a file.
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -345,3 +346,56 @@ def test_a_data_file_that_is_a_folder_says_so(name, capsys, tmp_path):
     assert f"--data-file {tmp_path / name} is a folder" in line
     with pytest.raises(DataError, match="is a folder"):
         get_task("gsm8k").load(data_file=str(tmp_path / name))
+
+
+# ---------------------------------------------------------------- 5. estimators' domains and bounds before allocation
+class TestDomainsAndBounds:
+    """An estimator fed rewards outside its domain (MaxRL's (R - mean) / mean below 0) is refused at the command line,
+    and so is a sample count whose sampler and kept completions cannot fit in memory (was std::bad_alloc)."""
+
+    @pytest.mark.parametrize("flags, given", [
+        (["--advantage", "maxrl", "--reward-weights", "exact=-1"], "--advantage maxrl"),  # every sign flipped
+        (["--advantage", "maxrl", "--reward-weights", "exact=1,format=-0.9"], "--advantage maxrl"),  # A ~ +-4,000
+        (["--reward-weights", "exact=1,format=-0.9"], "--alloc-estimators all includes maxrl"),  # arith's preset
+        (["--task", "gsm8k", "--reward-weights", "exact=1,format=-0.9"], "--alloc-estimators all includes maxrl"),
+        (["--alloc-estimators", "grpo,maxrl", "--reward-weights", "exact=1,format=-0.9"],
+         "--alloc-estimators grpo,maxrl includes maxrl"),
+    ])
+    def test_reward_weights_below_an_estimators_floor_are_refused_naming_the_flag(self, flags, given, capsys,
+                                                                                   tmp_path):
+        weights = flags[flags.index("--reward-weights") + 1]
+        least = "-1" if weights == "exact=-1" else "-0.9"
+        assert train_refuses(["--plan", "--plan-gpus", "1", *flags], capsys, tmp_path) == (
+            f"train.py: error: {given}, which holds for rewards >= 0, but --reward-weights {weights} gives rewards "
+            f"down to {least}")
+
+    @pytest.mark.parametrize("flags", [
+        ["--alloc-estimators", "grpo", "--reward-weights", "exact=1,format=-0.9"],  # softmax and grpo take any real
+        ["--advantage", "maxrl", "--reward-weights", "exact=1,format=0.1"],  # no negative weight: rewards >= 0
+        ["--advantage", "maxrl", "--reward-weights", "exact=1,format=-0"],
+    ])
+    def test_reward_weights_inside_every_estimators_domain_pass(self, flags, tmp_path):
+        import train
+
+        assert train.parse_args(["--plan", "--plan-gpus", "1", *flags, "--out-dir", str(tmp_path / "r")]).plan
+
+    @pytest.mark.parametrize("flags, sequences, kept", [
+        (["--samples", "100000000"], "400,000,000", "400,000,004"),  # 4 prompts x 10^8 at once, HF sampler
+        (["--samples", "100000000", "--sampler", "vllm"], "400,000,000", "400,000,004"),  # the completions alone
+        (["--samples", "1000000", "--batch-size", "2"], "2,000,000", "4,000,004"),  # 2 prompts at once
+    ])
+    def test_eval_refuses_samples_that_cannot_fit_before_the_model_loads(self, flags, sequences, kept, tiny_model_dir,
+                                                                         capsys, tmp_path):
+        line = eval_refuses(["--model", tiny_model_dir, "--task", "arith", "--limit", "4", *flags], capsys, tmp_path)
+        assert re.fullmatch(rf"eval\.py: error: sampling {sequences} sequences at once and keeping {kept} "
+                            r"completions needs about \d+\.\d GB, more than the \d+\.\d GB free on cpu: lower "
+                            r"--samples, --limit or --batch-size", line), line
+
+    def test_train_refuses_eval_samples_that_cannot_fit_before_sampling(self, tiny_model_dir, tmp_path):
+        result = run("train.py", "--model", tiny_model_dir, "--eval-samples", "100000000", "--eval-examples", "8",
+                     "--steps", "1", "--out-dir", tmp_path / "r")
+        line = assert_one_line(result, 1)
+        assert re.fullmatch(r"train\.py: error: sampling 800,000,000 sequences at once and keeping 800,000,008 "
+                            r"completions needs about \d+\.\d GB, more than the \d+\.\d GB free on cpu: lower "
+                            r"--eval-samples or --eval-examples", line), line
+        assert "held-out" not in result.stdout  # refused before the first evaluation

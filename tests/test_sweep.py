@@ -271,3 +271,26 @@ def test_smoke_grid_end_to_end(tmp_path):
     assert {name: c["seeds"] for name, c in summary["configs"].items()} == {"softmax": [0, 1], "grpo": [0, 1]}
     assert summary["configs"]["softmax"]["vs_baseline"]["len_mean"]["mean"] != 0
     assert (tmp_path / "smoke" / "curves.png").stat().st_size > 0 and (tmp_path / "smoke" / "summary.png").exists()
+
+
+@pytest.mark.parametrize("grids, seeds, runs", [
+    ([f"k{i}=" + ",".join(map(str, range(20))) for i in range(8)], "0-1", "102,400,000,000"),  # 20^8 x 2 x 2
+    (["tau=" + ",".join(map(str, range(2501)))], "0-1", "10,004"),  # one long axis: 2 configs x 2501 x 2 seeds
+    (["tau=0.1,0.3", "M=" + ",".join(map(str, range(2, 1252)))], "0-1", "10,000"),  # the limit itself: allowed
+])
+def test_a_grid_past_the_run_limit_is_refused_before_its_cross_product_is_made(grids, seeds, runs, tmp_path,
+                                                                                capsys, fake_train, monkeypatch):
+    """8 axes of 20 values took 2 GB in 21 s to build; the product of the axes' lengths is bounded first."""
+    made = []
+    args = {"task": "arith", "advantage": "softmax", "tau": 0.1, "M": 8, "reward": "exact"}
+    monkeypatch.setattr(sweep, "resolve", lambda config, common, seed: made.append(config) or {**args, "seed": seed})
+    argv = sweep_argv(tmp_path, "--seeds", seeds, "--dry-run", *[f for g in grids for f in ("--grid", g)])
+    code = sweep.main([a for a in argv if a not in ("--baseline", "grpo")])
+    err = capsys.readouterr().err
+    if runs == "10,000":  # at the limit the plan is made: 2 x 1250 x 2 configurations x 2 seeds
+        assert code == 0 and err == "" and len(made) == 10_000
+        return
+    assert code == 2 and made == [] and fake_train == []
+    assert err == (f"sweep.py: error: --grid makes {runs} train.py runs (axes of "
+                   f"{' x '.join(str(len(g.split('=')[1].split(','))) for g in grids)} values, times 4 (configuration, "
+                   f"seed) pairs), more than 10,000: narrow --grid or --seeds\n")

@@ -119,6 +119,7 @@ def paired_difference(values: list[float], baseline: list[float], level: float =
 # ---- the grid spec
 
 MAX_SEEDS = 10_000  # one train.py run each: a spec past this is a typo, and its list alone could fill the memory
+MAX_RUNS = MAX_SEEDS  # configurations x seeds: the grid's cross product is bounded before it is built
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -156,6 +157,11 @@ def expand_grid(configs: list[str], grids: list[str], seeds: list[int]) -> list[
             raise SpecError(f"--config '{text}': {err} (close each quote, e.g. a=--tau \"0.1\")") from None
         base.append({"name": name, "flags": split, "seeds": parse_seeds(own_seeds) if at else seeds})
     base = base or [{"name": "", "flags": [], "seeds": seeds}]
+    sizes = [len(axis.partition("=")[2].split(",")) for axis in grids or []]
+    pairs = sum(len(c["seeds"]) for c in base)  # (configuration, seed) pairs before the grid
+    if (runs := math.prod(sizes) * pairs) > MAX_RUNS:  # counted before the cross product is made
+        raise SpecError(f"--grid makes {runs:,} train.py runs (axes of {' x '.join(map(str, sizes))} values, times "
+                        f"{pairs:,} (configuration, seed) pairs), more than {MAX_RUNS:,}: narrow --grid or --seeds")
     for axis in grids or []:
         key, sep, values = axis.partition("=")
         if not sep or not key.strip() or not values.strip():
