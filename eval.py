@@ -23,7 +23,7 @@ from plumbing.models import ModelLoadError, SamplingError
 from plumbing.parallel import gather_rows
 from rewards import declared_lengths
 from rollout import make_sampler, sampling_memory_error
-from tasks import REWARD_TERMS, DataError, encode_prompts, get_task, reward_weights, valid_prompt
+from tasks import REWARD_TERMS, DataError, encode_prompts, get_task, reward_weights
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -68,12 +68,10 @@ def evaluate(sampler, task, examples, *, samples=0, max_tokens=256, batch_size=6
             term, n_tokens=len(completion.token_ids), **limits)) for term in weights}
         return sum(weight * terms[term] for term, weight in weights.items()), terms  # r = sum_k w_k r_k
 
-    kept = [ex for ex in examples if valid_prompt(ex.prompt)]
-    if len(kept) < len(examples):
-        print(f"note: skipped {len(examples) - len(kept)} example(s) with an empty or malformed prompt")
-    records, passes = [], []
-    for start in tqdm(range(0, len(kept), batch_size), desc=f"eval {task.name}", unit="batch", disable=not progress):
-        batch = kept[start:start + batch_size]
+    records, passes = [], []  # every prompt is chat text: the row gate (plumbing/data.py: check_rows) saw to it
+    for start in tqdm(range(0, len(examples), batch_size), desc=f"eval {task.name}", unit="batch",
+                      disable=not progress):
+        batch = examples[start:start + batch_size]
         prompt_ids = encode_prompts(sampler.tokenizer, batch)
         greedy = sampler.generate(prompt_ids, n=1, max_tokens=max_tokens, temperature=0.0)
         sampled = sampler.generate(prompt_ids, n=samples, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
@@ -94,7 +92,7 @@ def evaluate(sampler, task, examples, *, samples=0, max_tokens=256, batch_size=6
             passes.append(passed)
 
     n = len(records)
-    summary = {"task": task.name, "n": n, "skipped": len(examples) - n,
+    summary = {"task": task.name, "n": n,
                "reward_kind": "weighted" if weighted else reward_kind,
                "len_mean": mean([r["length"] for r in records]),
                "trunc_frac": mean([r["finish_reason"] == "length" for r in records])}
@@ -163,8 +161,8 @@ def load_sampler(args, examples):
         context = models.model_context(path) or models.hub_context(path)  # vLLM needs it up front
         if error := no_room_error(args.max_tokens, context):
             raise DataError(error)
-        prompts = encode_prompts(models.load_tokenizer(path), [e for e in examples if valid_prompt(e.prompt)],
-                                 max_len=(context or sys.maxsize) - args.max_tokens)
+        room = (context or sys.maxsize) - args.max_tokens
+        prompts = encode_prompts(models.load_tokenizer(path), examples, max_len=room)
         longest, n = max(map(len, prompts), default=0), len(prompts)
         if error := sampling_memory_error(AutoConfig.from_pretrained(path), min(n, args.batch_size) * max(
                 args.samples, 1), n * (args.samples + 1), longest, max_tokens=args.max_tokens, dtype="bfloat16",

@@ -398,13 +398,6 @@ def load_data(args, task: Task, weights: dict, master: bool = True) -> tuple[lis
     return train_set, test_set
 
 
-def valid_prompt(prompt) -> bool:
-    """A non-empty list of chat messages with roles and some non-blank text."""
-    return (isinstance(prompt, list) and len(prompt) > 0
-            and all(isinstance(m, dict) and m.get("role") and isinstance(m.get("content"), str) for m in prompt)
-            and any(m["content"].strip() for m in prompt))
-
-
 def encode_prompts(tokenizer, examples, max_len: int | None = None) -> list[list[int]]:
     """Chat-template token ids of each prompt, ending with the assistant header; DataError for bad rows."""
     if not getattr(tokenizer, "chat_template", None):
