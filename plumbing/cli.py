@@ -27,7 +27,7 @@ def choose(registry: dict, name: str, what: str):
 
 
 def plain(text: str) -> str:
-    """`text` in NFKC ("８０" -> "80"), U+2212 (which NFKC keeps) as "-"; super- and subscripts stay: "10²" is no 102."""
+    """`text` in NFKC ("８０" -> "80"), U+2212 (NFKC keeps it) as "-"; super- and subscripts stay: "10²" is no 102."""
     return re.sub("[^¹²³⁰-₟]+", lambda run: unicodedata.normalize("NFKC", run[0]), text).replace("\u2212", "-")
 
 
