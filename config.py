@@ -18,7 +18,7 @@ from advantage import ESTIMATORS, compute_advantages, estimator_params, hyperpar
 from eval import SAMPLING_RULES, SEED_LIMIT, flag, model_flag_error, number_error
 from loss import OPTION_CHOICES, REFERENCES, ROW_FILTERS, policy_loss
 from plumbing.checkpoint import find_checkpoint, resume_error, run_dir, run_folder_error
-from plumbing.cli import OneLineParser, first_line
+from plumbing.cli import OneLineParser, first_line, number
 from plumbing.data import data_file_error
 from plumbing.models import has_bf16_units
 from plumbing.sync import SYNC_TOLERANCE
@@ -292,7 +292,7 @@ def parse_args(argv=None) -> Args:
     """Args from the command line: the --task preset, then the flags given."""
     parser = OneLineParser("train.py", description="SoftmaxGRPO training (Section 4, Appendix B.1)")
     for f in fields(Args):
-        kind = {"action": argparse.BooleanOptionalAction} if f.type is bool else {"type": f.type}
+        kind = {bool: {"action": argparse.BooleanOptionalAction}, float: {"type": number}}.get(f.type, {"type": f.type})
         default = "" if f.type is bool else f" (default {f.default!r}, unless the task's preset sets it)"
         parser.add_argument(flag(f.name), default=argparse.SUPPRESS, help=f.metadata["help"] + default, **kind)
     given = vars(parser.parse_args(argv))

@@ -16,7 +16,7 @@ from transformers import AutoConfig
 
 from plumbing import models
 from plumbing.checkpoint import CheckpointError, safe_load
-from plumbing.cli import OneLineParser, first_line
+from plumbing.cli import OneLineParser, first_line, number
 from plumbing.data import data_file_error
 from plumbing.files import write_error, write_json
 from plumbing.models import ModelLoadError, SamplingError
@@ -204,15 +204,9 @@ def flag(name: str) -> str:
 
 
 def number_error(args, rules) -> str | None:
-    """The first number flag of `args` that is NaN or breaks its rule, as one line, or None."""
-    values = vars(args)
-    for name, value in values.items():
-        if isinstance(value, float) and math.isnan(value):
-            return f"{flag(name)} must be a number, got nan"
-    for names, valid, means in rules:
-        for name in names.split():
-            if values.get(name) is not None and not valid(values[name]):
-                return f"{flag(name)} must be {means}, got {values[name]:,}"
+    """The first number flag of `args` that breaks its rule, as one line, or None (NaN breaks each rule)."""
+    return next((f"{flag(name)} must be {means}, got {value:,}" for names, valid, means in rules
+                 for name in names.split() if (value := vars(args).get(name)) is not None and not valid(value)), None)
 
 
 def model_flag_error(args) -> str | None:
@@ -237,8 +231,8 @@ def parse_args(argv=None):
     add("--split", default="test", choices=["train", "test"])
     add("--limit", type=int, default=None, help="evaluate the first N examples")
     add("--samples", type=int, default=0, help="K samples per prompt for pass@k (0: greedy only)")
-    add("--temperature", type=float, default=1.0, help="sampling temperature for pass@k")
-    add("--top-p", type=float, default=1.0, help="nucleus sampling for pass@k and mean@K")
+    add("--temperature", type=number, default=1.0, help="sampling temperature for pass@k")
+    add("--top-p", type=number, default=1.0, help="nucleus sampling for pass@k and mean@K")
     add("--max-tokens", type=int, default=256)
     add("--batch-size", type=int, default=64)
     add("--reward", default="exact", choices=("exact", *REWARD_TERMS), help="verifier, or a term")

@@ -18,6 +18,7 @@ import traceback
 from collections import Counter
 from fractions import Fraction
 
+from plumbing.cli import plain
 from plumbing.math_worker import MathWorker
 
 
@@ -155,12 +156,12 @@ def math_answer(completion) -> str:
 
 def integer_answer(text) -> str:
     """Last number of the last \\boxed{} (else of the answer), a whole one as digits ("1,234" -> "1234")."""
-    answer = final_answer(text).replace("\u2212", "-")
+    answer = plain(final_answer(text))  # fullwidth "８０" is 80
     boxed = last_boxed(answer)
-    number = (_NUMBER.findall((boxed if boxed is not None else answer)[-MAX_ANSWER_CHARS:]) or [""])[-1]
-    if re.fullmatch(r"-?[0-9]{1,3}(?:,[0-9]{3})+|-?[0-9]+(?:\.0+)?", number):
-        return str(int(number.replace(",", "").split(".")[0]))
-    return number
+    listed = boxed is not None and re.search(r"[0-9]\s*(?:;|\s,|,(?:\s|~|\\[ ,;:]))\s*-?[0-9]", boxed)  # "[8, 0]"
+    number = "" if listed else (_NUMBER.findall((answer if boxed is None else boxed)[-MAX_ANSWER_CHARS:]) or [""])[-1]
+    whole = re.fullmatch(r"-?[0-9]{1,3}(?:,[0-9]{3})+|-?[0-9]+(?:\.0+)?", number)
+    return str(int(number.replace(",", "").split(".")[0])) if whole else number
 
 
 def math_text(text) -> str:

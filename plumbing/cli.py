@@ -1,24 +1,22 @@
-"""Command-line helpers: one-line errors, an error's first line, a registry lookup and a NAME=WEIGHT list."""
+"""Command-line helpers: one-line errors, an error's first line, a registry lookup, numbers and a NAME=WEIGHT list."""
 
 import argparse
 import math
-import sys
+import re
+import unicodedata
 
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse with one-line errors: `PROG: error: MESSAGE` on stderr, exit status 2, no usage dump."""
 
     def error(self, message):
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
-        sys.exit(2)
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def first_line(err: BaseException, limit: int | None = 300, typed: bool = False) -> str:
     """`err`'s first line (else its type's name), cut to `limit`; typed=True: "OSError: LINE"."""
-    lines = str(err).strip().splitlines()
-    if typed:
-        return f"{type(err).__name__}: {lines[0] if lines else ''}"[:limit]
-    return (lines[0] if lines else type(err).__name__)[:limit]
+    line = (str(err).strip().splitlines() or [""])[0]
+    return (f"{type(err).__name__}: {line}" if typed else line or type(err).__name__)[:limit]
 
 
 def choose(registry: dict, name: str, what: str):
@@ -28,6 +26,18 @@ def choose(registry: dict, name: str, what: str):
     return registry[name]
 
 
+def plain(text: str) -> str:
+    """`text` in NFKC ("８０" -> "80"), U+2212 (NFKC keeps it) as "-"; super- and subscripts stay: "10²" is no 102."""
+    return re.sub("[^¹²³⁰-₟]+", lambda run: unicodedata.normalize("NFKC", run[0]), text).replace("\u2212", "-")
+
+
+def number(text, limit: float = math.inf) -> float:
+    """The one finite number `text` spells through plain(), at most `limit` in size; else ValueError (inf, "8, 0")."""
+    if math.isfinite(value := float(plain(text))) and abs(value) <= limit:
+        return value
+    raise ValueError(f"{text!r} is not a finite number of size at most {limit:.2g}")
+
+
 def parse_weights(text: str, flag: str, valid, pair: str, limit: float = math.inf) -> dict[str, float]:
     """{name: weight} of a flag's list "a=0.35,b=0.65"; ValueError "FLAG: ..." otherwise."""
     weights = {}
@@ -35,16 +45,13 @@ def parse_weights(text: str, flag: str, valid, pair: str, limit: float = math.in
         name, equals, value = (part.strip() for part in piece.partition("="))
         if not equals or not name:
             raise ValueError(f"{flag}: {piece.strip()!r} is not {pair}")
-        try:
-            weight = float(value)
-        except ValueError:
-            weight = math.nan
-        if not (math.isfinite(weight) and abs(weight) <= limit):
-            raise ValueError(f"{flag}: the weight of {name} must be a finite number, not {value!r}"
-                             + (f" (at most {limit:.2g})" if math.isfinite(weight) else ""))
         if name in weights:
             raise ValueError(f"{flag}: {name} is given twice")
         if name not in valid:
             raise ValueError(f"{flag}: unknown term {name!r}: choose from {', '.join(valid) or 'none yet'}")
-        weights[name] = weight
+        try:
+            weights[name] = number(value, limit)
+        except ValueError:
+            raise ValueError(f"{flag}: the weight of {name} must be a finite number, not {value!r}"
+                             + (f" (at most {limit:.2g})" if limit < math.inf else "")) from None
     return weights

@@ -59,6 +59,24 @@ def test_parse_score_failures_are_none_not_zero(raw, status):
 
 
 @pytest.mark.parametrize("raw, expected", [
+    ("Score: \u221215", (None, "out of range")),  # U+2212 minus: was (15.0, "ok")
+    ("Score: \u221280/100", (None, "out of range")),  # was (80.0, "ok")
+    ("Score: \u221280 out of 100", (None, "out of range")),
+    ("\u221215", (None, "out of range")),  # a bare answer: was "no score"
+    ("Score: \ufe6315", (None, "out of range")),  # small and fullwidth hyphen-minus (NFKC): were 15, "ok"
+    ("Score: \uff0d15", (None, "out of range")),
+    ("Score: [8, 0]", (None, "two numbers")),  # a list is never one number
+    ("Score: 8,0", (None, "two numbers")),
+    ("Score: (8; 0)", (None, "two numbers")),
+    ("Score: \uff18\uff10", (80.0, "ok")),  # fullwidth digits are digits
+    ("Score: \uff18\uff10/\uff11\uff10\uff10", (80.0, "ok")),
+    ("Score: \uff18/\uff11\uff10", (None, "other scale (8/10)")),
+])
+def test_parse_score_reads_unicode_signs_and_digits_and_no_list(raw, expected):
+    assert parse_score(raw) == expected
+
+
+@pytest.mark.parametrize("raw, expected", [
     ("Poem B has fresher images.\nPreference: B", ("B", "ok")),
     ("**Preference:** A", ("A", "ok")),
     ("They are equally good.\nPreference: Tie", ("tie", "ok")),

@@ -137,6 +137,21 @@ def test_integer_reward():
     assert integer_reward("-3", "3") == 0.0
 
 
+@pytest.mark.parametrize("completion, answer", [
+    (r"\boxed{[8, 0]}", ""),  # a boxed list holds no one answer: was "0", its last number
+    (r"\boxed{8, 0}", ""), (r"\boxed{(8, 0)}", ""), (r"\boxed{\{1, 2, 3\}}", ""), (r"\boxed{8; 0}", ""),
+    (r"\boxed{8;0}", ""), (r"\boxed{8 ,0}", ""), (r"\boxed{8,\ 0}", ""), (r"\boxed{8,\,0}", ""), (r"\boxed{8,~0}", ""),
+    (r"\boxed{[8,0]}", "8,0"),  # no whole number either: never 80 or 0
+    ("\\boxed{\uff18\uff10}", "80"),  # fullwidth digits (NFKC): was ""
+    ("\\boxed{\uff0d\uff15}", "-5"), ("\\boxed{\u22125}", "-5"),
+    (r"\boxed{3 + 4 = 7}", "7"), (r"\boxed{1,234}", "1234"), (r"\boxed{x = 5, y = 7}", "7"),  # no list of numbers
+    ("\\boxed{25 cm\u00b2}", "25"), ("10\u00b2", "10"),  # a superscript is no digit: not "2", not "102"
+    ("1, 5", "5"), ("[8, 0]", "0"),  # unboxed: the last number, as before
+])
+def test_integer_answer_reads_no_list_as_a_number(completion, answer):
+    assert rewards.integer_answer(completion) == answer
+
+
 def test_format_reward():
     assert format_reward("<think>add them</think> 12") == 1.0
     assert format_reward("  <think>add</think>\n<answer>12</answer>") == 1.0

@@ -33,7 +33,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
-from plumbing.cli import OneLineParser, first_line
+from plumbing.cli import OneLineParser, first_line, number, plain
 from plumbing.files import write_json
 from rewards import final_answer
 
@@ -136,6 +136,7 @@ def parse_score(raw: str, label: str = "score", lo: float = 0, hi: float = 100) 
     A bare number as the whole answer also counts. Two numbers on the verdict line, a number outside
     [lo, hi], another scale ("8/10") or no verdict at all (a refusal) are parse failures, never a 0.
     """
+    raw = plain(raw)  # "Score: −15" is -15 (out of range), never 15; fullwidth "８０" is 80
     lines = _verdict_lines(raw, label)
     if not lines:
         bare = verdict_text(raw).replace("*", "")
@@ -144,14 +145,14 @@ def parse_score(raw: str, label: str = "score", lo: float = 0, hi: float = 100) 
         lines = [bare.strip()]
     verdict = lines[-1]  # reasoning may name scores it then revises; the last verdict line decides
     scale = re.search(rf"({_NUMBER})\s*(?:/|out of)\s*({_NUMBER})", verdict)
-    if scale and float(scale.group(2)) != 100:
+    if scale and number(scale.group(2)) != 100:
         return None, f"other scale ({scale.group(0)})"
     numbers = re.findall(_NUMBER, re.sub(r"(?:/|out of)\s*100\b", "", verdict))
     if not numbers:
         return None, "no score"
     if len(numbers) > 1:
         return None, "two numbers"
-    value = float(numbers[0])
+    value = number(numbers[0])
     if not lo <= value <= hi:
         return None, "out of range"
     return value, "ok"
@@ -483,9 +484,9 @@ def add_judge_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--judge-key-env", default=None, help="environment variable holding the API key")
     group.add_argument("--judge-concurrency", type=int, default=8, help="requests in flight at most")
     group.add_argument("--judge-max-tokens", type=int, default=None, help="answer length cap (default: server's)")
-    group.add_argument("--judge-temperature", type=float, default=0.6,
+    group.add_argument("--judge-temperature", type=number, default=0.6,
                        help="0.6: Qwen3 thinking models' recommended setting (greedy decoding can loop)")
-    group.add_argument("--judge-timeout", type=float, default=600.0, help="seconds per request before a retry")
+    group.add_argument("--judge-timeout", type=number, default=600.0, help="seconds per request before a retry")
     group.add_argument("--judge-retries", type=int, default=4, help="retries per request, with backoff")
 
 
