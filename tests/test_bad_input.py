@@ -701,7 +701,7 @@ def test_the_sampling_plan_counts_what_the_sampler_holds():
     """The plan scales with the rows and their length: the KV cache and one growing layer's copy, logits, generators."""
     from transformers import LlamaConfig
 
-    from config import sampling_bytes
+    from rollout import sampling_bytes
     config = LlamaConfig(num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, hidden_size=128,
                          vocab_size=100)
     one = sampling_bytes(config, 1, 64, "float32")
