@@ -81,7 +81,8 @@ def test_encode_prompts_uses_chat_template(sampler):
 
 
 def test_evaluate_summary_and_records(sampler):
-    result = evaluate(sampler, FixtureTask(), _examples(5), samples=4, max_tokens=6, batch_size=2, progress=False)
+    examples = _examples(5)
+    result = evaluate(sampler, FixtureTask(), examples, samples=4, max_tokens=6, batch_size=2, progress=False)
     summary, records = result["summary"], result["examples"]
     assert summary["n"] == 5 and len(records) == 5
     assert [r["uid"] for r in records] == [f"ex{i}" for i in range(5)]
