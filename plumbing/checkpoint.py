@@ -21,15 +21,11 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from plumbing.cli import first_line
-from plumbing.files import fsync, fsync_tree, write_error
+from plumbing.files import CheckpointError, fsync, fsync_tree, write_error
 from plumbing.parallel import gather_objects, tied_names
 from plumbing.run_log import read_evals, read_log
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # DCP in one process, as we ask of it
-
-
-class CheckpointError(Exception):
-    """One-line message."""
 
 
 DCP_METADATA_GLOBALS = {"torch.Size", "torch.serialization._get_layout", "pathlib.PosixPath", "builtins.set",

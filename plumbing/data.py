@@ -145,8 +145,7 @@ def where(lines: list[int] | None, i: int) -> str:
 
 
 def _empty(value) -> bool:
-    return value is None or (isinstance(value, str) and not value.strip()) or (
-        isinstance(value, (list, tuple, dict)) and not value)
+    return value is None or value in ([], {}) or isinstance(value, str) and not value.strip()
 
 
 def is_a(value, kind) -> bool:

@@ -11,6 +11,10 @@ import tempfile
 from plumbing.cli import first_line
 
 
+class CheckpointError(Exception):
+    """One line on a checkpoint or a run's own file (plumbing/checkpoint.py, plumbing/run_log.py)."""
+
+
 class WriteError(OSError):
     """One line; the file is as it was."""
 

@@ -12,7 +12,7 @@ from dataclasses import asdict
 
 import torch
 
-from plumbing.files import append_lines, write_json, write_lines
+from plumbing.files import CheckpointError, append_lines, write_json, write_lines
 from plumbing.parallel import all_reduce_sum, gather_objects, per_rank
 from speed.allocator import release_freed_memory
 
@@ -27,8 +27,6 @@ def param_counts(model) -> tuple[int, int]:
 def read_log(path: str, note: bool = True) -> list[dict]:
     """The one reader of a run's own JSON Lines logs ([] when absent): CheckpointError for a line that is not an object
     with an integer "step"; a cut-short last line (a run stopped mid-write) is left out, with a `note`."""
-    from plumbing.checkpoint import CheckpointError
-
     rows = []
     with open(path, "rb") if os.path.exists(path) else contextlib.nullcontext([]) as f:
         for number, line in enumerate(f, 1):
@@ -183,8 +181,6 @@ class Phases:
 
 def read_evals(out_dir: str) -> dict:
     """eval.json of a resumed run, or {}."""
-    from plumbing.checkpoint import CheckpointError
-
     path = os.path.join(out_dir, "eval.json")
     try:
         with open(path) as f:
