@@ -126,17 +126,14 @@ IS_CORRECTIONS = {"none": lambda old_logp, sampler_logp, mask, cap: None,  # the
                   "seq-mask": partial(is_weights, per_sequence=True, masked=True)}
 
 
-# --reference: update the reference in place after optimizer step `step`
-def ema_reference(ref, policy, step, ref_ema, ref_reset_every):
-    ref.lerp_(policy, ref_ema)  # TRL's ref_model_mixup_alpha
-
-
+# --reference: update the reference in place after optimizer step `step`; ema: TRL's ref_model_mixup_alpha
 def reset_reference(ref, policy, step, ref_ema, ref_reset_every):
     if step % ref_reset_every == 0:  # TRL's ref_model_sync_steps
         ref.copy_(policy)
 
 
-REFERENCES = {"frozen": None, "ema": ema_reference, "reset": reset_reference}
+REFERENCES = {"frozen": None, "ema": lambda ref, policy, step, ref_ema, ref_reset_every: ref.lerp_(policy, ref_ema),
+              "reset": reset_reference}
 
 
 # --row-filter: (G, M) rewards, truncated -> kept samples

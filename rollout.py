@@ -90,8 +90,7 @@ def step_seed(run_seed: int, step: int, first_prompt: int, prompts_per_step: int
 
 def assemble(rounds: list[Batch], picks: list[list[tuple[int, int]]], rank: int, metrics=None) -> Batch:
     """The batch of the groups `picks` names (picks[q]: rank q's (round, local index) pairs)."""
-    n_local = len(rounds[0].groups)
-    order = [(rounds[r].scores, q * n_local + i) for q, chosen in enumerate(picks) for r, i in chosen]
+    order = [(rounds[r].scores, q * len(rounds[0].groups) + i) for q, chosen in enumerate(picks) for r, i in chosen]
     scores = {key: torch.stack([s[key][j] for s, j in order]) for key in ("rewards", "passed", "lengths", "cut")}
     scores["terms"] = {term: torch.stack([s["terms"][term][j] for s, j in order]) for term in rounds[0].scores["terms"]}
     scores["errors"] = sum(b.scores["errors"] for b in rounds)
@@ -129,9 +128,8 @@ def next_tokens(logits, generators, *, temperature, top_p, draw):
             sorted_probs, order = kept.sort(-1, descending=True)  # (A, V)
             drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p
             kept = kept.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
-        uniforms = torch.cat([torch.rand(1, generator=g, dtype=torch.float64, device=logits.device)
-                              for g in generators])  # (A,)
-        token = draw(kept, uniforms)  # (A,)
+        token = draw(kept, torch.cat([torch.rand(1, generator=g, dtype=torch.float64, device=logits.device)
+                                      for g in generators]))  # (A,), one uniform a row
     logp = logp_all.gather(-1, token[:, None]).squeeze(-1)  # (A,)
     if temperature != 0 and top_p < 1.0:  # the renormalised nucleus is what it was drawn from
         logp = logp - kept.sum(-1).log()
@@ -264,7 +262,6 @@ class HFSampler:
             self.fast.repack(self.model)
 
     def _empty_weights(self) -> list[str]:
-        """The weights with no storage."""
         packed = self.fast.packed_only if self.fast else {}
         return [name for name, p in self.model.named_parameters(remove_duplicate=False)
                 if (packed[name].packed_weight is None if name in packed else p.shape != self.shapes[name])]
@@ -299,7 +296,6 @@ def allocator_conf_error(environ) -> str | None:
         if settings.get("expandable_segments", "").lower() == "true":
             return (f"{name} sets expandable_segments:True, which vLLM's sleep mode refuses (its CuMem allocator): "
                     "unset it, or drop expandable_segments from it, for --sampler vllm")
-    return None
 
 
 class VLLMSampler:
@@ -414,7 +410,6 @@ SAMPLERS = ("hf", "vllm")
 
 def make_sampler(backend, model_path, *, dtype="bfloat16", max_model_len=2048, seed=0, gpu_memory_utilization=0.3,
                  device="cpu", max_num_seqs=None):
-    """An HF or vLLM sampler."""
     if backend == "hf":
         return HFSampler(resolve_model(model_path), dtype=dtype, seed=seed, device=device)
     return VLLMSampler(resolve_model(model_path), dtype=dtype, max_model_len=max_model_len, seed=seed,

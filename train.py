@@ -20,7 +20,7 @@ from tqdm import tqdm
 import config
 from advantage import compute_advantages
 from config import Args, check_args, parse_args
-from eval import gather_samples, load_eval_sets, no_room_error
+from eval import eval_seed, evaluate, gather_samples, load_eval_sets, no_room_error, sampled_scores
 from grad_alloc import allocation_metrics
 from loss import REFERENCES, Share, kept_samples, loss_denominator, policy_loss
 from plumbing import run_log
@@ -46,7 +46,7 @@ from speed.backward import configure_backward, store_linears_bf16
 from speed.compile import compile_layers
 from speed.logprobs import pad_batch, sequence_logprobs
 from speed.micro_batches import micro_batch_rows
-from tasks import DataError, load_data
+from tasks import TASKS, DataError, encode_prompts, get_task, load_data, reward_weights
 
 
 def main(args: Args, checked: bool = False) -> dict:
@@ -62,7 +62,6 @@ def main(args: Args, checked: bool = False) -> dict:
 
 def train(args: Args) -> dict:
     from rollout import ROLLOUTS, make_sampler, resolve_model, sampling_memory_error
-    from tasks import TASKS, encode_prompts, get_task, reward_weights
 
     out_dir, args = run_dir(args), config.resolve_auto(args)
     distributed, rank, world, device = init_distributed(args.seed, args.dist_timeout_s)
@@ -195,11 +194,10 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
     def micro_batch(idx) -> dict:
         input_ids, attention_mask, mask = pad_batch([prompts[i] for i in idx], [completions[i] for i in idx],
                                                     pad_id)  # (B, P+K) x2, (B, K)
-        sampler_logp = pad_sequence([torch.tensor(sampler_logps[i]) for i in idx], batch_first=True)  # (B, K)
         if keep is not None and not keep.all():
             mask = mask * keep[idx].to(mask.dtype)[:, None]
         tensors = dict(input_ids=input_ids, attention_mask=attention_mask, mask=mask, adv=adv[idx],
-                       sampler_logp=sampler_logp)
+                       sampler_logp=pad_sequence([torch.tensor(sampler_logps[i]) for i in idx], batch_first=True))
         return {key: value.to(device) for key, value in tensors.items()}
 
     size = len(prompts) // args.minibatches
@@ -214,7 +212,6 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
             mb["old_logp"] = None if on_policy else sequence_logprobs(model, *inputs)
     sums = dict.fromkeys(["tokens", "entropy", "sampler_diff", "grad_norm"], 0.0)
     shares = {}
-    options = config.loss_options(args)
     for epoch in range(args.ppo_epochs):
         for micro in minibatches:
             denominator = torch.stack([loss_denominator(mb["mask"], args.loss_agg, args.max_tokens)
@@ -231,7 +228,7 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
                 old_logp = logp.detach() if on_policy else mb["old_logp"]
                 loss, m = policy_loss(logp, old_logp, mb["adv"], mb["mask"], ref_logp=mb["ref_logp"],
                                       sampler_logp=mb["sampler_logp"], entropy=entropy, denominator=denominator,
-                                      norm_len=args.max_tokens, **options)
+                                      norm_len=args.max_tokens, **config.loss_options(args))
                 (loss * world).backward()
                 n = mb["mask"].sum().item()
                 sums["entropy"] += (entropy.detach() * mb["mask"]).sum().item()
@@ -306,8 +303,6 @@ def make_scheduler(optimizer, args: Args):
 
 def evaluate_held_out(sampler, eval_sets, args: Args, rank: int, world: int, device, samples, step) -> dict:
     """Each held-out set's scores at `step`, each rank a block of rows."""
-    from eval import eval_seed, evaluate, sampled_scores
-
     scores, records = {}, []
     for name, (task, rows) in eval_sets.items():
         size = -(-len(rows) // world)
