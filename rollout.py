@@ -59,10 +59,8 @@ def dapo_rollout(step: int, **run) -> Batch:
     picks = [sorted(candidates, key=lambda c: not signal[c[0], q, c[1]])[:n_local] for q in range(world)]
     kept = torch.tensor([float(signal[r, q, i]) for q, chosen in enumerate(picks) for r, i in chosen])  # (G,)
     return assemble(rounds, picks, rank, {
-        "rollout/rounds": len(rounds),
-        "rollout/groups_dropped": int((~signal).sum()) - int((1 - kept).sum()),
-        "rollout/signal_frac_first": signal[0].float().mean().item(),
-        "rollout/signal_frac": kept.mean().item()})
+        "rollout/rounds": len(rounds), "rollout/groups_dropped": int((~signal).sum()) - int((1 - kept).sum()),
+        "rollout/signal_frac_first": signal[0].float().mean().item(), "rollout/signal_frac": kept.mean().item()})
 
 
 ROLLOUTS = {"plain": plain_rollout, "dapo": dapo_rollout}

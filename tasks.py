@@ -108,8 +108,7 @@ def _chat(user: str, system: str | None = SYSTEM) -> list[dict]:
 
 
 def _boxed_or_answer(completion: str) -> str:
-    answer = final_answer(completion)
-    boxed = rewards.last_boxed(answer)
+    boxed = rewards.last_boxed(answer := final_answer(completion))
     return answer if boxed is None else boxed
 
 

@@ -34,8 +34,6 @@ def read_log(path: str, note: bool = True) -> list[dict]:
                 if note:
                     print(f"note: line {number} of {path} was cut short (a run stopped mid-write): left out")
                 break
-            if not line.strip():
-                continue  # holds nothing to lose
             try:
                 rows.append(json.loads(line))
             except ValueError:  # also bytes that are not UTF-8

@@ -27,7 +27,7 @@ def test_curves_two_runs_missing_keys_and_broken_lines(tmp_path):
     a.write_text("\n".join(json.dumps({"step": s, "reward/mean": s / 10, "loss/kl": 0.01 * s}) for s in range(5)))
     # run b logs other keys, a non-number and a half-written last line
     b.write_text("\n".join(json.dumps({"step": s, "reward/mean": 0.1, "grad/norm": None if s == 2 else 1.0})
-                           for s in range(4)) + "\n\n{\"step\": 4, \"rew")
+                           for s in range(4)) + "\n{\"step\": 4, \"rew")
     out = plot_training_curves([str(a), str(b)], str(tmp_path / "curves.png"), labels=["softmax", "grpo"])
     assert _is_png(out)
     with pytest.raises(ValueError, match="labels"):
