@@ -176,8 +176,7 @@ def population_weight(name: str, M: int, p, **kwargs) -> torch.Tensor:
     others = (torch.arange(M - 1, dtype=torch.float64) < s[:, None]).double()  # (M, M-1)
     own = torch.tensor([1.0] * M + [0.0] * M, dtype=torch.float64)[:, None]  # own reward 1, then 0
     groups = torch.cat([own, others.repeat(2, 1)], 1)  # (2M, M)
-    if name == "reinforce":  # a constant baseline
-        kwargs = {"baseline": 0.0, **kwargs}
+    kwargs = {"baseline": 0.0, **kwargs} if name == "reinforce" else kwargs  # a constant baseline
     adv = compute_advantages(name, groups, **kwargs)[:, 0].double()  # own advantage, (2M,)
     gap = adv[:M] - adv[M:]  # A(1 | s) - A(0 | s), (M,)
     log_binom = (torch.lgamma(torch.tensor(M, dtype=torch.float64)) - torch.lgamma(s + 1)

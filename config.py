@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass, field, fields, make_dataclass, replac
 
 import torch
 
-from advantage import ESTIMATORS, compute_advantages, estimator_params, hyperparameter_ranges, hyperparameters
-from eval import SAMPLING_RULES, SEED_LIMIT, flag, model_flag_error, number_error
+from advantage import (ESTIMATORS, REWARD_FLOOR, compute_advantages, estimator_params, hyperparameter_ranges,
+                       hyperparameters)
+from eval import SAMPLING_RULES, SEED_LIMIT, flag, model_flag_error, number_error, parse_eval_tasks
 from loss import OPTION_CHOICES, REFERENCES, ROW_FILTERS, policy_loss
 from plumbing.checkpoint import find_checkpoint, resume_error, run_dir, run_folder_error
 from plumbing.cli import OneLineParser, first_line, number
@@ -23,6 +24,8 @@ from plumbing.data import data_file_error
 from plumbing.models import has_bf16_units
 from plumbing.sync import SYNC_TOLERANCE
 from rewards import REWARD_TERMS
+from rollout import MAX_REFILLS, ROLLOUTS, SAMPLERS
+from tasks import TASKS, get_task, reward_weights
 
 
 def arg(default, help):
@@ -125,13 +128,10 @@ Args.__module__ = __name__
 
 def resolve_auto(args: Args) -> Args:
     """--dtype auto, --sampler auto and --sync-tolerance 0 made concrete."""
-    if args.dtype == "auto":
-        args = replace(args, dtype="bfloat16" if has_bf16_units() else "float32")
-    if args.sampler == "auto":
-        args = replace(args, sampler="vllm" if torch.cuda.is_available() else "hf")
-    if args.sync_tolerance == 0:
-        args = replace(args, sync_tolerance=SYNC_TOLERANCE[args.dtype])
-    return args
+    dtype = ("bfloat16" if has_bf16_units() else "float32") if args.dtype == "auto" else args.dtype
+    sampler = ("vllm" if torch.cuda.is_available() else "hf") if args.sampler == "auto" else args.sampler
+    tolerance = SYNC_TOLERANCE[dtype] if args.sync_tolerance == 0 else args.sync_tolerance
+    return replace(args, dtype=dtype, sampler=sampler, sync_tolerance=tolerance)
 
 
 def alloc_estimators(args: Args) -> list[str]:
@@ -172,8 +172,6 @@ RESUME_KEEPS = ("task", "advantage", "M", "seed", "rollout_batch", "data_file") 
 
 def choices() -> dict:
     """Each string flag's registry, whose keys are its valid values."""
-    from rollout import ROLLOUTS, SAMPLERS  # imports transformers
-
     return {"advantage": ESTIMATORS, "reward": ("exact", *REWARD_TERMS), **OPTION_CHOICES, "row_filter": ROW_FILTERS,
             "sampler": ("auto", *SAMPLERS), "dtype": ("auto", "bfloat16", "float32"), "rollout": ROLLOUTS,
             "reference": REFERENCES}
@@ -203,8 +201,6 @@ def first_broken(rules) -> str | None:
 
 def train_rule_error(args: Args, task, world: int) -> str | None:
     """The first rule between flags that `args` breaks, as one line, or None."""
-    from rollout import MAX_REFILLS
-
     # rollout.step_seed's streams stay below 2^64, and seed + rank below 2^32
     seed_max = min((2**64 // (args.rollout_batch * args.M) - 2**24) // 2**24, SEED_LIMIT - world)
     moving = args.reference != "frozen"
@@ -237,10 +233,6 @@ def train_rule_error(args: Args, task, world: int) -> str | None:
 
 def check_args(args: Args) -> str | None:
     """The first problem with `args` as one line, or None."""
-    from advantage import REWARD_FLOOR
-    from eval import parse_eval_tasks
-    from tasks import TASKS, get_task, reward_weights
-
     try:
         task = get_task(args.task)
     except ValueError as err:

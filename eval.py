@@ -91,9 +91,7 @@ def evaluate(sampler, task, examples, *, samples=0, max_tokens=256, batch_size=6
             records.append(record)
             passes.append(passed)
 
-    n = len(records)
-    summary = {"task": task.name, "n": n,
-               "reward_kind": "weighted" if weighted else reward_kind,
+    summary = {"task": task.name, "n": len(records), "reward_kind": "weighted" if weighted else reward_kind,
                "len_mean": mean([r["length"] for r in records]),
                "trunc_frac": mean([r["finish_reason"] == "length" for r in records])}
     if "exact" in weights:

@@ -100,8 +100,7 @@ def format_reward(completion) -> float:
         return 0.0
     before, _, rest = text.partition("<think>")
     thought, closed, _ = rest.partition("</think>")
-    return float(closed != "" and not before.strip() and bool(thought.strip())
-                 and bool(final_answer(text)))
+    return float(closed != "" and not before.strip() and bool(thought.strip()) and bool(final_answer(text)))
 
 
 def overlong_reward(completion, example, *, n_tokens: int, max_tokens: int, overlong_buffer: int) -> float:
@@ -135,7 +134,6 @@ def final_answer(text) -> str:
 
 _UNIT_WORDS = re.compile(r"(?:\\(?:text|mbox|textrm)\{\s*)?(-?[0-9][0-9,]*(?:\.[0-9]+)?)"
                          r"(?:\s+|\s*\}?\s*\\(?:text|mbox|textrm)\{\s*)[A-Za-z]{2,}(?:\s+[A-Za-z]+)*\.?\s*\}?")
-_FINAL_STATEMENT = re.compile(r"final answer is\b", re.IGNORECASE)
 _NUMBER = re.compile(r"-?[0-9]+(?:[.,/][0-9]+)*(?:[eE][-+]?[0-9]+)?")
 
 
@@ -143,7 +141,7 @@ def math_answer(completion) -> str:
     """What math-verify judges: the last box run, a later "final answer is" line, else the tail (departure 4)."""
     answer = final_answer(completion).replace("\u2212", "-")
     boxes, box_end = last_box_run(answer, limit=MAX_ANSWER_CHARS)
-    stated = [match.start() for match in _FINAL_STATEMENT.finditer(answer)]
+    stated = [match.start() for match in re.finditer(r"final answer is\b", answer, re.IGNORECASE)]
     if stated and stated[-1] > box_end:
         return answer[stated[-1]:].partition("\n")[0][:MAX_ANSWER_CHARS]
     if not boxes:
