@@ -159,8 +159,7 @@ def load_sampler(args, examples):
         context = models.model_context(path) or models.hub_context(path)  # vLLM needs it up front
         if error := no_room_error(args.max_tokens, context):
             raise DataError(error)
-        room = (context or sys.maxsize) - args.max_tokens
-        prompts = encode_prompts(models.load_tokenizer(path), examples, max_len=room)
+        prompts = encode_prompts(models.load_tokenizer(path), examples, max_len=(context or math.inf) - args.max_tokens)
         longest, n = max(map(len, prompts), default=0), len(prompts)
         if error := sampling_memory_error(AutoConfig.from_pretrained(path), min(n, args.batch_size) * max(
                 args.samples, 1), n * (args.samples + 1), longest, max_tokens=args.max_tokens, dtype="bfloat16",

@@ -42,6 +42,7 @@ from plumbing.files import WriteError
 from plumbing.models import ModelLoadError, SamplingError, load_model, load_tokenizer
 from plumbing.parallel import all_reduce_sum, full_weights, init_distributed, local, shard
 from plumbing.sync import SyncError, check_probe, check_weights, probe_sync, weight_checksums
+from rollout import ROLLOUTS, make_sampler, resolve_model, sampling_memory_error
 from speed.backward import configure_backward, store_linears_bf16
 from speed.compile import compile_layers
 from speed.logprobs import pad_batch, sequence_logprobs
@@ -61,8 +62,6 @@ def main(args: Args, checked: bool = False) -> dict:
 
 
 def train(args: Args) -> dict:
-    from rollout import ROLLOUTS, make_sampler, resolve_model, sampling_memory_error
-
     out_dir, args = run_dir(args), config.resolve_auto(args)
     distributed, rank, world, device = init_distributed(args.seed, args.dist_timeout_s)
     master = rank == 0

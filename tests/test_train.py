@@ -375,7 +375,7 @@ def test_resume_restores_the_rng_after_an_engine_reseeds_it(tiny_model_dir, tmp_
         probe, before, *a))
     train.main(tiny_args(tiny_model_dir, tmp_path, steps=2))
     saved = read_trainer_state(tmp_path / "checkpoint-000002")["rng"][0]
-    monkeypatch.setattr(rollout, "make_sampler", reseeding_sampler)
+    monkeypatch.setattr(train, "make_sampler", reseeding_sampler)
     seen.clear()
     train.main(tiny_args(tiny_model_dir, tmp_path, steps=3, resume=str(tmp_path)))
     assert seen[0]["python"] == saved["python"] and seen[0]["numpy"] == list(saved["numpy"])
