@@ -38,7 +38,7 @@ def _qa(row: dict) -> Example:
     return Example(prompt=_chat(f"{row['problem']}\\n{BOXED}"), gold=str(row["answer"]), reference="")
 
 
-TASKS["qa"] = Task(name="qa", columns=("problem", "answer"), key=("problem",), make_example=_qa,
+TASKS["qa"] = Task(name="qa", columns={"problem": str, "answer": str}, key=("problem",), make_example=_qa,
                    verifier=lambda completion, ex: math_reward(completion, ex.gold), answer=_boxed_or_answer)
 '''
 
@@ -95,7 +95,8 @@ def _topic(row: dict) -> Example:
 
 
 REWARD_TERMS["mentions"] = mentions_keyword
-TASKS["topic"] = Task(name="topic", columns=("topic", "keyword", "example"), key=("topic",), make_example=_topic)
+TASKS["topic"] = Task(name="topic", columns=dict.fromkeys(("topic", "keyword", "example"), str), key=("topic",),
+                      make_example=_topic)
 '''
 
 KL_ESTIMATOR = '''\
