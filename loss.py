@@ -26,7 +26,8 @@ class TokenMean(float):
 
 def policy_loss(logp, old_logp, adv, mask, *, ref_logp=None, sampler_logp=None, entropy=None, denominator=None,
                 norm_len=None, clip_low=0.2, clip_high=0.28, beta=1e-3, kl_estimator="k3", entropy_coef=0.0,
-                loss_terms="", loss_agg="token-mean", ratio="token", is_correction="none", is_cap=2.0):
+                loss_terms="", loss_agg="token-mean", ratio="token", is_correction="none", is_cap=2.0, pg_loss="ppo",
+                top_entropy=1.0):
     """PPO clipped surrogate + beta * reference KL (Section 4) -> (loss, metrics). Tensors (B, T); adv: (B,).
 
     Options (config.py makes each a train.py flag with this help):
@@ -42,21 +43,30 @@ def policy_loss(logp, old_logp, adv, mask, *, ref_logp=None, sampler_logp=None, 
         is_correction: detached weights of the policy-gradient term for the sampler/trainer gap, from pi_old /
             pi_sampler and --is-cap (docs/training.md): token-tis, seq-tis (truncated), token-mask, seq-mask (masked)
         is_cap: --is-correction: the cap C on pi_old / pi_sampler (the mask modes keep [1/C, C])
+        pg_loss: the policy-gradient term (loss.py: PG_LOSSES): ppo, the paper's clip (Eq. 10); dual-clip, ppo with
+            its loss for A < 0 bounded at 3 |A|; cispo, MiniMax-M1's clipped weight on log pi; sapo, a sigmoid gate
+        top_entropy: the share of a micro-batch's tokens, highest entropy first, whose policy-gradient term counts
+            (arXiv 2506.01939, TRL's top_entropy_quantile); 1: all
     """
     mask = mask.to(logp.dtype)
     adv = adv.to(logp.dtype)[:, None]  # (B, 1)
-    log_ratio = choose(RATIOS, ratio, "importance ratio")(logp, old_logp, mask)  # (B, T)
-    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))  # rho_t, (B, T)
-    pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip_low, 1 + clip_high))  # Eq. 10
+    log_rho = choose(RATIOS, ratio, "importance ratio")(logp, old_logp, mask)  # (B, T); no option name is rebound
+    rho = torch.exp(log_rho.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))  # rho_t, (B, T)
+    pg, pg_metrics = choose(PG_LOSSES, pg_loss, "policy-gradient term")(logp, rho, adv, clip_low, clip_high)  # Eq. 10
+    if top_entropy < 1:
+        if entropy is None or not mask.any():
+            raise ValueError("top_entropy needs the entropies of a micro-batch with tokens: pass entropy")
+        kept = entropy.detach() >= torch.quantile(entropy.detach()[mask > 0].float(), 1 - top_entropy)
+        pg, pg_metrics["entropy_kept_frac"] = pg * kept, kept
     correction = choose(IS_CORRECTIONS, is_correction, "importance correction")(old_logp, sampler_logp, mask, is_cap)
     if correction is not None:
         pg = pg * correction[0]
-    pg_loss = aggregate(pg, mask, loss_agg, denominator, norm_len)
+    pg_mean = aggregate(pg, mask, loss_agg, denominator, norm_len)
     estimate_kl = choose(KL_ESTIMATORS, kl_estimator, "KL estimator")
-    loss, kl = pg_loss, torch.zeros((), dtype=logp.dtype, device=logp.device)
+    loss, kl = pg_mean, torch.zeros((), dtype=logp.dtype, device=logp.device)
     if ref_logp is not None and beta != 0:
         kl = aggregate(estimate_kl(logp, ref_logp), mask, loss_agg, denominator, norm_len)
-        loss = pg_loss + beta * kl
+        loss = pg_mean + beta * kl
     extra = {}
     if entropy_coef != 0:
         if entropy is None:
@@ -67,15 +77,40 @@ def policy_loss(logp, old_logp, adv, mask, *, ref_logp=None, sampler_logp=None, 
         extra[name] = aggregate(LOSS_TERMS[name](logp, old_logp, mask), mask, loss_agg, denominator, norm_len)
         loss = loss + coef * extra[name]
     with torch.no_grad():
-        metrics = {"pg": Share(pg_loss.item()), "kl": Share(kl.item()),
-                   "clip_frac_low": TokenMean.of((ratio < 1 - clip_low) & (adv < 0), mask),
-                   "clip_frac_high": TokenMean.of((ratio > 1 + clip_high) & (adv > 0), mask),
-                   "ratio_mean": TokenMean.of(ratio, mask)}
+        metrics = {"pg": Share(pg_mean.item()), "kl": Share(kl.item()),
+                   "clip_frac_low": TokenMean.of((rho < 1 - clip_low) & (adv < 0), mask),
+                   "clip_frac_high": TokenMean.of((rho > 1 + clip_high) & (adv > 0), mask),
+                   "ratio_mean": TokenMean.of(rho, mask), **{k: TokenMean.of(v, mask) for k, v in pg_metrics.items()}}
         if correction is not None:
             raw = torch.exp((old_logp - sampler_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
             metrics.update(is_ratio_mean=TokenMean.of(raw, mask), is_clip_frac=TokenMean.of(correction[1], mask))
         metrics.update({name: Share(value.item()) for name, value in extra.items()})
     return loss, metrics
+
+
+# --pg-loss: (logp, rho = pi_theta / pi_old, adv (B, 1), clip_low, clip_high) -> (per-token loss (B, T), {metric:
+# per-token values, logged as loss/METRIC, their token mean})
+def ppo(logp, rho, adv, clip_low, clip_high):
+    return torch.maximum(-adv * rho, -adv * rho.clamp(1 - clip_low, 1 + clip_high)), {}  # Eq. 10
+
+
+def dual_clip(logp, rho, adv, clip_low, clip_high, c=3.0):  # Ye et al. 2020 (arXiv 1912.09729), verl's clip_ratio_c
+    pg, bound = ppo(logp, rho, adv, clip_low, clip_high)[0], torch.where(adv < 0, -c * adv, torch.inf)  # c |A| at most
+    return torch.minimum(pg, bound), {"dual_clip_frac": pg > bound}
+
+
+def cispo(logp, rho, adv, clip_low, clip_high):  # MiniMax-M1 (arXiv 2506.13585): every token keeps a gradient
+    clipped = rho.clamp(1 - clip_low, 1 + clip_high)
+    return -adv * clipped.detach() * logp, {"cispo_clip_frac": clipped != rho}
+
+
+def sapo(logp, rho, adv, clip_low, clip_high, tau_pos=1.0, tau_neg=1.05):  # arXiv 2511.20347, its temperatures
+    tau = torch.where(adv > 0, adv.new_tensor(tau_pos), tau_neg)  # in adv's dtype
+    gate = torch.sigmoid(tau * (rho - 1))  # the clip made a soft gate
+    return -adv * gate * 4 / tau, {"sapo_gate_weight": 4 * gate * (1 - gate)}  # its gradient's share of PPO's
+
+
+PG_LOSSES = {"ppo": ppo, "dual-clip": dual_clip, "cispo": cispo, "sapo": sapo}  # ppo: the paper's
 
 
 # --kl-estimator: per-token KL(pi_theta || pi_ref), (B, T)
@@ -170,7 +205,7 @@ AGGREGATIONS = {"token-mean": token_mean, "seq-mean-token-mean": seq_mean_token_
                 "seq-mean-token-sum-norm": seq_mean_token_sum_norm}
 
 OPTION_CHOICES = {"kl_estimator": KL_ESTIMATORS, "loss_agg": AGGREGATIONS, "ratio": RATIOS,
-                  "is_correction": IS_CORRECTIONS}
+                  "is_correction": IS_CORRECTIONS, "pg_loss": PG_LOSSES}
 
 
 def loss_denominator(mask: torch.Tensor, agg: str = "token-mean", norm_len: int | None = None) -> torch.Tensor:
