@@ -53,9 +53,9 @@ def policy_loss(logp, old_logp, adv, mask, *, ref_logp=None, sampler_logp=None, 
     log_rho = choose(RATIOS, ratio, "importance ratio")(logp, old_logp, mask)  # (B, T); no option name is rebound
     rho = torch.exp(log_rho.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))  # rho_t, (B, T)
     pg, pg_metrics = choose(PG_LOSSES, pg_loss, "policy-gradient term")(logp, rho, adv, clip_low, clip_high)  # Eq. 10
-    if top_entropy < 1:
-        if entropy is None or not mask.any():
-            raise ValueError("top_entropy needs the entropies of a micro-batch with tokens: pass entropy")
+    if top_entropy < 1 and mask.any():  # a micro-batch with no token (all masked) has nothing to keep
+        if entropy is None:
+            raise ValueError("top_entropy needs the entropies: pass entropy (sequence_logprobs, entropy=True)")
         kept = entropy.detach() >= torch.quantile(entropy.detach()[mask > 0].float(), 1 - top_entropy)
         pg, pg_metrics["entropy_kept_frac"] = pg * kept, kept
     correction = choose(IS_CORRECTIONS, is_correction, "importance correction")(old_logp, sampler_logp, mask, is_cap)

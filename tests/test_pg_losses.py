@@ -112,6 +112,8 @@ def test_the_top_entropy_mask_keeps_the_highest_entropy_share_of_tokens():
     assert metrics["entropy_kept_frac"] == 0.5 and value.item() == pytest.approx(-0.5)
     with pytest.raises(ValueError, match="top_entropy needs the entropies"):
         policy_loss(logp, old, torch.tensor([1.0]), torch.ones(1, 4), top_entropy=0.5)
+    masked, metrics = policy_loss(logp, old, torch.tensor([1.0]), torch.zeros(1, 4), entropy=entropy, top_entropy=0.5)
+    assert masked.item() == 0.0 and "entropy_kept_frac" not in metrics  # a micro-batch the row filter emptied
 
 
 # ---- the cosine schedule
