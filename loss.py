@@ -43,10 +43,8 @@ def policy_loss(logp, old_logp, adv, mask, *, ref_logp=None, sampler_logp=None, 
         is_correction: detached weights of the policy-gradient term for the sampler/trainer gap, from pi_old /
             pi_sampler and --is-cap (docs/training.md): token-tis, seq-tis (truncated), token-mask, seq-mask (masked)
         is_cap: --is-correction: the cap C on pi_old / pi_sampler (the mask modes keep [1/C, C])
-        pg_loss: the policy-gradient term (loss.py: PG_LOSSES): ppo, the paper's clip (Eq. 10); dual-clip, ppo with
-            its loss for A < 0 bounded at 3 |A|; cispo, MiniMax-M1's clipped weight on log pi; sapo, a sigmoid gate
-        top_entropy: the share of a micro-batch's tokens, highest entropy first, whose policy-gradient term counts
-            (arXiv 2506.01939, TRL's top_entropy_quantile); 1: all
+        pg_loss: the policy-gradient term (loss.py: PG_LOSSES): ppo, the paper's clip (Eq. 10); dual-clip, cispo, sapo
+        top_entropy: keep the policy-gradient term on this share of tokens, highest entropy first (TRL's); 1: all
     """
     mask = mask.to(logp.dtype)
     adv = adv.to(logp.dtype)[:, None]  # (B, 1)
@@ -88,8 +86,7 @@ def policy_loss(logp, old_logp, adv, mask, *, ref_logp=None, sampler_logp=None, 
     return loss, metrics
 
 
-# --pg-loss: (logp, rho = pi_theta / pi_old, adv (B, 1), clip_low, clip_high) -> (per-token loss (B, T), {metric:
-# per-token values, logged as loss/METRIC, their token mean})
+# --pg-loss: (logp, rho = pi_theta / pi_old, adv (B, 1), clip_low, clip_high) -> (loss (B, T), {loss/ metric: (B, T)})
 def ppo(logp, rho, adv, clip_low, clip_high):
     return torch.maximum(-adv * rho, -adv * rho.clamp(1 - clip_low, 1 + clip_high)), {}  # Eq. 10
 
