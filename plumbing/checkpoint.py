@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_model_state_dict, set_state_dict)
 
 from plumbing.cli import first_line
 from plumbing.files import CheckpointError, fsync, fsync_tree, write_error
@@ -174,8 +176,6 @@ def retied(model, state: dict) -> dict:
 
 def sharded_state(model, optimizer, ref_model=None) -> tuple[dict, list]:
     """(DCP state with each tensor once, param_groups); creates a fresh optimizer's moments."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
-
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": untied(model, model_state), "optimizer": optim_state["state"]}
     if ref_model is not None:
@@ -212,8 +212,6 @@ def _nbytes(tree) -> int:
 
 def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args, ref_model=None):
     """Any rank's failure is one CheckpointError on all, the folder unchanged."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
     master = not dist.is_initialized() or dist.get_rank() == 0
     final, tmp, reason, error = os.path.join(out_dir, f"checkpoint-{step:06d}"), None, None, None
     try:
@@ -301,8 +299,6 @@ def prune_checkpoints(out_dir: str, keep: int, master: bool = True) -> list[str]
 
 def load_checkpoint(ckpt, model, optimizer, scheduler, rank, lr=None, weight_decay=None, ref_model=None) -> int:
     """Restore (resharded); the step. `lr`, `weight_decay` override the saved."""
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
-
     state = read_trainer_state(ckpt)  # before DCP unpickles
     own = [{k: group[k] for k in ("fused", "foreach", "capturable") if k in group} for group in optimizer.param_groups]
     shards, _ = sharded_state(model, optimizer, ref_model if state.get("reference") else None)

@@ -7,6 +7,9 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from speed.allocator import keep_freed_memory
@@ -46,10 +49,6 @@ def per_rank(values: dict[str, float], device) -> dict[str, float]:
 def shard(model, device, bf16: bool = False):
     """FSDP2 per layer, the weights sent from rank 0 (the others may build `model` empty); `bf16`: verl's mixed
     precision."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
     full = get_model_state_dict(model) if dist.get_rank() == 0 else {}
     empty = any(p.is_meta for p in model.parameters())
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
