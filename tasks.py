@@ -196,8 +196,7 @@ def seeded_passes(items: list, seed: int, repeat: bool):
 
 
 def _arith(split: str, limit: int, seed: int) -> list[Example]:
-    problems = sorted(((a, b) for a in range(ARITH_MAX) for b in range(ARITH_MAX)),
-                      key=lambda ab: digest("arith", *ab))
+    problems = sorted(((a, b) for a in range(ARITH_MAX) for b in range(ARITH_MAX)), key=lambda ab: digest("arith", *ab))
     problems = problems[:ARITH_TEST] if split == "test" else problems[ARITH_TEST:]
     return [Example(_chat(f"What is {a} + {b}?", system=None), str(a + b), f"{a} + {b} = {a + b}",
                     {"a": a, "b": b}, f"arith-{a}+{b}#{p}")
