@@ -135,8 +135,7 @@ def load_eval_sets(args, task, test_set: list, registry: dict) -> dict:
         if name in sets:
             raise DataError(f"--eval-tasks: {name} is the task's own held-out set, scored already")
         other = registry[name]
-        rows = other.load("test", data_file=path, limit=args.eval_examples, seed=args.seed)
-        if not rows:
+        if not (rows := other.load("test", data_file=path, limit=args.eval_examples, seed=args.seed)):
             raise DataError(f"--eval-tasks: {name} has no held-out rows" + (f" in {path}" if path else ""))
         sets[name] = (other, rows)
     return sets

@@ -145,8 +145,7 @@ def _countdown_puzzle(row: dict) -> tuple:
 
 def _gold_demonstration(row: dict) -> tuple[tuple, str]:
     """(puzzle, last assistant answer) of a Countdown-Task-GOLD row."""
-    said = [turn.get("content") for turn in row["messages"] if turn.get("role") == "assistant"]
-    if not said:
+    if not (said := [turn.get("content") for turn in row["messages"] if turn.get("role") == "assistant"]):
         raise ValueError("its messages have no assistant turn")
     reference = final_answer(str(said[-1] or ""))
     if not reference:

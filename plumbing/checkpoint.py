@@ -63,8 +63,7 @@ def safe_load(ckpt: str, name: str):
 
 def read_trainer_state(ckpt: str) -> dict:
     """trainer_state.pt, or CheckpointError."""
-    missing = [f for f in ("config.json", "trainer/.metadata") if not os.path.isfile(os.path.join(ckpt, f))]
-    if missing:
+    if missing := [f for f in ("config.json", "trainer/.metadata") if not os.path.isfile(os.path.join(ckpt, f))]:
         raise CheckpointError(f"checkpoint {ckpt} is incomplete: missing {', '.join(missing)}")
     safe_load(ckpt, "trainer/.metadata")
     state = safe_load(ckpt, "trainer_state.pt")
