@@ -102,8 +102,7 @@ class Range:
         """None when in range, else "must be ..., got VALUE"."""
         if value is None and self.optional:
             return None
-        real = _real(value)
-        if real is None:
+        if (real := _real(value)) is None:
             return (f"must be one real number (float, int, numpy scalar or one-element tensor), got "
                     f"{type(value).__name__} {value!r}")
         return None if math.isfinite(real) and real >= self.low else f"must be {self.means}, got {value!r}"

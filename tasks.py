@@ -147,8 +147,7 @@ def _gold_demonstration(row: dict) -> tuple[tuple, str]:
     """(puzzle, last assistant answer) of a Countdown-Task-GOLD row."""
     if not (said := [turn.get("content") for turn in row["messages"] if turn.get("role") == "assistant"]):
         raise ValueError("its messages have no assistant turn")
-    reference = final_answer(str(said[-1] or ""))
-    if not reference:
+    if not (reference := final_answer(str(said[-1] or ""))):
         raise ValueError("its assistant turn has no answer after its thinking")
     return _countdown_puzzle(row), reference
 
@@ -163,8 +162,7 @@ def _openthoughts(row: dict) -> Example:
     question, response = _openthoughts_turns(row["conversations"])
     if not question.strip():
         raise ValueError("its human turn is empty")
-    reference = final_answer(response)
-    if not reference:
+    if not (reference := final_answer(response)):
         raise ValueError("its gpt turn has no answer (it is empty, or its <think> never closes)")
     return Example(_chat(question), None, reference)
 

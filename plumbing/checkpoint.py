@@ -119,8 +119,7 @@ def resume_hint(out: str) -> str:
 
 def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...]) -> str | None:
     """Why this resume would lose or mix runs, or None; `keeps`: flags only --resume-changed changes."""
-    ckpt = find_checkpoint(resume)
-    if ckpt is None:
+    if (ckpt := find_checkpoint(resume)) is None:
         return f"--resume {resume}: no checkpoint there"
     run = os.path.dirname(os.path.abspath(ckpt))
     try:
