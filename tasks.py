@@ -322,8 +322,7 @@ def _load_rows(task: Task, split: str, data_file, limit, seed: int, demos: bool,
         seen[row_digest] = seen.get(row_digest, -1) + 1
         uids.append(f"{task.name}-{row_digest[:12]}" + (f"#{seen[row_digest]}" if seen[row_digest] else ""))
     keep = [i for i, row_digest in enumerate(digests) if whole or in_test(row_digest) == (split == "test")]
-    join = demos and task.demos is not None and "reference" not in rows.column_names
-    if join:  # before the limit
+    if join := demos and task.demos is not None and "reference" not in rows.column_names:  # before the limit
         references, demo_source = _demonstrations(task, demo_file)
         puzzles = _each(task.demos.puzzle, keys, lines, source, what)
         joined = [i for i in keep if puzzles[i] in references]

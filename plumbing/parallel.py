@@ -94,8 +94,7 @@ def init_distributed(seed: int, timeout_s: float = 1800):
     cuda = torch.cuda.is_available()
     if not cuda:
         keep_freed_memory()
-    distributed = "RANK" in os.environ
-    if distributed:
+    if distributed := "RANK" in os.environ:
         dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
