@@ -11,12 +11,11 @@ import numbers
 import types
 import typing
 from dataclasses import dataclass
-from typing import Annotated
 
 import torch
 
 
-def softmax_advantages(rewards: torch.Tensor, tau: Annotated[float, POSITIVE] = 0.1) -> torch.Tensor:
+def softmax_advantages(rewards: torch.Tensor, tau: typing.Annotated[float, POSITIVE] = 0.1) -> torch.Tensor:
     """SoftmaxGRPO: A_i = M * softmax(R / tau)_i - 1, zero-sum in every group."""
     tau = POSITIVE.check(tau, "tau", "softmax_advantages")
     rewards = _as_groups(rewards, "softmax_advantages")
@@ -26,7 +25,7 @@ def softmax_advantages(rewards: torch.Tensor, tau: Annotated[float, POSITIVE] = 
     return M * w - 1  # Eq. (1): A_i = M w_i - 1
 
 
-def grpo_advantages(rewards: torch.Tensor, eps: Annotated[float, POSITIVE] = 1e-6) -> torch.Tensor:
+def grpo_advantages(rewards: torch.Tensor, eps: typing.Annotated[float, POSITIVE] = 1e-6) -> torch.Tensor:
     """GRPO: (R - mean) / (std + eps) within the group."""
     eps = POSITIVE.check(eps, "eps", "grpo_advantages")
     rewards = _as_groups(rewards, "grpo_advantages")
@@ -50,7 +49,7 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     return rewards - (rewards.sum(-1, keepdim=True) - rewards) / (M - 1)
 
 
-def maxrl_advantages(rewards: torch.Tensor, eps: Annotated[float, POSITIVE] = 1e-6) -> torch.Tensor:
+def maxrl_advantages(rewards: torch.Tensor, eps: typing.Annotated[float, POSITIVE] = 1e-6) -> torch.Tensor:
     """MaxRL: (R - mean) / mean, zero in groups whose |mean| <= eps."""
     eps = POSITIVE.check(eps, "eps", "maxrl_advantages")
     rewards = _as_groups(rewards, "maxrl_advantages")
@@ -60,7 +59,7 @@ def maxrl_advantages(rewards: torch.Tensor, eps: Annotated[float, POSITIVE] = 1e
 
 
 def reinforce_advantages(rewards: torch.Tensor,
-                         baseline: Annotated[float | None, FINITE_OR_NONE] = None) -> torch.Tensor:
+                         baseline: typing.Annotated[float | None, FINITE_OR_NONE] = None) -> torch.Tensor:
     """REINFORCE: reward minus a constant `baseline`, else the batch mean."""
     baseline = FINITE_OR_NONE.check(baseline, "baseline", "reinforce_advantages")
     rewards = _as_groups(rewards, "reinforce_advantages")
@@ -102,8 +101,7 @@ class Range:
         """None when in range, else "must be ..., got VALUE"."""
         if value is None and self.optional:
             return None
-        real = _real(value)
-        if real is None:
+        if (real := _real(value)) is None:
             return (f"must be one real number (float, int, numpy scalar or one-element tensor), got "
                     f"{type(value).__name__} {value!r}")
         return None if math.isfinite(real) and real >= self.low else f"must be {self.means}, got {value!r}"

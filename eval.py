@@ -19,7 +19,6 @@ from plumbing.checkpoint import CheckpointError, safe_load
 from plumbing.cli import OneLineParser, first_line, number
 from plumbing.data import data_file_error
 from plumbing.files import write_error, write_json
-from plumbing.models import ModelLoadError, SamplingError
 from plumbing.parallel import gather_rows
 from rewards import declared_lengths
 from rollout import make_sampler, sampling_memory_error
@@ -135,8 +134,7 @@ def load_eval_sets(args, task, test_set: list, registry: dict) -> dict:
         if name in sets:
             raise DataError(f"--eval-tasks: {name} is the task's own held-out set, scored already")
         other = registry[name]
-        rows = other.load("test", data_file=path, limit=args.eval_examples, seed=args.seed)
-        if not rows:
+        if not (rows := other.load("test", data_file=path, limit=args.eval_examples, seed=args.seed)):
             raise DataError(f"--eval-tasks: {name} has no held-out rows" + (f" in {path}" if path else ""))
         sets[name] = (other, rows)
     return sets
@@ -164,11 +162,11 @@ def load_sampler(args, examples):
         if error := sampling_memory_error(AutoConfig.from_pretrained(path), min(n, args.batch_size) * max(
                 args.samples, 1), n * (args.samples + 1), longest, max_tokens=args.max_tokens, dtype="bfloat16",
                 hf=backend == "hf", device=torch.device("cpu"), lower="--samples, --limit or --batch-size"):
-            raise SamplingError(error)
+            raise models.SamplingError(error)
         return make_sampler(backend, path, dtype="bfloat16" if backend == "hf" else "auto", seed=args.seed,
                             max_model_len=longest + args.max_tokens)
     except (OSError, ValueError) as err:
-        raise err if isinstance(err, (ModelLoadError, DataError)) else ModelLoadError(
+        raise err if isinstance(err, (models.ModelLoadError, DataError)) else models.ModelLoadError(
             f"cannot use model {args.model!r}: {first_line(err, limit=None)}") from None
 
 
@@ -255,7 +253,7 @@ def main(argv=None) -> dict:
     """Errors are one line: exit 2 for a bad input, 1 for a failing judge or disk."""
     from tools import judge
 
-    bad_input = (ValueError, ModelLoadError, SamplingError, CheckpointError)  # exit 2
+    bad_input = (ValueError, models.ModelLoadError, models.SamplingError, CheckpointError)  # exit 2
     args = parse_args(argv)
     out, partial = args.out, args.out + ".partial"
     try:
@@ -264,7 +262,7 @@ def main(argv=None) -> dict:
         examples = task.load(args.split, data_file=args.data_file, limit=args.limit, seed=args.seed,
                              demos="sim" in (weights or {args.reward: 1}), demo_file=args.demo_file)
         if error := model_flag_error(args):
-            raise ModelLoadError(error)
+            raise models.ModelLoadError(error)
         if not examples:
             raise DataError(f"no {args.split} rows to evaluate in {args.data_file or task.name} (tasks.py holds out "
                             "~10% by prompt hash; a {split} file holds one split): nothing is scored")

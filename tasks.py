@@ -145,11 +145,9 @@ def _countdown_puzzle(row: dict) -> tuple:
 
 def _gold_demonstration(row: dict) -> tuple[tuple, str]:
     """(puzzle, last assistant answer) of a Countdown-Task-GOLD row."""
-    said = [turn.get("content") for turn in row["messages"] if turn.get("role") == "assistant"]
-    if not said:
+    if not (said := [turn.get("content") for turn in row["messages"] if turn.get("role") == "assistant"]):
         raise ValueError("its messages have no assistant turn")
-    reference = final_answer(str(said[-1] or ""))
-    if not reference:
+    if not (reference := final_answer(str(said[-1] or ""))):
         raise ValueError("its assistant turn has no answer after its thinking")
     return _countdown_puzzle(row), reference
 
@@ -164,8 +162,7 @@ def _openthoughts(row: dict) -> Example:
     question, response = _openthoughts_turns(row["conversations"])
     if not question.strip():
         raise ValueError("its human turn is empty")
-    reference = final_answer(response)
-    if not reference:
+    if not (reference := final_answer(response)):
         raise ValueError("its gpt turn has no answer (it is empty, or its <think> never closes)")
     return Example(_chat(question), None, reference)
 
@@ -196,8 +193,7 @@ def seeded_passes(items: list, seed: int, repeat: bool):
 
 
 def _arith(split: str, limit: int, seed: int) -> list[Example]:
-    problems = sorted(((a, b) for a in range(ARITH_MAX) for b in range(ARITH_MAX)),
-                      key=lambda ab: digest("arith", *ab))
+    problems = sorted(((a, b) for a in range(ARITH_MAX) for b in range(ARITH_MAX)), key=lambda ab: digest("arith", *ab))
     problems = problems[:ARITH_TEST] if split == "test" else problems[ARITH_TEST:]
     return [Example(_chat(f"What is {a} + {b}?", system=None), str(a + b), f"{a} + {b} = {a + b}",
                     {"a": a, "b": b}, f"arith-{a}+{b}#{p}")
@@ -326,8 +322,7 @@ def _load_rows(task: Task, split: str, data_file, limit, seed: int, demos: bool,
         seen[row_digest] = seen.get(row_digest, -1) + 1
         uids.append(f"{task.name}-{row_digest[:12]}" + (f"#{seen[row_digest]}" if seen[row_digest] else ""))
     keep = [i for i, row_digest in enumerate(digests) if whole or in_test(row_digest) == (split == "test")]
-    join = demos and task.demos is not None and "reference" not in rows.column_names
-    if join:  # before the limit
+    if join := demos and task.demos is not None and "reference" not in rows.column_names:  # before the limit
         references, demo_source = _demonstrations(task, demo_file)
         puzzles = _each(task.demos.puzzle, keys, lines, source, what)
         joined = [i for i in keep if puzzles[i] in references]

@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_model_state_dict, set_state_dict)
 
 from plumbing.cli import first_line
 from plumbing.files import CheckpointError, fsync, fsync_tree, write_error
@@ -61,8 +63,7 @@ def safe_load(ckpt: str, name: str):
 
 def read_trainer_state(ckpt: str) -> dict:
     """trainer_state.pt, or CheckpointError."""
-    missing = [f for f in ("config.json", "trainer/.metadata") if not os.path.isfile(os.path.join(ckpt, f))]
-    if missing:
+    if missing := [f for f in ("config.json", "trainer/.metadata") if not os.path.isfile(os.path.join(ckpt, f))]:
         raise CheckpointError(f"checkpoint {ckpt} is incomplete: missing {', '.join(missing)}")
     safe_load(ckpt, "trainer/.metadata")
     state = safe_load(ckpt, "trainer_state.pt")
@@ -118,8 +119,7 @@ def resume_hint(out: str) -> str:
 
 def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...]) -> str | None:
     """Why this resume would lose or mix runs, or None; `keeps`: flags only --resume-changed changes."""
-    ckpt = find_checkpoint(resume)
-    if ckpt is None:
+    if (ckpt := find_checkpoint(resume)) is None:
         return f"--resume {resume}: no checkpoint there"
     run = os.path.dirname(os.path.abspath(ckpt))
     try:
@@ -174,8 +174,6 @@ def retied(model, state: dict) -> dict:
 
 def sharded_state(model, optimizer, ref_model=None) -> tuple[dict, list]:
     """(DCP state with each tensor once, param_groups); creates a fresh optimizer's moments."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
-
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": untied(model, model_state), "optimizer": optim_state["state"]}
     if ref_model is not None:
@@ -212,8 +210,6 @@ def _nbytes(tree) -> int:
 
 def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args, ref_model=None):
     """Any rank's failure is one CheckpointError on all, the folder unchanged."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
     master = not dist.is_initialized() or dist.get_rank() == 0
     final, tmp, reason, error = os.path.join(out_dir, f"checkpoint-{step:06d}"), None, None, None
     try:
@@ -301,8 +297,6 @@ def prune_checkpoints(out_dir: str, keep: int, master: bool = True) -> list[str]
 
 def load_checkpoint(ckpt, model, optimizer, scheduler, rank, lr=None, weight_decay=None, ref_model=None) -> int:
     """Restore (resharded); the step. `lr`, `weight_decay` override the saved."""
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
-
     state = read_trainer_state(ckpt)  # before DCP unpickles
     own = [{k: group[k] for k in ("fused", "foreach", "capturable") if k in group} for group in optimizer.param_groups]
     shards, _ = sharded_state(model, optimizer, ref_model if state.get("reference") else None)

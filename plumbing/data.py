@@ -96,8 +96,7 @@ def read_rows(path: str | None, flag: str, hub: tuple | None, columns: dict, who
 
 
 def _read_json(path: str, source: str) -> tuple:
-    """(Rows, line numbers) of a JSON Lines file, or (Rows, None) of a .json array; a line is read in bounded
-    chunks."""
+    """(Rows, line numbers) of a JSON Lines file, or (Rows, None) of a .json array; a line is read in bounded chunks."""
     rows, lines = [], []
     with open(path, "rb") as f:
         array = path.lower().endswith(".json") and f.read(4096).lstrip().startswith(b"[")

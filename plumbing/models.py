@@ -57,8 +57,7 @@ def model_error(model: str) -> str | None:
         return f"--model {model} is a file; pass a model folder, a hub id or the alias smollm2-135m"
     if model.startswith((".", "/", "~")) or model.count("/") > 1:  # a path: the load says why
         return None
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-    if not offline and not hub_reachable():
+    if not hub_reachable():  # True under HF_HUB_OFFLINE: the load reads the cache
         return (f"--model {model}: cannot reach the Hugging Face Hub to download it; pass a local model folder, or "
                 "set HF_HUB_OFFLINE=1 to use a cached copy")
     return None

@@ -7,6 +7,9 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from speed.allocator import keep_freed_memory
@@ -46,10 +49,6 @@ def per_rank(values: dict[str, float], device) -> dict[str, float]:
 def shard(model, device, bf16: bool = False):
     """FSDP2 per layer, the weights sent from rank 0 (the others may build `model` empty); `bf16`: verl's mixed
     precision."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
     full = get_model_state_dict(model) if dist.get_rank() == 0 else {}
     empty = any(p.is_meta for p in model.parameters())
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
@@ -95,8 +94,7 @@ def init_distributed(seed: int, timeout_s: float = 1800):
     cuda = torch.cuda.is_available()
     if not cuda:
         keep_freed_memory()
-    distributed = "RANK" in os.environ
-    if distributed:
+    if distributed := "RANK" in os.environ:
         dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")

@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import time
-from contextlib import contextmanager
 from dataclasses import asdict
 
 import torch
@@ -157,7 +156,7 @@ class Phases:
         self.memory.update({"mem/used_before_sleep_gb": (total - free) / 1e9,
                             "mem/used_after_sleep_gb": (total - torch.cuda.mem_get_info(self.device)[0]) / 1e9})
 
-    @contextmanager
+    @contextlib.contextmanager
     def __call__(self, name: str):
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)

@@ -134,8 +134,7 @@ def check_weights(sums, step: int, device) -> dict:
         if diff > RELATIVE_TOLERANCE and diff >= worst[label]:
             worst[label], example[label] = diff, f"e.g. {name}" + ("" if ours and theirs else ", on one side only")
     verdicts = all_reduce_sum([min(worst[f], 1e300) for f in labels], device, op=dist.ReduceOp.MAX)
-    bad = [f for f, v in zip(labels, verdicts) if v > RELATIVE_TOLERANCE]
-    if bad:
+    if bad := [f for f, v in zip(labels, verdicts) if v > RELATIVE_TOLERANCE]:
         raise SyncError(f"the engine's {bad[0]} differ from the trainer's after the step-{step} sync "
                         f"({example.get(bad[0], 'on another rank')}){'; also ' + ', '.join(bad[1:]) if bad[1:] else ''}"
                         ": the sync skipped them, or the engine did not load them")
