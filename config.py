@@ -14,8 +14,7 @@ from dataclasses import asdict, dataclass, field, fields, make_dataclass, replac
 
 import torch
 
-from advantage import (ESTIMATORS, REWARD_FLOOR, compute_advantages, estimator_params, hyperparameter_ranges,
-                       hyperparameters)
+from advantage import ESTIMATORS, compute_advantages, estimator_params, hyperparameter_ranges, hyperparameters
 from eval import SAMPLING_RULES, SEED_LIMIT, flag, model_flag_error, number_error, parse_eval_tasks
 from loss import OPTION_CHOICES, REFERENCES, ROW_FILTERS, policy_loss
 from plumbing.checkpoint import find_checkpoint, resume_error, run_dir, run_folder_error
@@ -52,8 +51,6 @@ class _Args:
     top_p: float = arg(1.0, "rollout nucleus sampling (paper presets: 0.999)")
     lr: float = arg(2e-5, "AdamW learning rate")
     warmup_steps: int = arg(2, "linear learning-rate warmup, in optimizer steps")
-    lr_schedule: str = arg("constant", "after the warmup: constant (Appendix B.1), or cosine to --min-lr-ratio x --lr")
-    min_lr_ratio: float = arg(0.0, "--lr-schedule cosine: the last optimizer step's lr, as a share of --lr")
     weight_decay: float = arg(0.01, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping")
     reference: str = arg("frozen", "KL reference policy (loss.py: REFERENCES): frozen, ema or reset")
@@ -176,7 +173,7 @@ def choices() -> dict:
     """Each string flag's registry, whose keys are its valid values."""
     return {"advantage": ESTIMATORS, "reward": ("exact", *REWARD_TERMS), **OPTION_CHOICES, "row_filter": ROW_FILTERS,
             "sampler": ("auto", *SAMPLERS), "dtype": ("auto", "bfloat16", "float32"), "rollout": ROLLOUTS,
-            "reference": REFERENCES, "lr_schedule": ("constant", "cosine")}
+            "reference": REFERENCES}
 
 
 TRAIN_RULES = [  # (flags, valid, what valid means); NaN breaks each
@@ -192,8 +189,7 @@ TRAIN_RULES = [  # (flags, valid, what valid means); NaN breaks each
     ("entropy_coef", math.isfinite, "finite"),
     ("clip_low", lambda v: 0 <= v < 1, "in [0, 1)"),
     ("gpu_memory_utilization", lambda v: 0 < v < 1, "in (0, 1)"),
-    ("ref_ema min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]"),
-    ("top_entropy", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("ref_ema", lambda v: 0 <= v <= 1, "in [0, 1]"),
 ]
 
 
@@ -228,7 +224,6 @@ def train_rule_error(args: Args, task, world: int) -> str | None:
                                                                                  _Args.max_refill_rounds),
          "--filter-std and --max-refill-rounds are read by --rollout dapo only"),
         (args.overlong_buffer < args.max_tokens, "--overlong-buffer must be in [0, --max-tokens)"),
-        (args.lr_schedule == "cosine" or args.min_lr_ratio == 0, "--min-lr-ratio is read by --lr-schedule cosine only"),
         (not getattr(task, "held_out_only", False), f"--task {args.task} is a held-out benchmark: use --eval-tasks"),
         (args.eval_examples or not (args.eval_samples or args.eval_tasks.strip()),
          "--eval-samples and --eval-tasks need --eval-examples >= 1"),
@@ -237,6 +232,7 @@ def train_rule_error(args: Args, task, world: int) -> str | None:
 
 def check_args(args: Args) -> str | None:
     """The first problem with `args` as one line, or None."""
+    from advantage import REWARD_FLOOR  # beside the registry it bounds
     try:
         task = get_task(args.task)
     except ValueError as err:

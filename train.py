@@ -5,7 +5,6 @@
     torchrun --nproc_per_node 8 train.py --task countdown
 """
 
-import math
 import os
 import signal
 import sys
@@ -297,15 +296,8 @@ def make_optimizer(model, args: Args):
 
 
 def make_scheduler(optimizer, args: Args):
-    """Linear warmup (Appendix B.1), then constant, or a cosine down to --min-lr-ratio at the last optimizer step."""
-    last = args.steps * args.ppo_epochs * args.minibatches - 1
-
-    def factor(s: int) -> float:
-        if s < args.warmup_steps or args.lr_schedule == "constant":
-            return min(1.0, (s + 1) / args.warmup_steps) if args.warmup_steps else 1.0
-        done = min(1.0, (s - args.warmup_steps) / max(1, last - args.warmup_steps))
-        return args.min_lr_ratio + (1 - args.min_lr_ratio) * (1 + math.cos(math.pi * done)) / 2
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return torch.optim.lr_scheduler.LambdaLR(  # Appendix B.1
+        optimizer, lambda s: min(1.0, (s + 1) / args.warmup_steps) if args.warmup_steps else 1.0)
 
 
 def evaluate_held_out(sampler, eval_sets, args: Args, rank: int, world: int, device, samples, step) -> dict:

@@ -18,9 +18,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import state_dict as dcp_state
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
-                                                     set_model_state_dict, set_state_dict)
 
 from plumbing.cli import first_line
 from plumbing.files import CheckpointError, fsync, fsync_tree, write_error
@@ -174,10 +173,10 @@ def retied(model, state: dict) -> dict:
 
 def sharded_state(model, optimizer, ref_model=None) -> tuple[dict, list]:
     """(DCP state with each tensor once, param_groups); creates a fresh optimizer's moments."""
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = dcp_state.get_state_dict(model, optimizer)
     state = {"model": untied(model, model_state), "optimizer": optim_state["state"]}
     if ref_model is not None:
-        state["reference"] = untied(ref_model, get_model_state_dict(ref_model))
+        state["reference"] = untied(ref_model, dcp_state.get_model_state_dict(ref_model))
     return state, optim_state["param_groups"]
 
 
@@ -235,8 +234,8 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args,
                 reason = _reason(_first_failure(err))
             reason = _any_rank_reason(reason)
         rngs = gather_objects([rng_state()])
-        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        model_state = get_model_state_dict(model, options=full) if reason is None else {}
+        full = dcp_state.StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model_state = dcp_state.get_model_state_dict(model, options=full) if reason is None else {}
         if master and reason is None:
             try:
                 model.save_pretrained(tmp, state_dict=untied(model, model_state))
@@ -307,10 +306,10 @@ def load_checkpoint(ckpt, model, optimizer, scheduler, rank, lr=None, weight_dec
         inner = _first_failure(err)
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: cannot read trainer/ ({type(inner).__name__}: "
                               f"{first_line(inner, limit=120)})") from None
-    set_state_dict(model, optimizer, model_state_dict=retied(model, shards["model"]),
-                   optim_state_dict={"state": shards["optimizer"], "param_groups": state["param_groups"]})
+    dcp_state.set_state_dict(model, optimizer, model_state_dict=retied(model, shards["model"]),
+                             optim_state_dict={"state": shards["optimizer"], "param_groups": state["param_groups"]})
     if "reference" in shards:
-        set_model_state_dict(ref_model, retied(ref_model, shards["reference"]))
+        dcp_state.set_model_state_dict(ref_model, retied(ref_model, shards["reference"]))
     scheduler.load_state_dict(state["scheduler"])
     for i, (group, mine) in enumerate(zip(optimizer.param_groups, own)):
         group.update(mine)  # this run's kernels

@@ -172,8 +172,9 @@ def check_rows(rows, lines, columns: dict, source: str, who: str, hint: str = ""
             bad.append((where(lines, i), f"lacks a value for {', '.join(map(repr, lacking))}"))
         elif wrong := [name for name, value in row.items() if not _empty(value) and not is_a(value, columns[name])]:
             kind, shown = columns[wrong[0]], json.dumps(row[wrong[0]], default=repr)
-            bad.append((where(lines, i), f"has a {wrong[0]!r} that is not {kind.__name__ if isinstance(kind, type) else kind}: "
-                                         f"{shown[:80]}{'...' if len(shown) > 80 else ''}"))
+            kind = kind.__name__ if isinstance(kind, type) else kind  # str, not <class 'str'>
+            bad.append((where(lines, i), f"has a {wrong[0]!r} that is not {kind}: {shown[:80]}"
+                                         f"{'...' if len(shown) > 80 else ''}"))
         elif long := [name for name, value in row.items() if isinstance(value, str) and len(value) > MAX_ROW_CHARS]:
             bad.append((where(lines, i), f"has a {long[0]!r} of {len(row[long[0]]):,} characters, over the "
                                          f"{MAX_ROW_CHARS:,} a row may hold (plumbing/data.py: MAX_ROW_CHARS)"))

@@ -247,7 +247,8 @@ def test_countdown_values_that_are_not_integers_are_one_line_naming_the_row_and_
     """A target of 24.5 would be cut to 24 in the prompt and the gold answer, 1.7 to 1, true to 1."""
     path = write_jsonl(tmp_path / "countdown.jsonl", [row])
     text = one_line_error(lambda: load_both(get_task("countdown"), data_file=path))
-    assert text == f"--data-file {path}: line 1 {message}; 1 of 1 rows are bad (countdown needs nums, target in every row)"
+    assert text == f"--data-file {path}: line 1 {message}; 1 of 1 rows are bad (countdown needs nums, target in " \
+                   "every row)"
     # among integer rows, whose column datasets then reads as floats (6.0): only the bad row is refused
     if isinstance(row["target"], float) or any(isinstance(n, float) for n in row["nums"]):
         path = write_jsonl(tmp_path / "mixed.jsonl", [{"nums": [1, 2, 3], "target": 6}] * 2 + [row])
