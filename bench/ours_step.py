@@ -56,6 +56,7 @@ def run(opts) -> dict:
     log = []
     make_sampler = rollout.make_sampler
     rollout.make_sampler = lambda *a, **k: RecordingSampler(make_sampler(*a, **k), opts.M, log)
+    train.make_sampler = rollout.make_sampler  # train.py imports it by name
     train.save_checkpoint = lambda *a, **k: None  # benchmark: write no checkpoint (TRL's side saves none)
     out_dir = tempfile.mkdtemp(prefix="ours-step-")
     args = train.Args(task=opts.task, model=opts.model, M=opts.M, rollout_batch=opts.prompts,
