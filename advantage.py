@@ -1,6 +1,6 @@
-"""Group advantage estimators (Section 3.1, Eq. 1; Table 1) and their exact prompt weights (Sections 3.2-3.3).
+"""Group advantage estimators (Section 3.1, Eq. 1; Table 1); their exact prompt weights: tools/theory.py.
 
-    python advantage.py        # Table 1 with numbers: the exact prompt weight omega_M(p), M = 8
+    python -m pytest tests/test_advantage.py -q
 """
 
 from __future__ import annotations  # POSITIVE is defined below
@@ -165,30 +165,3 @@ def compute_advantages(name: str, rewards: torch.Tensor, tau: float | None = Non
         raise ValueError(f"estimator {name} holds for rewards >= {floor:g}, got a reward of {below.min().item():g}")
     own = hyperparameters(ESTIMATORS[name])
     return ESTIMATORS[name](rewards, **{k: v for k, v in hparams.items() if k in own})
-
-
-def population_weight(name: str, M: int, p, **kwargs) -> torch.Tensor:
-    """Exact prompt weight omega_M(p) = E_s[A(1 | s) - A(0 | s)], s ~ Binomial(M - 1, p) (Sections 3.2-3.3)."""
-    p = torch.as_tensor(p, dtype=torch.float64)
-    s = torch.arange(M, dtype=torch.float64)  # successes among the M - 1 others
-    others = (torch.arange(M - 1, dtype=torch.float64) < s[:, None]).double()  # (M, M-1)
-    own = torch.tensor([1.0] * M + [0.0] * M, dtype=torch.float64)[:, None]  # own reward 1, then 0
-    groups = torch.cat([own, others.repeat(2, 1)], 1)  # (2M, M)
-    kwargs = {"baseline": 0.0, **kwargs} if name == "reinforce" else kwargs  # a constant baseline
-    adv = compute_advantages(name, groups, **kwargs)[:, 0].double()  # own advantage, (2M,)
-    gap = adv[:M] - adv[M:]  # A(1 | s) - A(0 | s), (M,)
-    log_binom = (torch.lgamma(torch.tensor(M, dtype=torch.float64)) - torch.lgamma(s + 1)
-                 - torch.lgamma(M - s))  # log C(M-1, s)
-    # xlogy(0, 0) = 0 keeps p = 0 and p = 1 exact
-    pmf = torch.exp(log_binom + torch.xlogy(s, p[..., None]) + torch.xlogy(M - 1 - s, 1 - p[..., None]))
-    return (pmf * gap).sum(-1)  # (*p.shape,)
-
-
-if __name__ == "__main__":  # Table 1 with numbers
-    M, ps = 8, (0.05, 0.25, 0.5, 0.75, 0.95)
-    print(f"omega_M(p), exact finite-M prompt weight for binary rewards, M = {M}")
-    print(f"{'estimator':<18}" + "".join(f"p={x:<8}" for x in ps))
-    rows = [("softmax tau=0.1", "softmax", {"tau": 0.1}), ("softmax tau=0.3", "softmax", {"tau": 0.3})]
-    for label, name, kw in rows + [(name, name, {}) for name in ESTIMATORS if name != "softmax"]:
-        weights = population_weight(name, M, torch.tensor(ps, dtype=torch.float64), **kw).tolist()
-        print(f"{label:<18}" + "".join(f"{w:<10.4f}" for w in weights))

@@ -1,4 +1,4 @@
-"""advantage.py: Eq. (1) properties, limits, and the exact prompt weight omega_M(p) against theory."""
+"""advantage.py: Eq. (1) properties and limits; tools/theory.py: the exact prompt weight omega_M(p) against theory."""
 
 import math
 
@@ -16,11 +16,11 @@ from advantage import (
     hyperparameter_ranges,
     hyperparameters,
     maxrl_advantages,
-    population_weight,
     reinforce_advantages,
     rloo_advantages,
     softmax_advantages,
 )
+from tools.theory import population_weight
 
 
 def test_softmax_sums_to_zero_and_matches_eq1():

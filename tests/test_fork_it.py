@@ -168,9 +168,10 @@ def run_in(fork, *argv, timeout=900):
 CHECKS = r'''
 import pytest, torch
 import advantage, loss, rewards, tasks
-from advantage import compute_advantages, estimator_params, population_weight
+from advantage import compute_advantages, estimator_params
 from grad_alloc import allocation_by_estimator
 from loss import aggregate, loss_denominator, policy_loss
+from tools.theory import population_weight
 
 # 1. the estimator and its hyperparameter
 assert estimator_params()["std_floor"] == (0.1, float)  # config.py builds --std-floor from this

@@ -1,7 +1,7 @@
 """Figures: prompt weights (Figure 1, Sections 3.2-3.3), training curves, gradient allocation (Table 3).
 
 1. `plot_figure1`: the exact finite-M prompt weight omega_M(p) of SoftmaxGRPO at several tau, GRPO,
-   MaxRL and REINFORCE (`advantage.population_weight`, the same estimators that train), next to the
+   MaxRL and REINFORCE (`tools/theory.py: population_weight`, the same estimators that train), next to the
    mean |A| per rollout against p. Both are exact: they enumerate the group's success count
    s ~ Binomial(M, p) rather than sample.
 2. `plot_training_curves`: a grid of the main curves from one or more `metrics.jsonl` files, overlaid
@@ -34,7 +34,8 @@ matplotlib.use("Agg")  # files only: no display on training machines
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from advantage import compute_advantages, population_weight  # noqa: E402
+from advantage import compute_advantages  # noqa: E402
+from tools.theory import population_weight  # noqa: E402
 
 BIN_LABELS = ["[0, 0.2)", "[0.2, 0.5)", "[0.5, 0.7)", "[0.7, 0.9)", "[0.9, 1]"]  # Table 3's columns
 CURVE_KEYS = [  # (metrics key, panel title), in panel order; keys no run logged are left out
