@@ -60,15 +60,12 @@ def countdown_reward(completion, numbers, target) -> float:
         return 0.0  # whitelisted before parsing
     try:
         tree = ast.parse(expr, mode="eval")
-    except SyntaxError:
-        return 0.0
-    nodes = list(ast.walk(tree))
-    used = [node.value for node in nodes if isinstance(node, ast.Constant)]  # ints: the whitelist has no . e j
-    if not all(isinstance(node, _ALLOWED_NODES) for node in nodes) or Counter(used) != Counter(numbers):
-        return 0.0
-    try:
+        nodes = list(ast.walk(tree))
+        used = [node.value for node in nodes if isinstance(node, ast.Constant)]  # ints: the whitelist has no . e j
+        if not all(isinstance(node, _ALLOWED_NODES) for node in nodes) or Counter(used) != Counter(numbers):
+            return 0.0
         return float(_evaluate(tree.body) == target)
-    except ZeroDivisionError:
+    except (SyntaxError, ZeroDivisionError):  # not an expression; a division by zero
         return 0.0
 
 
