@@ -1,4 +1,5 @@
-"""Token log-probs and entropy in row chunks; the plain version `token_logprobs` keeps a (B, K, V) log-softmax.
+"""Token log-probs and entropy in row chunks; the plain version (tests/test_loss.py: token_logprobs) keeps a (B, K, V)
+log-softmax.
 
     python -m pytest tests/test_loss.py -k "token_logprobs or entropy"
 """
@@ -7,17 +8,6 @@ import torch
 
 CHUNK_ELEMENTS = 1 << 25  # 128 MB on a GPU
 CPU_CHUNK_ELEMENTS = 1 << 19  # CPU: 2 MB, so a chunk stays in L2
-
-
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, entropy: bool = False,
-                   entropy_grad: bool = False):
-    """(B, T) float32 log-probs under softmax(logits / temperature); with `entropy`, also the entropies."""
-    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, T, V)
-    logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)  # (B, T)
-    if not entropy:
-        return logp
-    ent = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, ent if entropy_grad else ent.detach()
 
 
 def _chunks(n_rows: int, vocab: int, device: torch.device):
@@ -76,7 +66,7 @@ class _TokenLogprobs(torch.autograd.Function):
 
 def chunked_token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
                            entropy: bool = False, entropy_grad: bool = False):
-    """token_logprobs, computed by the row-chunked kernel."""
+    """The plain version's log-probs (and entropies), computed by the row-chunked kernel."""
     logp, ent = _TokenLogprobs.apply(logits, targets, float(temperature), entropy, entropy_grad)
     return (logp, ent) if entropy else logp
 

@@ -20,9 +20,21 @@ from loss import (
     policy_loss,
     tis_weights,
 )
-from speed.logprobs import chunked_token_logprobs, pad_batch, sequence_logprobs, token_logprobs
+from speed.logprobs import chunked_token_logprobs, pad_batch, sequence_logprobs
 
 CHUNK = "speed.logprobs.CPU_CHUNK_ELEMENTS"  # the kernel's row-chunk size on CPU, in float32 elements
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, entropy: bool = False,
+                   entropy_grad: bool = False):
+    """speed/logprobs.py's plain version: (B, T) float32 log-probs under softmax(logits / temperature); with `entropy`,
+    also the entropies, from a whole (B, T, V) log-softmax."""
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, T, V)
+    logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)  # (B, T)
+    if not entropy:
+        return logp
+    ent = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, ent if entropy_grad else ent.detach()
 
 
 def naive_logprobs(logits, targets, temperature=1.0):
