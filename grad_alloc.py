@@ -21,7 +21,6 @@ def bin_index(p: float) -> int:
 
 
 def prompt_budgets(adv: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """sum_i |A_gi| * len_gi per prompt."""
     return (adv.abs().double() * lengths.double()).sum(-1)  # (G,)
 
 
@@ -40,7 +39,6 @@ def allocation_table(pass_rates, adv, lengths) -> list[float]:
 
 
 def pass_rates_of(rewards: torch.Tensor, pass_threshold: float = 0.5) -> torch.Tensor:
-    """Each prompt's fraction of rewards >= pass_threshold."""
     return (torch.as_tensor(rewards).double() >= pass_threshold).double().mean(-1)  # (G,)
 
 

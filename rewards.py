@@ -295,7 +295,6 @@ def take_error_count() -> int:
 
 
 def _count_error(message: str):
-    """Count one reward error; print the run's first."""
     with _errors_lock:
         _errors["count"] += 1
         first, _errors["printed"] = not _errors["printed"], True

@@ -20,7 +20,6 @@ def first_line(err: BaseException, limit: int | None = 300, typed: bool = False)
 
 
 def choose(registry: dict, name: str, what: str):
-    """registry[name], else ValueError naming the registry's keys."""
     if name not in registry:
         raise ValueError(f"unknown {what} {name!r}; choose one of {', '.join(registry)}")
     return registry[name]

@@ -57,7 +57,6 @@ def fsync(path: str) -> None:
 
 
 def fsync_tree(folder: str) -> None:
-    """Every file and folder under `folder`, deepest first."""
     for root, _, names in os.walk(folder, topdown=False):
         for name in names:
             fsync(os.path.join(root, name))

@@ -121,7 +121,6 @@ def resolve_model(name_or_path: str) -> str:
 
 
 def check_finite(row_values):
-    """SamplingError if a row value is NaN, inf or 0."""
     if not bool((torch.isfinite(row_values) & (row_values != 0)).all()):
         raise SamplingError("the model's next-token distribution is not finite (NaN/inf logits): its weights are "
                             "broken, e.g. training diverged; lower --lr or resume from an earlier checkpoint")

@@ -44,7 +44,6 @@ def read_log(path: str, note: bool = True) -> list[dict]:
 
 
 def keep_steps(path: str, step: int):
-    """Drop a JSON Lines log's lines after `step`."""
     if os.path.exists(path):
         write_lines(path, [json.dumps(row) + "\n" for row in read_log(path) if row["step"] <= step])
 

@@ -88,7 +88,6 @@ RELATIVE_TOLERANCE = 1e-10  # float64 reorderings agree to ~1e-15
 
 @functools.lru_cache(maxsize=8)
 def _fixed_vector(n: int, device) -> torch.Tensor:
-    """(n,) float64 normal draws seeded by n."""
     return torch.randn(n, generator=torch.Generator().manual_seed(n), dtype=torch.float64).to(device)
 
 
