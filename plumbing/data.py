@@ -73,8 +73,7 @@ def _dataset(failed: str, *args, **kwargs):
 
 
 def read_rows(path: str | None, flag: str, hub: tuple | None, columns: dict, who: str, hint: str = ""):
-    """(rows, line numbers or None, source) of `path`, else of the `hub` dataset (id, config, split), checked
-    against `columns` ({name: type}, check_rows)."""
+    """(rows, line numbers or None, source) of `path`, else of the `hub` dataset (id, config, split), via check_rows."""
     advice, source = f"pass {flag} FILE (.jsonl or .parquet with columns {', '.join(columns)})", f"{flag} {path}"
     if path and (error := data_file_error(path, flag)):
         raise DataError(error)

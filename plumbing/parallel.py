@@ -47,8 +47,7 @@ def per_rank(values: dict[str, float], device) -> dict[str, float]:
 
 
 def shard(model, device, bf16: bool = False):
-    """FSDP2 per layer, the weights sent from rank 0 (the others may build `model` empty); `bf16`: verl's mixed
-    precision."""
+    """FSDP2 per layer, weights from rank 0 (the others may build `model` empty); `bf16`: verl's mixed precision."""
     full = get_model_state_dict(model) if dist.get_rank() == 0 else {}
     empty = any(p.is_meta for p in model.parameters())
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
