@@ -49,6 +49,8 @@ class _Args:
     max_tokens: int = arg(48, "max response tokens")
     temperature: float = arg(1.0, "rollout sampling temperature")
     top_p: float = arg(1.0, "rollout nucleus sampling (paper presets: 0.999)")
+    top_k: int = arg(0, "rollout top-k sampling, as vLLM's; 0: off")
+    min_p: float = arg(0.0, "rollout min-p sampling: drop tokens below MIN_P x the likeliest's probability; 0: off")
     lr: float = arg(2e-5, "AdamW learning rate")
     warmup_steps: int = arg(2, "linear learning-rate warmup, in optimizer steps")
     weight_decay: float = arg(0.01, "AdamW weight decay")
