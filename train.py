@@ -5,6 +5,7 @@
     torchrun --nproc_per_node 8 train.py --task countdown
 """
 
+import math
 import os
 import signal
 import sys
@@ -296,8 +297,11 @@ def make_optimizer(model, args: Args):
 
 
 def make_scheduler(optimizer, args: Args):
-    return torch.optim.lr_scheduler.LambdaLR(  # Appendix B.1
-        optimizer, lambda s: min(1.0, (s + 1) / args.warmup_steps) if args.warmup_steps else 1.0)
+    """Linear warmup (Appendix B.1), then constant, or a cosine to --min-lr-ratio x --lr at the last optimizer step."""
+    warmup, low, cosine = args.warmup_steps, args.min_lr_ratio, args.lr_schedule == "cosine"
+    span = max(1, args.steps * args.ppo_epochs * args.minibatches - 1 - warmup)  # optimizer steps the cosine spans
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if s < warmup else (
+        low + (1 - low) * (1 + math.cos(math.pi * min(1.0, (s - warmup) / span))) / 2 if cosine else 1.0))
 
 
 def evaluate_held_out(sampler, eval_sets, args: Args, rank: int, world: int, device, samples, step) -> dict:
