@@ -191,6 +191,7 @@ TRAIN_RULES = [  # (flags, valid, what valid means); NaN breaks each
     ("max_grad_norm", lambda v: v > 0, "> 0"),
     ("weight_decay beta filter_std", lambda v: 0 <= v < math.inf, "finite and >= 0"),
     ("entropy_coef", math.isfinite, "finite"),
+    ("top_entropy", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("clip_low", lambda v: 0 <= v < 1, "in [0, 1)"),
     ("gpu_memory_utilization", lambda v: 0 < v < 1, "in (0, 1)"),
     ("ref_ema min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]"),
