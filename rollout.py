@@ -41,7 +41,8 @@ class Completion:
 
 def plain_rollout(step: int, **run) -> Batch:
     """The paper's step. Rollouts decide on gathered scores only, so every rank makes the same collective calls."""
-    return sample_round(step, 0, **run)
+    args = run["args"]
+    return sample_round(step, 0, batch_indices(step, args.rollout_batch, len(run["train_set"]), args.seed), **run)
 
 
 def dapo_rollout(step: int, **run) -> Batch:
@@ -50,7 +51,8 @@ def dapo_rollout(step: int, **run) -> Batch:
     args, world, rank = run["args"], run["world"], run["rank"]
     n_local, rounds = args.rollout_batch // world, []
     while len(rounds) <= args.max_refill_rounds:
-        rounds.append(sample_round(step, len(rounds), **run))
+        indices = batch_indices(step, args.rollout_batch, len(run["train_set"]), args.seed, len(rounds))
+        rounds.append(sample_round(step, len(rounds), indices, **run))
         rewards = torch.stack([b.scores["rewards"] for b in rounds])  # (rounds, G, M)
         signal = (rewards.std(-1, correction=0) > args.filter_std).view(len(rounds), world, n_local)
         if (signal.sum((0, 2)) >= n_local).all():
@@ -63,13 +65,13 @@ def dapo_rollout(step: int, **run) -> Batch:
         "rollout/signal_frac_first": signal[0].float().mean().item(), "rollout/signal_frac": kept.mean().item()})
 
 
-ROLLOUTS = {"plain": plain_rollout, "dapo": dapo_rollout}
+ROLLOUTS = {"plain": plain_rollout, "dapo": dapo_rollout}  # a class: one instance a run, its state_dict() checkpointed
 
 
-def sample_round(step: int, refill: int, *, sampler, task, train_set, train_ids, weights, args, rank, world,
-                 device) -> Batch:
-    """Round `refill` of `step`, scored: this rank's prompts, M samples each."""
-    mine = batch_indices(step, args.rollout_batch, len(train_set), args.seed, refill)[rank::world]
+def sample_round(step: int, refill: int, indices: list, *, sampler, task, train_set, train_ids, weights, args, rank,
+                 world, device) -> Batch:
+    """Round `refill` of `step`, scored: this rank's share of the round's prompts `indices` (G,), M samples each."""
+    mine = indices[rank::world]
     examples, prompts = [train_set[i] for i in mine], [train_ids[i] for i in mine]
     seed = step_seed(args.seed, step, rank * (args.rollout_batch // world), args.rollout_batch, args.M, refill)
     groups = sampler.generate(prompts, n=args.M, max_tokens=args.max_tokens, temperature=args.temperature,
