@@ -49,8 +49,12 @@ class _Args:
     max_tokens: int = arg(48, "max response tokens")
     temperature: float = arg(1.0, "rollout sampling temperature")
     top_p: float = arg(1.0, "rollout nucleus sampling (paper presets: 0.999)")
+    top_k: int = arg(0, "rollout top-k sampling, as vLLM's; 0: off")
+    min_p: float = arg(0.0, "rollout min-p sampling: drop tokens below MIN_P x the likeliest's probability; 0: off")
     lr: float = arg(2e-5, "AdamW learning rate")
     warmup_steps: int = arg(2, "linear learning-rate warmup, in optimizer steps")
+    lr_schedule: str = arg("constant", "after the warmup: constant (Appendix B.1), or cosine to --min-lr-ratio x --lr")
+    min_lr_ratio: float = arg(0.0, "--lr-schedule cosine: the last optimizer step's lr, as a share of --lr")
     weight_decay: float = arg(0.01, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping")
     reference: str = arg("frozen", "KL reference policy (loss.py: REFERENCES): frozen, ema or reset")
@@ -173,7 +177,7 @@ def choices() -> dict:
     """Each string flag's registry, whose keys are its valid values."""
     return {"advantage": ESTIMATORS, "reward": ("exact", *REWARD_TERMS), **OPTION_CHOICES, "row_filter": ROW_FILTERS,
             "sampler": ("auto", *SAMPLERS), "dtype": ("auto", "bfloat16", "float32"), "rollout": ROLLOUTS,
-            "reference": REFERENCES}
+            "reference": REFERENCES, "lr_schedule": ("constant", "cosine")}
 
 
 TRAIN_RULES = [  # (flags, valid, what valid means); NaN breaks each
@@ -187,9 +191,10 @@ TRAIN_RULES = [  # (flags, valid, what valid means); NaN breaks each
     ("max_grad_norm", lambda v: v > 0, "> 0"),
     ("weight_decay beta filter_std", lambda v: 0 <= v < math.inf, "finite and >= 0"),
     ("entropy_coef", math.isfinite, "finite"),
+    ("top_entropy", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("clip_low", lambda v: 0 <= v < 1, "in [0, 1)"),
     ("gpu_memory_utilization", lambda v: 0 < v < 1, "in (0, 1)"),
-    ("ref_ema", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("ref_ema min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]"),
 ]
 
 
@@ -224,6 +229,7 @@ def train_rule_error(args: Args, task, world: int) -> str | None:
                                                                                  _Args.max_refill_rounds),
          "--filter-std and --max-refill-rounds are read by --rollout dapo only"),
         (args.overlong_buffer < args.max_tokens, "--overlong-buffer must be in [0, --max-tokens)"),
+        (args.lr_schedule == "cosine" or args.min_lr_ratio == 0, "--min-lr-ratio is read by --lr-schedule cosine only"),
         (not getattr(task, "held_out_only", False), f"--task {args.task} is a held-out benchmark: use --eval-tasks"),
         (args.eval_examples or not (args.eval_samples or args.eval_tasks.strip()),
          "--eval-samples and --eval-tasks need --eval-examples >= 1"),

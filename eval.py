@@ -184,6 +184,8 @@ SAMPLING_RULES = [  # (flags, valid, what valid means); NaN breaks each
     ("temperature eval_temperature", lambda v: 1e-3 <= v < math.inf, "finite and >= 0.001 (below it logits / T "
      "overflow; a small --top-p samples near-greedily)"),
     ("top_p eval_top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("top_k", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0"),
+    ("min_p", lambda v: 0 <= v < 1, "in [0, 1)"),
     ("max_tokens", lambda v: 1 <= v <= MAX_TOKENS, f">= 1 and at most {MAX_TOKENS:,}"),
     ("seed", lambda v: v >= 0, ">= 0"),
 ]

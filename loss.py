@@ -26,7 +26,8 @@ class TokenMean(float):
 
 def policy_loss(logp, old_logp, adv, mask, *, ref_logp=None, sampler_logp=None, entropy=None, denominator=None,
                 norm_len=None, clip_low=0.2, clip_high=0.28, beta=1e-3, kl_estimator="k3", entropy_coef=0.0,
-                loss_terms="", loss_agg="token-mean", ratio="token", is_correction="none", is_cap=2.0, pg_loss="ppo"):
+                loss_terms="", loss_agg="token-mean", ratio="token", is_correction="none", is_cap=2.0, pg_loss="ppo",
+                top_entropy=1.0):
     """PPO clipped surrogate + beta * reference KL (Section 4) -> (loss, metrics). Tensors (B, T); adv: (B,).
 
     Options (config.py makes each a train.py flag with this help):
@@ -42,13 +43,19 @@ def policy_loss(logp, old_logp, adv, mask, *, ref_logp=None, sampler_logp=None, 
         is_correction: detached weights of the policy-gradient term for the sampler/trainer gap, from pi_old /
             pi_sampler and --is-cap (docs/training.md): token-tis, seq-tis (truncated), token-mask, seq-mask (masked)
         is_cap: --is-correction: the cap C on pi_old / pi_sampler (the mask modes keep [1/C, C])
-        pg_loss: the policy-gradient term (loss.py: PG_LOSSES): ppo, the paper's clip (Eq. 10); cispo; sapo
+        pg_loss: the policy-gradient term (loss.py: PG_LOSSES): ppo, the paper's clip (Eq. 10); dual-clip, cispo, sapo
+        top_entropy: keep the policy-gradient term on this share of tokens, highest entropy first (TRL's); 1: all
     """
     mask = mask.to(logp.dtype)
     adv = adv.to(logp.dtype)[:, None]  # (B, 1)
     log_rho = choose(RATIOS, ratio, "importance ratio")(logp, old_logp, mask)  # (B, T); no option name is rebound
     rho = torch.exp(log_rho.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))  # rho_t, (B, T)
     pg, pg_metrics = choose(PG_LOSSES, pg_loss, "policy-gradient term")(logp, rho, adv, clip_low, clip_high)  # Eq. 10
+    if top_entropy < 1 and mask.any():  # a micro-batch with no token (all masked) has nothing to keep
+        if entropy is None:
+            raise ValueError("top_entropy needs the entropies: pass entropy (sequence_logprobs, entropy=True)")
+        kept = entropy.detach() >= torch.quantile(entropy.detach()[mask > 0].float(), 1 - top_entropy)  # (B, T)
+        pg, pg_metrics["entropy_kept_frac"] = pg * kept, kept
     correction = choose(IS_CORRECTIONS, is_correction, "importance correction")(old_logp, sampler_logp, mask, is_cap)
     if correction is not None:
         pg = pg * correction[0]
@@ -84,6 +91,11 @@ def ppo(logp, rho, adv, clip_low, clip_high):
     return torch.maximum(-adv * rho, -adv * rho.clamp(1 - clip_low, 1 + clip_high)), {}  # Eq. 10
 
 
+def dual_clip(logp, rho, adv, clip_low, clip_high, c=3.0):  # Ye et al. 2020 (arXiv 1912.09729), verl's clip_ratio_c
+    pg, bound = ppo(logp, rho, adv, clip_low, clip_high)[0], torch.where(adv < 0, -c * adv, torch.inf)  # c |A| at most
+    return torch.minimum(pg, bound), {"dual_clip_frac": pg > bound}
+
+
 def cispo(logp, rho, adv, clip_low, clip_high):  # MiniMax-M1 (arXiv 2506.13585): every token keeps a gradient
     clipped = rho.clamp(1 - clip_low, 1 + clip_high)
     return -adv * clipped.detach() * logp, {"cispo_clip_frac": clipped != rho}
@@ -95,7 +107,7 @@ def sapo(logp, rho, adv, clip_low, clip_high, tau_pos=1.0, tau_neg=1.05):  # arX
     return -adv * gate * 4 / tau, {"sapo_gate_weight": 4 * gate * (1 - gate)}  # its gradient's share of PPO's
 
 
-PG_LOSSES = {"ppo": ppo, "cispo": cispo, "sapo": sapo}  # ppo: the paper's
+PG_LOSSES = {"ppo": ppo, "dual-clip": dual_clip, "cispo": cispo, "sapo": sapo}  # ppo: the paper's
 
 
 # --kl-estimator: per-token KL(pi_theta || pi_ref), (B, T)

@@ -41,7 +41,8 @@ class Completion:
 
 def plain_rollout(step: int, **run) -> Batch:
     """The paper's step. Rollouts decide on gathered scores only, so every rank makes the same collective calls."""
-    return sample_round(step, 0, **run)
+    args = run["args"]
+    return sample_round(step, 0, batch_indices(step, args.rollout_batch, len(run["train_set"]), args.seed), **run)
 
 
 def dapo_rollout(step: int, **run) -> Batch:
@@ -50,7 +51,8 @@ def dapo_rollout(step: int, **run) -> Batch:
     args, world, rank = run["args"], run["world"], run["rank"]
     n_local, rounds = args.rollout_batch // world, []
     while len(rounds) <= args.max_refill_rounds:
-        rounds.append(sample_round(step, len(rounds), **run))
+        indices = batch_indices(step, args.rollout_batch, len(run["train_set"]), args.seed, len(rounds))
+        rounds.append(sample_round(step, len(rounds), indices, **run))
         rewards = torch.stack([b.scores["rewards"] for b in rounds])  # (rounds, G, M)
         signal = (rewards.std(-1, correction=0) > args.filter_std).view(len(rounds), world, n_local)
         if (signal.sum((0, 2)) >= n_local).all():
@@ -63,17 +65,17 @@ def dapo_rollout(step: int, **run) -> Batch:
         "rollout/signal_frac_first": signal[0].float().mean().item(), "rollout/signal_frac": kept.mean().item()})
 
 
-ROLLOUTS = {"plain": plain_rollout, "dapo": dapo_rollout}
+ROLLOUTS = {"plain": plain_rollout, "dapo": dapo_rollout}  # a class: one instance a run, its state_dict() checkpointed
 
 
-def sample_round(step: int, refill: int, *, sampler, task, train_set, train_ids, weights, args, rank, world,
-                 device) -> Batch:
-    """Round `refill` of `step`, scored: this rank's prompts, M samples each."""
-    mine = batch_indices(step, args.rollout_batch, len(train_set), args.seed, refill)[rank::world]
+def sample_round(step: int, refill: int, indices: list, *, sampler, task, train_set, train_ids, weights, args, rank,
+                 world, device) -> Batch:
+    """Round `refill` of `step`, scored: this rank's share of the round's prompts `indices` (G,), M samples each."""
+    mine = indices[rank::world]
     examples, prompts = [train_set[i] for i in mine], [train_ids[i] for i in mine]
     seed = step_seed(args.seed, step, rank * (args.rollout_batch // world), args.rollout_batch, args.M, refill)
     groups = sampler.generate(prompts, n=args.M, max_tokens=args.max_tokens, temperature=args.temperature,
-                              top_p=args.top_p, seed=seed)
+                              top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=seed)
     limits = dict(max_tokens=args.max_tokens, overlong_buffer=args.overlong_buffer or max(1, args.max_tokens // 5))
     return Batch(examples, prompts, groups, score(task, examples, groups, weights, device, limits))
 
@@ -114,22 +116,27 @@ def score(task, examples, groups, weights: dict, device, limits=None) -> dict:
             "errors": all_reduce_sum([take_error_count()], device)[0]}
 
 
-def next_tokens(logits, generators, *, temperature, top_p, draw):
-    """(A, V) logits -> (A,) tokens and their log-probs; greedy at temperature 0."""
+def next_tokens(logits, generators, *, temperature, top_p, draw, top_k=0, min_p=0.0):
+    """(A, V) logits -> (A,) tokens and their log-probs; greedy at temperature 0. Filters as vLLM's, in its order."""
     logp_all = torch.log_softmax(logits if temperature in (0, 1) else logits / temperature, -1)  # (A, V)
     if temperature == 0:
         check_finite(logp_all.amax(-1).exp())  # NaN would make argmax pick silently
         token = logits.argmax(-1)  # (A,)
     else:
         kept = logp_all.exp()  # (A, V)
+        if min_p > 0:  # below min_p x the likeliest token's probability, after temperature
+            kept = kept.masked_fill(kept < min_p * kept.amax(-1, keepdim=True), 0.0)
+        if top_k > 0:  # the k likeliest, and any tied with the k-th
+            kept = kept.masked_fill(kept < kept.topk(min(top_k, kept.shape[-1]), -1).values[:, -1:], 0.0)
         if top_p < 1.0:  # the nucleus: the smallest top set whose mass reaches top_p
             sorted_probs, order = kept.sort(-1, descending=True)  # (A, V)
-            drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p
+            mass = kept.sum(-1, keepdim=True) if top_k or min_p else 1  # of what min-p and top-k kept, as vLLM
+            drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p * mass
             kept = kept.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
         token = draw(kept, torch.cat([torch.rand(1, generator=g, dtype=torch.float64, device=logits.device)
                                       for g in generators]))  # (A,), one uniform a row
     logp = logp_all.gather(-1, token[:, None]).squeeze(-1)  # (A,)
-    if temperature != 0 and top_p < 1.0:  # the renormalised nucleus is what it was drawn from
+    if temperature != 0 and (top_p < 1.0 or top_k or min_p):  # renormalised over the kept set it was drawn from
         logp = logp - kept.sum(-1).log()
     return token, logp
 
@@ -181,7 +188,7 @@ class HFSampler:
         self.seed, self.calls = seed, 0
 
     @torch.inference_mode()
-    def generate(self, prompts, *, n, max_tokens, temperature=1.0, top_p=1.0, seed=None):
+    def generate(self, prompts, *, n, max_tokens, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, seed=None):
         """G lists of n Completions; sample k of prompt i draws stream seed + i * n + k, as vLLM does."""
         if self._empty_weights():
             raise RuntimeError("the HF sampler is asleep: update_weights must give it weights before it samples")
@@ -193,7 +200,7 @@ class HFSampler:
         input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts])  # (G, P) left-padded
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])  # (G, P)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        choose = functools.partial(next_tokens, temperature=temperature, top_p=top_p,
+        choose = functools.partial(next_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                                    draw=cpu_sampler.draw if self.fast else draw)
         tokens, logps = self._decode(self.model, input_ids.to(device), mask.to(device), positions.to(device),
                                      generators, n=n, max_tokens=max_tokens, pad_id=self.pad_id, choose=choose,
@@ -318,15 +325,15 @@ class VLLMSampler:
                        logprobs_mode="processed_logprobs")  # as the trainer computes
         self.dtype = self.llm.model_config.dtype  # the weight check casts to it
 
-    def generate(self, prompts, *, n, max_tokens, temperature=1.0, top_p=1.0, seed=None):
+    def generate(self, prompts, *, n, max_tokens, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, seed=None):
         if self.asleep:
             raise RuntimeError("the vLLM engine is asleep: update_weights must give it weights before it samples")
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         # logprobs=0: the sampled token's
-        params = [SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                 seed=None if seed is None else seed + i * n, logprobs=0, detokenize=False)
+        params = [SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                 min_p=min_p, seed=None if seed is None else seed + i * n, logprobs=0, detokenize=False)
                   for i in range(len(prompts))]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         return [[Completion(list(c.token_ids), [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)],

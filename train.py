@@ -5,6 +5,7 @@
     torchrun --nproc_per_node 8 train.py --task countdown
 """
 
+import math
 import os
 import signal
 import sys
@@ -78,8 +79,9 @@ def train(args: Args) -> dict:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     optimizer = make_optimizer(model, args)
     scheduler = make_scheduler(optimizer, args)
+    rollout = ROLLOUTS[args.rollout]() if isinstance(ROLLOUTS[args.rollout], type) else ROLLOUTS[args.rollout]
     start_step = load_checkpoint(ckpt, model, optimizer, scheduler, rank, args.lr, args.weight_decay,
-                                 moving_ref) if ckpt else 0
+                                 moving_ref, rollout) if ckpt else 0
     n_params = run_log.param_counts(model)
     n_forwards = 1 + 3 * args.ppo_epochs + (ref_model is not None) + (not reuses_training_logprobs(args))
     if error := no_room_error(args.max_tokens, model.config.max_position_embeddings):
@@ -114,7 +116,7 @@ def train(args: Args) -> dict:
         run_log.report_eval(evals, "before", held_out(0), out_dir, task, len(test_set), master)
 
     metrics, hparams, estimators = {}, config.estimator_hparams(args), config.alloc_estimators(args)
-    rollout_step = partial(ROLLOUTS[args.rollout], sampler=sampler, task=task, train_set=train_set,
+    rollout_step = partial(rollout, sampler=sampler, task=task, train_set=train_set,
                            train_ids=train_ids, weights=weights, args=args, rank=rank, world=world, device=device)
     bar = tqdm(range(start_step, args.steps), initial=start_step, total=args.steps, disable=not master,
                desc=f"{args.advantage} on {args.task}")
@@ -148,7 +150,7 @@ def train(args: Args) -> dict:
             log.write(metrics)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
         if args.save_every and (step + 1) % args.save_every == 0 or step + 1 == args.steps and args.final_save:
-            save_checkpoint(out_dir, step + 1, model, optimizer, scheduler, tokenizer, args, moving_ref)
+            save_checkpoint(out_dir, step + 1, model, optimizer, scheduler, tokenizer, args, moving_ref, rollout)
 
     if eval_sets:
         scores = {key: value for key, value in metrics.items() if key.startswith("eval/")}
@@ -296,8 +298,11 @@ def make_optimizer(model, args: Args):
 
 
 def make_scheduler(optimizer, args: Args):
-    return torch.optim.lr_scheduler.LambdaLR(  # Appendix B.1
-        optimizer, lambda s: min(1.0, (s + 1) / args.warmup_steps) if args.warmup_steps else 1.0)
+    """Linear warmup (Appendix B.1), then constant, or a cosine to --min-lr-ratio x --lr at the last optimizer step."""
+    warmup, low, cosine = args.warmup_steps, args.min_lr_ratio, args.lr_schedule == "cosine"
+    span = max(1, args.steps * args.ppo_epochs * args.minibatches - 1 - warmup)  # optimizer steps the cosine spans
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if s < warmup else (
+        low + (1 - low) * (1 + math.cos(math.pi * min(1.0, (s - warmup) / span))) / 2 if cosine else 1.0))
 
 
 def evaluate_held_out(sampler, eval_sets, args: Args, rank: int, world: int, device, samples, step) -> dict:

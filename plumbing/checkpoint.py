@@ -207,7 +207,7 @@ def _nbytes(tree) -> int:
     return tree.numel() * tree.element_size() if isinstance(tree, torch.Tensor) else 0
 
 
-def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args, ref_model=None):
+def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args, ref_model=None, rollout=None):
     """Any rank's failure is one CheckpointError on all, the folder unchanged."""
     master = not dist.is_initialized() or dist.get_rank() == 0
     final, tmp, reason, error = os.path.join(out_dir, f"checkpoint-{step:06d}"), None, None, None
@@ -241,8 +241,8 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args,
                 model.save_pretrained(tmp, state_dict=untied(model, model_state))
                 tokenizer.save_pretrained(tmp)
                 torch.save({"step": step, "scheduler": scheduler.state_dict(), "param_groups": param_groups,
-                            "rng": rngs, "args": asdict(args), "reference": ref_model is not None},
-                           os.path.join(tmp, "trainer_state.pt"))
+                            "rng": rngs, "args": asdict(args), "reference": ref_model is not None,
+                            "rollout": getattr(rollout, "state_dict", dict)()}, os.path.join(tmp, "trainer_state.pt"))
                 fsync_tree(tmp)  # durable before the rename marks it complete
                 os.rename(tmp, final)
                 fsync(out_dir)
@@ -294,8 +294,8 @@ def prune_checkpoints(out_dir: str, keep: int, master: bool = True) -> list[str]
     return deleted
 
 
-def load_checkpoint(ckpt, model, optimizer, scheduler, rank, lr=None, weight_decay=None, ref_model=None) -> int:
-    """Restore (resharded); the step. `lr`, `weight_decay` override the saved."""
+def load_checkpoint(ckpt, model, optimizer, scheduler, rank, lr=None, weight_decay=None, ref_model=None, rollout=None):
+    """Restore (resharded) and the --rollout entry's state; the step. `lr`, `weight_decay` override the saved."""
     state = read_trainer_state(ckpt)  # before DCP unpickles
     own = [{k: group[k] for k in ("fused", "foreach", "capturable") if k in group} for group in optimizer.param_groups]
     shards, _ = sharded_state(model, optimizer, ref_model if state.get("reference") else None)
@@ -320,6 +320,8 @@ def load_checkpoint(ckpt, model, optimizer, scheduler, rank, lr=None, weight_dec
             group["weight_decay"] = weight_decay
     scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
     set_rng_state(state["rng"][rank if rank < len(state["rng"]) else 0])
+    if hasattr(rollout, "load_state_dict"):
+        rollout.load_state_dict(state.get("rollout", {}))
     return state["step"]
 
 

@@ -25,7 +25,7 @@ class FakeSampler:
     def __init__(self):
         self.calls = []  # (prompts, seed) per generate
 
-    def generate(self, prompts, *, n, max_tokens, temperature=1.0, top_p=1.0, seed=None):
+    def generate(self, prompts, *, n, max_tokens, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, seed=None):
         self.calls.append((len(prompts), seed))
         return [[Completion([1, 2], [-0.5, -0.5], str(k), "stop") for k in range(n)] for _ in prompts]
 

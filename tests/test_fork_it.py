@@ -72,7 +72,8 @@ ROW_FILTERS["equal-rewards"] = equal_rewards
 ROLLOUT = '''\
 def hardest_rollout(step: int, **run) -> Batch:
     """Keep the hardest groups: sample twice the prompts, keep each rank's half with the lowest mean reward."""
-    rounds = [sample_round(step, r, **run) for r in (0, 1)]
+    args, size = run["args"], len(run["train_set"])  # round r samples the data stream's r-th batch of the step
+    rounds = [sample_round(step, r, batch_indices(step, args.rollout_batch, size, args.seed, r), **run) for r in (0, 1)]
     world, n = run["world"], len(rounds[0].groups)
     mean = torch.stack([b.scores["rewards"].mean(-1) for b in rounds]).view(2, world, n)  # (rounds, ranks, G_local)
     picks = [sorted([(r, i) for r in (0, 1) for i in range(n)], key=lambda c: float(mean[c[0], q, c[1]]))[:n]

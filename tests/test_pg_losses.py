@@ -1,5 +1,6 @@
-"""The policy-gradient registry (loss.py: PG_LOSSES: ppo, cispo, sapo): hand values from each paper's equation,
-gradients by autograd against a direct formula, a metric in loss/, and option names that policy_loss never rebinds.
+"""The policy-gradient registry (loss.py: PG_LOSSES: ppo, dual-clip, cispo, sapo) and the top-entropy token mask:
+hand values from each paper's equation, gradients by autograd against a direct formula, a metric in loss/, and
+option names that policy_loss never rebinds.
 
     python -m pytest tests/test_pg_losses.py -q
 """
@@ -23,6 +24,7 @@ def sigmoid(x: float) -> float:
 # (adv, rho, logp) -> the per-token loss each paper's equation gives, by hand
 HAND = {
     "ppo": [(1.0, 1.5, -0.7, -1.28), (-1.0, 0.5, -0.7, 0.8), (-1.0, 5.0, -0.7, 5.0), (2.0, 1.1, -0.7, -2.2)],
+    "dual-clip": [(-1.0, 5.0, -0.7, 3.0), (-2.0, 2.0, -0.7, 4.0), (-1.0, 2.0, -0.7, 2.0), (1.0, 5.0, -0.7, -1.28)],
     "cispo": [(2.0, 1.5, -0.7, -2 * 1.28 * -0.7), (-1.0, 0.5, -0.7, 1 * 0.8 * -0.7), (1.0, 1.1, -0.3, -1.1 * -0.3)],
     "sapo": [(1.0, 1.2, -0.7, -sigmoid(0.2) * 4), (-1.0, 1.2, -0.7, sigmoid(1.05 * 0.2) * 4 / 1.05),
              (2.0, 0.5, -0.7, -2 * sigmoid(-0.5) * 4)],
@@ -35,6 +37,9 @@ def direct_grad(name: str, adv: float, rho: float) -> float:
     unclipped_branch = -adv * rho >= -adv * clipped  # PPO's max takes the unclipped term
     if name == "ppo":
         return -adv * rho if unclipped_branch else 0.0
+    if name == "dual-clip":
+        bound_acts = adv < 0 and max(-adv * rho, -adv * clipped) > -3 * adv
+        return 0.0 if bound_acts else direct_grad("ppo", adv, rho)
     if name == "cispo":
         return -adv * clipped
     tau = 1.0 if adv > 0 else 1.05  # sapo: d/d rho of 4 / tau sigmoid(tau (rho - 1)) is 4 s (1 - s)
@@ -43,11 +48,11 @@ def direct_grad(name: str, adv: float, rho: float) -> float:
 
 
 def test_the_registry_holds_the_paper_default_and_the_newer_losses():
-    assert {"ppo", "cispo", "sapo"} <= set(PG_LOSSES)
+    assert {"ppo", "dual-clip", "cispo", "sapo"} <= set(PG_LOSSES)
     assert inspect.signature(policy_loss).parameters["pg_loss"].default == "ppo"
 
 
-@pytest.mark.parametrize("name", ["ppo", "cispo", "sapo"])
+@pytest.mark.parametrize("name", ["ppo", "dual-clip", "cispo", "sapo"])
 def test_each_policy_gradient_term_against_hand_values_and_its_autograd_gradient(name):
     for adv, rho, logp_value, want in HAND[name]:
         old = logp_value - math.log(rho)
@@ -67,11 +72,12 @@ def test_each_newer_term_logs_its_own_metric_in_loss():
     logp = torch.zeros(4, 1)
     got = {name: policy_loss(logp, logp - rho.log(), adv, torch.ones(4, 1), beta=0.0, pg_loss=name)[1]
            for name in PG_LOSSES}
+    assert got["dual-clip"]["dual_clip_frac"] == pytest.approx(1 / 4)  # the first token alone: 5 > 3
     assert got["cispo"]["cispo_clip_frac"] == pytest.approx(2 / 4)  # 5 and 1.5 lie outside [0.8, 1.28]
     taus_rhos = [(1.05, 5), (1, 1.5), (1.05, 1), (1, 1.2)]  # tau_neg where A < 0
     gates = [4 * sigmoid(t * (r - 1)) * (1 - sigmoid(t * (r - 1))) for t, r in taus_rhos]
     assert got["sapo"]["sapo_gate_weight"] == pytest.approx(sum(gates) / 4, rel=1e-6)
-    assert not {"cispo_clip_frac", "sapo_gate_weight"} & set(got["ppo"])  # the paper's: as before
+    assert not {"dual_clip_frac", "cispo_clip_frac", "sapo_gate_weight"} & set(got["ppo"])  # the paper's: as before
 
 
 def test_the_default_term_is_the_papers_clip_to_the_bit():
@@ -89,14 +95,29 @@ def test_policy_loss_never_rebinds_an_option_name():
     tree = ast.parse(inspect.getsource(policy_loss))
     function = tree.body[0]
     options = {arg.arg for arg in function.args.kwonlyargs}
-    assert {"ratio", "pg_loss", "clip_low"} <= options
+    assert {"ratio", "pg_loss", "top_entropy"} <= options
     rebound = {node.id for node in ast.walk(function) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
     assert not options & rebound, options & rebound
 
 
+def test_the_top_entropy_mask_keeps_the_highest_entropy_share_of_tokens():
+    logp, old = torch.zeros(1, 4, requires_grad=True), torch.zeros(1, 4)
+    entropy = torch.tensor([[0.1, 0.9, 0.5, 0.3]])
+    value, metrics = policy_loss(logp, old, torch.tensor([1.0]), torch.ones(1, 4), beta=0.0, entropy=entropy,
+                                 top_entropy=0.5)
+    value.backward()
+    # the median of the four entropies is 0.4: tokens 1 and 2 keep their -A rho / 4 gradient, the others none
+    assert logp.grad.tolist() == [[0.0, -0.25, -0.25, 0.0]]
+    assert metrics["entropy_kept_frac"] == 0.5 and value.item() == pytest.approx(-0.5)
+    with pytest.raises(ValueError, match="top_entropy needs the entropies"):
+        policy_loss(logp, old, torch.tensor([1.0]), torch.ones(1, 4), top_entropy=0.5)
+    masked, metrics = policy_loss(logp, old, torch.tensor([1.0]), torch.zeros(1, 4), entropy=entropy, top_entropy=0.5)
+    assert masked.item() == 0.0 and "entropy_kept_frac" not in metrics  # a micro-batch the row filter emptied
+
+
 @pytest.mark.parametrize("argv, message", [
-    (["--pg-loss", "grpo"], "--pg-loss must be one of ppo, cispo, sapo"),
-    (["--pg-loss", "dual-clip"], "--pg-loss must be one of ppo, cispo, sapo"),
+    (["--pg-loss", "grpo"], "--pg-loss must be one of ppo, dual-clip, cispo, sapo"),
+    (["--top-entropy", "0"], "--top-entropy must be in (0, 1]"),
 ])
 def test_the_new_flags_refuse_what_they_cannot_mean(argv, message, capsys, tmp_path):
     from tests.test_nothing_silent import train_refuses
@@ -104,14 +125,15 @@ def test_the_new_flags_refuse_what_they_cannot_mean(argv, message, capsys, tmp_p
     assert message in train_refuses(argv, capsys, tmp_path)
 
 
-@pytest.mark.parametrize("pg_loss, metric", [("cispo", "loss/cispo_clip_frac"), ("sapo", "loss/sapo_gate_weight")])
-def test_a_run_logs_its_terms_metric(pg_loss, metric, tiny_model_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("pg_loss, metric", [("cispo", "loss/cispo_clip_frac"), ("sapo", "loss/sapo_gate_weight"),
+                                             ("dual-clip", "loss/dual_clip_frac")])
+def test_a_run_logs_its_terms_metric_and_the_kept_share(pg_loss, metric, tiny_model_dir, tmp_path, monkeypatch):
     import tasks
     import train
     from tests.dist_train import DigitTask
     from tests.test_train import read_metrics, tiny_args
 
     monkeypatch.setitem(tasks.TASKS, "digits", DigitTask())
-    train.main(tiny_args(tiny_model_dir, tmp_path, steps=2, pg_loss=pg_loss))
+    train.main(tiny_args(tiny_model_dir, tmp_path, steps=2, pg_loss=pg_loss, top_entropy=0.5))
     rows = read_metrics(tmp_path / "metrics.jsonl")
-    assert len(rows) == 2 and all(0 <= row[metric] <= 1 for row in rows)
+    assert len(rows) == 2 and all(0 <= row[metric] <= 1 and 0 < row["loss/entropy_kept_frac"] <= 1 for row in rows)

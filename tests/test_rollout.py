@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from plumbing.models import SamplingError
 from plumbing.sync import probe_sync
-from rollout import HFSampler, draw, make_sampler, resolve_model
+from rollout import HFSampler, draw, make_sampler, next_tokens, resolve_model
 from speed import cpu_sampler
 from speed.logprobs import pad_batch, sequence_logprobs
 
@@ -91,6 +91,48 @@ def test_greedy_matches_hf_generate(sampler, prompts, trainer):
     # A vanishing nucleus keeps only the most likely token: sampling becomes greedy.
     nucleus = sampler.generate(prompts, n=2, max_tokens=10, top_p=1e-6, seed=3)
     assert [[c.token_ids for c in g] for g in nucleus] == [[g[0].token_ids] * 2 for g in ours]
+
+
+def kept_by(probs, **filters):
+    """next_tokens' kept set over one row of probabilities (vLLM's filters), and the renormalised log-prob of
+    token 1, which a stub draw picks."""
+    seen = []
+    _, logp = next_tokens(torch.tensor([probs]).log(), [torch.Generator()], draw=lambda kept, u: seen.append(kept)
+                          or torch.tensor([1]), **{"temperature": 1.0, "top_p": 1.0, **filters})
+    return (seen[0][0] > 0).nonzero().squeeze(-1).tolist(), logp.item()
+
+
+def test_top_k_and_min_p_keep_by_hand_what_vllm_keeps():
+    probs = [0.5, 0.2, 0.15, 0.1, 0.05]
+    assert kept_by(probs) == ([0, 1, 2, 3, 4], pytest.approx(math.log(0.2), abs=1e-6))  # off: as before
+    assert kept_by(probs, top_k=2) == ([0, 1], pytest.approx(math.log(0.2 / 0.7), abs=1e-6))
+    assert kept_by(probs, top_k=9)[0] == [0, 1, 2, 3, 4]  # k past the vocabulary keeps it all
+    assert kept_by(probs, min_p=0.35)[0] == [0, 1]  # below 0.35 x 0.5 = 0.175
+    # min-p after temperature (vLLM's): at T 0.5 the probabilities are p^2 / 0.325, and 0.15^2 falls below 0.15 x 0.25
+    assert kept_by(probs, min_p=0.15)[0] == [0, 1, 2, 3] and kept_by(probs, min_p=0.15, temperature=0.5)[0] == [0, 1]
+    # top-p acts on what top-k kept, renormalised (vLLM's order): 0.7 / 0.85 reaches 0.8, 0.7 alone would not
+    assert kept_by(probs, top_k=3, top_p=0.8)[0] == [0, 1] and kept_by(probs, top_p=0.8)[0] == [0, 1, 2]
+
+
+def test_top_k_and_min_p_sample_inside_the_kept_set_with_renormalised_logprobs(sampler, prompts, trainer):
+    greedy = [[g[0].token_ids] * 2 for g in sampler.generate(prompts, n=1, max_tokens=10, temperature=0)]
+    for filters in (dict(top_k=1), dict(min_p=0.999)):  # one token left: sampling becomes greedy
+        assert [[c.token_ids for c in g] for g in sampler.generate(prompts, n=2, max_tokens=10, seed=3,
+                                                                   **filters)] == greedy
+    groups = sampler.generate(prompts, n=3, max_tokens=16, top_k=5, min_p=0.05, seed=0)
+    full = trainer_logprobs(trainer, prompts, groups, 1.0)
+    for c, logp in zip([c for group in groups for c in group], full):
+        gap = torch.tensor(c.logprobs) - logp
+        assert (gap > -1e-5).all() and (gap > 1e-3).any()  # the kept set's mass m < 1 raises each by -log m
+    assert groups != sampler.generate(prompts, n=3, max_tokens=16, seed=0)
+
+
+@pytest.mark.parametrize("argv, message", [(["--top-k", "-1"], "--top-k must be an integer >= 0, got -1"),
+                                           (["--min-p", "1"], "--min-p must be in [0, 1), got 1")])
+def test_the_sampling_filters_refuse_what_they_cannot_mean(argv, message, capsys, tmp_path):
+    from tests.test_nothing_silent import train_refuses
+
+    assert message in train_refuses(argv, capsys, tmp_path)
 
 
 def test_eos_and_length(sampler, prompts):
@@ -261,8 +303,10 @@ def test_finished_rows_leave_the_batch_without_changing_samples(sampler, prompts
             assert alone.token_ids == groups[i][k].token_ids
 
 
-@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9), (0.0, 1.0)])
-def test_cpu_fast_path_samples_what_the_plain_loop_samples(tiny_model_dir, prompts, trainer, temperature, top_p):
+@pytest.mark.parametrize("temperature,top_p,filters", [(1.0, 1.0, {}), (0.7, 0.9, {}), (0.0, 1.0, {}),
+                                                        (0.9, 0.95, dict(top_k=20, min_p=0.01))])
+def test_cpu_fast_path_samples_what_the_plain_loop_samples(tiny_model_dir, prompts, trainer, temperature, top_p,
+                                                          filters):
     """speed/cpu_sampler.py against rollout.HFSampler's plain loop (DynamicCache, eager attention, the full-CDF
     draw, every row decoded to the end): the same tokens, log-probs equal to float rounding, on sampled, nucleus
     and greedy rows, with rows leaving the fast batch; and again after a weight sync."""
@@ -270,8 +314,8 @@ def test_cpu_fast_path_samples_what_the_plain_loop_samples(tiny_model_dir, promp
     assert fast.fast is not None and plain.fast is None
 
     def compare():
-        a = fast.generate(prompts, n=16, max_tokens=40, temperature=temperature, top_p=top_p, seed=3)
-        b = plain.generate(prompts, n=16, max_tokens=40, temperature=temperature, top_p=top_p, seed=3)
+        a = fast.generate(prompts, n=16, max_tokens=40, temperature=temperature, top_p=top_p, seed=3, **filters)
+        b = plain.generate(prompts, n=16, max_tokens=40, temperature=temperature, top_p=top_p, seed=3, **filters)
         assert [[c.token_ids for c in g] for g in a] == [[c.token_ids for c in g] for g in b]
         assert [[c.finish_reason for c in g] for g in a] == [[c.finish_reason for c in g] for g in b]
         for x, y in zip([c for g in a for c in g], [c for g in b for c in g]):

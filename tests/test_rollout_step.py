@@ -202,6 +202,59 @@ def test_dapo_run_resumes_exactly(tiny_model_dir, tmp_path, digits):
     assert all(r["adv/zero_group_frac"] == pytest.approx(1 - r["rollout/signal_frac"]) for r in straight)
 
 
+class Curriculum:
+    """A stateful --rollout entry made in one file: each step samples the prompts with the fewest passes so far (ties
+    in an order turned by the step), and its state, the per-prompt pass counts, is checkpoint state."""
+
+    def __init__(self):
+        self.passes = {}  # prompt index -> samples that passed, over the run
+
+    def __call__(self, step: int, **run) -> rollout.Batch:
+        n, world, size = len(run["train_set"]), run["world"], run["args"].rollout_batch
+        indices = sorted(range(n), key=lambda i: (self.passes.get(i, 0), (i + 5 * step) % n))[:size]
+        batch = rollout.sample_round(step, 0, indices, **run)
+        gathered = [i for q in range(world) for i in indices[q::world]]  # the scores' rank order
+        for i, passed in zip(gathered, batch.scores["passed"].sum(-1).tolist()):
+            self.passes[i] = self.passes.get(i, 0) + int(passed)
+        batch.metrics = {"curriculum/passes": sum(self.passes.values()), "curriculum/first": indices[0]}
+        return batch
+
+    def state_dict(self) -> dict:
+        return {"passes": dict(self.passes)}
+
+    def load_state_dict(self, state: dict):
+        self.passes = dict(state["passes"])
+
+
+def test_a_stateful_rollout_entry_resumes_exactly(tiny_model_dir, tmp_path, digits, monkeypatch):
+    """ROLLOUTS' one hook: a class entry is made once a run, its state_dict() saved in trainer_state.pt and given back
+    to load_state_dict() at --resume, so 4 straight steps equal 2 steps and a resume, to the bit."""
+    from safetensors.torch import load_file
+
+    from plumbing.checkpoint import read_trainer_state
+    from tests.test_train import tiny_args
+
+    monkeypatch.setitem(rollout.ROLLOUTS, "curriculum", Curriculum)
+    split = tmp_path / "split"
+    train.main(tiny_args(tiny_model_dir, tmp_path / "straight", rollout="curriculum", steps=4))
+    train.main(tiny_args(tiny_model_dir, split, rollout="curriculum", steps=2))
+    saved = read_trainer_state(str(split / "checkpoint-000002"))["rollout"]
+    train.main(tiny_args(tiny_model_dir, split, rollout="curriculum", steps=4, resume=str(split)))
+
+    def comparable(rows):
+        return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows]
+
+    straight = read_metrics(tmp_path / "straight" / "metrics.jsonl")
+    assert len(straight) == 4 and comparable(straight) == comparable(read_metrics(tmp_path / "split" / "metrics.jsonl"))
+    assert read_metrics(tmp_path / "split" / "completions.jsonl") == read_metrics(
+        tmp_path / "straight" / "completions.jsonl")
+    a, b = (load_file(tmp_path / run / "checkpoint-000004" / "model.safetensors") for run in ("straight", "split"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # the state mattered: it was saved, and the steps after the resume read it
+    assert sum(saved["passes"].values()) == straight[1]["curriculum/passes"] > 0
+    assert straight[-1]["curriculum/passes"] > straight[1]["curriculum/passes"]
+
+
 def torchrun(*job):
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            os.path.join(ROOT, "tests", "dist_rollout.py"), *job],

@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rollout import make_sampler
+from rollout import make_sampler, next_tokens
 from speed.logprobs import pad_batch, sequence_logprobs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,6 +26,7 @@ VLLM_PYTHON = os.environ.get("SOFTMAX_GRPO_VLLM_PYTHON", os.path.join(ROOT, ".ve
 # sampler (gaps of ~1) or a wrong temperature (~0.1).
 TOLERANCE = 1e-4
 
+FILTERS = [dict(top_k=1), dict(min_p=0.999), dict(top_k=5), dict(min_p=0.1), dict(top_k=8, min_p=0.05, top_p=0.9)]
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not os.path.exists(VLLM_PYTHON), reason="vLLM not available: run "
@@ -46,7 +47,7 @@ def vllm_run(tiny_model_dir, tmp_path_factory):
     tokenizer = make_sampler("hf", tiny_model_dir, dtype="float32").tokenizer
     prompts = [tokenizer.encode(text) for text in ("abc", "a longer prompt, so it pads", "x")]
     job = {"model": tiny_model_dir, "perturbed": str(tmp / "perturbed"), "prompts": prompts, "n": 4,
-           "max_tokens": 16, "temperature": 0.8, "eos": tokenizer.eos_token_id}
+           "max_tokens": 16, "temperature": 0.8, "eos": tokenizer.eos_token_id, "filters": FILTERS}
     (tmp / "job.json").write_text(json.dumps(job))
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1",
                PYTHONPATH=ROOT, HF_HUB_OFFLINE="1")
@@ -91,6 +92,33 @@ def test_greedy_matches_hf_sampler(vllm_run, tiny_model_dir):
     hf = make_sampler("hf", tiny_model_dir, dtype="float32")
     ours = hf.generate(job["prompts"], n=1, max_tokens=job["max_tokens"], temperature=0)
     assert [g[0].token_ids for g in ours] == [g[0]["token_ids"] for g in result["greedy"]]
+
+
+@pytest.mark.parametrize("index", range(len(FILTERS)))
+def test_top_k_and_min_p_keep_what_the_hf_sampler_keeps(vllm_run, tiny_model_dir, index):
+    """rollout.next_tokens' filters on the trainer's logits: each token vLLM drew is in the set the HF sampler keeps,
+    at the log-prob it gives it (renormalised over that set); with one token left, vLLM's draws are HF's greedy."""
+    job, result = vllm_run
+    groups, filters = result["filtered"][index], FILTERS[index]
+    if filters in (dict(top_k=1), dict(min_p=0.999)):
+        greedy = [[g[0]["token_ids"]] * job["n"] for g in result["greedy"]]
+        assert [[c["token_ids"] for c in g] for g in groups] == greedy
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    for prompt, group in zip(job["prompts"], groups):
+        for c in group:
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt + c["token_ids"]])).logits[0, len(prompt) - 1:-1]  # (K, V)
+            kept, logp = hf_filters(logits, torch.tensor(c["token_ids"]), job["temperature"], filters)
+            assert (kept.gather(-1, torch.tensor(c["token_ids"])[:, None]) > 0).all()
+            assert (logp - torch.tensor(c["logprobs"])).abs().max() < TOLERANCE
+
+
+def hf_filters(logits, tokens, temperature, filters):
+    """The HF sampler's kept probabilities (K, V) over `logits`, and the log-probs it gives `tokens` (K,)."""
+    seen = []
+    _, logp = next_tokens(logits, [None] * len(tokens), draw=lambda kept, u: seen.append(kept) or tokens,
+                          **{"temperature": temperature, "top_p": 1.0, **filters})
+    return seen[0], logp
 
 
 def test_weight_sync(vllm_run):

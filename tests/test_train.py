@@ -354,6 +354,47 @@ def test_resume_gives_identical_weights_and_metrics(tiny_model_dir, tmp_path, di
     assert any(r["loss/ratio_mean"] != 1.0 for r in straight)  # the off-policy path (old_logp pass) ran
 
 
+def scheduled_lrs(**flags) -> list[float]:
+    """The lr of each optimizer step of a run with `flags` (train.make_scheduler)."""
+    args = replace(train.Args(), lr=1.0, **flags)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=args.lr)
+    scheduler, out = train.make_scheduler(optimizer, args), []
+    for _ in range(args.steps * args.ppo_epochs * args.minibatches):
+        out.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    return out
+
+
+def test_the_cosine_schedule_keeps_the_warmup_then_falls_to_its_floor_at_the_last_step():
+    got = scheduled_lrs(steps=10, warmup_steps=2, lr_schedule="cosine", min_lr_ratio=0.1)
+    assert got[:3] == [0.5, 1.0, 1.0]  # the warmup, as before; its end is the cosine's top
+    assert got[-1] == pytest.approx(0.1)  # the last optimizer step: --min-lr-ratio x --lr
+    assert got[5] == pytest.approx(0.1 + 0.9 * (1 + math.cos(math.pi * 3 / 7)) / 2)
+    assert all(a >= b for a, b in zip(got[2:], got[3:]))
+    two = scheduled_lrs(steps=5, ppo_epochs=2, warmup_steps=0, lr_schedule="cosine")  # counted in optimizer steps
+    assert len(two) == 10 and two[0] == 1.0 and two[-1] == pytest.approx(0.0, abs=1e-12)
+    # the paper's constant schedule, to the bit
+    assert scheduled_lrs(steps=6, warmup_steps=3) == [min(1.0, (s + 1) / 3) for s in range(6)]
+    assert scheduled_lrs(steps=3, warmup_steps=0) == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--min-lr-ratio", "0.1"], "--min-lr-ratio is read by --lr-schedule cosine only"),
+    (["--lr-schedule", "cosine", "--min-lr-ratio", "1.5"], "--min-lr-ratio must be in [0, 1]"),
+    (["--lr-schedule", "linear"], "--lr-schedule must be one of constant, cosine")])
+def test_the_schedule_flags_refuse_what_they_cannot_mean(argv, message, capsys, tmp_path):
+    from tests.test_nothing_silent import train_refuses
+
+    assert message in train_refuses(argv, capsys, tmp_path)
+
+
+def test_a_run_logs_its_cosine_lr(tiny_model_dir, tmp_path, digits):
+    train.main(tiny_args(tiny_model_dir, tmp_path, steps=3, warmup_steps=1, lr_schedule="cosine", min_lr_ratio=0.5))
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [row["lr"] for row in rows] == pytest.approx([3e-3, 3e-3, 1.5e-3])  # a 1-step warmup, the top, the floor
+
+
 def test_resume_restores_the_rng_after_an_engine_reseeds_it(tiny_model_dir, tmp_path, digits, monkeypatch):
     """vLLM's engine set-up seeds python's, numpy's and torch's global RNGs (as this stand-in does): a resumed run
     continues with the states its checkpoint saved, not the engine's."""

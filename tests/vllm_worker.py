@@ -69,6 +69,8 @@ def main(job_path, result_path):
                   sync_old=probe_sync(sampler, old, prompts).diff)
     sampler.update_weights(old.named_parameters())
     result["restored"] = sample()
+    result["filtered"] = [as_lists(sampler.generate(prompts, n=n, max_tokens=max_tokens, temperature=temperature,
+                                                    seed=0, **filters)) for filters in job["filters"]]
     result["device"] = str(sampler.device())  # as the engine reports it (scripts/gpu_check.sh's device gate)
     result["weight_checks"] = weight_checks(sampler, old, new)
     sampler.close()
