@@ -38,7 +38,7 @@ from plumbing.checkpoint import (
     save_checkpoint,
 )
 from plumbing.cli import first_line
-from plumbing.files import WriteError
+from plumbing.files import WriteError, write_json
 from plumbing.models import ModelLoadError, SamplingError, load_model, load_tokenizer
 from plumbing.parallel import all_reduce_sum, full_weights, init_distributed, local, shard
 from plumbing.sync import SyncError, check_probe, check_weights, probe_sync, weight_checksums
@@ -70,6 +70,9 @@ def train(args: Args) -> dict:
     weights = reward_weights(task, args.reward, args.reward_weights)  # r = sum_k w_k r_k
     train_set, test_set = load_data(args, task, weights, master)
     eval_sets = load_eval_sets(args, task, test_set, TASKS)
+    if master and train_set[0].revision:  # the data's sha256 or hub commit, as the official prepare_data.py's manifest
+        write_json(os.path.join(out_dir, "data.json"), {"train": train_set[0].revision, **{
+            name: rows[0].revision for name, (_, rows) in eval_sets.items()}})
     ckpt, init_path = find_checkpoint(args.resume) if args.resume else None, resolve_model(args.model)
     if ckpt and master and (changed := changed_flags(ckpt, asdict(args))):
         print(f"resume: continuing {ckpt} with changed flags: {changed}")
