@@ -404,8 +404,7 @@ def load_data(args, task: Task, weights: dict, master: bool = True) -> tuple[lis
                 for ex in TASKS[name].load("test", data_file=dict(parse_eval_tasks(args.eval_tasks, TASKS)).get(name))}
         kept = [ex for ex in train_set if digest(*ex.prompt[-1]["content"].split()) not in held]
         if master:
-            print(f"note: {len(train_set) - len(kept)} {task.name} training prompt(s) also in "
-                  f"{' or '.join(task.decontaminate)}: dropped", flush=True)
+            print(f"note: dropped {len(train_set) - len(kept)} training prompt(s) in {'/'.join(task.decontaminate)}")
         train_set = kept
     if args.eval_examples and not test_set and master:
         print(f"note: --data-file {args.data_file} leaves no held-out rows (tasks.py holds out ~10% by prompt "

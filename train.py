@@ -70,9 +70,6 @@ def train(args: Args) -> dict:
     weights = reward_weights(task, args.reward, args.reward_weights)  # r = sum_k w_k r_k
     train_set, test_set = load_data(args, task, weights, master)
     eval_sets = load_eval_sets(args, task, test_set, TASKS)
-    if master and train_set[0].revision:  # the data's sha256 or hub commit, as the official prepare_data.py's manifest
-        write_json(os.path.join(out_dir, "data.json"), {"train": train_set[0].revision, **{
-            name: rows[0].revision for name, (_, rows) in eval_sets.items()}})
     ckpt, init_path = find_checkpoint(args.resume) if args.resume else None, resolve_model(args.model)
     if ckpt and master and (changed := changed_flags(ckpt, asdict(args))):
         print(f"resume: continuing {ckpt} with changed flags: {changed}")
@@ -115,6 +112,9 @@ def train(args: Args) -> dict:
     evals = run_log.read_evals(out_dir) if ckpt else {}  # a resumed run keeps its "before" score
     if eval_sets and start_step == 0:
         run_log.report_eval(evals, "before", held_out(0), out_dir, task, len(test_set), master)
+    if master and train_set[0].revision:  # the data's sha256 or hub commit, as the official prepare_data.py's manifest
+        write_json(os.path.join(out_dir, "data.json"), {"train": train_set[0].revision, **{
+            name: rows[0].revision for name, (_, rows) in eval_sets.items()}})
 
     metrics, hparams, estimators = {}, config.estimator_hparams(args), config.alloc_estimators(args)
     rollout_step = partial(ROLLOUTS[args.rollout], sampler=sampler, task=task, train_set=train_set,
