@@ -167,6 +167,13 @@ PRESETS = {  # explicit flags override these; micro_batch, gpu_memory_utilizatio
     "openthoughts": dict(PAPER, tau=0.3, M=8, rollout_batch=512, steps=3220, max_tokens=6144, reward="sim",
                          reward_weights="format=0.35,sim=0.65",
                          micro_batch=8, gpu_memory_utilization=0.78),
+    "polaris": dict(PAPER, model="Qwen/Qwen3-1.7B-Base", tau=0.3, M=16,  # qwen3_base.yaml: path, softmaxgrpo_tau, n
+                    rollout_batch=256, max_tokens=4096, steps=1040,  # train_batch_size, max_response_length, 5 epochs
+                    clip_high=0.2, max_grad_norm=0.3, beta=0.0,  # clip_ratio_high, grad_clip, use_kl_loss false
+                    top_p=1.0, gpu_memory_utilization=0.7, eval_every=50,  # top_p, gpu_memory_utilization, test_freq
+                    save_every=50, seed=79, eval_tasks="aime25,math500",  # save_freq, data.seed, val_files
+                    eval_samples=32, eval_temperature=0.6, eval_top_p=0.95,  # val_kwargs: n, temperature, top_p
+                    micro_batch=8, plan_gpus=32),  # the plan on 80 GB; trainer.nnodes 4 x n_gpus_per_node 8
 }
 
 

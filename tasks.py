@@ -5,6 +5,7 @@
 
 import hashlib
 import itertools
+import mmap
 import os
 import random
 import re
@@ -27,6 +28,7 @@ class Example:
     meta: dict = field(default_factory=dict)
     uid: str = ""  # task name + prompt hash
     source: str = ""  # "FILE line 3"
+    revision: str = ""  # its file's sha256 or its hub dataset's commit
 
 
 @dataclass(kw_only=True)
@@ -60,6 +62,7 @@ class Task:
     demos: Demonstrations | None = None
     prompt_tokens: int = 1024  # for tools/memory_plan.py
     held_out_only: bool = False  # a benchmark: never trained on
+    decontaminate: tuple[str, ...] = ()  # held-out sets whose prompts training drops (load_data)
 
     @property
     def has_verifier(self) -> bool:
@@ -268,6 +271,10 @@ TASKS: dict[str, Task] = {task.name: task for task in [
          answer=rewards.integer_answer, prompt_tokens=40),
     Task(name="countdown24", generate=_countdown24, verifier=_countdown_verifier, answer=rewards.countdown_expression,
          prompt_tokens=120),
+    Task(name="polaris", hub_id="POLARIS-Project/Polaris-Dataset-53K", key=("problem",), verifier=_math_verifier,
+         columns={"problem": str, "answer": str | int | float}, answer=_boxed_or_answer,
+         decontaminate=("aime25", "math500"), make_example=lambda row: Example(  # no system message, as official
+             _chat(f"{str(row['problem']).strip()}\n{BOXED}", system=None), str(row["answer"]).strip(), "")),
     # held-out benchmarks (docs/eval.md)
     *(Task(name=name, hub_id=hub_id, hub_test_split=split, held_out_only=True, key=("problem",),
            columns={"problem": str, "answer": str | int | float}, verifier=_math_verifier, answer=_boxed_or_answer,
@@ -338,11 +345,16 @@ def _load_rows(task: Task, split: str, data_file, limit, seed: int, demos: bool,
     keep = keep[:limit] if limit is not None else keep
     made = _each(lambda row: (task.make_example(row), row.get("reference")), rows.select(keep), lines, source, what,
                  keep)
+    if path:  # the file's sha256, as the official prepare_data.py's manifest has it
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
+            revision = hashlib.sha256(view).hexdigest()
+    else:  # the hub commit: datasets caches a hub dataset's rows in a folder named by it
+        revision = os.path.basename(os.path.dirname(next((file["filename"] for file in rows.cache_files), "")))
     golds = {}  # {prompt digest: its golds}
     for i, (example, own) in zip(keep, made):
         golds.setdefault(digests[i], set()).add(example.gold)
         example.reference = str(own or (references[puzzles[i]] if join else example.reference))
-        example.uid, example.source = uids[i], f"{source} {where(lines, i)}"
+        example.uid, example.source, example.revision = uids[i], f"{source} {where(lines, i)}", revision
         if demos and not example.reference.strip():
             why = "its 'reference' is empty" if "reference" in rows.column_names else f"the {task.name} row gives none"
             raise DataError(f"{source}: {where(lines, i)} has no demonstration for the similarity reward ({why}); "
@@ -386,6 +398,14 @@ def load_data(args, task: Task, weights: dict, master: bool = True) -> tuple[lis
                          **({} if task.has_verifier else demos)) if args.eval_examples else []
     if not train_set:
         raise DataError(f"--data-file {args.data_file}: every row falls in the held-out split (~10% by prompt hash)")
+    if task.decontaminate:  # as the official prepare_data.py: no training prompt that an evaluation set holds
+        from eval import parse_eval_tasks  # eval.py imports this file
+        held = {digest(*ex.prompt[-1]["content"].split()) for name in task.decontaminate  # the user turn, spacing aside
+                for ex in TASKS[name].load("test", data_file=dict(parse_eval_tasks(args.eval_tasks, TASKS)).get(name))}
+        kept = [ex for ex in train_set if digest(*ex.prompt[-1]["content"].split()) not in held]
+        if master:
+            print(f"note: dropped {len(train_set) - len(kept)} training prompt(s) in {'/'.join(task.decontaminate)}")
+        train_set = kept
     if args.eval_examples and not test_set and master:
         print(f"note: --data-file {args.data_file} leaves no held-out rows (tasks.py holds out ~10% by prompt "
               "hash): no evaluation before, during (--eval-every) or after training, no eval.json")

@@ -39,7 +39,7 @@ from plumbing.checkpoint import (
     save_checkpoint,
 )
 from plumbing.cli import first_line
-from plumbing.files import WriteError
+from plumbing.files import WriteError, write_json
 from plumbing.models import ModelLoadError, SamplingError, load_model, load_tokenizer
 from plumbing.parallel import all_reduce_sum, full_weights, init_distributed, local, shard
 from plumbing.sync import SyncError, check_probe, check_weights, probe_sync, weight_checksums
@@ -114,6 +114,9 @@ def train(args: Args) -> dict:
     evals = run_log.read_evals(out_dir) if ckpt else {}  # a resumed run keeps its "before" score
     if eval_sets and start_step == 0:
         run_log.report_eval(evals, "before", held_out(0), out_dir, task, len(test_set), master)
+    if master and train_set[0].revision:  # the data's sha256 or hub commit, as the official prepare_data.py's manifest
+        write_json(os.path.join(out_dir, "data.json"), {"train": train_set[0].revision, **{
+            name: rows[0].revision for name, (_, rows) in eval_sets.items()}})
 
     metrics, hparams, estimators = {}, config.estimator_hparams(args), config.alloc_estimators(args)
     rollout_step = partial(rollout, sampler=sampler, task=task, train_set=train_set,

@@ -26,7 +26,7 @@ VALID = {  # a valid row of each task read from a file; a new such task needs on
     "poetry": {"instruction": "Write a poem about rain.", "poem": "Rain falls."},
     "meetingbank": {"prompt": "The council met.", "compressed_prompt": "Council met."},
     "openthoughts": {"conversations": [{"from": "human", "value": "Why?"}, {"from": "gpt", "value": "Because."}]},
-    **{name: {"problem": "What is 1 plus 1?", "answer": "2"} for name in ("math500", "aime24", "aime25")},
+    **{name: {"problem": "What is 1 plus 1?", "answer": "2"} for name in ("math500", "aime24", "aime25", "polaris")},
 }
 FILE_TASKS = [name for name in VALID if name in TASKS]  # a fork's new task is not required here
 

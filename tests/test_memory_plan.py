@@ -258,3 +258,28 @@ def test_the_paper_presets_are_sized_by_the_plan_for_80_gb():
         larger = 2 * args["micro_batch"]
         assert larger > seqs or plan({**args, "micro_batch": larger}, gpus=gpus, gpu_gb=80, grad_checkpointing=True
                                      ).phases["train"] > 0.75 * 80 * memory_plan.GiB, task
+
+
+def test_the_official_qwen3_run_plans_on_its_32_gpus_and_its_preset_is_its_yaml():
+    """qwen3_base.yaml (docs/tasks.md, "Polaris"): Qwen3-1.7B-Base on trainer.nnodes 4 x n_gpus_per_node 8; the
+    shape counts every parameter but Qwen3's q/k norms (2 x head_dim a layer)."""
+    from transformers import Qwen3Config
+
+    from config import PRESETS
+
+    shape = model_shape("Qwen/Qwen3-1.7B-Base")
+    qwen3 = Qwen3Config(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                        intermediate_size=6144, vocab_size=151936, head_dim=128, tie_word_embeddings=True)
+    assert meta_params(qwen3) == shape.params + shape.layers * 2 * shape.head_dim
+    preset = PRESETS["polaris"]
+    assert preset["steps"] == 5 * (53_291 // 256)  # total_epochs 5 of 53,291 rows, verl dropping the last batch
+    assert {k: preset[k] for k in ("tau", "M", "rollout_batch", "max_tokens", "clip_high", "max_grad_norm", "beta",
+                                   "top_p", "seed", "eval_samples", "eval_top_p", "plan_gpus")} == dict(
+        tau=0.3, M=16, rollout_batch=256, max_tokens=4096, clip_high=0.2, max_grad_norm=0.3, beta=0.0, top_p=1.0,
+        seed=79, eval_samples=32, eval_top_p=0.95, plan_gpus=32)
+    result = run_script("train.py", "--task", "polaris", "--plan")
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[0] == "polaris (Qwen/Qwen3-1.7B-Base) on 32 x 80 GiB, with gradient checkpointing"
+    assert "128 sequences per rank per minibatch in micro-batches of 8" in result.stdout  # 256 x 16 / 32
+    assert lines[-1].startswith("fits: peak ") and "(rollout) of 80 GiB" in lines[-1]  # vLLM's 0.7 x 80 GiB

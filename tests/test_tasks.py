@@ -1,5 +1,6 @@
 """Tasks: loaders on fixture files (through the hub code path and --data-file), prompts, splits, rewards."""
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -540,3 +541,74 @@ def test_task_reward_scores_any_term_by_name(monkeypatch):
     assert task.reward("x", example, kind="gold_length") == len(str(a + b)) / 10  # a fork's term, by name
     monkeypatch.setitem(rewards.REWARD_TERMS, "big", lambda completion, ex: 7)
     assert task.reward("x", example, kind="big") == 1.0  # every term is clipped to [0, 1] (rewards.safe_reward)
+
+
+# ---- polaris: the official code's Qwen3 run (softmaxgrpo/prepare_data.py)
+def polaris_args(tmp_path, **overrides):
+    from config import Args
+
+    aime25 = tmp_path / "aime25.jsonl"  # the AIME fixture's problems, as an AIME 2025 file
+    aime25.write_text((FIXTURES / "aime24.jsonl").read_text())
+    return Args(**{"task": "polaris", "data_file": str(FIXTURES / "polaris.jsonl"), "eval_examples": 8,
+                   "eval_tasks": f"aime25={aime25},math500={FIXTURES / 'math500.jsonl'}", **overrides})
+
+
+def test_polaris_rows_are_the_official_user_only_boxed_prompts_scored_by_the_math_verifier():
+    task, path = get_task("polaris"), str(FIXTURES / "polaris.jsonl")
+    examples = task.load("train", data_file=path) + task.load("test", data_file=path)
+    by_problem = {row["problem"].strip(): row for row in rows("polaris.jsonl")}
+    assert len(examples) == len(by_problem) == 10
+    for example in examples:
+        [turn] = example.prompt  # no system message
+        problem, _, instruction = turn["content"].rpartition("\n")
+        assert turn["role"] == "user" and instruction == BOXED and example.gold == by_problem[problem]["answer"]
+        assert example.uid.startswith("polaris-") and example.revision == hashlib.sha256(
+            (FIXTURES / "polaris.jsonl").read_bytes()).hexdigest()  # the file's sha256, for RUN/data.json
+        assert task.reward(f"<think>x</think> \\boxed{{{example.gold}}}", example) == 1.0
+        assert task.reward("\\boxed{-1}", example) == 0.0
+
+
+def test_polaris_training_drops_the_prompts_aime25_and_math500_hold_and_says_so_once(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(data, "hub_reachable", lambda timeout=3.0: False)
+    args = polaris_args(tmp_path)
+    train_set, test_set = tasks.load_data(args, get_task("polaris"), {"exact": 1.0})
+    out = capsys.readouterr().out
+    assert out == "note: dropped 2 training prompt(s) in aime25/math500\n"
+    users = {ex.prompt[-1]["content"].split("\n")[0] for ex in train_set}
+    assert "Compute $7 \\times 6$." not in users  # MATH-500's, word for word
+    assert "Find the remainder when $2^{10}$ is divided by $1000$." not in users  # AIME's, spacing aside
+    assert len(train_set) == 7 and len(test_set) == 1  # 10 rows: 1 held out by hash, 2 dropped
+    tasks.load_data(args, get_task("polaris"), {"exact": 1.0}, master=False)
+    assert capsys.readouterr().out == ""  # rank 0 says it
+    with pytest.raises(DataError, match="cannot reach the Hugging Face Hub to load MathArena/aime_2025"):
+        tasks.load_data(polaris_args(tmp_path, eval_tasks=f"math500={FIXTURES / 'math500.jsonl'}"),
+                        get_task("polaris"), {"exact": 1.0})  # an evaluation set it cannot read is not skipped
+    capsys.readouterr()
+    gsm8k = str(FIXTURES / "gsm8k.jsonl")
+    plain = tasks.load_data(polaris_args(tmp_path, task="gsm8k", data_file=gsm8k), get_task("gsm8k"), {"exact": 1.0})
+    assert capsys.readouterr().out == "" and [ex.uid for ex in plain[0]] == [  # other tasks: no decontamination
+        ex.uid for ex in get_task("gsm8k").load("train", data_file=gsm8k)]
+
+
+def test_polaris_from_the_hub_reads_its_train_split_and_records_the_commit(tmp_path, monkeypatch):
+    """datasets caches a hub dataset under a folder named by the commit it resolved (online, or offline from the
+    cache); that folder's name is the revision."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    folder = tmp_path / "POLARIS-Project___polaris-dataset-53k" / "default" / "0.0.0" / commit
+    datasets.Dataset.from_list(rows("polaris.jsonl")).save_to_disk(str(folder))
+    calls = []
+
+    def load_dataset(path, name=None, split=None, **kwargs):
+        calls.append((path, name, split))
+        return datasets.load_from_disk(str(folder))
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.setattr(data, "hub_reachable", lambda timeout=3.0: True)
+    task = get_task("polaris")
+    hub = task.load("train") + task.load("test")
+    assert calls == [("POLARIS-Project/Polaris-Dataset-53K", None, "train")] * 2  # no test split: 10% held out
+    assert {ex.revision for ex in hub} == {commit}
+    path = str(FIXTURES / "polaris.jsonl")
+    local = task.load("train", data_file=path) + task.load("test", data_file=path)
+    assert sorted((ex.uid, ex.prompt[-1]["content"]) for ex in hub) == sorted(
+        (ex.uid, ex.prompt[-1]["content"]) for ex in local)

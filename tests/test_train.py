@@ -5,6 +5,7 @@ The single-process runs call train.main in this process with a toy task register
 through tests/dist_train.py. float32 everywhere a comparison must be exact.
 """
 
+import hashlib
 import json
 import math
 import os
@@ -520,6 +521,8 @@ def test_weighted_reward_terms_and_joined_demonstrations_reach_the_run(tiny_mode
     assert train.check_args(args) is None
     final = train.main(args)
     assert final["reward/mean"] == pytest.approx(0.5 * final["reward/exact"] + 0.5 * final["reward/sim"], abs=1e-6)
+    assert json.loads((tmp_path / "run" / "data.json").read_text()) == {  # the data it read: the file's sha256
+        "train": hashlib.sha256((tmp_path / "puzzles.jsonl").read_bytes()).hexdigest()}
     assert final["reward/pass_rate"] == final["reward/exact"]  # 0/1 verifier
     assert "--demo-file is read only" in train.check_args(replace(args, reward_weights="exact=1"))
 

@@ -124,6 +124,8 @@ class Shape:
 SHAPES = {  # the models the presets name; anything else is read from its folder's config.json
     "Qwen/Qwen2.5-1.5B": Shape(hidden=1536, layers=28, heads=12, kv_heads=2, intermediate=8960, vocab=151936,
                                head_dim=128, tied=True, qkv_bias=True),  # 1,543,714,304 parameters
+    "Qwen/Qwen3-1.7B-Base": Shape(hidden=2048, layers=28, heads=16, kv_heads=8, intermediate=6144, vocab=151936,
+                                  head_dim=128, tied=True),  # + q/k RMSNorms, 7,168 parameters not counted
     "smollm2-135m": Shape(hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, vocab=49152, head_dim=64),
 }
 
