@@ -1,5 +1,5 @@
 """SPEED: the HF sampler's CPU fast path (bucketed KV cache, grouped attention, oneDNN-packed bf16 linears, two-level
-draw): HFSampler._decode(fast=True) uses it, finished rows leaving; the plain version is _decode(fast=False).
+draw): HFSampler(fast=True)._decode uses it, finished rows leaving; the plain version is HFSampler(fast=False).
 
     python -m pytest tests/test_rollout.py -k "cpu_fast_path or grouped or packed or blocked or finished"
 """
@@ -120,11 +120,9 @@ def _packed_linear_forward(self, x):
 
 def draw(probs, uniforms, block=256):
     """rollout.draw in two levels: the block, then the token inside it (a V / block + block scan, not V)."""
-    rows, vocab = probs.shape
-    blocks = -(-vocab // block)
-    if blocks * block != vocab:
-        probs = torch.nn.functional.pad(probs, (0, blocks * block - vocab))
-    by_block = probs.view(rows, blocks, block)  # (R, B, b)
+    if pad := -probs.shape[-1] % block:  # zeros up to a whole block
+        probs = torch.nn.functional.pad(probs, (0, pad))
+    by_block = probs.view(len(probs), -1, block)  # (R, B, b)
     cdf = by_block.sum(-1, dtype=torch.float64).cumsum(-1)  # (R, B); float64 keeps every token's share
     total = cdf[:, -1:]
     check_finite(total)
