@@ -151,9 +151,9 @@ def is_weights(old_logp, sampler_logp, mask, cap, *, per_sequence: bool, masked:
     return torch.exp(log_w).masked_fill(outside, 0.0), outside
 
 
-tis_weights = partial(is_weights, per_sequence=False, masked=False)
 IS_CORRECTIONS = {"none": lambda old_logp, sampler_logp, mask, cap: None,  # the paper's
-                  "token-tis": tis_weights, "seq-tis": partial(is_weights, per_sequence=True, masked=False),
+                  "token-tis": partial(is_weights, per_sequence=False, masked=False),
+                  "seq-tis": partial(is_weights, per_sequence=True, masked=False),
                   "token-mask": partial(is_weights, per_sequence=False, masked=True),
                   "seq-mask": partial(is_weights, per_sequence=True, masked=True)}
 
@@ -180,10 +180,6 @@ def kept_samples(rewards, truncated, row_filter: str = "none", mask_truncated: b
 
 
 # --loss-agg: (mask, norm_len) -> weights (B, T), this micro-batch's share of the denominator
-def token_mean(mask, norm_len):
-    return mask, mask.sum()  # Appendix B.1
-
-
 def sequences(mask):
     return (mask > 0).any(-1).sum().to(mask.dtype)  # rows with a token
 
@@ -198,8 +194,8 @@ def seq_mean_token_sum_norm(mask, norm_len):  # Dr. GRPO
     return mask, sequences(mask) * norm_len
 
 
-AGGREGATIONS = {"token-mean": token_mean, "seq-mean-token-mean": seq_mean_token_mean,
-                "seq-mean-token-sum-norm": seq_mean_token_sum_norm}
+AGGREGATIONS = {"token-mean": lambda mask, norm_len: (mask, mask.sum()),  # Appendix B.1
+                "seq-mean-token-mean": seq_mean_token_mean, "seq-mean-token-sum-norm": seq_mean_token_sum_norm}
 
 OPTION_CHOICES = {"kl_estimator": KL_ESTIMATORS, "loss_agg": AGGREGATIONS, "ratio": RATIOS,
                   "is_correction": IS_CORRECTIONS, "pg_loss": PG_LOSSES}
