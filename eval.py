@@ -178,7 +178,6 @@ def format_summary(summary: dict) -> str:
     return "\n".join(f"{k:<24}{v}" for k, v in shown.items())
 
 
-MAX_TOKENS = 2**24  # beyond any model's context
 SEED_LIMIT = 2**32  # np.random.seed and vLLM's seed take 32 bits
 SAMPLING_RULES = [  # (flags, valid, what valid means); NaN breaks each
     ("temperature eval_temperature", lambda v: 1e-3 <= v < math.inf, "finite and >= 0.001 (below it logits / T "
@@ -186,7 +185,7 @@ SAMPLING_RULES = [  # (flags, valid, what valid means); NaN breaks each
     ("top_p eval_top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("top_k", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0"),
     ("min_p", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("max_tokens", lambda v: 1 <= v <= MAX_TOKENS, f">= 1 and at most {MAX_TOKENS:,}"),
+    ("max_tokens", lambda v: 1 <= v <= 2**24, f">= 1 and at most {2**24:,}"),  # 2^24: beyond any model's context
     ("seed", lambda v: v >= 0, ">= 0"),
 ]
 EVAL_RULES = [
@@ -236,8 +235,7 @@ def parse_args(argv=None):
     add("--reward-weights", default="", help="reward terms as train.py takes them: exact=1,format=0.1")
     add("--sampler", default=None, choices=["hf", "vllm"], help="default: vllm on a GPU, else hf")
     add("--data-file", default=None, help="local data file for the task (passed to task.load)")
-    add("--demo-file", default=None, help="countdown --reward sim: a local copy of "
-        "HuggingFaceTB/Countdown-Task-GOLD's demonstrations (same columns), joined to the puzzles")
+    add("--demo-file", default=None, help="countdown --reward sim: local Countdown-Task-GOLD demonstrations file")
     add("--seed", type=int, default=0)
     add("--out", default=None, help="JSON path (default: <model dir or .>/eval_<task>_<split>.json)")
     judge.add_judge_args(parser)
