@@ -248,14 +248,11 @@ class HFSampler:
         """The trainer -> sampler sync, one tensor at a time."""
         params = dict(self.model.named_parameters(remove_duplicate=False))
         for name, tensor in named_tensors:
-            if tensor.shape != self.shapes[name]:
-                raise ValueError(f"update_weights: {name} has shape {tuple(tensor.shape)}, the sampler's "
-                                 f"{tuple(self.shapes[name])}")
+            if tensor.shape != (shape := self.shapes[name]):
+                raise ValueError(f"update_weights: {name} has shape {tuple(tensor.shape)}, not {tuple(shape)}")
             param = params[name]
-            if not (self.fast and self.fast.load(name, tensor)):
-                if param.shape != tensor.shape:  # asleep: its storage was given back
-                    param.data = torch.empty_like(tensor, dtype=param.dtype, device=param.device)
-                param.copy_(tensor.to(param.device, param.dtype))
+            if not (self.fast and self.fast.load(name, tensor)):  # a copy of its own: asleep, it has no storage
+                param.data = tensor.to(param.device, param.dtype, copy=True)
             del tensor  # hold one gathered parameter at a time
         if missing := self._empty_weights():
             raise ValueError(f"update_weights left {len(missing)} weights of the sleeping sampler empty, "
@@ -325,10 +322,9 @@ class VLLMSampler:
             raise RuntimeError("the vLLM engine is asleep: update_weights must give it weights before it samples")
         from vllm import SamplingParams
 
-        # logprobs=0: the sampled token's
         params = [SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                  min_p=min_p, seed=None if seed is None else seed + i * n, logprobs=0, detokenize=False)
-                  for i in range(len(prompts))]
+                  for i in range(len(prompts))]  # logprobs=0: the sampled token's
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)  # TokensPrompts
         return [[Completion(list(c.token_ids), [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)],
                             self.tokenizer.decode(c.token_ids, skip_special_tokens=True),
