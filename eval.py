@@ -41,7 +41,7 @@ def sampled_scores(rewards: list[list[float]], passes: list[list[bool]] | None) 
     half = 1.96 * spread / math.sqrt(n)
     out = {f"mean@{K}": score, f"mean@{K}_ci95_low": score - half, f"mean@{K}_ci95_high": score + half}
     if passes is not None:
-        ks = sorted({2 ** i for i in range(K.bit_length()) if 2 ** i <= K} | {K})
+        ks = sorted({2 ** i for i in range(K.bit_length())} | {K})
         out["pass@k"] = {str(k): sum(pass_at_k(K, sum(p), k) for p in passes) / n for k in ks}
     return out
 
@@ -273,16 +273,14 @@ def main(argv=None) -> dict:
             state = safe_load(args.model, "trainer_state.pt") if is_checkpoint else {}
             step = int(state.get("step", 0)) if isinstance(state, dict) else 0
             result = evaluate(sampler, task, examples, samples=args.samples, max_tokens=args.max_tokens,
-                              batch_size=args.batch_size, seed=eval_seed(args.seed, step),
-                              reward_kind=args.reward, weights=weights, temperature=args.temperature,
-                              top_p=args.top_p)
+                              batch_size=args.batch_size, seed=eval_seed(args.seed, step), reward_kind=args.reward,
+                              weights=weights, temperature=args.temperature, top_p=args.top_p)
         finally:
             sampler.close()
         result["summary"] = {"model": args.model, "split": args.split, **result["summary"]}
+        print(format_summary(result["summary"]))  # before judging and writing: a failing judge or disk loses nothing
         if judges:
             judge.judge_result(result, judges, out, save_to=partial, concurrency=args.judge_concurrency)
-        print(format_summary(result["summary"]))  # before writing: a failed disk loses nothing
-        if judges:
             print(judge.format_judge_summary(result["judge_summary"]))
         try:  # --out written whole; an OSError says the printed summary is the result
             write_json(out, result, indent=1)
