@@ -55,8 +55,7 @@ class _LinearRecastInBackward(torch.autograd.Function):
     def backward(ctx, grad):
         x16, weight = ctx.saved_tensors
         grad_x, grad_w = _recast_linear_grads(grad, x16, weight, ctx.x_dtype, *ctx.needs_input_grad[:2])
-        need_b = ctx.bias_dtype is not None and ctx.needs_input_grad[2]
-        grad_b = grad.reshape(-1, grad.shape[-1]).sum(0).to(ctx.bias_dtype) if need_b else None
+        grad_b = grad.reshape(-1, grad.shape[-1]).sum(0).to(ctx.bias_dtype) if ctx.needs_input_grad[2] else None
         return grad_x, grad_w, grad_b
 
 
