@@ -66,6 +66,8 @@ def dapo_rollout(step: int, **run) -> Batch:
 
 
 ROLLOUTS = {"plain": plain_rollout, "dapo": dapo_rollout}  # a class: one instance a run, its state_dict() checkpointed
+SAMPLERS = ("hf", "vllm")  # make_sampler's backends (HFSampler, VLLMSampler)
+MAX_REFILLS = 15  # --max-refill-rounds' bound: step_seed's refill * 2^20 + step stays below 2^24
 
 
 def sample_round(step: int, refill: int, indices: list, *, sampler, task, train_set, train_ids, weights, args, rank,
@@ -78,9 +80,6 @@ def sample_round(step: int, refill: int, indices: list, *, sampler, task, train_
                               top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=seed)
     limits = dict(max_tokens=args.max_tokens, overlong_buffer=args.overlong_buffer or max(1, args.max_tokens // 5))
     return Batch(examples, prompts, groups, score(task, examples, groups, weights, device, limits))
-
-
-MAX_REFILLS = 15
 
 
 def step_seed(run_seed: int, step: int, first_prompt: int, prompts_per_step: int, n: int, refill: int = 0) -> int:
@@ -398,9 +397,6 @@ def engine_checksums(model, shapes: dict, dtype) -> dict:
         tensor = applied[module_name] if linear else getattr(module, kind)
         sums[name] = checksum(tensor[start:start + shape[0]], dtype)
     return sums
-
-
-SAMPLERS = ("hf", "vllm")
 
 
 def make_sampler(backend, model_path, *, dtype="bfloat16", max_model_len=2048, seed=0, gpu_memory_utilization=0.3,
