@@ -282,12 +282,10 @@ def main(argv=None) -> dict:
         if judges:
             judge.judge_result(result, judges, out, save_to=partial, concurrency=args.judge_concurrency)
             print(judge.format_judge_summary(result["judge_summary"]))
-        try:  # --out written whole; an OSError says the printed summary is the result
+        try:  # --out written whole: a WriteError (plumbing/files.py) says the file is as it was
             write_json(out, result, indent=1)
         except OSError as err:
-            kept = f"; the earlier {out} is intact" if os.path.exists(out) else ""
-            raise OSError(f"cannot write {out} ({err.strerror or first_line(err, limit=200)}): the summary "
-                          f"above is the result{kept}") from None
+            raise OSError(f"{err} The summary above is the result.") from None
     except KeyboardInterrupt:
         sys.exit(f"eval.py: interrupted; {out} is {'as it was' if os.path.exists(out) else 'not written'}")
     except (*bad_input, OSError, judge.JudgeError) as err:
