@@ -32,8 +32,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def sampled_scores(rewards: list[list[float]], passes: list[list[bool]] | None) -> dict:
     """mean@K with a 95% normal interval over prompts; given passes, pass@k for k = 1, 2, 4, ..., K."""
-    n, K = len(rewards), len(rewards[0]) if rewards else 0
-    if n == 0 or K == 0:
+    if not (n := len(rewards)) or not (K := len(rewards[0])):
         return {}
     per_prompt = [sum(row) / K for row in rewards]
     score = sum(per_prompt) / n
@@ -142,10 +141,8 @@ def load_eval_sets(args, task, test_set: list, registry: dict) -> dict:
 
 def gather_samples(records: list[dict], field: str, size: int, K: int, device) -> torch.Tensor:
     """(n, K) float64: `field` of every rank's samples, in rank order."""
-    block = torch.full((size, K), torch.nan, dtype=torch.float64)  # (size, K): NaN rows pad
-    for j, record in enumerate(records):
-        block[j] = torch.tensor([sample[field] for sample in record["samples"]], dtype=torch.float64)
-    table = gather_rows(block, device)  # (world * size, K)
+    rows = [[sample[field] for sample in r["samples"]] for r in records] + [[math.nan] * K] * (size - len(records))
+    table = gather_rows(torch.tensor(rows, dtype=torch.float64), device)  # (world * size, K): NaN rows pad
     return table[~table[:, 0].isnan()]
 
 

@@ -42,8 +42,7 @@ class _TokenLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, grad_entropy):
         """With z = logits / T and p = softmax(z): d logp[y] / dz = onehot(y) - p, dH / dz_j = -p_j (log p_j + H)."""
-        logits, targets, lse, ent = ctx.saved_tensors
-        T = ctx.temperature
+        (logits, targets, lse, ent), T = ctx.saved_tensors, ctx.temperature
         flat, flat_targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)  # (N, V), (N,)
         g = lse.new_zeros(lse.shape) if grad_out is None else grad_out.reshape(-1).float()  # (N,)
         if ctx.entropy_grad:
