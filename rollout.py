@@ -380,11 +380,9 @@ def engine_checksums(model, shapes: dict, dtype) -> dict:
     for name, shape in shapes.items():
         module_name, _, kind = name.rpartition(".")
         parent, _, leaf = module_name.rpartition(".")
-        fused = next((f for f, parts in FUSED.items() if leaf in parts), None)
-        start = 0
-        if fused:
-            start = sum(shapes[f"{parent}.{p}.{kind}"][0] for p in FUSED[fused][:FUSED[fused].index(leaf)])
-            module_name = f"{parent}.{fused}"
+        fused, parts = next(((f, parts) for f, parts in FUSED.items() if leaf in parts), (None, ()))
+        start = sum(shapes[f"{parent}.{p}.{kind}"][0] for p in parts[:parts.index(leaf)]) if fused else 0  # its rows
+        module_name = f"{parent}.{fused}" if fused else module_name
         try:
             module = model.get_submodule(module_name)
         except AttributeError:
