@@ -32,8 +32,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def sampled_scores(rewards: list[list[float]], passes: list[list[bool]] | None) -> dict:
     """mean@K with a 95% normal interval over prompts; given passes, pass@k for k = 1, 2, 4, ..., K."""
-    n, K = len(rewards), len(rewards[0]) if rewards else 0
-    if n == 0 or K == 0:
+    if not (n := len(rewards)) or not (K := len(rewards[0])):
         return {}
     per_prompt = [sum(row) / K for row in rewards]
     score = sum(per_prompt) / n
@@ -41,7 +40,7 @@ def sampled_scores(rewards: list[list[float]], passes: list[list[bool]] | None) 
     half = 1.96 * spread / math.sqrt(n)
     out = {f"mean@{K}": score, f"mean@{K}_ci95_low": score - half, f"mean@{K}_ci95_high": score + half}
     if passes is not None:
-        ks = sorted({2 ** i for i in range(K.bit_length()) if 2 ** i <= K} | {K})
+        ks = sorted({2 ** i for i in range(K.bit_length())} | {K})
         out["pass@k"] = {str(k): sum(pass_at_k(K, sum(p), k) for p in passes) / n for k in ks}
     return out
 
@@ -142,10 +141,8 @@ def load_eval_sets(args, task, test_set: list, registry: dict) -> dict:
 
 def gather_samples(records: list[dict], field: str, size: int, K: int, device) -> torch.Tensor:
     """(n, K) float64: `field` of every rank's samples, in rank order."""
-    block = torch.full((size, K), torch.nan, dtype=torch.float64)  # (size, K): NaN rows pad
-    for j, record in enumerate(records):
-        block[j] = torch.tensor([sample[field] for sample in record["samples"]], dtype=torch.float64)
-    table = gather_rows(block, device)  # (world * size, K)
+    rows = [[sample[field] for sample in r["samples"]] for r in records] + [[math.nan] * K] * (size - len(records))
+    table = gather_rows(torch.tensor(rows, dtype=torch.float64), device)  # (world * size, K): NaN rows pad
     return table[~table[:, 0].isnan()]
 
 
@@ -178,7 +175,6 @@ def format_summary(summary: dict) -> str:
     return "\n".join(f"{k:<24}{v}" for k, v in shown.items())
 
 
-MAX_TOKENS = 2**24  # beyond any model's context
 SEED_LIMIT = 2**32  # np.random.seed and vLLM's seed take 32 bits
 SAMPLING_RULES = [  # (flags, valid, what valid means); NaN breaks each
     ("temperature eval_temperature", lambda v: 1e-3 <= v < math.inf, "finite and >= 0.001 (below it logits / T "
@@ -186,7 +182,7 @@ SAMPLING_RULES = [  # (flags, valid, what valid means); NaN breaks each
     ("top_p eval_top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("top_k", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0"),
     ("min_p", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("max_tokens", lambda v: 1 <= v <= MAX_TOKENS, f">= 1 and at most {MAX_TOKENS:,}"),
+    ("max_tokens", lambda v: 1 <= v <= 2**24, f">= 1 and at most {2**24:,}"),  # 2^24: beyond any model's context
     ("seed", lambda v: v >= 0, ">= 0"),
 ]
 EVAL_RULES = [
@@ -236,8 +232,7 @@ def parse_args(argv=None):
     add("--reward-weights", default="", help="reward terms as train.py takes them: exact=1,format=0.1")
     add("--sampler", default=None, choices=["hf", "vllm"], help="default: vllm on a GPU, else hf")
     add("--data-file", default=None, help="local data file for the task (passed to task.load)")
-    add("--demo-file", default=None, help="countdown --reward sim: a local copy of "
-        "HuggingFaceTB/Countdown-Task-GOLD's demonstrations (same columns), joined to the puzzles")
+    add("--demo-file", default=None, help="countdown --reward sim: local Countdown-Task-GOLD demonstrations file")
     add("--seed", type=int, default=0)
     add("--out", default=None, help="JSON path (default: <model dir or .>/eval_<task>_<split>.json)")
     judge.add_judge_args(parser)
@@ -275,23 +270,19 @@ def main(argv=None) -> dict:
             state = safe_load(args.model, "trainer_state.pt") if is_checkpoint else {}
             step = int(state.get("step", 0)) if isinstance(state, dict) else 0
             result = evaluate(sampler, task, examples, samples=args.samples, max_tokens=args.max_tokens,
-                              batch_size=args.batch_size, seed=eval_seed(args.seed, step),
-                              reward_kind=args.reward, weights=weights, temperature=args.temperature,
-                              top_p=args.top_p)
+                              batch_size=args.batch_size, seed=eval_seed(args.seed, step), reward_kind=args.reward,
+                              weights=weights, temperature=args.temperature, top_p=args.top_p)
         finally:
             sampler.close()
         result["summary"] = {"model": args.model, "split": args.split, **result["summary"]}
+        print(format_summary(result["summary"]))  # before judging and writing: a failing judge or disk loses nothing
         if judges:
             judge.judge_result(result, judges, out, save_to=partial, concurrency=args.judge_concurrency)
-        print(format_summary(result["summary"]))  # before writing: a failed disk loses nothing
-        if judges:
             print(judge.format_judge_summary(result["judge_summary"]))
-        try:  # --out written whole; an OSError says the printed summary is the result
+        try:  # --out written whole: a WriteError (plumbing/files.py) says the file is as it was
             write_json(out, result, indent=1)
         except OSError as err:
-            kept = f"; the earlier {out} is intact" if os.path.exists(out) else ""
-            raise OSError(f"cannot write {out} ({err.strerror or first_line(err, limit=200)}): the summary "
-                          f"above is the result{kept}") from None
+            raise OSError(f"{err} The summary above is the result.") from None
     except KeyboardInterrupt:
         sys.exit(f"eval.py: interrupted; {out} is {'as it was' if os.path.exists(out) else 'not written'}")
     except (*bad_input, OSError, judge.JudgeError) as err:

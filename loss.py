@@ -46,14 +46,15 @@ def policy_loss(logp, old_logp, adv, mask, *, ref_logp=None, sampler_logp=None, 
         pg_loss: the policy-gradient term (loss.py: PG_LOSSES): ppo, the paper's clip (Eq. 10); dual-clip, cispo, sapo
         top_entropy: keep the policy-gradient term on this share of tokens, highest entropy first (TRL's); 1: all
     """
+    if entropy is None and (top_entropy < 1 or entropy_coef != 0):
+        raise ValueError(f"{'top_entropy' if top_entropy < 1 else 'entropy_coef'} needs the entropies: pass entropy "
+                         "(sequence_logprobs, entropy=True; entropy_grad=True for entropy_coef's gradient)")
     mask = mask.to(logp.dtype)
     adv = adv.to(logp.dtype)[:, None]  # (B, 1)
     log_rho = choose(RATIOS, ratio, "importance ratio")(logp, old_logp, mask)  # (B, T); no option name is rebound
     rho = torch.exp(log_rho.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))  # rho_t, (B, T)
     pg, pg_metrics = choose(PG_LOSSES, pg_loss, "policy-gradient term")(logp, rho, adv, clip_low, clip_high)  # Eq. 10
     if top_entropy < 1 and mask.any():  # a micro-batch with no token (all masked) has nothing to keep
-        if entropy is None:
-            raise ValueError("top_entropy needs the entropies: pass entropy (sequence_logprobs, entropy=True)")
         kept = entropy.detach() >= torch.quantile(entropy.detach()[mask > 0].float(), 1 - top_entropy)  # (B, T)
         pg, pg_metrics["entropy_kept_frac"] = pg * kept, kept
     correction = choose(IS_CORRECTIONS, is_correction, "importance correction")(old_logp, sampler_logp, mask, is_cap)
@@ -67,8 +68,6 @@ def policy_loss(logp, old_logp, adv, mask, *, ref_logp=None, sampler_logp=None, 
         loss = pg_mean + beta * kl
     extra = {}
     if entropy_coef != 0:
-        if entropy is None:
-            raise ValueError("entropy_coef needs the entropies: pass entropy (sequence_logprobs, entropy_grad=True)")
         extra["entropy"] = aggregate(entropy, mask, loss_agg, denominator, norm_len)
         loss = loss - entropy_coef * extra["entropy"]
     for name, coef in parse_weights(loss_terms, "--loss-terms", LOSS_TERMS, "NAME=COEF (e.g. l2=0.1)").items():
@@ -151,9 +150,9 @@ def is_weights(old_logp, sampler_logp, mask, cap, *, per_sequence: bool, masked:
     return torch.exp(log_w).masked_fill(outside, 0.0), outside
 
 
-tis_weights = partial(is_weights, per_sequence=False, masked=False)
 IS_CORRECTIONS = {"none": lambda old_logp, sampler_logp, mask, cap: None,  # the paper's
-                  "token-tis": tis_weights, "seq-tis": partial(is_weights, per_sequence=True, masked=False),
+                  "token-tis": partial(is_weights, per_sequence=False, masked=False),
+                  "seq-tis": partial(is_weights, per_sequence=True, masked=False),
                   "token-mask": partial(is_weights, per_sequence=False, masked=True),
                   "seq-mask": partial(is_weights, per_sequence=True, masked=True)}
 
@@ -180,10 +179,6 @@ def kept_samples(rewards, truncated, row_filter: str = "none", mask_truncated: b
 
 
 # --loss-agg: (mask, norm_len) -> weights (B, T), this micro-batch's share of the denominator
-def token_mean(mask, norm_len):
-    return mask, mask.sum()  # Appendix B.1
-
-
 def sequences(mask):
     return (mask > 0).any(-1).sum().to(mask.dtype)  # rows with a token
 
@@ -198,8 +193,8 @@ def seq_mean_token_sum_norm(mask, norm_len):  # Dr. GRPO
     return mask, sequences(mask) * norm_len
 
 
-AGGREGATIONS = {"token-mean": token_mean, "seq-mean-token-mean": seq_mean_token_mean,
-                "seq-mean-token-sum-norm": seq_mean_token_sum_norm}
+AGGREGATIONS = {"token-mean": lambda mask, norm_len: (mask, mask.sum()),  # Appendix B.1
+                "seq-mean-token-mean": seq_mean_token_mean, "seq-mean-token-sum-norm": seq_mean_token_sum_norm}
 
 OPTION_CHOICES = {"kl_estimator": KL_ESTIMATORS, "loss_agg": AGGREGATIONS, "ratio": RATIOS,
                   "is_correction": IS_CORRECTIONS, "pg_loss": PG_LOSSES}

@@ -66,6 +66,8 @@ def dapo_rollout(step: int, **run) -> Batch:
 
 
 ROLLOUTS = {"plain": plain_rollout, "dapo": dapo_rollout}  # a class: one instance a run, its state_dict() checkpointed
+SAMPLERS = ("hf", "vllm")  # make_sampler's backends (HFSampler, VLLMSampler)
+MAX_REFILLS = 15  # --max-refill-rounds' bound: step_seed's refill * 2^20 + step stays below 2^24
 
 
 def sample_round(step: int, refill: int, indices: list, *, sampler, task, train_set, train_ids, weights, args, rank,
@@ -78,9 +80,6 @@ def sample_round(step: int, refill: int, indices: list, *, sampler, task, train_
                               top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=seed)
     limits = dict(max_tokens=args.max_tokens, overlong_buffer=args.overlong_buffer or max(1, args.max_tokens // 5))
     return Batch(examples, prompts, groups, score(task, examples, groups, weights, device, limits))
-
-
-MAX_REFILLS = 15
 
 
 def step_seed(run_seed: int, step: int, first_prompt: int, prompts_per_step: int, n: int, refill: int = 0) -> int:
@@ -181,7 +180,7 @@ class HFSampler:
         self.shapes = {name: p.shape for name, p in self.model.named_parameters(remove_duplicate=False)}
         self.dtype = self.model.dtype
         use_fast = self.model.device.type == "cpu" if fast is None else fast
-        self.fast = cpu_sampler.FastPath(self.model) if use_fast else None  # SPEED: the same samples as _decode
+        self.fast = cpu_sampler.FastPath(self.model) if use_fast else None  # SPEED: the plain loop's samples
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = {self.tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
@@ -197,14 +196,11 @@ class HFSampler:
         base = self.seed * 1_000_003 + self.calls if seed is None else seed
         generators = [torch.Generator(device).manual_seed(base + row) for row in range(len(prompts) * n)]
         width = max(len(p) for p in prompts)
-        input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts])  # (G, P) left-padded
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])  # (G, P)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts], device=device)  # (G, P)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)  # left-padded
         choose = functools.partial(next_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                                    draw=cpu_sampler.draw if self.fast else draw)
-        tokens, logps = self._decode(self.model, input_ids.to(device), mask.to(device), positions.to(device),
-                                     generators, n=n, max_tokens=max_tokens, pad_id=self.pad_id, choose=choose,
-                                     eos=torch.tensor(sorted(self.eos_ids), device=device), fast=bool(self.fast))
+        tokens, logps = self._decode(input_ids, mask, generators, n=n, max_tokens=max_tokens, choose=choose)
         results = []
         for ids, lps in zip(tokens.tolist(), logps.tolist()):
             end = next((i + 1 for i, t in enumerate(ids) if t in self.eos_ids), None)  # EOS included
@@ -212,10 +208,10 @@ class HFSampler:
             results.append(Completion(ids[:end], lps[:end], text, "length" if end is None else "stop"))
         return [results[i * n:(i + 1) * n] for i in range(len(prompts))]
 
-    @staticmethod
-    def _decode(model, input_ids, mask, positions, generators, *, n, max_tokens, pad_id, eos, choose, fast=False):
-        """Prefill, KV cache repeated n times, decode: tokens and log-probs (R, K); `fast`: speed/cpu_sampler.py."""
-        device = input_ids.device
+    def _decode(self, input_ids, mask, generators, *, n, max_tokens, choose):
+        """Prefill, KV cache repeated n times, decode: tokens and log-probs (R, K); self.fast: speed/cpu_sampler.py."""
+        model, device, fast, pad_id = self.model, input_ids.device, bool(self.fast), self.pad_id
+        eos, positions = torch.tensor(sorted(self.eos_ids), device=device), (mask.cumsum(-1) - 1).clamp(min=0)
         cache = (Cache(layers=[cpu_sampler.BucketedLayer() for _ in range(model.config.num_hidden_layers)]) if fast
                  else DynamicCache(config=model.config))
         # fast: an index, not logits_to_keep=1: its strided slice sends a bf16 lm_head down a slow path (pytorch#151934)
@@ -251,14 +247,11 @@ class HFSampler:
         """The trainer -> sampler sync, one tensor at a time."""
         params = dict(self.model.named_parameters(remove_duplicate=False))
         for name, tensor in named_tensors:
-            if tensor.shape != self.shapes[name]:
-                raise ValueError(f"update_weights: {name} has shape {tuple(tensor.shape)}, the sampler's "
-                                 f"{tuple(self.shapes[name])}")
+            if tensor.shape != (shape := self.shapes[name]):
+                raise ValueError(f"update_weights: {name} has shape {tuple(tensor.shape)}, not {tuple(shape)}")
             param = params[name]
-            if not (self.fast and self.fast.load(name, tensor)):
-                if param.shape != tensor.shape:  # asleep: its storage was given back
-                    param.data = torch.empty_like(tensor, dtype=param.dtype, device=param.device)
-                param.copy_(tensor.to(param.device, param.dtype))
+            if not (self.fast and self.fast.load(name, tensor)):  # a copy of its own: asleep, it has no storage
+                param.data = tensor.to(param.device, param.dtype, copy=True)
             del tensor  # hold one gathered parameter at a time
         if missing := self._empty_weights():
             raise ValueError(f"update_weights left {len(missing)} weights of the sleeping sampler empty, "
@@ -307,17 +300,15 @@ class VLLMSampler:
     """In-process vLLM engine, tensor parallel 1; one per rank under torchrun."""
 
     def __init__(self, model_path, *, dtype, max_model_len, seed, gpu_memory_utilization, max_num_seqs=None):
-        # no usage stats: their thread tries the network
-        os.environ.update({k: os.environ.get(k, "1") for k in ("VLLM_NO_USAGE_STATS", "VLLM_DO_NOT_TRACK")})
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self.on_gpu, self.asleep = torch.cuda.is_available(), False
+        defaults = {"VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1",  # usage stats' thread tries the network
+                    "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **({} if self.on_gpu else {"VLLM_CPU_KVCACHE_SPACE": "1"})}
+        os.environ.update({name: os.environ.get(name, value) for name, value in defaults.items()})  # CPU KV cache, GiB
         if self.on_gpu and (error := allocator_conf_error(os.environ)):
             raise SamplingError(error)
         from vllm import LLM
 
         self.tokenizer = load_tokenizer(model_path)
-        if not self.on_gpu:  # GiB of KV cache
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         self.llm = LLM(model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed, tensor_parallel_size=1,
                        gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
                        distributed_executor_backend="external_launcher" if "RANK" in os.environ else None,
@@ -329,13 +320,11 @@ class VLLMSampler:
         if self.asleep:
             raise RuntimeError("the vLLM engine is asleep: update_weights must give it weights before it samples")
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
 
-        # logprobs=0: the sampled token's
         params = [SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                  min_p=min_p, seed=None if seed is None else seed + i * n, logprobs=0, detokenize=False)
-                  for i in range(len(prompts))]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+                  for i in range(len(prompts))]  # logprobs=0: the sampled token's
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)  # TokensPrompts
         return [[Completion(list(c.token_ids), [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)],
                             self.tokenizer.decode(c.token_ids, skip_special_tokens=True),
                             "stop" if c.finish_reason == "stop" else "length")
@@ -391,11 +380,9 @@ def engine_checksums(model, shapes: dict, dtype) -> dict:
     for name, shape in shapes.items():
         module_name, _, kind = name.rpartition(".")
         parent, _, leaf = module_name.rpartition(".")
-        fused = next((f for f, parts in FUSED.items() if leaf in parts), None)
-        start = 0
-        if fused:
-            start = sum(shapes[f"{parent}.{p}.{kind}"][0] for p in FUSED[fused][:FUSED[fused].index(leaf)])
-            module_name = f"{parent}.{fused}"
+        fused, parts = next(((f, parts) for f, parts in FUSED.items() if leaf in parts), (None, ()))
+        start = sum(shapes[f"{parent}.{p}.{kind}"][0] for p in parts[:parts.index(leaf)]) if fused else 0  # its rows
+        module_name = f"{parent}.{fused}" if fused else module_name
         try:
             module = model.get_submodule(module_name)
         except AttributeError:
@@ -408,9 +395,6 @@ def engine_checksums(model, shapes: dict, dtype) -> dict:
         tensor = applied[module_name] if linear else getattr(module, kind)
         sums[name] = checksum(tensor[start:start + shape[0]], dtype)
     return sums
-
-
-SAMPLERS = ("hf", "vllm")
 
 
 def make_sampler(backend, model_path, *, dtype="bfloat16", max_model_len=2048, seed=0, gpu_memory_utilization=0.3,

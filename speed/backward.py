@@ -49,17 +49,13 @@ class _LinearRecastInBackward(torch.autograd.Function):
         x16 = _bf16_input(x)
         ctx.save_for_backward(x16, weight)  # the parameter itself, no new memory
         ctx.x_dtype, ctx.bias_dtype = x.dtype, None if bias is None else bias.dtype
-        w16 = weight.to(torch.bfloat16)
-        if bias is None:
-            return torch.matmul(x16, w16.t())
-        return torch.nn.functional.linear(x16, w16, bias.to(torch.bfloat16))
+        return torch.nn.functional.linear(x16, weight.to(torch.bfloat16), None if bias is None else bias.to(x16.dtype))
 
     @staticmethod
     def backward(ctx, grad):
         x16, weight = ctx.saved_tensors
         grad_x, grad_w = _recast_linear_grads(grad, x16, weight, ctx.x_dtype, *ctx.needs_input_grad[:2])
-        need_b = ctx.bias_dtype is not None and ctx.needs_input_grad[2]
-        grad_b = grad.reshape(-1, grad.shape[-1]).sum(0).to(ctx.bias_dtype) if need_b else None
+        grad_b = grad.reshape(-1, grad.shape[-1]).sum(0).to(ctx.bias_dtype) if ctx.needs_input_grad[2] else None
         return grad_x, grad_w, grad_b
 
 
@@ -112,8 +108,7 @@ class _GatedDownRecast(torch.autograd.Function):
     def backward(ctx, grad):
         gate, up, weight = ctx.saved_tensors
         with torch.enable_grad(), torch.autocast(ctx.device, dtype=torch.bfloat16):
-            gate = gate.detach().requires_grad_(ctx.needs_input_grad[0])
-            up = up.detach().requires_grad_(ctx.needs_input_grad[1])
+            gate, up = (t.detach().requires_grad_(need) for t, need in zip((gate, up), ctx.needs_input_grad))
             h = _gate(ctx.act_fn, gate, up)
         wanted = [t for t in (gate, up) if t.requires_grad]
         h16 = h.detach().to(torch.bfloat16)

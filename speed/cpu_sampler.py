@@ -1,11 +1,10 @@
 """SPEED: the HF sampler's CPU fast path (bucketed KV cache, grouped attention, oneDNN-packed bf16 linears, two-level
-draw): HFSampler._decode(fast=True) uses it, finished rows leaving; the plain version is _decode(fast=False).
+draw): HFSampler(fast=True)._decode uses it, finished rows leaving; the plain version is HFSampler(fast=False).
 
     python -m pytest tests/test_rollout.py -k "cpu_fast_path or grouped or packed or blocked or finished"
 """
 
 import collections
-import types
 
 import torch
 from transformers import AttentionInterface
@@ -34,9 +33,8 @@ class FastPath:
     def repack(self, model):
         """After a sync, pack the linear weights kept plain too (a tied lm_head's)."""
         if self.packed:
-            packed_only = set(self.packed_only.values())
             for layer in model.modules():
-                if isinstance(layer, torch.nn.Linear) and layer not in packed_only:
+                if isinstance(layer, torch.nn.Linear) and layer not in self.packed_only.values():
                     layer.packed_weight = _pack(layer.weight)
 
     def sleep(self, model) -> int:
@@ -81,8 +79,7 @@ class BucketedLayer(DynamicLayer):
 
 def _grouped_eager_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
     """Eager attention without `repeat_kv`'s copies: a group's query heads are rows of one matmul."""
-    batch, heads, length, dim = query.shape
-    groups = key.shape[1]
+    (batch, heads, length, dim), groups = query.shape, key.shape[1]  # groups: key/value heads
     query = query.reshape(batch, groups, heads // groups * length, dim)  # (B, KV, G * Q, D), a view
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     if attention_mask is not None:
@@ -103,7 +100,7 @@ def _pack_linears(model) -> dict:
     packed_only = {}
     for name, module in linears:
         module.packed_weight = _pack(module.weight)
-        module.forward = types.MethodType(_packed_linear_forward, module)
+        module.forward = _packed_linear_forward.__get__(module)
         if module.weight is not embedding and users[id(module.weight)] == 1:
             module.weight.data = torch.empty(0, dtype=module.weight.dtype, device=module.weight.device)
             packed_only[f"{name}.weight"] = module
@@ -120,11 +117,9 @@ def _packed_linear_forward(self, x):
 
 def draw(probs, uniforms, block=256):
     """rollout.draw in two levels: the block, then the token inside it (a V / block + block scan, not V)."""
-    rows, vocab = probs.shape
-    blocks = -(-vocab // block)
-    if blocks * block != vocab:
-        probs = torch.nn.functional.pad(probs, (0, blocks * block - vocab))
-    by_block = probs.view(rows, blocks, block)  # (R, B, b)
+    if pad := -probs.shape[-1] % block:  # zeros up to a whole block
+        probs = torch.nn.functional.pad(probs, (0, pad))
+    by_block = probs.view(len(probs), -1, block)  # (R, B, b)
     cdf = by_block.sum(-1, dtype=torch.float64).cumsum(-1)  # (R, B); float64 keeps every token's share
     total = cdf[:, -1:]
     check_finite(total)

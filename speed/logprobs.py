@@ -21,8 +21,7 @@ class _TokenLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, targets, temperature, entropy, entropy_grad):
-        flat = logits.reshape(-1, logits.shape[-1])
-        flat_targets = targets.reshape(-1)
+        flat, flat_targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)  # (N, V), (N,)
         lse = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
         out = torch.empty_like(lse)
         ent = torch.empty_like(lse) if entropy else lse.new_empty(0)
@@ -43,10 +42,8 @@ class _TokenLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, grad_entropy):
         """With z = logits / T and p = softmax(z): d logp[y] / dz = onehot(y) - p, dH / dz_j = -p_j (log p_j + H)."""
-        logits, targets, lse, ent = ctx.saved_tensors
-        T = ctx.temperature
-        flat = logits.reshape(-1, logits.shape[-1])
-        flat_targets = targets.reshape(-1)
+        (logits, targets, lse, ent), T = ctx.saved_tensors, ctx.temperature
+        flat, flat_targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)  # (N, V), (N,)
         g = lse.new_zeros(lse.shape) if grad_out is None else grad_out.reshape(-1).float()  # (N,)
         if ctx.entropy_grad:
             g_ent = lse.new_zeros(lse.shape) if grad_entropy is None else grad_entropy.reshape(-1).float()
@@ -73,8 +70,7 @@ def chunked_token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperat
 
 def pad_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
     """[left-padded prompt | right-padded completion] rows: ids, attention mask (B, P + K), completion mask (B, K)."""
-    B, P = len(prompts), max(len(p) for p in prompts)
-    K = max(1, max(len(c) for c in completions))
+    B, P, K = len(prompts), max(map(len, prompts)), max(1, *map(len, completions))  # K >= 1: a slot if all are empty
     input_ids = torch.full((B, P + K), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((B, P + K), dtype=torch.long)
     for i, (prompt, completion) in enumerate(zip(prompts, completions)):
@@ -89,7 +85,6 @@ def sequence_logprobs(model, input_ids, attention_mask, n_completion: int, tempe
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                 logits_to_keep=n_completion + 1, use_cache=False)  # (B, K + 1, V)
-    # Keep all K + 1 positions: slicing logits[:, :-1] would copy them.
-    targets = torch.nn.functional.pad(input_ids[:, -n_completion:], (0, 1))
+    targets = torch.nn.functional.pad(input_ids[:, -n_completion:], (0, 1))  # all K + 1: logits[:, :-1] would copy
     logp, ent = _TokenLogprobs.apply(out.logits, targets, float(temperature), entropy, entropy_grad)
     return (logp[:, :-1], ent[:, :-1]) if entropy else logp[:, :-1]

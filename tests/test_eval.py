@@ -241,7 +241,7 @@ def test_a_full_disk_keeps_the_earlier_result_and_prints_the_summary(tiny_model_
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
     assert exit_info.value.code == 1 and lines[-1].startswith("eval.py: error: cannot write ")
-    assert "No space left on device" in lines[-1] and "is intact" in lines[-1] and "Traceback" not in captured.err
+    assert "No space left on device" in lines[-1] and "as it was" in lines[-1] and "Traceback" not in captured.err
     assert "pass@1 (greedy)" in captured.out  # the result reached the screen before the disk failed
     assert out.read_bytes() == earlier and sorted(os.listdir(tmp_path)) == ["eval.json"]  # no partial file left
 

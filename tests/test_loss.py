@@ -18,7 +18,6 @@ from loss import (
     kl_k3,
     loss_denominator,
     policy_loss,
-    tis_weights,
 )
 from speed.logprobs import chunked_token_logprobs, pad_batch, sequence_logprobs
 
@@ -397,7 +396,7 @@ def test_token_tis_weights_by_hand_and_carry_no_gradient():
     old = logp.detach().clone().requires_grad_()  # on-policy: rho = 1, no clip active
     sampler = old.detach() - torch.log(torch.tensor([[2.0, 0.5, 4.0]]))
     mask, adv = torch.ones(1, 3), torch.tensor([1.0])
-    weights, capped = tis_weights(old, sampler, mask, 3.0)
+    weights, capped = IS_CORRECTIONS["token-tis"](old, sampler, mask, 3.0)
     assert torch.allclose(weights, torch.tensor([[2.0, 0.5, 3.0]])) and not weights.requires_grad
     assert capped.tolist() == [[False, False, True]]
     loss, m = policy_loss(logp, old, adv, mask, beta=0.0, is_correction="token-tis", sampler_logp=sampler, is_cap=3.0)
