@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields, make_dataclass, replac
 import torch
 
 from advantage import ESTIMATORS, compute_advantages, estimator_params, hyperparameter_ranges, hyperparameters
-from eval import SAMPLING_RULES, SEED_LIMIT, flag, model_flag_error, number_error, parse_eval_tasks
+from eval import SAMPLING_RULES, SEED_LIMIT, flag, model_flag_error, number_error
 from loss import OPTION_CHOICES, REFERENCES, ROW_FILTERS, policy_loss
 from plumbing.checkpoint import find_checkpoint, resume_error, run_dir, run_folder_error
 from plumbing.cli import OneLineParser, first_line, number
@@ -24,7 +24,7 @@ from plumbing.models import has_bf16_units
 from plumbing.sync import SYNC_TOLERANCE
 from rewards import REWARD_TERMS
 from rollout import MAX_REFILLS, ROLLOUTS, SAMPLERS
-from tasks import TASKS, get_task, reward_weights
+from tasks import TASKS, get_task, parse_eval_tasks, reward_weights
 
 
 def arg(default, help):

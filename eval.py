@@ -22,7 +22,7 @@ from plumbing.files import write_error, write_json
 from plumbing.parallel import gather_rows
 from rewards import declared_lengths
 from rollout import make_sampler, sampling_memory_error
-from tasks import REWARD_TERMS, DataError, encode_prompts, get_task, reward_weights
+from tasks import REWARD_TERMS, DataError, encode_prompts, get_task, parse_eval_tasks, reward_weights
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -109,21 +109,6 @@ def evaluate(sampler, task, examples, *, samples=0, max_tokens=256, batch_size=6
 
 def mean(values) -> float:
     return sum(values) / len(values) if values else 0.0
-
-
-def parse_eval_tasks(text: str, registry: dict) -> list[tuple[str, str | None]]:
-    """[(task name, file or None)] of --eval-tasks "NAME[=FILE],..."."""
-    sets = []
-    for piece in filter(str.strip, text.split(",")):
-        name, equals, path = (part.strip() for part in piece.partition("="))
-        if name not in registry:
-            raise ValueError(f"--eval-tasks: unknown task {name!r}: choose from {', '.join(registry)}")
-        if equals and not os.path.isfile(path):
-            raise ValueError(f"--eval-tasks: {name}'s file {path!r} does not exist")
-        if name in (seen for seen, _ in sets):
-            raise ValueError(f"--eval-tasks: {name} is given twice")
-        sets.append((name, path if equals else None))
-    return sets
 
 
 def load_eval_sets(args, task, test_set: list, registry: dict) -> dict:

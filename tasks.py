@@ -390,6 +390,21 @@ def _each(read: Callable, rows, lines, source: str, what: str, indices=None) -> 
     return out
 
 
+def parse_eval_tasks(text: str, registry: dict) -> list[tuple[str, str | None]]:
+    """[(task name, file or None)] of --eval-tasks "NAME[=FILE],..."."""
+    sets = []
+    for piece in filter(str.strip, text.split(",")):
+        name, equals, path = (part.strip() for part in piece.partition("="))
+        if name not in registry:
+            raise ValueError(f"--eval-tasks: unknown task {name!r}: choose from {', '.join(registry)}")
+        if equals and not os.path.isfile(path):
+            raise ValueError(f"--eval-tasks: {name}'s file {path!r} does not exist")
+        if name in (seen for seen, _ in sets):
+            raise ValueError(f"--eval-tasks: {name} is given twice")
+        sets.append((name, path if equals else None))
+    return sets
+
+
 def load_data(args, task: Task, weights: dict, master: bool = True) -> tuple[list[Example], list[Example]]:
     """(train rows, at most --eval-examples held-out rows)."""
     demos = dict(demos=True, demo_file=args.demo_file or None) if "sim" in weights else {}
@@ -398,8 +413,7 @@ def load_data(args, task: Task, weights: dict, master: bool = True) -> tuple[lis
                          **({} if task.has_verifier else demos)) if args.eval_examples else []
     if not train_set:
         raise DataError(f"--data-file {args.data_file}: every row falls in the held-out split (~10% by prompt hash)")
-    if task.decontaminate:  # as the official prepare_data.py: no training prompt that an evaluation set holds
-        from eval import parse_eval_tasks  # eval.py imports this file
+    if getattr(task, "decontaminate", ()):  # as the official prepare_data.py: no training prompt an eval set holds
         held = {digest(*ex.prompt[-1]["content"].split()) for name in task.decontaminate  # the user turn, spacing aside
                 for ex in TASKS[name].load("test", data_file=dict(parse_eval_tasks(args.eval_tasks, TASKS)).get(name))}
         kept = [ex for ex in train_set if digest(*ex.prompt[-1]["content"].split()) not in held]
