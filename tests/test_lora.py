@@ -207,3 +207,22 @@ def test_a_lora_run_under_torchrun_2_syncs_checks_and_saves_the_merged_policy(ti
     assert merged.config.architectures == ["LlamaForCausalLM"]
     moved = {n for n, p in merged.named_parameters() if not torch.equal(p, initial.get_parameter(n))}
     assert moved and all(n.endswith("_proj.weight") for n in moved)  # the adapted linears alone
+
+
+def test_the_memory_plan_trains_and_steps_the_adapters_alone(tiny_model_dir):
+    from dataclasses import asdict
+
+    from tools.memory_plan import model_shape, plan
+
+    args = lora_args(tiny_model_dir, "unused")
+    _, model, _ = train.load_models(args, None, tiny_model_dir, torch.device("cpu"))
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert model_shape(tiny_model_dir).lora_params(4, args.lora_targets) == trained  # peft's count
+    kept = dict(gpus=1, gpu_gb=80, grad_checkpointing=False, prompt_tokens=8, torchrun=False)
+    rows = {(ph, item): size for ph, item, size, _ in plan(asdict(args), **kept).rows}
+    full = {(ph, item): size for ph, item, size, _ in plan({**asdict(args), "lora_rank": 0}, **kept).rows}
+    assert rows["train", "adamw"] == 8 * trained and rows["train", "grads"] == 4 * trained
+    assert rows["train", "reference"] == 0 < full["train", "reference"]  # the base is the reference
+    assert rows["train", "params"] == full["train", "params"] + 4 * trained  # the frozen base, whole, + adapters
+    with pytest.raises(ValueError, match="--lora-targets c_attn"):
+        model_shape(tiny_model_dir).lora_params(4, "q_proj,c_attn")
