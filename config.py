@@ -170,7 +170,8 @@ PRESETS = {  # explicit flags override these; micro_batch, gpu_memory_utilizatio
 }
 
 
-RESUME_KEEPS = ("task", "advantage", "M", "seed", "rollout_batch", "data_file")  # kept unless --resume-changed
+RESUME_KEEPS = ("task", "advantage", "M", "seed", "rollout_batch", "data_file",  # kept unless --resume-changed
+                "lora_rank", "lora_targets")  # the adapters' shapes
 
 
 def choices() -> dict:

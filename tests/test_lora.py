@@ -61,6 +61,14 @@ def test_lora_flags_are_checked_in_one_line():
     error = config.check_args(train.Args(lora_rank=4, reference="ema", ref_ema=0.5, plan=True, plan_gpus=1))
     assert error.startswith("--lora-rank: the reference is the base model") and "\n" not in error
     assert config.check_args(train.Args(lora_rank=4, plan=True, plan_gpus=1)) is None
+    assert {"lora_rank", "lora_targets"} <= set(config.RESUME_KEEPS)  # a resume cannot change the adapters' shapes
+
+
+def test_targets_the_model_lacks_are_one_line(tiny_model_dir):
+    args = lora_args(tiny_model_dir, "unused", lora_targets="c_attn")
+    with pytest.raises(train.ModelLoadError, match="--lora-targets c_attn: .*c_attn") as info:
+        train.load_models(args, None, tiny_model_dir, torch.device("cpu"))
+    assert "\n" not in str(info.value)
 
 
 def test_a_lora_run_trains_only_the_adapters_and_saves_the_merged_policy(tiny_model_dir, tmp_path, digits,
@@ -226,3 +234,11 @@ def test_the_memory_plan_trains_and_steps_the_adapters_alone(tiny_model_dir):
     assert rows["train", "params"] == full["train", "params"] + 4 * trained  # the frozen base, whole, + adapters
     with pytest.raises(ValueError, match="--lora-targets c_attn"):
         model_shape(tiny_model_dir).lora_params(4, "q_proj,c_attn")
+
+
+def test_lora_with_gradient_checkpointing_trains_as_without(tiny_model_dir, tmp_path, digits):
+    for ckpt in (False, True):
+        train.main(lora_args(tiny_model_dir, tmp_path / str(ckpt), grad_checkpointing=ckpt))
+    a = load_file(tmp_path / "False" / "checkpoint-000002" / "model.safetensors")
+    b = load_file(tmp_path / "True" / "checkpoint-000002" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
