@@ -74,6 +74,10 @@ class _Args:
     weight_check_every: int = arg(10, "compare the engine's weights with the trainer's every N steps; 0: never")
     grad_checkpointing: bool = arg(False, "recompute each decoder layer in backward (docs/memory_plan.md)")
     compile: bool = arg(False, "torch.compile each decoder layer (speed/compile.py)")
+    lora_rank: int = arg(0, "LoRA rank r (peft; docs/training.md, LoRA); 0: train every weight")
+    lora_alpha: float = arg(32.0, "LoRA: the adapters' update B A is scaled by alpha / r")
+    lora_targets: str = arg("q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+                            "LoRA: a comma list of the module names given adapters (default: every decoder linear)")
     alloc_estimators: str = arg("", "also log Table 3's gradient allocation for these estimators: a comma list, or all")
     eval_every: int = arg(0, "greedy held-out score every N steps; 0: only before and after training")
     eval_examples: int = arg(64, "held-out prompts scored greedily at each evaluation (0: none)")
@@ -177,7 +181,8 @@ PRESETS = {  # explicit flags override these; micro_batch, gpu_memory_utilizatio
 }
 
 
-RESUME_KEEPS = ("task", "advantage", "M", "seed", "rollout_batch", "data_file")  # kept unless --resume-changed
+RESUME_KEEPS = ("task", "advantage", "M", "seed", "rollout_batch", "data_file",  # kept unless --resume-changed
+                "lora_rank", "lora_targets")  # the adapters' shapes
 
 
 def choices() -> dict:
@@ -191,9 +196,9 @@ TRAIN_RULES = [  # (flags, valid, what valid means); NaN breaks each
     ("rollout_batch micro_batch minibatches ppo_epochs steps plan_gpus", lambda v: v >= 1, ">= 1"),
     ("M", lambda v: v >= 2, ">= 2"),  # a group of one has advantage 0
     ("warmup_steps save_every eval_every eval_examples keep_checkpoints log_completions weight_check_every "
-     "max_num_seqs ref_reset_every max_refill_rounds overlong_buffer eval_samples clip_high sync_tolerance",
+     "max_num_seqs ref_reset_every max_refill_rounds overlong_buffer eval_samples clip_high sync_tolerance lora_rank",
      lambda v: v >= 0, ">= 0"),
-    ("lr is_cap dist_timeout_s", lambda v: 0 < v < math.inf, "finite and > 0"),
+    ("lr is_cap dist_timeout_s lora_alpha", lambda v: 0 < v < math.inf, "finite and > 0"),
     ("plan_gpu_gb", lambda v: 0 < v <= 2**20, "> 0 and at most 2^20 GiB"),  # bytes stay finite
     ("max_grad_norm", lambda v: v > 0, "> 0"),
     ("weight_decay beta filter_std", lambda v: 0 <= v < math.inf, "finite and >= 0"),
@@ -229,6 +234,8 @@ def train_rule_error(args: Args, task, world: int) -> str | None:
         (moving or not (args.ref_ema or args.ref_reset_every), "--ref-ema and --ref-reset-every move the reference, "
          "which --reference frozen keeps: pass --reference ema or reset"),
         (not moving or args.beta > 0, f"--reference {args.reference} moves the KL term's reference: --beta 0 has none"),
+        (not moving or not args.lora_rank, f"--lora-rank: the reference is the base model (the adapters off), which "
+         f"--reference {args.reference} cannot move; pass --reference frozen"),
         (set(alloc_estimators(args)) <= set(ESTIMATORS),
          f"--alloc-estimators must name estimators of {', '.join(ESTIMATORS)}, or all"),
         (args.max_refill_rounds <= MAX_REFILLS, f"--max-refill-rounds must be in [0, {MAX_REFILLS}]"),

@@ -5,6 +5,7 @@
     torchrun --nproc_per_node 8 train.py --task countdown
 """
 
+import contextlib
 import math
 import os
 import signal
@@ -212,7 +213,8 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
     with torch.no_grad(), autocast:
         for mb in (mb for micro in minibatches for mb in micro):
             inputs = (mb["input_ids"], mb["attention_mask"], mb["mask"].shape[1], args.temperature)
-            mb["ref_logp"] = sequence_logprobs(ref_model, *inputs) if ref_model is not None else None
+            with model.disable_adapter() if ref_model is model else contextlib.nullcontext():  # LoRA: the base
+                mb["ref_logp"] = sequence_logprobs(ref_model, *inputs) if ref_model is not None else None
             mb["old_logp"] = None if on_policy else sequence_logprobs(model, *inputs)
     sums = dict.fromkeys(["tokens", "entropy", "sampler_diff", "grad_norm"], 0.0)
     shares = {}
@@ -287,11 +289,18 @@ def load_models(args: Args, ckpt, init_path, device):
     # before shard(): FSDP2 must wrap the checkpointed layers
     configure_backward(model, bf16=args.dtype == "bfloat16", checkpointing=args.grad_checkpointing,
                        compiled=args.compile)
-    ref_model = load_reference(init_path, args, device, empty) if args.beta > 0 else None
+    if args.lora_rank:  # the reference is this model with its adapters off (ppo_update), as TRL's
+        from peft import LoraConfig, get_peft_model
+        try:
+            model = get_peft_model(model, LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha,
+                                                     target_modules=args.lora_targets.split(",")))
+        except ValueError as err:  # none of the names is a module of the model
+            raise ModelLoadError(f"--lora-targets {args.lora_targets}: {first_line(err)}") from None
+    ref_model = load_reference(init_path, args, device, empty) if args.beta > 0 and not args.lora_rank else None
     if dist.is_initialized():
         model = shard(model, device, bf16=args.dtype == "bfloat16")
         ref_model = shard(ref_model, device, bf16=args.dtype == "bfloat16") if ref_model is not None else None
-    return tokenizer, model, ref_model
+    return tokenizer, model, model if args.lora_rank and args.beta > 0 else ref_model
 
 
 def make_optimizer(model, args: Args):

@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from plumbing.cli import first_line
 from plumbing.files import CheckpointError, fsync, fsync_tree, write_error
-from plumbing.parallel import gather_objects, tied_names
+from plumbing.parallel import full_weights, gather_objects, tied_names
 from plumbing.run_log import read_evals, read_log
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # DCP in one process, as we ask of it
@@ -235,10 +235,12 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args,
             reason = _any_rank_reason(reason)
         rngs = gather_objects([rng_state()])
         full = dcp_state.StateDictOptions(full_state_dict=True, cpu_offload=True)
-        model_state = dcp_state.get_model_state_dict(model, options=full) if reason is None else {}
+        lora = args.lora_rank > 0  # the model folder holds the merged policy under the base model's names
+        model_state = ({name: t.cpu() for name, t in full_weights(model) if master} if lora else
+                       dcp_state.get_model_state_dict(model, options=full)) if reason is None else {}
         if master and reason is None:
             try:
-                model.save_pretrained(tmp, state_dict=untied(model, model_state))
+                (model.get_base_model() if lora else model).save_pretrained(tmp, state_dict=untied(model, model_state))
                 tokenizer.save_pretrained(tmp)
                 torch.save({"step": step, "scheduler": scheduler.state_dict(), "param_groups": param_groups,
                             "rng": rngs, "args": asdict(args), "reference": ref_model is not None,

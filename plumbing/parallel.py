@@ -53,7 +53,7 @@ def shard(model, device, bf16: bool = False):
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
         else MixedPrecisionPolicy()
-    for layer in model.model.layers:
+    for layer in model.get_decoder().layers:
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=True)  # no-grad forwards: no backward
     if empty:  # this rank's shards allocated, the built buffers kept
@@ -70,11 +70,21 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def hf_name(name: str) -> str:
+    """The base model's name of a parameter peft's LoRA wrapped (base_model.model.*.base_layer.weight)."""
+    return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+
+
+@torch.no_grad()
 def full_weights(model, dtype=None):
-    """(HF name, full tensor), one at a time, gathered in `dtype` (the engine's: bf16 halves it); all ranks iterate."""
+    """(HF name, full tensor), one at a time, gathered in `dtype` (the engine's: bf16 halves it); all ranks iterate.
+    LoRA: each adapted weight merged, W + s B A (peft's get_delta_weight), under the base model's name."""
     for name, param in model.named_parameters():
+        if name.endswith(".base_layer.weight"):
+            param = param + model.get_submodule(name.removesuffix(".base_layer.weight")).get_delta_weight("default")
         param = param.detach().to(dtype or param.dtype)
-        yield name, param.full_tensor() if isinstance(param, DTensor) else param
+        if ".lora_" not in name:
+            yield hf_name(name), param.full_tensor() if isinstance(param, DTensor) else param
 
 
 def tied_names(model) -> dict[str, str]:

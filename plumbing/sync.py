@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from plumbing.parallel import all_reduce_sum, full_weights, per_rank, tied_names
+from plumbing.parallel import all_reduce_sum, full_weights, hf_name, per_rank, tied_names
 from speed.logprobs import pad_batch, sequence_logprobs
 
 SYNC_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.5}  # far above a healthy gap (bench/sync_tolerance.py)
@@ -109,10 +109,11 @@ def weight_checksums(sampler, model, step: int = 0, every: int = 1) -> tuple[dic
     """(engine, trainer) checksums (a collective under FSDP2); None unless `step` is a multiple of `every` > 0."""
     if not every or step % every:
         return None
-    shapes = {name: tuple(p.shape) for name, p in model.named_parameters(remove_duplicate=False)}
+    shapes = {hf_name(name): tuple(p.shape) for name, p in model.named_parameters(remove_duplicate=False)
+              if ".lora_" not in name}  # LoRA: the engine holds the merged weights alone
     engine = sampler.weight_checksums(shapes)
     trainer = {name: checksum(tensor, sampler.dtype) for name, tensor in full_weights(model, sampler.dtype)}
-    return engine, trainer | {name: trainer[other] for name, other in tied_names(model).items()}
+    return engine, trainer | {hf_name(name): trainer[hf_name(other)] for name, other in tied_names(model).items()}
 
 
 def check_weights(sums, step: int, device) -> dict:

@@ -5,6 +5,8 @@ tests run both in one process and under `torchrun --nproc_per_node 2` (FSDP2 ove
     torchrun --nproc_per_node 2 tests/dist_train.py parity OUT.pt MODEL_DIR REF_DIR
     torchrun --nproc_per_node 2 tests/dist_train.py e2e OUT_DIR MODEL_DIR [vllm]   # train.main on the toy task
     python tests/dist_train.py bf16-sync MODEL_DIR   # FSDP2 on one rank: the weight sync gathered in bf16
+    torchrun --nproc_per_node 2 tests/dist_train.py lora-parity OUT.pt MODEL_DIR   # one LoRA ppo_update (test_lora)
+    torchrun --nproc_per_node 2 tests/dist_train.py lora-e2e OUT_DIR MODEL_DIR   # train.main --lora-rank 4
 """
 
 import json
@@ -76,12 +78,44 @@ def parity(out_path, model_dir, ref_dir, loss_agg="token-mean", dtype="float32",
         torch.save({"state": state, "metrics": metrics}, out_path)
 
 
-def e2e(out_dir, model_dir, sampler="hf"):
+def lora_parity(out_path, model_dir):
+    """One LoRA PPO update (2 epochs x 2 minibatches, KL to the base model: the adapters off) with plain SGD, the model
+    built by train.load_models (under torchrun: FSDP2 shards of the base and the adapters); saves the merged weights
+    full_weights sends a sampler, and the metrics."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    args = train.Args(M=4, rollout_batch=4, micro_batch=3, minibatches=2, ppo_epochs=2, beta=0.1, lr=0.3,
+                      warmup_steps=0, max_grad_norm=0.5, dtype="float32", lora_rank=4, lora_alpha=8)
+    torch.manual_seed(0)  # peft draws A from the global RNG (train.py: init_distributed seeds it); rank 0's is sent
+    _, model, ref_model = train.load_models(args, None, model_dir, torch.device("cpu"))
+    assert ref_model is model  # the reference is the base: no second model
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # B = 0 at init: a step away from it, so the KL term and the adapters' A have gradients
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                train.local(p).copy_((0.05 * torch.randn(p.shape, generator=g)).chunk(world)[rank])  # FSDP2's shard
+    prompts = [torch.randint(4, 90, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(args.rollout_batch)]
+    completions = [[torch.randint(4, 90, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
+                    for _ in range(args.M)] for _ in range(args.rollout_batch)]
+    adv = torch.randn(args.rollout_batch, args.M, generator=g)  # (G, M)
+    mine = list(range(args.rollout_batch))[rank::world]
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    flat = [(prompts[i], c) for i in mine for c in completions[i]]
+    metrics = train.ppo_update(model, ref_model, optimizer, scheduler, [p for p, _ in flat], [c for _, c in flat],
+                               [[0.0] * len(c) for _, c in flat], adv[mine].reshape(-1), args, pad_id=0)
+    merged = {name: t.clone() for name, t in train.full_weights(model)}
+    if rank == 0:
+        torch.save({"state": merged, "metrics": metrics}, out_path)
+
+
+def e2e(out_dir, model_dir, sampler="hf", lora_rank="0"):
     tasks.TASKS["digits"] = DigitTask()
     args = train.Args(task="digits", model=model_dir, M=4, rollout_batch=4, micro_batch=4, steps=3, max_tokens=4,
                       lr=1e-2, eval_examples=4, dtype="float32", out_dir=out_dir, save_every=2, sampler=sampler,
                       log_completions=16,  # both ranks' samples: rank 1's come from the gather
-                      weight_check_every=1)  # each rank's engine against the gathered weights, every step
+                      weight_check_every=1,  # each rank's engine against the gathered weights, every step
+                      lora_rank=int(lora_rank))
     train.main(args)
 
 
@@ -108,14 +142,16 @@ if __name__ == "__main__":
     job, *rest = sys.argv[1:]
     if job == "bf16-sync":
         bf16_sync(*rest)
-    elif job == "parity":
+    elif job in ("parity", "lora-parity"):
         if "RANK" in os.environ:
             dist.init_process_group("gloo")
-        parity(*rest)
+        (parity if job == "parity" else lora_parity)(*rest)
         if dist.is_initialized():
             dist.barrier()  # rank 0 may still be saving: tearing gloo down under it aborts the other rank
             dist.destroy_process_group()
             sys.stdout.flush()
             os._exit(0)  # the result is saved: skip C++ teardown, where a gloo thread once aborted a loaded CI rank
+    elif job == "lora-e2e":
+        e2e(*rest, "hf", "4")
     else:
         e2e(*rest)  # train.main sets up and tears down the process group itself

@@ -55,6 +55,13 @@ mask. A layer's backward adds its largest gradient: eager's float32 gradient of 
 (4 x heads x S per token), SDPA's dq, dk, dv. With gradient checkpointing (enable_grad_checkpointing)
 only each layer's float32 input (4h per token) is kept, and backward recomputes one layer at a time.
 bench/plan_check.py measures these formulas against CPU peaks.
+
+With --lora-rank r (peft's adapters on --lora-targets) the float32 base stays whole and frozen: gradients, AdamW's
+moments and its temporary are the adapters' (r x (in + out) per adapted linear), the reference is the base itself
+(no second model), and the embedding and lm_head, frozen, make no weight gradient. In one process under bf16 each
+frozen linear's bf16 cast lives from forward to backward (autocast caches no cast of a frozen weight, and
+speed/backward.py recasts only trained ones): at most 2 bytes per decoder weight, a row of its own. The adapters' own
+activations (r numbers per token and adapted linear) are left out.
 """
 
 import argparse
@@ -82,7 +89,7 @@ GPU_CALIBRATED: dict[str, str] = {}  # row -> the docs/gpu.md run that calibrate
 CPU_CHECKED = frozenset({"params", "adamw", "grads", "activations", "bf16 weight cast", "layer backward", "final norm",
                          "logits + chunks", "lm_head gradient"})
 ESTIMATED = frozenset({"reference", "fsdp2 roots gathered", "cuda overhead", "vllm awake", "vllm asleep",
-                       "fsdp2 gathered", "adamw temporary", "vllm weights", "one full parameter"})
+                       "lora frozen casts", "fsdp2 gathered", "adamw temporary", "vllm weights", "one full parameter"})
 ENGINE_ROWS = frozenset({"vllm awake", "vllm asleep", "vllm weights"})  # the engine's, not the trainer's
 OUTSIDE_ALLOCATOR = frozenset({"cuda overhead"})  # device memory torch's allocator never counts
 
@@ -111,6 +118,15 @@ class Shape:
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         attention = self.hidden * (q + 2 * kv) + q * self.hidden + (q + 2 * kv) * self.qkv_bias
         return attention + 3 * self.hidden * self.intermediate + 2 * self.hidden  # + MLP + 2 RMSNorms
+
+    def lora_params(self, rank: int, targets: str) -> int:
+        """Parameters of rank-`rank` adapters on the comma list `targets` of each decoder layer's linears."""
+        q, kv, h, f = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.hidden, self.intermediate
+        sizes = {"q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h, "gate_proj": h + f,
+                 "up_proj": h + f, "down_proj": f + h}  # in + out
+        if unknown := [t for t in targets.split(",") if t not in sizes]:
+            raise ValueError(f"--lora-targets {unknown[0]}: the plan knows a Llama/Qwen2 layer's {', '.join(sizes)}")
+        return self.layers * rank * sum(sizes[t] for t in targets.split(","))
 
     @property
     def embedding(self) -> int:
@@ -153,14 +169,17 @@ def model_shape(model: str) -> Shape:
         raise ValueError(f"{path} is not a Llama/Qwen2-style config ({type(err).__name__}: {err})") from None
 
 
-def training_state(shape: Shape, *, ranks: int, unsharded_grads: bool) -> dict:
-    """Bytes of float32 parameters, gradients and AdamW moments on one rank (note 1 of the docstring)."""
-    n = shape.params
-    return {"params": 4 * n / ranks, "grads": 4 * n if unsharded_grads else 4 * n / ranks, "adam": 8 * n / ranks}
+def training_state(shape: Shape, *, ranks: int, unsharded_grads: bool, lora: int = 0) -> dict:
+    """Bytes of float32 parameters, gradients and AdamW moments on one rank (note 1 of the docstring); `lora`: the
+    adapters' parameter count, then the only trained ones, beside the frozen base."""
+    n, trained = shape.params + lora, lora or shape.params
+    return {"params": 4 * n / ranks, "grads": 4 * trained if unsharded_grads else 4 * trained / ranks,
+            "adam": 8 * trained / ranks}
 
 
 def activations(shape: Shape, *, batch: int, prompt: int, completion: int, compute_bytes: int,
-                checkpointing: bool, attention: str, chunk_elements: int = CHUNK_ELEMENTS) -> dict:
+                checkpointing: bool, attention: str, chunk_elements: int = CHUNK_ELEMENTS,
+                frozen_head: bool = False) -> dict:
     """Peak bytes of one micro-batch's forward + backward beyond the training state, by part.
 
     `saved`: what the layers keep from forward to backward (and RoPE's cos/sin); `recompute`: one layer's
@@ -168,7 +187,7 @@ def activations(shape: Shape, *, batch: int, prompt: int, completion: int, compu
     float32 gradient of the probabilities, SDPA's dq/dk/dv); `weights_bf16`: the bf16 weight being cast;
     `logits`: the log-prob work, in row chunks of `chunk_elements` (speed.logprobs.CHUNK_ELEMENTS on a GPU;
     speed.logprobs.CPU_CHUNK_ELEMENTS on CPU, bench/plan_check.py's measurements); `head_grad`: the lm_head weight's
-    gradient, float32 (a tied one kept until the embedding's backward).
+    gradient, float32 (a tied one kept until the embedding's backward); none with `frozen_head` (LoRA).
     `peak` (their sum) is the largest of forward's end, backward's first steps (logits, then the lm_head), a
     layer's backward (recompute) and its last step (the embedding's gradient); `when` names it.
     """
@@ -200,12 +219,12 @@ def activations(shape: Shape, *, batch: int, prompt: int, completion: int, compu
     chunk = 2 * 4 * min(kept, max(1, chunk_elements // shape.vocab)) * shape.vocab  # float32 chunk + a temporary
     # the lm_head's weight gradient: its matmul's output (bf16 under autocast), cast to float32. A tied weight's
     # then waits in autograd, through every layer's backward, for the embedding's to be added to it
-    head_grad = 4 * head + (c * head if c < 4 else 0)
-    waiting = 4 * head if shape.tied else 0
+    head_grad = 0 if frozen_head else 4 * head + (c * head if c < 4 else 0)
+    waiting = 4 * head if shape.tied and not frozen_head else 0
     lm_head = {"weights_bf16": bf16_head, "final_norm": final_norm, "logits": logits, "head_grad": head_grad}
     # backward's last step: the embedding's dense float32 gradient, and with a tied weight the waiting one and
     # their sum (measured on CPU in float32; bf16's sum was made in place)
-    embedding = {"head_grad": 4 * head + 2 * waiting}
+    embedding = {"head_grad": 0 if frozen_head else 4 * head + 2 * waiting}
     if not checkpointing:  # backward's first steps (logits' gradient twice, then the lm_head's), the last layer's
         saved = shape.layers * lean_layer + shared
         moments = {"backward (logits)": {"saved": saved, "weights_bf16": bf16_head, "final_norm": final_norm,
@@ -276,23 +295,27 @@ def plan(args: dict, *, gpus: int, gpu_gb: float, grad_checkpointing: bool, prom
     accumulates = math.ceil(per_minibatch / args["micro_batch"]) > 1
     gpu = gpu_gb * GiB
     fsdp = ranks > 1 if torchrun is None else torchrun
-    state = training_state(shape, ranks=ranks, unsharded_grads=fsdp and accumulates)
-    n = shape.params
+    rank = args.get("lora_rank", 0)
+    lora = shape.lora_params(rank, args.get("lora_targets", "q_proj")) if rank else 0
+    state = training_state(shape, ranks=ranks, unsharded_grads=fsdp and accumulates, lora=lora)
+    n, trained = shape.params, lora or shape.params
     beta = args.get("beta", 1e-3)
-    reference = 0 if beta == 0 else (4 * n / ranks if fsdp or not bf16 else
+    reference = 0 if beta == 0 or lora else (4 * n / ranks if fsdp or not bf16 else
                                      2 * (n - shape.embedding - (2 * shape.layers + 1) * shape.hidden)
                                      + 4 * (shape.embedding + (2 * shape.layers + 1) * shape.hidden))
     vllm = args.get("gpu_memory_utilization", 0.3) * gpu
     act = activations(shape, batch=batch, prompt=prompt, completion=K, compute_bytes=c,
-                      checkpointing=grad_checkpointing, attention="sdpa")
+                      checkpointing=grad_checkpointing, attention="sdpa", frozen_head=bool(lora))
     root = c * (shape.embedding * (1 if shape.tied else 2) + shape.hidden)  # gathered: bf16 under mixed precision
     roots_left = 0 if not fsdp or ROOT_RESHARDED_AFTER_FORWARD else root * (1 + (beta > 0))  # policy + reference
     gathered = (0 if roots_left else root) + 2 * c * shape.layer_params if fsdp else 0
-    grads_how = ("whole model, float32: FSDP2 keeps unsharded gradients between micro-batches"
-                 if fsdp and accumulates else f"float32 / {ranks}")
-    resident = [("params", state["params"], f"float32 / {ranks}"),
-                ("adamw", state["adam"], f"2 moments, float32 / {ranks}"),
-                ("reference", reference, "beta = 0: none" if beta == 0 else
+    grads_how = (("the adapters'" if lora else "whole model") + ", float32: FSDP2 keeps unsharded gradients between "
+                 "micro-batches" if fsdp and accumulates else f"float32 / {ranks}" + (", the adapters'" * bool(lora)))
+    frozen_casts = 2 * shape.layers * (shape.layer_params - 2 * shape.hidden) if lora and bf16 and not fsdp else 0
+    resident = [("params", state["params"], f"float32 / {ranks}" + (f" (+ {lora:,} adapter parameters)" if lora
+                                                                      else "")),
+                ("adamw", state["adam"], f"2 moments, float32 / {ranks}" + (", the adapters'" if lora else "")),
+                ("reference", reference, "beta = 0: none" if beta == 0 else "LoRA: the base (adapters off)" if lora else
                  (f"float32 / {ranks} (FSDP2)" if fsdp else "bf16 linears" if bf16 else "float32")),
                 ("fsdp2 roots gathered", roots_left, "one process: none" if not fsdp else "resharded after forward: "
                  "none" if not roots_left else f"{'policy + reference' if beta > 0 else 'policy'}: embedding + "
@@ -308,6 +331,8 @@ def plan(args: dict, *, gpus: int, gpu_gb: float, grad_checkpointing: bool, prom
              if fsdp else "one process: none"),
             ("activations", act["saved"], f"{batch} x ({prompt} + {K}) tokens, "
              + ("layer inputs only (checkpointing)" if grad_checkpointing else "every layer's saved tensors")),
+            *([("lora frozen casts", frozen_casts, "frozen decoder linears' bf16 casts kept for backward, at most")]
+              if frozen_casts else []),
             ("bf16 weight cast", act["weights_bf16"] if not fsdp else 0, "float32: none" if c == 4 else
              "FSDP2 gathers bf16 weights: none" if fsdp else "the one weight being cast at " + act["when"]),
             ("layer backward", act["recompute"], ("one layer's recomputed activations + " if grad_checkpointing
@@ -322,10 +347,10 @@ def plan(args: dict, *, gpus: int, gpu_gb: float, grad_checkpointing: bool, prom
         ],
         "optimizer": resident + [
             ("vllm asleep", VLLM_ASLEEP, "level 2: KV cache and weights dropped (a constant)"),
-            ("grads", state["grads"] if not fsdp else 4 * n / ranks, f"float32 / {ranks}" if not fsdp else
+            ("grads", state["grads"] if not fsdp else 4 * trained / ranks, f"float32 / {ranks}" if not fsdp else
              f"float32 / {ranks}: reduce-scattered by the last micro-batch"),
-            ("adamw temporary", 4 * n / ranks if fsdp else 0, f"foreach AdamW on FSDP2's shards: sqrt of the second "
-             f"moment, float32 / {ranks}" if fsdp else "fused AdamW (one process): none"),
+            ("adamw temporary", 4 * trained / ranks if fsdp else 0, f"foreach AdamW on FSDP2's shards: sqrt of the "
+             f"second moment, float32 / {ranks}" if fsdp else "fused AdamW (one process): none"),
         ],
         "sync": resident + [("vllm weights", 2 * n, "woken alone for the reload; its KV cache wakes after"),
                             ("one full parameter", (4 if bf16 else 8) * shape.embedding,
