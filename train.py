@@ -291,10 +291,13 @@ def load_models(args: Args, ckpt, init_path, device):
                        compiled=args.compile)
     if args.lora_rank:  # the reference is this model with its adapters off (ppo_update), as TRL's
         from peft import LoraConfig, get_peft_model
+        names, targets = [name for name, _ in model.named_modules()], args.lora_targets.split(",")
+        if unknown := [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]:  # peft's match
+            raise ModelLoadError(f"--lora-targets {args.lora_targets}: the model has no module {unknown[0]!r}")
         try:
             model = get_peft_model(model, LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha,
-                                                     target_modules=args.lora_targets.split(",")))
-        except ValueError as err:  # none of the names is a module of the model
+                                                     target_modules=targets))
+        except ValueError as err:  # a module peft cannot adapt (a whole decoder layer)
             raise ModelLoadError(f"--lora-targets {args.lora_targets}: {first_line(err)}") from None
     ref_model = load_reference(init_path, args, device, empty) if args.beta > 0 and not args.lora_rank else None
     if dist.is_initialized():

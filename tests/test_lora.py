@@ -62,11 +62,13 @@ def test_lora_flags_are_checked_in_one_line():
     assert {"lora_rank", "lora_targets"} <= set(config.RESUME_KEEPS)  # a resume cannot change the adapters' shapes
 
 
-def test_targets_the_model_lacks_are_one_line(tiny_model_dir):
-    args = lora_args(tiny_model_dir, "unused", lora_targets="c_attn")
-    with pytest.raises(train.ModelLoadError, match="--lora-targets c_attn: .*c_attn") as info:
+@pytest.mark.parametrize("targets,named", [("c_attn", "c_attn"), ("q_proj,c_attn", "c_attn"),  # one of two unknown
+                                           ("self_attn.q_proj,mlp", None)])  # mlp: a block peft cannot adapt
+def test_targets_the_model_lacks_are_one_line(tiny_model_dir, targets, named):
+    args = lora_args(tiny_model_dir, "unused", lora_targets=targets)
+    with pytest.raises(train.ModelLoadError, match=f"--lora-targets {targets}: ") as info:
         train.load_models(args, None, tiny_model_dir, torch.device("cpu"))
-    assert "\n" not in str(info.value)
+    assert "\n" not in str(info.value) and (named is None or repr(named) in str(info.value))
 
 
 def test_a_lora_run_trains_only_the_adapters_and_saves_the_merged_policy(tiny_model_dir, tmp_path, digits,
