@@ -76,8 +76,7 @@ class _Args:
     compile: bool = arg(False, "torch.compile each decoder layer (speed/compile.py)")
     lora_rank: int = arg(0, "LoRA rank r (peft; docs/training.md, LoRA); 0: train every weight")
     lora_alpha: float = arg(32.0, "LoRA: the adapters' update B A is scaled by alpha / r")
-    lora_targets: str = arg("q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
-                            "LoRA: a comma list of the module names given adapters (default: every decoder linear)")
+    lora_targets: str = arg("q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", "LoRA: the adapted modules")
     alloc_estimators: str = arg("", "also log Table 3's gradient allocation for these estimators: a comma list, or all")
     eval_every: int = arg(0, "greedy held-out score every N steps; 0: only before and after training")
     eval_examples: int = arg(64, "held-out prompts scored greedily at each evaluation (0: none)")
