@@ -14,6 +14,7 @@ import pytest
 import torch
 from dist_train import DigitTask
 from safetensors.torch import load_file
+from test_train import tiny_args
 from torch.distributed.checkpoint import FileSystemReader, load
 from transformers import AutoModelForCausalLM
 
@@ -34,10 +35,8 @@ def digits(monkeypatch):
 
 
 def lora_args(model_dir, out_dir, **overrides):
-    base = dict(task="digits", model=model_dir, M=4, rollout_batch=4, micro_batch=8, steps=2, max_tokens=4,
-                lr=1e-2, warmup_steps=0, eval_examples=0, dtype="float32", out_dir=str(out_dir), lora_rank=4,
-                beta=1e-3, weight_check_every=1)
-    return train.Args(**{**base, **overrides})
+    """test_train's tiny run with rank-4 adapters, at the higher lr LoRA needs."""
+    return tiny_args(model_dir, out_dir, **{**dict(lr=1e-2, lora_rank=4, beta=1e-3, weight_check_every=1), **overrides})
 
 
 def read_metrics(path):
