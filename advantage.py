@@ -1,6 +1,6 @@
 """Group advantage estimators (Section 3.1, Eq. 1; Table 1); their exact prompt weights: tools/theory.py.
 
-    python -m pytest tests/test_advantage.py -q
+python -m pytest tests/test_advantage.py -q
 """
 
 from __future__ import annotations  # POSITIVE is defined below
@@ -58,16 +58,23 @@ def maxrl_advantages(rewards: torch.Tensor, eps: typing.Annotated[float, POSITIV
     return torch.where(mean.abs() > eps, (rewards - mean) / safe, torch.zeros_like(rewards))
 
 
-def reinforce_advantages(rewards: torch.Tensor,
-                         baseline: typing.Annotated[float | None, FINITE_OR_NONE] = None) -> torch.Tensor:
+def reinforce_advantages(
+    rewards: torch.Tensor, baseline: typing.Annotated[float | None, FINITE_OR_NONE] = None
+) -> torch.Tensor:
     """REINFORCE: reward minus a constant `baseline`, else the batch mean."""
     baseline = FINITE_OR_NONE.check(baseline, "baseline", "reinforce_advantages")
     rewards = _as_groups(rewards, "reinforce_advantages")
     return rewards - (rewards.mean() if baseline is None else baseline)
 
 
-ESTIMATORS = {"softmax": softmax_advantages, "grpo": grpo_advantages, "drgrpo": drgrpo_advantages,
-              "rloo": rloo_advantages, "maxrl": maxrl_advantages, "reinforce": reinforce_advantages}
+ESTIMATORS = {
+    "softmax": softmax_advantages,
+    "grpo": grpo_advantages,
+    "drgrpo": drgrpo_advantages,
+    "rloo": rloo_advantages,
+    "maxrl": maxrl_advantages,
+    "reinforce": reinforce_advantages,
+}
 REWARD_FLOOR = {"maxrl": 0.0}  # the least reward each formula holds for (MaxRL divides by the mean); others: any real
 
 
@@ -93,6 +100,7 @@ def _real(value) -> float | None:
 @dataclass(frozen=True)
 class Range:
     """A hyperparameter's valid values: finite reals >= low (None when `optional`)."""
+
     low: float = -math.inf
     optional: bool = False
     means: str = "finite"
@@ -102,8 +110,10 @@ class Range:
         if value is None and self.optional:
             return None
         if (real := _real(value)) is None:
-            return (f"must be one real number (float, int, numpy scalar or one-element tensor), got "
-                    f"{type(value).__name__} {value!r}")
+            return (
+                f"must be one real number (float, int, numpy scalar or one-element tensor), got "
+                f"{type(value).__name__} {value!r}"
+            )
         return None if math.isfinite(real) and real >= self.low else f"must be {self.means}, got {value!r}"
 
     def check(self, value, name: str, where: str) -> float | None:
@@ -113,8 +123,10 @@ class Range:
         return None if value is None else _real(value)
 
 
-POSITIVE = Range(low=torch.finfo(torch.float32).tiny, means="finite and > 0 (at least 1.2e-38, float32's smallest "
-                 "normal number: a smaller value rounds to 0)")
+POSITIVE = Range(
+    low=torch.finfo(torch.float32).tiny,
+    means="finite and > 0 (at least 1.2e-38, float32's smallest normal number: a smaller value rounds to 0)",
+)
 FINITE_OR_NONE = Range(optional=True, means="finite, or None")
 
 
@@ -145,8 +157,10 @@ def estimator_params() -> dict[str, tuple[object, type]]:
             if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
                 kind = next(t for t in typing.get_args(kind) if t is not type(None))
             if name in out and out[name][0] != p.default:
-                raise ValueError(f"estimator {est!r}: hyperparameter {name!r} defaults to {p.default!r}, but "
-                                 f"another estimator's {name!r} defaults to {out[name][0]!r}; rename one")
+                raise ValueError(
+                    f"estimator {est!r}: hyperparameter {name!r} defaults to {p.default!r}, but "
+                    f"another estimator's {name!r} defaults to {out[name][0]!r}; rename one"
+                )
             out[name] = (p.default, kind)
     return out
 
@@ -158,8 +172,10 @@ def compute_advantages(name: str, rewards: torch.Tensor, tau: float | None = Non
     if tau is not None:
         hparams["tau"] = tau
     if unknown := sorted(set(hparams) - set(estimator_params())):
-        raise ValueError(f"unknown estimator hyperparameter(s) {', '.join(unknown)}; "
-                         f"the estimators declare {', '.join(sorted(estimator_params()))}")
+        raise ValueError(
+            f"unknown estimator hyperparameter(s) {', '.join(unknown)}; "
+            f"the estimators declare {', '.join(sorted(estimator_params()))}"
+        )
     floor, rewards = REWARD_FLOOR.get(name, -math.inf), torch.as_tensor(rewards)
     if (below := rewards[rewards < floor]).numel():
         raise ValueError(f"estimator {name} holds for rewards >= {floor:g}, got a reward of {below.min().item():g}")

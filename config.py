@@ -1,6 +1,6 @@
 """train.py's flags (Args), the paper's presets (Appendix B.1, Tables B.1-B.2) and check_args.
 
-    python train.py --help
+python train.py --help
 """
 
 import argparse
@@ -101,8 +101,11 @@ class _Args:
 
 def loss_option_defaults() -> dict:
     """{name: default} of policy_loss's keyword-only parameters with a non-None default."""
-    return {p.name: p.default for p in inspect.signature(policy_loss).parameters.values()
-            if p.kind is p.KEYWORD_ONLY and p.default is not None}
+    return {
+        p.name: p.default
+        for p in inspect.signature(policy_loss).parameters.values()
+        if p.kind is p.KEYWORD_ONLY and p.default is not None
+    }
 
 
 def loss_option_help() -> dict:
@@ -120,8 +123,14 @@ def _derived_fields():
     """A field per estimator hyperparameter and per policy_loss option."""
     for name, (default, kind) in estimator_params().items():
         users = "/".join(est for est, fn in ESTIMATORS.items() if name in hyperparameters(fn))
-        yield name, kind, arg(default, "SoftmaxGRPO temperature (Eq. 1)" if name == "tau" else
-                              f"hyperparameter of --advantage {users}")
+        yield (
+            name,
+            kind,
+            arg(
+                default,
+                "SoftmaxGRPO temperature (Eq. 1)" if name == "tau" else f"hyperparameter of --advantage {users}",
+            ),
+        )
     helps = loss_option_help()
     for name, default in loss_option_defaults().items():
         choices = f" (loss.py: {', '.join(OPTION_CHOICES[name])})" if name in OPTION_CHOICES else ""
@@ -151,52 +160,141 @@ def estimator_hparams(args: Args) -> dict:
     return {name: getattr(args, name) for name in estimator_params()}
 
 
-PAPER = dict(model="Qwen/Qwen2.5-1.5B", lr=1e-6, warmup_steps=0, save_every=100,
-             eval_examples=500,  # Tables B.1-B.2; then the official configs' (base.yaml)
-             top_p=0.999, eval_every=25, grad_checkpointing=True, keep_checkpoints=2, alloc_estimators="all")
+PAPER = dict(
+    model="Qwen/Qwen2.5-1.5B",
+    lr=1e-6,
+    warmup_steps=0,
+    save_every=100,
+    eval_examples=500,  # Tables B.1-B.2; then the official configs' (base.yaml)
+    top_p=0.999,
+    eval_every=25,
+    grad_checkpointing=True,
+    keep_checkpoints=2,
+    alloc_estimators="all",
+)
 PRESETS = {  # explicit flags override these; micro_batch, gpu_memory_utilization: tools/memory_plan.py, 80 GB
     "arith": dict(alloc_estimators="all"),  # the CPU demo
     "countdown24": dict(max_tokens=128),
-    "gsm8k": dict(PAPER, tau=0.1, M=8, rollout_batch=64, steps=1000, max_tokens=256,  # Table B.1
-                  micro_batch=64, gpu_memory_utilization=0.12),
-    "countdown": dict(PAPER, tau=0.1, M=8, rollout_batch=64, steps=2000, max_tokens=256,
-                      micro_batch=64, gpu_memory_utilization=0.12),
-    "deepmath": dict(PAPER, tau=0.3, M=16, rollout_batch=512, steps=3220, max_tokens=1024,
-                     micro_batch=32, gpu_memory_utilization=0.45),
-    "poetry": dict(PAPER, tau=0.3, M=8, rollout_batch=64, steps=1350, max_tokens=1024, reward="sim",  # B.2
-                   micro_batch=32, gpu_memory_utilization=0.12),
-    "meetingbank": dict(PAPER, tau=0.3, M=8, rollout_batch=512, steps=3220, max_tokens=4096, reward="sim",
-                        micro_batch=8, gpu_memory_utilization=0.6),
-    "openthoughts": dict(PAPER, tau=0.3, M=8, rollout_batch=512, steps=3220, max_tokens=6144, reward="sim",
-                         reward_weights="format=0.35,sim=0.65",
-                         micro_batch=8, gpu_memory_utilization=0.78),
-    "polaris": dict(PAPER, model="Qwen/Qwen3-1.7B-Base", tau=0.3, M=16,  # qwen3_base.yaml: path, softmaxgrpo_tau, n
-                    rollout_batch=256, max_tokens=4096, steps=1040,  # train_batch_size, max_response_length, 5 epochs
-                    clip_high=0.2, max_grad_norm=0.3, beta=0.0,  # clip_ratio_high, grad_clip, use_kl_loss false
-                    top_p=1.0, gpu_memory_utilization=0.7, eval_every=50,  # top_p, gpu_memory_utilization, test_freq
-                    save_every=50, seed=79, eval_tasks="aime25,math500",  # save_freq, data.seed, val_files
-                    eval_samples=32, eval_temperature=0.6, eval_top_p=0.95,  # val_kwargs: n, temperature, top_p
-                    micro_batch=8, plan_gpus=32),  # the plan on 80 GB; trainer.nnodes 4 x n_gpus_per_node 8
+    "gsm8k": dict(
+        PAPER,
+        tau=0.1,
+        M=8,
+        rollout_batch=64,
+        steps=1000,
+        max_tokens=256,  # Table B.1
+        micro_batch=64,
+        gpu_memory_utilization=0.12,
+    ),
+    "countdown": dict(
+        PAPER, tau=0.1, M=8, rollout_batch=64, steps=2000, max_tokens=256, micro_batch=64, gpu_memory_utilization=0.12
+    ),
+    "deepmath": dict(
+        PAPER,
+        tau=0.3,
+        M=16,
+        rollout_batch=512,
+        steps=3220,
+        max_tokens=1024,
+        micro_batch=32,
+        gpu_memory_utilization=0.45,
+    ),
+    "poetry": dict(
+        PAPER,
+        tau=0.3,
+        M=8,
+        rollout_batch=64,
+        steps=1350,
+        max_tokens=1024,
+        reward="sim",  # B.2
+        micro_batch=32,
+        gpu_memory_utilization=0.12,
+    ),
+    "meetingbank": dict(
+        PAPER,
+        tau=0.3,
+        M=8,
+        rollout_batch=512,
+        steps=3220,
+        max_tokens=4096,
+        reward="sim",
+        micro_batch=8,
+        gpu_memory_utilization=0.6,
+    ),
+    "openthoughts": dict(
+        PAPER,
+        tau=0.3,
+        M=8,
+        rollout_batch=512,
+        steps=3220,
+        max_tokens=6144,
+        reward="sim",
+        reward_weights="format=0.35,sim=0.65",
+        micro_batch=8,
+        gpu_memory_utilization=0.78,
+    ),
+    "polaris": dict(
+        PAPER,
+        model="Qwen/Qwen3-1.7B-Base",
+        tau=0.3,
+        M=16,  # qwen3_base.yaml: path, softmaxgrpo_tau, n
+        rollout_batch=256,
+        max_tokens=4096,
+        steps=1040,  # train_batch_size, max_response_length, 5 epochs
+        clip_high=0.2,
+        max_grad_norm=0.3,
+        beta=0.0,  # clip_ratio_high, grad_clip, use_kl_loss false
+        top_p=1.0,
+        gpu_memory_utilization=0.7,
+        eval_every=50,  # top_p, gpu_memory_utilization, test_freq
+        save_every=50,
+        seed=79,
+        eval_tasks="aime25,math500",  # save_freq, data.seed, val_files
+        eval_samples=32,
+        eval_temperature=0.6,
+        eval_top_p=0.95,  # val_kwargs: n, temperature, top_p
+        micro_batch=8,
+        plan_gpus=32,
+    ),  # the plan on 80 GB; trainer.nnodes 4 x n_gpus_per_node 8
 }
 
 
-RESUME_KEEPS = ("task", "advantage", "M", "seed", "rollout_batch", "data_file",  # kept unless --resume-changed
-                "lora_rank", "lora_targets")  # the adapters' shapes
+RESUME_KEEPS = (
+    "task",
+    "advantage",
+    "M",
+    "seed",
+    "rollout_batch",
+    "data_file",  # kept unless --resume-changed
+    "lora_rank",
+    "lora_targets",
+)  # the adapters' shapes
 
 
 def choices() -> dict:
     """Each string flag's registry, whose keys are its valid values."""
-    return {"advantage": ESTIMATORS, "reward": ("exact", *REWARD_TERMS), **OPTION_CHOICES, "row_filter": ROW_FILTERS,
-            "sampler": ("auto", *SAMPLERS), "dtype": ("auto", "bfloat16", "float32"), "rollout": ROLLOUTS,
-            "reference": REFERENCES, "lr_schedule": ("constant", "cosine")}
+    return {
+        "advantage": ESTIMATORS,
+        "reward": ("exact", *REWARD_TERMS),
+        **OPTION_CHOICES,
+        "row_filter": ROW_FILTERS,
+        "sampler": ("auto", *SAMPLERS),
+        "dtype": ("auto", "bfloat16", "float32"),
+        "rollout": ROLLOUTS,
+        "reference": REFERENCES,
+        "lr_schedule": ("constant", "cosine"),
+    }
 
 
 TRAIN_RULES = [  # (flags, valid, what valid means); NaN breaks each
     ("rollout_batch micro_batch minibatches ppo_epochs steps plan_gpus", lambda v: v >= 1, ">= 1"),
     ("M", lambda v: v >= 2, ">= 2"),  # a group of one has advantage 0
-    ("warmup_steps save_every eval_every eval_examples keep_checkpoints log_completions weight_check_every "
-     "max_num_seqs ref_reset_every max_refill_rounds overlong_buffer eval_samples clip_high sync_tolerance lora_rank",
-     lambda v: v >= 0, ">= 0"),
+    (
+        "warmup_steps save_every eval_every eval_examples keep_checkpoints log_completions weight_check_every "
+        "max_num_seqs ref_reset_every max_refill_rounds overlong_buffer eval_samples clip_high sync_tolerance "
+        "lora_rank",
+        lambda v: v >= 0,
+        ">= 0",
+    ),
     ("lr is_cap dist_timeout_s lora_alpha", lambda v: 0 < v < math.inf, "finite and > 0"),
     ("plan_gpu_gb", lambda v: 0 < v <= 2**20, "> 0 and at most 2^20 GiB"),  # bytes stay finite
     ("max_grad_norm", lambda v: v > 0, "> 0"),
@@ -219,46 +317,86 @@ def train_rule_error(args: Args, task, world: int) -> str | None:
     # rollout.step_seed's streams stay below 2^64, and seed + rank below 2^32
     seed_max = min((2**64 // (args.rollout_batch * args.M) - 2**24) // 2**24, SEED_LIMIT - world)
     moving = args.reference != "frozen"
-    return first_broken([
-        *((getattr(args, name) in registry, f"{flag(name)} must be one of {', '.join(registry)}")
-          for name, registry in choices().items()),
-        (args.rollout_batch % (world * args.minibatches) == 0, f"--rollout-batch ({args.rollout_batch}) must divide "
-         f"evenly by ranks x minibatches ({world} x {args.minibatches})"),
-        (seed_max >= 0, f"--rollout-batch x --M is {args.rollout_batch * args.M:,} samples a step: each needs a seed "
-         f"stream of its own, and at most {2**40:,} fit"),
-        (args.seed <= seed_max, f"--seed must be at most {seed_max:,} with --steps {args.steps}, --rollout-batch "
-         f"{args.rollout_batch} and --M {args.M}, got {args.seed:,}"),
-        (args.reference != "ema" or args.ref_ema > 0, "--reference ema needs --ref-ema ALPHA in (0, 1]"),
-        (args.reference != "reset" or args.ref_reset_every >= 1, "--reference reset needs --ref-reset-every N >= 1"),
-        (moving or not (args.ref_ema or args.ref_reset_every), "--ref-ema and --ref-reset-every move the reference, "
-         "which --reference frozen keeps: pass --reference ema or reset"),
-        (not moving or args.beta > 0, f"--reference {args.reference} moves the KL term's reference: --beta 0 has none"),
-        (not moving or not args.lora_rank, f"--lora-rank: the reference is the base model (the adapters off), which "
-         f"--reference {args.reference} cannot move; pass --reference frozen"),
-        (set(alloc_estimators(args)) <= set(ESTIMATORS),
-         f"--alloc-estimators must name estimators of {', '.join(ESTIMATORS)}, or all"),
-        (args.max_refill_rounds <= MAX_REFILLS, f"--max-refill-rounds must be in [0, {MAX_REFILLS}]"),
-        (args.rollout == "dapo" or (args.filter_std, args.max_refill_rounds) == (_Args.filter_std,
-                                                                                 _Args.max_refill_rounds),
-         "--filter-std and --max-refill-rounds are read by --rollout dapo only"),
-        (args.overlong_buffer < args.max_tokens, "--overlong-buffer must be in [0, --max-tokens)"),
-        (args.lr_schedule == "cosine" or args.min_lr_ratio == 0, "--min-lr-ratio is read by --lr-schedule cosine only"),
-        (not getattr(task, "held_out_only", False), f"--task {args.task} is a held-out benchmark: use --eval-tasks"),
-        (args.eval_examples or not (args.eval_samples or args.eval_tasks.strip()),
-         "--eval-samples and --eval-tasks need --eval-examples >= 1"),
-    ])
+    return first_broken(
+        [
+            *(
+                (getattr(args, name) in registry, f"{flag(name)} must be one of {', '.join(registry)}")
+                for name, registry in choices().items()
+            ),
+            (
+                args.rollout_batch % (world * args.minibatches) == 0,
+                f"--rollout-batch ({args.rollout_batch}) must divide "
+                f"evenly by ranks x minibatches ({world} x {args.minibatches})",
+            ),
+            (
+                seed_max >= 0,
+                f"--rollout-batch x --M is {args.rollout_batch * args.M:,} samples a step: each needs a seed "
+                f"stream of its own, and at most {2**40:,} fit",
+            ),
+            (
+                args.seed <= seed_max,
+                f"--seed must be at most {seed_max:,} with --steps {args.steps}, --rollout-batch "
+                f"{args.rollout_batch} and --M {args.M}, got {args.seed:,}",
+            ),
+            (args.reference != "ema" or args.ref_ema > 0, "--reference ema needs --ref-ema ALPHA in (0, 1]"),
+            (
+                args.reference != "reset" or args.ref_reset_every >= 1,
+                "--reference reset needs --ref-reset-every N >= 1",
+            ),
+            (
+                moving or not (args.ref_ema or args.ref_reset_every),
+                "--ref-ema and --ref-reset-every move the reference, "
+                "which --reference frozen keeps: pass --reference ema or reset",
+            ),
+            (
+                not moving or args.beta > 0,
+                f"--reference {args.reference} moves the KL term's reference: --beta 0 has none",
+            ),
+            (
+                not moving or not args.lora_rank,
+                f"--lora-rank: the reference is the base model (the adapters off), which "
+                f"--reference {args.reference} cannot move; pass --reference frozen",
+            ),
+            (
+                set(alloc_estimators(args)) <= set(ESTIMATORS),
+                f"--alloc-estimators must name estimators of {', '.join(ESTIMATORS)}, or all",
+            ),
+            (args.max_refill_rounds <= MAX_REFILLS, f"--max-refill-rounds must be in [0, {MAX_REFILLS}]"),
+            (
+                args.rollout == "dapo"
+                or (args.filter_std, args.max_refill_rounds) == (_Args.filter_std, _Args.max_refill_rounds),
+                "--filter-std and --max-refill-rounds are read by --rollout dapo only",
+            ),
+            (args.overlong_buffer < args.max_tokens, "--overlong-buffer must be in [0, --max-tokens)"),
+            (
+                args.lr_schedule == "cosine" or args.min_lr_ratio == 0,
+                "--min-lr-ratio is read by --lr-schedule cosine only",
+            ),
+            (
+                not getattr(task, "held_out_only", False),
+                f"--task {args.task} is a held-out benchmark: use --eval-tasks",
+            ),
+            (
+                args.eval_examples or not (args.eval_samples or args.eval_tasks.strip()),
+                "--eval-samples and --eval-tasks need --eval-examples >= 1",
+            ),
+        ]
+    )
 
 
 def check_args(args: Args) -> str | None:
     """The first problem with `args` as one line, or None."""
     from advantage import REWARD_FLOOR  # beside the registry it bounds
+
     try:
         task = get_task(args.task)
     except ValueError as err:
         return str(err)
     world = args.plan_gpus if args.plan else int(os.environ.get("WORLD_SIZE", 1))
-    ranges = [(name, lambda v, valid=valid: valid.problem(v) is None, valid.means)
-              for name, valid in hyperparameter_ranges().items()]
+    ranges = [
+        (name, lambda v, valid=valid: valid.problem(v) is None, valid.means)
+        for name, valid in hyperparameter_ranges().items()
+    ]
     if error := number_error(args, ranges + SAMPLING_RULES + TRAIN_RULES) or train_rule_error(args, task, world):
         return error
     try:
@@ -266,8 +404,17 @@ def check_args(args: Args) -> str | None:
         weights = reward_weights(task, args.reward, args.reward_weights)
         compute_advantages(args.advantage, torch.zeros(1, 2), **estimator_hparams(args))
         zeros = torch.zeros(1, 2)
-        policy_loss(zeros, zeros, torch.zeros(1), torch.ones(1, 2), ref_logp=zeros, sampler_logp=zeros, entropy=zeros,
-                    norm_len=args.max_tokens, **loss_options(args))
+        policy_loss(
+            zeros,
+            zeros,
+            torch.zeros(1),
+            torch.ones(1, 2),
+            ref_logp=zeros,
+            sampler_logp=zeros,
+            entropy=zeros,
+            norm_len=args.max_tokens,
+            **loss_options(args),
+        )
     except ValueError as err:
         return first_line(err, limit=None)
     if args.overlong_buffer and "overlong" not in weights:
@@ -275,23 +422,39 @@ def check_args(args: Args) -> str | None:
     least = sum(min(weight, 0.0) for weight in weights.values())  # every term is in [0, 1] (rewards.py)
     if low := next((name for name in alloc_estimators(args) if least < REWARD_FLOOR.get(name, -math.inf)), None):
         given = "--advantage" if low == args.advantage else f"--alloc-estimators {args.alloc_estimators} includes"
-        return (f"{given} {low}, which holds for rewards >= {REWARD_FLOOR[low]:g}, but --reward-weights "
-                f"{args.reward_weights} gives rewards down to {least:g}")
+        return (
+            f"{given} {low}, which holds for rewards >= {REWARD_FLOOR[low]:g}, but --reward-weights "
+            f"{args.reward_weights} gives rewards down to {least:g}"
+        )
     if args.plan:
         return None
     vllm = args.sampler == "vllm" or (args.sampler == "auto" and torch.cuda.is_available())
     compilers = (os.environ.get("CXX", "g++"), "g++", "c++", "clang++")
     splits = ("train", "test") if args.eval_examples else ("train",)
-    if error := first_broken([
-        (not vllm or importlib.util.find_spec("vllm"), f"--sampler {args.sampler} samples with vLLM, which is not "
-         "installed: pip install -r requirements-vllm.txt, or pass --sampler hf (much slower)"),
-        (not args.compile or torch.cuda.is_available() or any(map(shutil.which, compilers)),
-         "--compile on CPU needs a C++ compiler (g++, c++ or clang++ on PATH, or $CXX); none found"),
-        (not args.demo_file or getattr(task, "demos", None) is not None,
-         f"--demo-file: task {args.task} keeps its demonstrations in its own rows (only countdown joins them)"),
-        (not args.demo_file or "sim" in weights, "--demo-file is read only for a similarity reward (sim)"),
-        (not args.demo_file or os.path.isfile(args.demo_file), f"--demo-file {args.demo_file} does not exist"),
-    ]) or (args.data_file and data_file_error(args.data_file, splits=splits)) or model_flag_error(args):
+    if (
+        error := first_broken(
+            [
+                (
+                    not vllm or importlib.util.find_spec("vllm"),
+                    f"--sampler {args.sampler} samples with vLLM, which is not "
+                    "installed: pip install -r requirements-vllm.txt, or pass --sampler hf (much slower)",
+                ),
+                (
+                    not args.compile or torch.cuda.is_available() or any(map(shutil.which, compilers)),
+                    "--compile on CPU needs a C++ compiler (g++, c++ or clang++ on PATH, or $CXX); none found",
+                ),
+                (
+                    not args.demo_file or getattr(task, "demos", None) is not None,
+                    f"--demo-file: task {args.task} keeps its demonstrations in its own rows "
+                    "(only countdown joins them)",
+                ),
+                (not args.demo_file or "sim" in weights, "--demo-file is read only for a similarity reward (sim)"),
+                (not args.demo_file or os.path.isfile(args.demo_file), f"--demo-file {args.demo_file} does not exist"),
+            ]
+        )
+        or (args.data_file and data_file_error(args.data_file, splits=splits))
+        or model_flag_error(args)
+    ):
         return error
     keeps = (*RESUME_KEEPS, *hyperparameters(ESTIMATORS[args.advantage]))
     if args.resume and (error := resume_error(args.resume, run_dir(args), asdict(args), keeps)):
@@ -311,4 +474,3 @@ def parse_args(argv=None) -> Args:
     if error := check_args(args):
         parser.error(error)
     return args
-

@@ -1,6 +1,6 @@
 """Evaluation: greedy pass@1 (Sections 5-6, Tables 2 and 5), sampled mean@K and pass@k; departures: docs/eval.md.
 
-    python eval.py --model smollm2-135m --task arith --limit 100 --samples 8
+python eval.py --model smollm2-135m --task arith --limit 100 --samples 8
 """
 
 import hashlib
@@ -40,7 +40,7 @@ def sampled_scores(rewards: list[list[float]], passes: list[list[bool]] | None) 
     half = 1.96 * spread / math.sqrt(n)
     out = {f"mean@{K}": score, f"mean@{K}_ci95_low": score - half, f"mean@{K}_ci95_high": score + half}
     if passes is not None:
-        ks = sorted({2 ** i for i in range(K.bit_length())} | {K})
+        ks = sorted({2**i for i in range(K.bit_length())} | {K})
         out["pass@k"] = {str(k): sum(pass_at_k(K, sum(p), k) for p in passes) / n for k in ks}
     return out
 
@@ -51,47 +51,100 @@ def eval_seed(run_seed: int, step: int) -> int:
     return (int.from_bytes(digest[:8], "big") >> 28) * 2**22
 
 
-def evaluate(sampler, task, examples, *, samples=0, max_tokens=256, batch_size=64, seed=0,
-             reward_kind="exact", weights=None, temperature=1.0, top_p=1.0, first=0, progress=True) -> dict:
+def evaluate(
+    sampler,
+    task,
+    examples,
+    *,
+    samples=0,
+    max_tokens=256,
+    batch_size=64,
+    seed=0,
+    reward_kind="exact",
+    weights=None,
+    temperature=1.0,
+    top_p=1.0,
+    first=0,
+    progress=True,
+) -> dict:
     """Greedy pass@1, K samples each; examples[i]'s sample k on stream seed + (first + i) * K + k, so shards agree."""
     if reward_kind == "exact" and not task.has_verifier and weights is None:
-        print(f"note: task {task.name} has no verifier: reporting the similarity reward "
-              "(the paper's LLM-judge scores: --judge-url, --judge-model)")
+        print(
+            f"note: task {task.name} has no verifier: reporting the similarity reward "
+            "(the paper's LLM-judge scores: --judge-url, --judge-model)"
+        )
         reward_kind = "sim"
     weighted, weights = weights is not None, weights or {reward_kind: 1.0}
     limits = dict(max_tokens=max_tokens, overlong_buffer=max(1, max_tokens // 5))
 
     def score(completion, example) -> tuple[float, dict]:
-        terms = {term: task.reward(completion.text, example, kind=term, **declared_lengths(
-            term, n_tokens=len(completion.token_ids), **limits)) for term in weights}
+        terms = {
+            term: task.reward(
+                completion.text,
+                example,
+                kind=term,
+                **declared_lengths(term, n_tokens=len(completion.token_ids), **limits),
+            )
+            for term in weights
+        }
         return sum(weight * terms[term] for term, weight in weights.items()), terms  # r = sum_k w_k r_k
 
     records, passes = [], []  # every prompt is chat text: the row gate (plumbing/data.py: check_rows) saw to it
-    for start in tqdm(range(0, len(examples), batch_size), desc=f"eval {task.name}", unit="batch",
-                      disable=not progress):
-        batch = examples[start:start + batch_size]
+    for start in tqdm(
+        range(0, len(examples), batch_size), desc=f"eval {task.name}", unit="batch", disable=not progress
+    ):
+        batch = examples[start : start + batch_size]
         prompt_ids = encode_prompts(sampler.tokenizer, batch)
         greedy = sampler.generate(prompt_ids, n=1, max_tokens=max_tokens, temperature=0.0)
-        sampled = sampler.generate(prompt_ids, n=samples, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                   seed=seed + (first + start) * samples) if samples > 0 else [[]] * len(batch)
+        sampled = (
+            sampler.generate(
+                prompt_ids,
+                n=samples,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                seed=seed + (first + start) * samples,
+            )
+            if samples > 0
+            else [[]] * len(batch)
+        )
         for ex, (best,), group in zip(batch, greedy, sampled):
             (reward, terms), scored = score(best, ex), [score(c, ex) for c in group]
             passed = [t.get("exact", 0.0) >= 0.5 for _, t in [(reward, terms), *scored]]
-            record = {"uid": ex.uid, "prompt": ex.prompt, "gold": ex.gold, "reference": ex.reference,
-                      "completion": best.text, "answer": task.extract(best.text), "reward": reward,
-                      "length": len(best.token_ids), "finish_reason": best.finish_reason,
-                      **({"terms": terms} if weighted else {})}
+            record = {
+                "uid": ex.uid,
+                "prompt": ex.prompt,
+                "gold": ex.gold,
+                "reference": ex.reference,
+                "completion": best.text,
+                "answer": task.extract(best.text),
+                "reward": reward,
+                "length": len(best.token_ids),
+                "finish_reason": best.finish_reason,
+                **({"terms": terms} if weighted else {}),
+            }
             if samples > 0:
                 record["sampled_rewards"] = [r for r, _ in scored]
-                record["samples"] = [{"completion": c.text, "reward": r, "length": len(c.token_ids),
-                                      "finish_reason": c.finish_reason, "passed": p}
-                                     for c, (r, _), p in zip(group, scored, passed[1:])]
+                record["samples"] = [
+                    {
+                        "completion": c.text,
+                        "reward": r,
+                        "length": len(c.token_ids),
+                        "finish_reason": c.finish_reason,
+                        "passed": p,
+                    }
+                    for c, (r, _), p in zip(group, scored, passed[1:])
+                ]
             records.append(record)
             passes.append(passed)
 
-    summary = {"task": task.name, "n": len(records), "reward_kind": "weighted" if weighted else reward_kind,
-               "len_mean": mean([r["length"] for r in records]),
-               "trunc_frac": mean([r["finish_reason"] == "length" for r in records])}
+    summary = {
+        "task": task.name,
+        "n": len(records),
+        "reward_kind": "weighted" if weighted else reward_kind,
+        "len_mean": mean([r["length"] for r in records]),
+        "trunc_frac": mean([r["finish_reason"] == "length" for r in records]),
+    }
     if "exact" in weights:
         summary["pass@1"] = mean([p[0] for p in passes])  # Table 2
     elif not weighted:
@@ -102,8 +155,11 @@ def evaluate(sampler, task, examples, *, samples=0, max_tokens=256, batch_size=6
     if samples > 0:
         summary.update(temperature=temperature, top_p=top_p)
         summary["sampled_reward_mean"] = mean([x for r in records for x in r["sampled_rewards"]])
-        summary.update(sampled_scores([r["sampled_rewards"] for r in records],
-                                      [p[1:] for p in passes] if "exact" in weights else None))
+        summary.update(
+            sampled_scores(
+                [r["sampled_rewards"] for r in records], [p[1:] for p in passes] if "exact" in weights else None
+            )
+        )
     return {"summary": summary, "examples": records}
 
 
@@ -141,29 +197,54 @@ def load_sampler(args, examples):
             raise DataError(error)
         prompts = encode_prompts(models.load_tokenizer(path), examples, max_len=(context or math.inf) - args.max_tokens)
         longest, n = max(map(len, prompts), default=0), len(prompts)
-        if error := sampling_memory_error(AutoConfig.from_pretrained(path), min(n, args.batch_size) * max(
-                args.samples, 1), n * (args.samples + 1), longest, max_tokens=args.max_tokens, dtype="bfloat16",
-                hf=backend == "hf", device=torch.device("cpu"), lower="--samples, --limit or --batch-size"):
+        if error := sampling_memory_error(
+            AutoConfig.from_pretrained(path),
+            min(n, args.batch_size) * max(args.samples, 1),
+            n * (args.samples + 1),
+            longest,
+            max_tokens=args.max_tokens,
+            dtype="bfloat16",
+            hf=backend == "hf",
+            device=torch.device("cpu"),
+            lower="--samples, --limit or --batch-size",
+        ):
             raise models.SamplingError(error)
-        return make_sampler(backend, path, dtype="bfloat16" if backend == "hf" else "auto", seed=args.seed,
-                            max_model_len=longest + args.max_tokens)
+        return make_sampler(
+            backend,
+            path,
+            dtype="bfloat16" if backend == "hf" else "auto",
+            seed=args.seed,
+            max_model_len=longest + args.max_tokens,
+        )
     except (OSError, ValueError) as err:
-        raise err if isinstance(err, (models.ModelLoadError, DataError)) else models.ModelLoadError(
-            f"cannot use model {args.model!r}: {first_line(err, limit=None)}") from None
+        raise (
+            err
+            if isinstance(err, (models.ModelLoadError, DataError))
+            else models.ModelLoadError(f"cannot use model {args.model!r}: {first_line(err, limit=None)}")
+        ) from None
 
 
 def format_summary(summary: dict) -> str:
     rows = {("pass@1 (greedy)" if k == "pass@1" else k): v for k, v in summary.items() if k != "pass@k"}
     rows.update({f"pass@{k} (sampled)": v for k, v in summary.get("pass@k", {}).items()})
-    shown = {k: f"{100 * v:.1f}%" if k.startswith(("pass@", "trunc_frac"))
-             else f"{v:.4g}" if isinstance(v, float) else str(v) for k, v in rows.items()}
+    shown = {
+        k: f"{100 * v:.1f}%"
+        if k.startswith(("pass@", "trunc_frac"))
+        else f"{v:.4g}"
+        if isinstance(v, float)
+        else str(v)
+        for k, v in rows.items()
+    }
     return "\n".join(f"{k:<24}{v}" for k, v in shown.items())
 
 
 SEED_LIMIT = 2**32  # np.random.seed and vLLM's seed take 32 bits
 SAMPLING_RULES = [  # (flags, valid, what valid means); NaN breaks each
-    ("temperature eval_temperature", lambda v: 1e-3 <= v < math.inf, "finite and >= 0.001 (below it logits / T "
-     "overflow; a small --top-p samples near-greedily)"),
+    (
+        "temperature eval_temperature",
+        lambda v: 1e-3 <= v < math.inf,
+        "finite and >= 0.001 (below it logits / T overflow; a small --top-p samples near-greedily)",
+    ),
     ("top_p eval_top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("top_k", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0"),
     ("min_p", lambda v: 0 <= v < 1, "in [0, 1)"),
@@ -183,8 +264,15 @@ def flag(name: str) -> str:
 
 def number_error(args, rules) -> str | None:
     """The first number flag of `args` that breaks its rule, as one line, or None (NaN breaks each rule)."""
-    return next((f"{flag(name)} must be {means}, got {value:,}" for names, valid, means in rules
-                 for name in names.split() if (value := vars(args).get(name)) is not None and not valid(value)), None)
+    return next(
+        (
+            f"{flag(name)} must be {means}, got {value:,}"
+            for names, valid, means in rules
+            for name in names.split()
+            if (value := vars(args).get(name)) is not None and not valid(value)
+        ),
+        None,
+    )
 
 
 def model_flag_error(args) -> str | None:
@@ -195,8 +283,10 @@ def model_flag_error(args) -> str | None:
 def no_room_error(max_tokens: int, context: int | None) -> str | None:
     """The line for a --max-tokens that leaves a prompt no room in `context` (None: unknown), or None."""
     if context is not None and max_tokens >= context:
-        return (f"--max-tokens {max_tokens:,} leaves no room for a prompt in the model's context of {context:,} "
-                "tokens: pass a smaller --max-tokens")
+        return (
+            f"--max-tokens {max_tokens:,} leaves no room for a prompt in the model's context of {context:,} "
+            "tokens: pass a smaller --max-tokens"
+        )
 
 
 def parse_args(argv=None):
@@ -222,11 +312,15 @@ def parse_args(argv=None):
     add("--out", default=None, help="JSON path (default: <model dir or .>/eval_<task>_<split>.json)")
     judge.add_judge_args(parser)
     args = parser.parse_args(argv)
-    args.out = args.out or os.path.join(args.model if os.path.isdir(args.model) else ".",
-                                        f"eval_{args.task}_{args.split}.json")
-    if error := (judge.judge_args_error(args) or number_error(args, SAMPLING_RULES + EVAL_RULES)
-                 or (args.data_file and data_file_error(args.data_file, splits=(args.split,)))
-                 or write_error(args.out, "--out")):
+    args.out = args.out or os.path.join(
+        args.model if os.path.isdir(args.model) else ".", f"eval_{args.task}_{args.split}.json"
+    )
+    if error := (
+        judge.judge_args_error(args)
+        or number_error(args, SAMPLING_RULES + EVAL_RULES)
+        or (args.data_file and data_file_error(args.data_file, splits=(args.split,)))
+        or write_error(args.out, "--out")
+    ):
         parser.error(error)
     return args
 
@@ -241,22 +335,40 @@ def main(argv=None) -> dict:
     try:
         task = get_task(args.task)
         weights = reward_weights(task, args.reward, args.reward_weights) if args.reward_weights else None
-        examples = task.load(args.split, data_file=args.data_file, limit=args.limit, seed=args.seed,
-                             demos="sim" in (weights or {args.reward: 1}), demo_file=args.demo_file)
+        examples = task.load(
+            args.split,
+            data_file=args.data_file,
+            limit=args.limit,
+            seed=args.seed,
+            demos="sim" in (weights or {args.reward: 1}),
+            demo_file=args.demo_file,
+        )
         if error := model_flag_error(args):
             raise models.ModelLoadError(error)
         if not examples:
-            raise DataError(f"no {args.split} rows to evaluate in {args.data_file or task.name} (tasks.py holds out "
-                            "~10% by prompt hash; a {split} file holds one split): nothing is scored")
+            raise DataError(
+                f"no {args.split} rows to evaluate in {args.data_file or task.name} (tasks.py holds out "
+                "~10% by prompt hash; a {split} file holds one split): nothing is scored"
+            )
         judges = judge.connect_judges(args) if args.judge_url else []
         sampler = load_sampler(args, examples)
         try:
             is_checkpoint = os.path.isfile(os.path.join(args.model, "trainer_state.pt"))  # its step seeds the samples
             state = safe_load(args.model, "trainer_state.pt") if is_checkpoint else {}
             step = int(state.get("step", 0)) if isinstance(state, dict) else 0
-            result = evaluate(sampler, task, examples, samples=args.samples, max_tokens=args.max_tokens,
-                              batch_size=args.batch_size, seed=eval_seed(args.seed, step), reward_kind=args.reward,
-                              weights=weights, temperature=args.temperature, top_p=args.top_p)
+            result = evaluate(
+                sampler,
+                task,
+                examples,
+                samples=args.samples,
+                max_tokens=args.max_tokens,
+                batch_size=args.batch_size,
+                seed=eval_seed(args.seed, step),
+                reward_kind=args.reward,
+                weights=weights,
+                temperature=args.temperature,
+                top_p=args.top_p,
+            )
         finally:
             sampler.close()
         result["summary"] = {"model": args.model, "split": args.split, **result["summary"]}

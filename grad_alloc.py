@@ -1,6 +1,6 @@
 """Gradient allocation by prompt difficulty (Section 6.3, Table 3): each pass-rate bin's share of sum_i |A_gi| len_gi.
 
-    python -m tools.grad_alloc --model smollm2-135m --task arith --prompts 32 --M 8 [--exact]
+python -m tools.grad_alloc --model smollm2-135m --task arith --prompts 32 --M 8 [--exact]
 """
 
 import sys
@@ -63,8 +63,12 @@ def allocation_metrics(rewards, lengths, names, pass_rates=None, must=None, **hp
                 raise
             if name not in _warned:
                 _warned.add(name)
-                print(f"grad_alloc.py: warning: alloc/{name}/* left out, estimator {name!r} raised "
-                      f"{first_line(err, limit=None, typed=True)}", file=sys.stderr, flush=True)
+                print(
+                    f"grad_alloc.py: warning: alloc/{name}/* left out, estimator {name!r} raised "
+                    f"{first_line(err, limit=None, typed=True)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             continue
         out.update({f"alloc/{name}/{label}": share for label, share in zip(BIN_LABELS, row)})
     return out

@@ -1,6 +1,6 @@
 """PPO-clip + reference-KL loss (Section 4, Eqs. 10-11; clip [0.20, 0.28], k3, token-mean: Appendix B.1).
 
-    python -m pytest tests/test_loss.py
+python -m pytest tests/test_loss.py
 """
 
 import math
@@ -19,15 +19,36 @@ class Share(float):
 
 class TokenMean(float):
     """A token mean, weighed by its token count."""
+
     @classmethod
     def of(cls, values: torch.Tensor, mask: torch.Tensor) -> "TokenMean":
         return cls(((values.to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1)).item())  # a bool counts 1
 
 
-def policy_loss(logp, old_logp, adv, mask, *, ref_logp=None, sampler_logp=None, entropy=None, denominator=None,
-                norm_len=None, clip_low=0.2, clip_high=0.28, beta=1e-3, kl_estimator="k3", entropy_coef=0.0,
-                loss_terms="", loss_agg="token-mean", ratio="token", is_correction="none", is_cap=2.0, pg_loss="ppo",
-                top_entropy=1.0):
+def policy_loss(
+    logp,
+    old_logp,
+    adv,
+    mask,
+    *,
+    ref_logp=None,
+    sampler_logp=None,
+    entropy=None,
+    denominator=None,
+    norm_len=None,
+    clip_low=0.2,
+    clip_high=0.28,
+    beta=1e-3,
+    kl_estimator="k3",
+    entropy_coef=0.0,
+    loss_terms="",
+    loss_agg="token-mean",
+    ratio="token",
+    is_correction="none",
+    is_cap=2.0,
+    pg_loss="ppo",
+    top_entropy=1.0,
+):
     """PPO clipped surrogate + beta * reference KL (Section 4) -> (loss, metrics). Tensors (B, T); adv: (B,).
 
     Options (config.py makes each a train.py flag with this help):
@@ -47,8 +68,10 @@ def policy_loss(logp, old_logp, adv, mask, *, ref_logp=None, sampler_logp=None, 
         top_entropy: keep the policy-gradient term on this share of tokens, highest entropy first (TRL's); 1: all
     """
     if entropy is None and (top_entropy < 1 or entropy_coef != 0):
-        raise ValueError(f"{'top_entropy' if top_entropy < 1 else 'entropy_coef'} needs the entropies: pass entropy "
-                         "(sequence_logprobs, entropy=True; entropy_grad=True for entropy_coef's gradient)")
+        raise ValueError(
+            f"{'top_entropy' if top_entropy < 1 else 'entropy_coef'} needs the entropies: pass entropy "
+            "(sequence_logprobs, entropy=True; entropy_grad=True for entropy_coef's gradient)"
+        )
     mask = mask.to(logp.dtype)
     adv = adv.to(logp.dtype)[:, None]  # (B, 1)
     log_rho = choose(RATIOS, ratio, "importance ratio")(logp, old_logp, mask)  # (B, T); no option name is rebound
@@ -74,10 +97,14 @@ def policy_loss(logp, old_logp, adv, mask, *, ref_logp=None, sampler_logp=None, 
         extra[name] = aggregate(LOSS_TERMS[name](logp, old_logp, mask), mask, loss_agg, denominator, norm_len)
         loss = loss + coef * extra[name]
     with torch.no_grad():
-        metrics = {"pg": Share(pg_mean.item()), "kl": Share(kl.item()),
-                   "clip_frac_low": TokenMean.of((rho < 1 - clip_low) & (adv < 0), mask),
-                   "clip_frac_high": TokenMean.of((rho > 1 + clip_high) & (adv > 0), mask),
-                   "ratio_mean": TokenMean.of(rho, mask), **{k: TokenMean.of(v, mask) for k, v in pg_metrics.items()}}
+        metrics = {
+            "pg": Share(pg_mean.item()),
+            "kl": Share(kl.item()),
+            "clip_frac_low": TokenMean.of((rho < 1 - clip_low) & (adv < 0), mask),
+            "clip_frac_high": TokenMean.of((rho > 1 + clip_high) & (adv > 0), mask),
+            "ratio_mean": TokenMean.of(rho, mask),
+            **{k: TokenMean.of(v, mask) for k, v in pg_metrics.items()},
+        }
         if correction is not None:
             raw = torch.exp((old_logp - sampler_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
             metrics.update(is_ratio_mean=TokenMean.of(raw, mask), is_clip_frac=TokenMean.of(correction[1], mask))
@@ -115,9 +142,11 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1  # k3, the paper's
 
 
-KL_ESTIMATORS = {"k1": lambda logp, ref_logp: logp - ref_logp,
-                 "k2": lambda logp, ref_logp: 0.5 * (logp - ref_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT) ** 2,
-                 "k3": kl_k3}
+KL_ESTIMATORS = {
+    "k1": lambda logp, ref_logp: logp - ref_logp,
+    "k2": lambda logp, ref_logp: 0.5 * (logp - ref_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT) ** 2,
+    "k3": kl_k3,
+}
 
 
 # --loss-terms NAME=COEF: (logp, old_logp, mask) -> per-token values (B, T)
@@ -150,11 +179,13 @@ def is_weights(old_logp, sampler_logp, mask, cap, *, per_sequence: bool, masked:
     return torch.exp(log_w).masked_fill(outside, 0.0), outside
 
 
-IS_CORRECTIONS = {"none": lambda old_logp, sampler_logp, mask, cap: None,  # the paper's
-                  "token-tis": partial(is_weights, per_sequence=False, masked=False),
-                  "seq-tis": partial(is_weights, per_sequence=True, masked=False),
-                  "token-mask": partial(is_weights, per_sequence=False, masked=True),
-                  "seq-mask": partial(is_weights, per_sequence=True, masked=True)}
+IS_CORRECTIONS = {
+    "none": lambda old_logp, sampler_logp, mask, cap: None,  # the paper's
+    "token-tis": partial(is_weights, per_sequence=False, masked=False),
+    "seq-tis": partial(is_weights, per_sequence=True, masked=False),
+    "token-mask": partial(is_weights, per_sequence=False, masked=True),
+    "seq-mask": partial(is_weights, per_sequence=True, masked=True),
+}
 
 
 # --reference: update the reference in place after optimizer step `step`; ema: TRL's ref_model_mixup_alpha
@@ -163,13 +194,18 @@ def reset_reference(ref, policy, step, ref_ema, ref_reset_every):
         ref.copy_(policy)
 
 
-REFERENCES = {"frozen": None, "ema": lambda ref, policy, step, ref_ema, ref_reset_every: ref.lerp_(policy, ref_ema),
-              "reset": reset_reference}
+REFERENCES = {
+    "frozen": None,
+    "ema": lambda ref, policy, step, ref_ema, ref_reset_every: ref.lerp_(policy, ref_ema),
+    "reset": reset_reference,
+}
 
 
 # --row-filter: (G, M) rewards, truncated -> kept samples
-ROW_FILTERS = {"none": lambda rewards, truncated: torch.ones_like(truncated),
-               "truncated": lambda rewards, truncated: ~truncated}  # DAPO's overlong filtering
+ROW_FILTERS = {
+    "none": lambda rewards, truncated: torch.ones_like(truncated),
+    "truncated": lambda rewards, truncated: ~truncated,
+}  # DAPO's overlong filtering
 
 
 def kept_samples(rewards, truncated, row_filter: str = "none", mask_truncated: bool = False):
@@ -193,11 +229,19 @@ def seq_mean_token_sum_norm(mask, norm_len):  # Dr. GRPO
     return mask, sequences(mask) * norm_len
 
 
-AGGREGATIONS = {"token-mean": lambda mask, norm_len: (mask, mask.sum()),  # Appendix B.1
-                "seq-mean-token-mean": seq_mean_token_mean, "seq-mean-token-sum-norm": seq_mean_token_sum_norm}
+AGGREGATIONS = {
+    "token-mean": lambda mask, norm_len: (mask, mask.sum()),  # Appendix B.1
+    "seq-mean-token-mean": seq_mean_token_mean,
+    "seq-mean-token-sum-norm": seq_mean_token_sum_norm,
+}
 
-OPTION_CHOICES = {"kl_estimator": KL_ESTIMATORS, "loss_agg": AGGREGATIONS, "ratio": RATIOS,
-                  "is_correction": IS_CORRECTIONS, "pg_loss": PG_LOSSES}
+OPTION_CHOICES = {
+    "kl_estimator": KL_ESTIMATORS,
+    "loss_agg": AGGREGATIONS,
+    "ratio": RATIOS,
+    "is_correction": IS_CORRECTIONS,
+    "pg_loss": PG_LOSSES,
+}
 
 
 def loss_denominator(mask: torch.Tensor, agg: str = "token-mean", norm_len: int | None = None) -> torch.Tensor:
@@ -205,8 +249,13 @@ def loss_denominator(mask: torch.Tensor, agg: str = "token-mean", norm_len: int 
     return choose(AGGREGATIONS, agg, "loss aggregation")(mask.float(), norm_len)[1].float()
 
 
-def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean",
-              denominator: torch.Tensor | float | None = None, norm_len: int | None = None) -> torch.Tensor:
+def aggregate(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    agg: str = "token-mean",
+    denominator: torch.Tensor | float | None = None,
+    norm_len: int | None = None,
+) -> torch.Tensor:
     """sum(values * weights) / denominator (None: this batch's own)."""
     weights, share = choose(AGGREGATIONS, agg, "loss aggregation")(mask.to(values.dtype), norm_len)
     denominator = torch.as_tensor(share if denominator is None else denominator).to(values)

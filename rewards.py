@@ -24,6 +24,7 @@ from plumbing.math_worker import MathWorker
 
 def safe_reward(fn):
     """Clip to [0, 1]; an exception scores 0 and is counted."""
+
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
         try:
@@ -31,9 +32,12 @@ def safe_reward(fn):
         except Exception:
             if STRICT:
                 raise
-            _count_error(f"{fn.__name__} raised and scored 0. Set SOFTMAX_GRPO_STRICT_REWARDS=1 to raise.\n"
-                         f"{traceback.format_exc()}")
+            _count_error(
+                f"{fn.__name__} raised and scored 0. Set SOFTMAX_GRPO_STRICT_REWARDS=1 to raise.\n"
+                f"{traceback.format_exc()}"
+            )
             return 0.0
+
     return wrapped
 
 
@@ -129,8 +133,10 @@ def final_answer(text) -> str:
     return text.strip()
 
 
-_UNIT_WORDS = re.compile(r"(?:\\(?:text|mbox|textrm)\{\s*)?(-?[0-9][0-9,]*(?:\.[0-9]+)?)"
-                         r"(?:\s+|\s*\}?\s*\\(?:text|mbox|textrm)\{\s*)[A-Za-z]{2,}(?:\s+[A-Za-z]+)*\.?\s*\}?")
+_UNIT_WORDS = re.compile(
+    r"(?:\\(?:text|mbox|textrm)\{\s*)?(-?[0-9][0-9,]*(?:\.[0-9]+)?)"
+    r"(?:\s+|\s*\}?\s*\\(?:text|mbox|textrm)\{\s*)[A-Za-z]{2,}(?:\s+[A-Za-z]+)*\.?\s*\}?"
+)
 _NUMBER = re.compile(r"-?[0-9]+(?:[.,/][0-9]+)*(?:[eE][-+]?[0-9]+)?")
 
 
@@ -140,7 +146,7 @@ def math_answer(completion) -> str:
     boxes, box_end = last_box_run(answer, limit=MAX_ANSWER_CHARS)
     stated = [match.start() for match in re.finditer(r"final answer is\b", answer, re.IGNORECASE)]
     if stated and stated[-1] > box_end:
-        return answer[stated[-1]:].partition("\n")[0][:MAX_ANSWER_CHARS]
+        return answer[stated[-1] :].partition("\n")[0][:MAX_ANSWER_CHARS]
     if not boxes:
         return answer[-MAX_ANSWER_CHARS:]
     boxes = [math_text(box) for box in boxes]
@@ -169,10 +175,27 @@ def math_text(text) -> str:
     return text.replace(",", ".") if re.fullmatch(r"-?\d+,\d+", text) else text
 
 
-_OPERATORS = {"×": "*", "÷": "/", "−": "-", "–": "-", "·": "*", "\\times": "*", "\\cdot": "*",
-              "\\div": "/", "\\left": "", "\\right": "", "$": ""}
-_OPERATIONS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-               ast.USub: operator.neg, ast.UAdd: operator.pos}
+_OPERATORS = {
+    "×": "*",
+    "÷": "/",
+    "−": "-",
+    "–": "-",
+    "·": "*",
+    "\\times": "*",
+    "\\cdot": "*",
+    "\\div": "/",
+    "\\left": "",
+    "\\right": "",
+    "$": "",
+}
+_OPERATIONS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
 _ALLOWED_NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, *_OPERATIONS)
 
 
@@ -198,9 +221,18 @@ def _evaluate(node) -> Fraction:
 # What may part two boxes of one answer: "\\boxed{1} and \\boxed{2}", "y_1 = \\boxed{..} \\) and \\( y_2 = ..."
 _LINK_WORDS = r"(?:and|or|for|part|parts|case|cases)"
 _PART_LABEL = r"(?:\([a-z0-9]{1,3}\)|[a-z0-9]\))"  # (a), (ii), b)
-_BOX_SEPARATOR = re.compile(r"(?:[\s,;$&]|\\quad|\\qquad|\\[,;()]|" + _PART_LABEL + r"|(?<![\w\\])" + _LINK_WORDS
-                            + r"(?!\w)|\\text\{(?:[\s,]|" + _PART_LABEL + "|" + _LINK_WORDS + r"(?!\w))*\}"
-                            r"|(?<![\w\\])[A-Za-z](?:_\{?[A-Za-z0-9]{1,3}\}?)?\s*=)*")
+_BOX_SEPARATOR = re.compile(
+    r"(?:[\s,;$&]|\\quad|\\qquad|\\[,;()]|"
+    + _PART_LABEL
+    + r"|(?<![\w\\])"
+    + _LINK_WORDS
+    + r"(?!\w)|\\text\{(?:[\s,]|"
+    + _PART_LABEL
+    + "|"
+    + _LINK_WORDS
+    + r"(?!\w))*\}"
+    r"|(?<![\w\\])[A-Za-z](?:_\{?[A-Za-z0-9]{1,3}\}?)?\s*=)*"
+)
 
 
 def _box_at(text: str, start: int, limit: int):
@@ -229,7 +261,7 @@ def last_box_run(text: str, limit: int) -> tuple[list[str], int]:
     run, end = [last[0]], last[1]
     while (before := text.rfind("\\boxed{", 0, start)) >= 0:
         box = _box_at(text, before, limit)
-        if box is None or box[1] > start or not _BOX_SEPARATOR.fullmatch(text[box[1]:start]):
+        if box is None or box[1] > start or not _BOX_SEPARATOR.fullmatch(text[box[1] : start]):
             break
         run.insert(0, box[0])
         start = before
@@ -303,6 +335,7 @@ def _count_error(message: str):
 
 
 _math_worker = MathWorker(timeout=MATH_TIMEOUT_S, on_failure=_count_error)
-os.register_at_fork(after_in_child=lambda: globals().update(
-    _math_worker=MathWorker(timeout=MATH_TIMEOUT_S, on_failure=_count_error)))
+os.register_at_fork(
+    after_in_child=lambda: globals().update(_math_worker=MathWorker(timeout=MATH_TIMEOUT_S, on_failure=_count_error))
+)
 atexit.register(lambda: _math_worker.close())

@@ -1,6 +1,6 @@
 """Rollouts (Section 4): M completions per prompt with the sampler's log-probs; the HF and vLLM samplers.
 
-    python -m pytest tests/test_rollout.py tests/test_rollout_step.py
+python -m pytest tests/test_rollout.py tests/test_rollout_step.py
 """
 
 import functools
@@ -60,9 +60,17 @@ def dapo_rollout(step: int, **run) -> Batch:
     candidates = [(r, i) for r in range(len(rounds)) for i in range(n_local)]  # oldest first
     picks = [sorted(candidates, key=lambda c: not signal[c[0], q, c[1]])[:n_local] for q in range(world)]
     kept = torch.tensor([float(signal[r, q, i]) for q, chosen in enumerate(picks) for r, i in chosen])  # (G,)
-    return assemble(rounds, picks, rank, {
-        "rollout/rounds": len(rounds), "rollout/groups_dropped": int((~signal).sum()) - int((1 - kept).sum()),
-        "rollout/signal_frac_first": signal[0].float().mean().item(), "rollout/signal_frac": kept.mean().item()})
+    return assemble(
+        rounds,
+        picks,
+        rank,
+        {
+            "rollout/rounds": len(rounds),
+            "rollout/groups_dropped": int((~signal).sum()) - int((1 - kept).sum()),
+            "rollout/signal_frac_first": signal[0].float().mean().item(),
+            "rollout/signal_frac": kept.mean().item(),
+        },
+    )
 
 
 ROLLOUTS = {"plain": plain_rollout, "dapo": dapo_rollout}  # a class: one instance a run, its state_dict() checkpointed
@@ -70,14 +78,23 @@ SAMPLERS = ("hf", "vllm")  # make_sampler's backends (HFSampler, VLLMSampler)
 MAX_REFILLS = 15  # --max-refill-rounds' bound: step_seed's refill * 2^20 + step stays below 2^24
 
 
-def sample_round(step: int, refill: int, indices: list, *, sampler, task, train_set, train_ids, weights, args, rank,
-                 world, device) -> Batch:
+def sample_round(
+    step: int, refill: int, indices: list, *, sampler, task, train_set, train_ids, weights, args, rank, world, device
+) -> Batch:
     """Round `refill` of `step`, scored: this rank's share of the round's prompts `indices` (G,), M samples each."""
     mine = indices[rank::world]
     examples, prompts = [train_set[i] for i in mine], [train_ids[i] for i in mine]
     seed = step_seed(args.seed, step, rank * (args.rollout_batch // world), args.rollout_batch, args.M, refill)
-    groups = sampler.generate(prompts, n=args.M, max_tokens=args.max_tokens, temperature=args.temperature,
-                              top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=seed)
+    groups = sampler.generate(
+        prompts,
+        n=args.M,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        seed=seed,
+    )
     limits = dict(max_tokens=args.max_tokens, overlong_buffer=args.overlong_buffer or max(1, args.max_tokens // 5))
     return Batch(examples, prompts, groups, score(task, examples, groups, weights, device, limits))
 
@@ -94,25 +111,44 @@ def assemble(rounds: list[Batch], picks: list[list[tuple[int, int]]], rank: int,
     scores["terms"] = {term: torch.stack([s["terms"][term][j] for s, j in order]) for term in rounds[0].scores["terms"]}
     scores["errors"] = sum(b.scores["errors"] for b in rounds)
     mine = picks[rank]
-    return Batch([rounds[r].examples[i] for r, i in mine], [rounds[r].prompts[i] for r, i in mine],
-                 [rounds[r].groups[i] for r, i in mine], scores, metrics or {})
+    return Batch(
+        [rounds[r].examples[i] for r, i in mine],
+        [rounds[r].prompts[i] for r, i in mine],
+        [rounds[r].groups[i] for r, i in mine],
+        scores,
+        metrics or {},
+    )
 
 
 def score(task, examples, groups, weights: dict, device, limits=None) -> dict:
     """This rank's groups scored, then gathered, (G, M) each; and the error count."""
+
     def table(term):  # (G_local, M)
-        return torch.tensor([[task.reward(c.text, ex, kind=term, **declared_lengths(
-            term, n_tokens=len(c.token_ids), **(limits or {}))) for c in g] for ex, g in zip(examples, groups)])
+        return torch.tensor(
+            [
+                [
+                    task.reward(
+                        c.text, ex, kind=term, **declared_lengths(term, n_tokens=len(c.token_ids), **(limits or {}))
+                    )
+                    for c in g
+                ]
+                for ex, g in zip(examples, groups)
+            ]
+        )
 
     terms = {term: table(term) for term in weights}
     rewards = sum(weight * terms[term] for term, weight in weights.items())  # r = sum_k w_k r_k
     passed = terms["exact"] if "exact" in terms else table("exact") if task.has_verifier else 0 * rewards
     lengths = torch.tensor([[len(c.token_ids) for c in g] for g in groups], dtype=torch.float32)  # (G_local, M)
     cut = torch.tensor([[c.finish_reason == "length" for c in g] for g in groups], dtype=torch.float32)
-    return {"rewards": gather_rows(rewards, device), "passed": gather_rows((passed >= 0.5).float(), device),
-            "lengths": gather_rows(lengths, device), "cut": gather_rows(cut, device),
-            "terms": {term: gather_rows(terms[term], device) for term in weights},
-            "errors": all_reduce_sum([take_error_count()], device)[0]}
+    return {
+        "rewards": gather_rows(rewards, device),
+        "passed": gather_rows((passed >= 0.5).float(), device),
+        "lengths": gather_rows(lengths, device),
+        "cut": gather_rows(cut, device),
+        "terms": {term: gather_rows(terms[term], device) for term in weights},
+        "errors": all_reduce_sum([take_error_count()], device)[0],
+    }
 
 
 def next_tokens(logits, generators, *, temperature, top_p, draw, top_k=0, min_p=0.0):
@@ -132,8 +168,9 @@ def next_tokens(logits, generators, *, temperature, top_p, draw, top_k=0, min_p=
             mass = kept.sum(-1, keepdim=True) if top_k or min_p else 1  # of what min-p and top-k kept, as vLLM
             drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p * mass
             kept = kept.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
-        token = draw(kept, torch.cat([torch.rand(1, generator=g, dtype=torch.float64, device=logits.device)
-                                      for g in generators]))  # (A,), one uniform a row
+        token = draw(
+            kept, torch.cat([torch.rand(1, generator=g, dtype=torch.float64, device=logits.device) for g in generators])
+        )  # (A,), one uniform a row
     logp = logp_all.gather(-1, token[:, None]).squeeze(-1)  # (A,)
     if temperature != 0 and (top_p < 1.0 or top_k or min_p):  # renormalised over the kept set it was drawn from
         logp = logp - kept.sum(-1).log()
@@ -163,12 +200,15 @@ KEPT_TOKEN_BYTES = 70  # a Completion's bytes a token: tracemalloc over 200 of 2
 
 def sampling_memory_error(model_config, rows, kept, prompt_len, *, max_tokens, dtype, hf, device, lower) -> str | None:
     """One line when sampling `rows` sequences at once and keeping `kept` completions need more memory than is free."""
-    need = kept * max_tokens * KEPT_TOKEN_BYTES + (sampling_bytes(model_config, rows, prompt_len + max_tokens, dtype)
-                                                   if hf else 0)  # vLLM sizes its own KV cache
+    need = kept * max_tokens * KEPT_TOKEN_BYTES + (
+        sampling_bytes(model_config, rows, prompt_len + max_tokens, dtype) if hf else 0
+    )  # vLLM sizes its own KV cache
     free = torch.cuda.mem_get_info(device)[0] if hf and device.type == "cuda" else psutil.virtual_memory().available
     if need > free:  # on a GPU the completions (host memory) count against the GPU's: an over-count
-        return (f"sampling {rows:,} sequences at once and keeping {kept:,} completions needs about {need / 1e9:.1f} "
-                f"GB, more than the {free / 1e9:.1f} GB free on {device.type if hf else 'cpu'}: lower {lower}")
+        return (
+            f"sampling {rows:,} sequences at once and keeping {kept:,} completions needs about {need / 1e9:.1f} "
+            f"GB, more than the {free / 1e9:.1f} GB free on {device.type if hf else 'cpu'}: lower {lower}"
+        )
 
 
 class HFSampler:
@@ -198,25 +238,40 @@ class HFSampler:
         width = max(len(p) for p in prompts)
         input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts], device=device)  # (G, P)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)  # left-padded
-        choose = functools.partial(next_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-                                   draw=cpu_sampler.draw if self.fast else draw)
+        choose = functools.partial(
+            next_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+            draw=cpu_sampler.draw if self.fast else draw,
+        )
         tokens, logps = self._decode(input_ids, mask, generators, n=n, max_tokens=max_tokens, choose=choose)
         results = []
         for ids, lps in zip(tokens.tolist(), logps.tolist()):
             end = next((i + 1 for i, t in enumerate(ids) if t in self.eos_ids), None)  # EOS included
             text = self.tokenizer.decode(ids[:end], skip_special_tokens=True)
             results.append(Completion(ids[:end], lps[:end], text, "length" if end is None else "stop"))
-        return [results[i * n:(i + 1) * n] for i in range(len(prompts))]
+        return [results[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def _decode(self, input_ids, mask, generators, *, n, max_tokens, choose):
         """Prefill, KV cache repeated n times, decode: tokens and log-probs (R, K); self.fast: speed/cpu_sampler.py."""
         model, device, fast, pad_id = self.model, input_ids.device, bool(self.fast), self.pad_id
         eos, positions = torch.tensor(sorted(self.eos_ids), device=device), (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = (Cache(layers=[cpu_sampler.BucketedLayer() for _ in range(model.config.num_hidden_layers)]) if fast
-                 else DynamicCache(config=model.config))
+        cache = (
+            Cache(layers=[cpu_sampler.BucketedLayer() for _ in range(model.config.num_hidden_layers)])
+            if fast
+            else DynamicCache(config=model.config)
+        )
         # fast: an index, not logits_to_keep=1: its strided slice sends a bf16 lm_head down a slow path (pytorch#151934)
-        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                    use_cache=True, logits_to_keep=torch.tensor([input_ids.shape[1] - 1], device=device) if fast else 1)
+        out = model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=torch.tensor([input_ids.shape[1] - 1], device=device) if fast else 1,
+        )
         cache.batch_repeat_interleave(n)
         logits = out.logits[:, -1].float().repeat_interleave(n, 0)  # (R, V)
         mask, positions = mask.repeat_interleave(n, 0), positions.repeat_interleave(n, 0)[:, -1:]
@@ -237,8 +292,14 @@ class HFSampler:
                 rows, live, token, mask, positions = rows[keep], live[keep], token[keep], mask[keep], positions[keep]
                 generators = [generators[j] for j in keep.tolist()]
             positions, mask = positions + 1, torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            out = model(input_ids=token[:, None], attention_mask=mask, position_ids=positions,
-                        past_key_values=cache, use_cache=True, logits_to_keep=1)
+            out = model(
+                input_ids=token[:, None],
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
             logits = out.logits[:, -1].float()  # (A, V)
         return tokens, logps
 
@@ -254,15 +315,19 @@ class HFSampler:
                 param.data = tensor.to(param.device, param.dtype, copy=True)
             del tensor  # hold one gathered parameter at a time
         if missing := self._empty_weights():
-            raise ValueError(f"update_weights left {len(missing)} weights of the sleeping sampler empty, "
-                             f"e.g. {missing[0]}")
+            raise ValueError(
+                f"update_weights left {len(missing)} weights of the sleeping sampler empty, e.g. {missing[0]}"
+            )
         if self.fast:
             self.fast.repack(self.model)
 
     def _empty_weights(self) -> list[str]:
         packed = self.fast.packed_only if self.fast else {}
-        return [name for name, p in self.model.named_parameters(remove_duplicate=False)
-                if (packed[name].packed_weight is None if name in packed else p.shape != self.shapes[name])]
+        return [
+            name
+            for name, p in self.model.named_parameters(remove_duplicate=False)
+            if (packed[name].packed_weight is None if name in packed else p.shape != self.shapes[name])
+        ]
 
     def sleep(self) -> int:
         """Free the weights for training; the bytes freed."""
@@ -292,8 +357,10 @@ def allocator_conf_error(environ) -> str | None:
     for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):  # the second: torch's newer name
         settings = dict(item.split(":", 1) for item in environ.get(name, "").replace(" ", "").split(",") if ":" in item)
         if settings.get("expandable_segments", "").lower() == "true":
-            return (f"{name} sets expandable_segments:True, which vLLM's sleep mode refuses (its CuMem allocator): "
-                    "unset it, or drop expandable_segments from it, for --sampler vllm")
+            return (
+                f"{name} sets expandable_segments:True, which vLLM's sleep mode refuses (its CuMem allocator): "
+                "unset it, or drop expandable_segments from it, for --sampler vllm"
+            )
 
 
 class VLLMSampler:
@@ -301,19 +368,31 @@ class VLLMSampler:
 
     def __init__(self, model_path, *, dtype, max_model_len, seed, gpu_memory_utilization, max_num_seqs=None):
         self.on_gpu, self.asleep = torch.cuda.is_available(), False
-        defaults = {"VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1",  # usage stats' thread tries the network
-                    "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **({} if self.on_gpu else {"VLLM_CPU_KVCACHE_SPACE": "1"})}
+        defaults = {
+            "VLLM_NO_USAGE_STATS": "1",
+            "VLLM_DO_NOT_TRACK": "1",  # usage stats' thread tries the network
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            **({} if self.on_gpu else {"VLLM_CPU_KVCACHE_SPACE": "1"}),
+        }
         os.environ.update({name: os.environ.get(name, value) for name, value in defaults.items()})  # CPU KV cache, GiB
         if self.on_gpu and (error := allocator_conf_error(os.environ)):
             raise SamplingError(error)
         from vllm import LLM
 
         self.tokenizer = load_tokenizer(model_path)
-        self.llm = LLM(model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed, tensor_parallel_size=1,
-                       gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
-                       distributed_executor_backend="external_launcher" if "RANK" in os.environ else None,
-                       enforce_eager=not self.on_gpu, enable_sleep_mode=self.on_gpu,
-                       logprobs_mode="processed_logprobs")  # as the trainer computes
+        self.llm = LLM(
+            model=model_path,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            seed=seed,
+            tensor_parallel_size=1,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_num_seqs=max_num_seqs,
+            distributed_executor_backend="external_launcher" if "RANK" in os.environ else None,
+            enforce_eager=not self.on_gpu,
+            enable_sleep_mode=self.on_gpu,
+            logprobs_mode="processed_logprobs",
+        )  # as the trainer computes
         self.dtype = self.llm.model_config.dtype  # the weight check casts to it
 
     def generate(self, prompts, *, n, max_tokens, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, seed=None):
@@ -321,14 +400,33 @@ class VLLMSampler:
             raise RuntimeError("the vLLM engine is asleep: update_weights must give it weights before it samples")
         from vllm import SamplingParams
 
-        params = [SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                 min_p=min_p, seed=None if seed is None else seed + i * n, logprobs=0, detokenize=False)
-                  for i in range(len(prompts))]  # logprobs=0: the sampled token's
+        params = [
+            SamplingParams(
+                n=n,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                min_p=min_p,
+                seed=None if seed is None else seed + i * n,
+                logprobs=0,
+                detokenize=False,
+            )
+            for i in range(len(prompts))
+        ]  # logprobs=0: the sampled token's
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)  # TokensPrompts
-        return [[Completion(list(c.token_ids), [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)],
-                            self.tokenizer.decode(c.token_ids, skip_special_tokens=True),
-                            "stop" if c.finish_reason == "stop" else "length")
-                 for c in out.outputs] for out in outputs]
+        return [
+            [
+                Completion(
+                    list(c.token_ids),
+                    [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)],
+                    self.tokenizer.decode(c.token_ids, skip_special_tokens=True),
+                    "stop" if c.finish_reason == "stop" else "length",
+                )
+                for c in out.outputs
+            ]
+            for out in outputs
+        ]
 
     def update_weights(self, named_tensors):
         """Streamed; a sleeping engine wakes in two steps around it (verl's order; vllm#15254)."""
@@ -381,25 +479,43 @@ def engine_checksums(model, shapes: dict, dtype) -> dict:
         module_name, _, kind = name.rpartition(".")
         parent, _, leaf = module_name.rpartition(".")
         fused, parts = next(((f, parts) for f, parts in FUSED.items() if leaf in parts), (None, ()))
-        start = sum(shapes[f"{parent}.{p}.{kind}"][0] for p in parts[:parts.index(leaf)]) if fused else 0  # its rows
+        start = sum(shapes[f"{parent}.{p}.{kind}"][0] for p in parts[: parts.index(leaf)]) if fused else 0  # its rows
         module_name = f"{parent}.{fused}" if fused else module_name
         try:
             module = model.get_submodule(module_name)
         except AttributeError:
             continue
-        linear = kind == "weight" and hasattr(module, "quant_method") and (
-            isinstance(module, ParallelLMHead) or not isinstance(module, VocabParallelEmbedding))
+        linear = (
+            kind == "weight"
+            and hasattr(module, "quant_method")
+            and (isinstance(module, ParallelLMHead) or not isinstance(module, VocabParallelEmbedding))
+        )
         if linear and module_name not in applied:
             eye = torch.eye(shape[1], dtype=dtype, device=getattr(module, kind).device)
             applied = {module_name: module.quant_method.apply(module, eye).t()}  # (out, in)
         tensor = applied[module_name] if linear else getattr(module, kind)
-        sums[name] = checksum(tensor[start:start + shape[0]], dtype)
+        sums[name] = checksum(tensor[start : start + shape[0]], dtype)
     return sums
 
 
-def make_sampler(backend, model_path, *, dtype="bfloat16", max_model_len=2048, seed=0, gpu_memory_utilization=0.3,
-                 device="cpu", max_num_seqs=None):
+def make_sampler(
+    backend,
+    model_path,
+    *,
+    dtype="bfloat16",
+    max_model_len=2048,
+    seed=0,
+    gpu_memory_utilization=0.3,
+    device="cpu",
+    max_num_seqs=None,
+):
     if backend == "hf":
         return HFSampler(resolve_model(model_path), dtype=dtype, seed=seed, device=device)
-    return VLLMSampler(resolve_model(model_path), dtype=dtype, max_model_len=max_model_len, seed=seed,
-                       gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs)
+    return VLLMSampler(
+        resolve_model(model_path),
+        dtype=dtype,
+        max_model_len=max_model_len,
+        seed=seed,
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_num_seqs=max_num_seqs,
+    )

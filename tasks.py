@@ -1,6 +1,6 @@
 """Tasks (Section 5.1, Appendix B.3): dataset rows into `Example`s and a completion's reward (docs/tasks.md).
 
-    python -m pytest tests/test_tasks.py -q
+python -m pytest tests/test_tasks.py -q
 """
 
 import hashlib
@@ -68,18 +68,32 @@ class Task:
     def has_verifier(self) -> bool:
         return self.verifier is not None
 
-    def load(self, split: str = "train", *, data_file: str | None = None, limit: int | None = None, seed: int = 0,
-             demos: bool = False, demo_file: str | None = None) -> list[Example]:
+    def load(
+        self,
+        split: str = "train",
+        *,
+        data_file: str | None = None,
+        limit: int | None = None,
+        seed: int = 0,
+        demos: bool = False,
+        demo_file: str | None = None,
+    ) -> list[Example]:
         """Shuffled examples of `split`; `demos` joins demonstrations for sim. DataError for bad data."""
         if demo_file and self.demos is None:
-            raise DataError(f"--demo-file {demo_file}: {self.name} takes no --demo-file (its demonstrations are its "
-                            "own; a 'reference' column in --data-file replaces them)")
+            raise DataError(
+                f"--demo-file {demo_file}: {self.name} takes no --demo-file (its demonstrations are its "
+                "own; a 'reference' column in --data-file replaces them)"
+            )
         if demo_file and not demos:
-            raise DataError(f"--demo-file {demo_file} is read only when the reward uses sim (--reward sim, or a sim "
-                            "term in --reward-weights)")
+            raise DataError(
+                f"--demo-file {demo_file} is read only when the reward uses sim (--reward sim, or a sim "
+                "term in --reward-weights)"
+            )
         if split == "train" and self.held_out_only:
-            raise DataError(f"{self.name} is a held-out benchmark: score it with --eval-tasks {self.name} (train.py) "
-                            "or eval.py, not train on it")
+            raise DataError(
+                f"{self.name} is a held-out benchmark: score it with --eval-tasks {self.name} (train.py) "
+                "or eval.py, not train on it"
+            )
         if self.generate is None:
             return _load_rows(self, split, data_file, limit, seed, demos, demo_file)
         if data_file:
@@ -99,8 +113,9 @@ class Task:
         return self.answer(completion)[:500]
 
 
-FORMAT_RULE = ("First think through the task inside <think> </think> tags, "
-               "then give your answer after </think>.")  # departure 1
+FORMAT_RULE = (
+    "First think through the task inside <think> </think> tags, then give your answer after </think>."  # departure 1
+)
 SYSTEM = "You are a helpful assistant. " + FORMAT_RULE
 POETRY_SYSTEM = "You are a helpful assistant that writes poetry. " + FORMAT_RULE
 BOXED = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -136,8 +151,10 @@ def _gsm8k(row: dict) -> Example:
 
 def _countdown(row: dict) -> Example:
     numbers, target = [int(n) for n in row["nums"]], int(row["target"])  # the gate took 3.0 as an int
-    user = (f"Using the numbers {numbers}, write an arithmetic expression that equals {target}. "
-            "Use each number exactly once, with only +, -, *, / and parentheses.")
+    user = (
+        f"Using the numbers {numbers}, write an arithmetic expression that equals {target}. "
+        "Use each number exactly once, with only +, -, *, / and parentheses."
+    )
     return Example(_chat(user), str(target), "", {"numbers": numbers, "target": target})
 
 
@@ -198,14 +215,24 @@ def seeded_passes(items: list, seed: int, repeat: bool):
 def _arith(split: str, limit: int, seed: int) -> list[Example]:
     problems = sorted(((a, b) for a in range(ARITH_MAX) for b in range(ARITH_MAX)), key=lambda ab: digest("arith", *ab))
     problems = problems[:ARITH_TEST] if split == "test" else problems[ARITH_TEST:]
-    return [Example(_chat(f"What is {a} + {b}?", system=None), str(a + b), f"{a} + {b} = {a + b}",
-                    {"a": a, "b": b}, f"arith-{a}+{b}#{p}")
-            for (a, b), p in itertools.islice(seeded_passes(problems, seed, split == "train"), limit)]
+    return [
+        Example(
+            _chat(f"What is {a} + {b}?", system=None),
+            str(a + b),
+            f"{a} + {b} = {a + b}",
+            {"a": a, "b": b},
+            f"arith-{a}+{b}#{p}",
+        )
+        for (a, b), p in itertools.islice(seeded_passes(problems, seed, split == "train"), limit)
+    ]
 
 
 def _countdown24(split: str, limit: int, seed: int) -> list[Example]:
-    quads = [q for q in itertools.combinations_with_replacement(range(1, 14), 4)
-             if in_test(digest("countdown24", *q)) == (split == "test")]
+    quads = [
+        q
+        for q in itertools.combinations_with_replacement(range(1, 14), 4)
+        if in_test(digest("countdown24", *q)) == (split == "test")
+    ]
     rng, out = random.Random(seed + 1), []
     for quad, p in seeded_passes(quads, seed, repeat=split == "train"):
         if len(out) >= limit:
@@ -232,8 +259,12 @@ def _search(items: list[tuple[float, str]], numbers: list[int], target: int) -> 
     for i, j in itertools.combinations(range(len(items)), 2):
         (a, left), (b, right) = items[i], items[j]
         rest = [item for k, item in enumerate(items) if k not in (i, j)]
-        options = [(a + b, f"({left} + {right})"), (a * b, f"({left} * {right})"),
-                   (a - b, f"({left} - {right})"), (b - a, f"({right} - {left})")]
+        options = [
+            (a + b, f"({left} + {right})"),
+            (a * b, f"({left} * {right})"),
+            (a - b, f"({left} - {right})"),
+            (b - a, f"({right} - {left})"),
+        ]
         options += [(a / b, f"({left} / {right})")] if b else []
         options += [(b / a, f"({right} / {left})")] if a else []
         for option in options:
@@ -242,47 +273,128 @@ def _search(items: list[tuple[float, str]], numbers: list[int], target: int) -> 
     return None
 
 
-TASKS: dict[str, Task] = {task.name: task for task in [
-    Task(name="gsm8k", hub_id="openai/gsm8k", hub_config="main", hub_test_split="test", key=("question",),
-         columns={"question": str, "answer": str}, make_example=_gsm8k, verifier=_math_verifier,
-         answer=_boxed_or_answer),
-    Task(name="countdown", hub_id="Jiayi-Pan/Countdown-Tasks-3to4", columns={"nums": list[int], "target": int},
-         key=("nums", "target"), make_example=_countdown, verifier=_countdown_verifier,
-         answer=rewards.countdown_expression,
-         demos=Demonstrations(hub_id="HuggingFaceTB/Countdown-Task-GOLD", hub_config="verified_Qwen2.5-7B-Instruct",
-                              columns={"nums": list[int], "target": int, "messages": list[dict]},
-                              read=_gold_demonstration, puzzle=_countdown_puzzle)),
-    Task(name="deepmath", hub_id="zwhe99/DeepMath-103K",
-         columns={"question": str, "final_answer": str | int | float, **dict.fromkeys(
-             ("r1_solution_1", "r1_solution_2", "r1_solution_3"), str | None)}, key=("question",),
-         make_example=_deepmath, verifier=_math_verifier, answer=_boxed_or_answer),
-    Task(name="poetry", hub_id="jnb666/poems", columns={"instruction": str, "poem": str}, key=("instruction",),
-         make_example=lambda row: Example(_chat(str(row["instruction"]), POETRY_SYSTEM), None, str(row["poem"])),
-         hint=". jnb666/poems holds poems only; the paper wrote an instruction for each poem with an LLM: pass "
-              "them with --data-file (columns instruction, poem)"),
-    Task(name="meetingbank", hub_id="microsoft/MeetingBank-LLMCompressed", key=("prompt",), prompt_tokens=2048,
-         columns={"prompt": str, "compressed_prompt": str}, make_example=lambda row: Example(_chat(  # whole transcripts
-             f"Summarize this city council meeting transcript concisely and informatively.\n\n{row['prompt']}"),
-             None, str(row["compressed_prompt"]))),
-    Task(name="openthoughts", hub_id="open-thoughts/OpenThoughts3-1.2M", columns={"conversations": list[dict]},
-         key=("conversations",), key_text=lambda row: _openthoughts_turns(row["conversations"])[0],
-         make_example=_openthoughts, prompt_tokens=2048),
-    Task(name="arith", generate=_arith, verifier=lambda completion, ex: rewards.integer_reward(completion, ex.gold),
-         answer=rewards.integer_answer, prompt_tokens=40),
-    Task(name="countdown24", generate=_countdown24, verifier=_countdown_verifier, answer=rewards.countdown_expression,
-         prompt_tokens=120),
-    Task(name="polaris", hub_id="POLARIS-Project/Polaris-Dataset-53K", key=("problem",), verifier=_math_verifier,
-         columns={"problem": str, "answer": str | int | float}, answer=_boxed_or_answer,
-         decontaminate=("aime25", "math500"), make_example=lambda row: Example(  # no system message, as official
-             _chat(f"{str(row['problem']).strip()}\n{BOXED}", system=None), str(row["answer"]).strip(), "")),
-    # held-out benchmarks (docs/eval.md)
-    *(Task(name=name, hub_id=hub_id, hub_test_split=split, held_out_only=True, key=("problem",),
-           columns={"problem": str, "answer": str | int | float}, verifier=_math_verifier, answer=_boxed_or_answer,
-           make_example=lambda row: Example(_chat(f"{row['problem']}\n{BOXED}"), str(row["answer"]).strip(), ""))
-      for name, hub_id, split in [("math500", "HuggingFaceH4/MATH-500", "test"),
-                                  ("aime24", "HuggingFaceH4/aime_2024", "train"),
-                                  ("aime25", "MathArena/aime_2025", "train")]),
-]}
+TASKS: dict[str, Task] = {
+    task.name: task
+    for task in [
+        Task(
+            name="gsm8k",
+            hub_id="openai/gsm8k",
+            hub_config="main",
+            hub_test_split="test",
+            key=("question",),
+            columns={"question": str, "answer": str},
+            make_example=_gsm8k,
+            verifier=_math_verifier,
+            answer=_boxed_or_answer,
+        ),
+        Task(
+            name="countdown",
+            hub_id="Jiayi-Pan/Countdown-Tasks-3to4",
+            columns={"nums": list[int], "target": int},
+            key=("nums", "target"),
+            make_example=_countdown,
+            verifier=_countdown_verifier,
+            answer=rewards.countdown_expression,
+            demos=Demonstrations(
+                hub_id="HuggingFaceTB/Countdown-Task-GOLD",
+                hub_config="verified_Qwen2.5-7B-Instruct",
+                columns={"nums": list[int], "target": int, "messages": list[dict]},
+                read=_gold_demonstration,
+                puzzle=_countdown_puzzle,
+            ),
+        ),
+        Task(
+            name="deepmath",
+            hub_id="zwhe99/DeepMath-103K",
+            columns={
+                "question": str,
+                "final_answer": str | int | float,
+                **dict.fromkeys(("r1_solution_1", "r1_solution_2", "r1_solution_3"), str | None),
+            },
+            key=("question",),
+            make_example=_deepmath,
+            verifier=_math_verifier,
+            answer=_boxed_or_answer,
+        ),
+        Task(
+            name="poetry",
+            hub_id="jnb666/poems",
+            columns={"instruction": str, "poem": str},
+            key=("instruction",),
+            make_example=lambda row: Example(_chat(str(row["instruction"]), POETRY_SYSTEM), None, str(row["poem"])),
+            hint=". jnb666/poems holds poems only; the paper wrote an instruction for each poem with an LLM: pass "
+            "them with --data-file (columns instruction, poem)",
+        ),
+        Task(
+            name="meetingbank",
+            hub_id="microsoft/MeetingBank-LLMCompressed",
+            key=("prompt",),
+            prompt_tokens=2048,
+            columns={"prompt": str, "compressed_prompt": str},
+            make_example=lambda row: Example(
+                _chat(  # whole transcripts
+                    f"Summarize this city council meeting transcript concisely and informatively.\n\n{row['prompt']}"
+                ),
+                None,
+                str(row["compressed_prompt"]),
+            ),
+        ),
+        Task(
+            name="openthoughts",
+            hub_id="open-thoughts/OpenThoughts3-1.2M",
+            columns={"conversations": list[dict]},
+            key=("conversations",),
+            key_text=lambda row: _openthoughts_turns(row["conversations"])[0],
+            make_example=_openthoughts,
+            prompt_tokens=2048,
+        ),
+        Task(
+            name="arith",
+            generate=_arith,
+            verifier=lambda completion, ex: rewards.integer_reward(completion, ex.gold),
+            answer=rewards.integer_answer,
+            prompt_tokens=40,
+        ),
+        Task(
+            name="countdown24",
+            generate=_countdown24,
+            verifier=_countdown_verifier,
+            answer=rewards.countdown_expression,
+            prompt_tokens=120,
+        ),
+        Task(
+            name="polaris",
+            hub_id="POLARIS-Project/Polaris-Dataset-53K",
+            key=("problem",),
+            verifier=_math_verifier,
+            columns={"problem": str, "answer": str | int | float},
+            answer=_boxed_or_answer,
+            decontaminate=("aime25", "math500"),
+            make_example=lambda row: Example(  # no system message, as official
+                _chat(f"{str(row['problem']).strip()}\n{BOXED}", system=None), str(row["answer"]).strip(), ""
+            ),
+        ),
+        # held-out benchmarks (docs/eval.md)
+        *(
+            Task(
+                name=name,
+                hub_id=hub_id,
+                hub_test_split=split,
+                held_out_only=True,
+                key=("problem",),
+                columns={"problem": str, "answer": str | int | float},
+                verifier=_math_verifier,
+                answer=_boxed_or_answer,
+                make_example=lambda row: Example(_chat(f"{row['problem']}\n{BOXED}"), str(row["answer"]).strip(), ""),
+            )
+            for name, hub_id, split in [
+                ("math500", "HuggingFaceH4/MATH-500", "test"),
+                ("aime24", "HuggingFaceH4/aime_2024", "train"),
+                ("aime25", "MathArena/aime_2025", "train"),
+            ]
+        ),
+    ]
+}
 
 
 def get_task(name: str) -> Task:
@@ -295,11 +407,18 @@ def reward_weights(task: Task, reward: str, text: str) -> dict[str, float]:
         if reward == "exact" and not task.has_verifier:
             raise ValueError(f"task {task.name} has no verifier: use --reward sim")
         return {reward: 1.0}
-    weights = parse_weights(text, "--reward-weights", ("exact", *REWARD_TERMS),
-                            "TERM=WEIGHT (e.g. format=0.35,sim=0.65)", limit=3.4028234663852886e38)  # float32 max
+    weights = parse_weights(
+        text,
+        "--reward-weights",
+        ("exact", *REWARD_TERMS),
+        "TERM=WEIGHT (e.g. format=0.35,sim=0.65)",
+        limit=3.4028234663852886e38,
+    )  # float32 max
     if "exact" in weights and not task.has_verifier:
-        raise ValueError(f"--reward-weights: task {task.name} has no verifier, so no exact term: choose from "
-                         f"{', '.join(REWARD_TERMS)}")
+        raise ValueError(
+            f"--reward-weights: task {task.name} has no verifier, so no exact term: choose from "
+            f"{', '.join(REWARD_TERMS)}"
+        )
     if not any(weights.values()):
         raise ValueError(f"--reward-weights {text!r}: no term has a nonzero weight, so every reward would be 0")
     return weights
@@ -317,13 +436,24 @@ def _load_rows(task: Task, split: str, data_file, limit, seed: int, demos: bool,
     """Rows split by key hash (departure 4), joined to demonstrations, shuffled, cut, made examples."""
     path = data_file.replace("{split}", split) if data_file else None
     hub_split = task.hub_test_split if split == "test" and task.hub_test_split else "train"
-    rows, lines, source = read_rows(path, "--data-file", task.hub_id and (task.hub_id, task.hub_config, hub_split),
-                                    {**task.columns, "reference": str | None}, task.name, task.hint)
+    rows, lines, source = read_rows(
+        path,
+        "--data-file",
+        task.hub_id and (task.hub_id, task.hub_config, hub_split),
+        {**task.columns, "reference": str | None},
+        task.name,
+        task.hint,
+    )
     whole = path != data_file or task.held_out_only if data_file else task.hub_test_split is not None
     what = f"{task.name} example"
     keys = [dict(zip(task.key, values)) for values in zip(*(rows[column] for column in task.key))]
-    digests = _each(lambda key: digest(*key.values()) if task.key_text is None else digest(task.key_text(key)),
-                    keys, lines, source, what)
+    digests = _each(
+        lambda key: digest(*key.values()) if task.key_text is None else digest(task.key_text(key)),
+        keys,
+        lines,
+        source,
+        what,
+    )
     seen, uids = {}, []
     for row_digest in digests:
         seen[row_digest] = seen.get(row_digest, -1) + 1
@@ -334,17 +464,23 @@ def _load_rows(task: Task, split: str, data_file, limit, seed: int, demos: bool,
         puzzles = _each(task.demos.puzzle, keys, lines, source, what)
         joined = [i for i in keep if puzzles[i] in references]
         if keep and not joined:
-            raise DataError(f"none of the {len(keep)} {task.name} {split} puzzles of {source} has a demonstration "
-                            f"in {demo_source} (joined by target and sorted numbers): pass --demo-file FILE "
-                            "with theirs")
+            raise DataError(
+                f"none of the {len(keep)} {task.name} {split} puzzles of {source} has a demonstration "
+                f"in {demo_source} (joined by target and sorted numbers): pass --demo-file FILE "
+                "with theirs"
+            )
         if len(joined) < len(keep) and os.environ.get("RANK", "0") == "0":
-            print(f"note: {len(keep) - len(joined)} of {len(keep)} {task.name} {split} puzzles have no "
-                  f"demonstration in {demo_source}: left out", flush=True)
+            print(
+                f"note: {len(keep) - len(joined)} of {len(keep)} {task.name} {split} puzzles have no "
+                f"demonstration in {demo_source}: left out",
+                flush=True,
+            )
         keep = joined
     random.Random(seed).shuffle(keep)
     keep = keep[:limit] if limit is not None else keep
-    made = _each(lambda row: (task.make_example(row), row.get("reference")), rows.select(keep), lines, source, what,
-                 keep)
+    made = _each(
+        lambda row: (task.make_example(row), row.get("reference")), rows.select(keep), lines, source, what, keep
+    )
     if path:  # the file's sha256, as the official prepare_data.py's manifest has it
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
             revision = hashlib.sha256(view).hexdigest()
@@ -357,19 +493,25 @@ def _load_rows(task: Task, split: str, data_file, limit, seed: int, demos: bool,
         example.uid, example.source, example.revision = uids[i], f"{source} {where(lines, i)}", revision
         if demos and not example.reference.strip():
             why = "its 'reference' is empty" if "reference" in rows.column_names else f"the {task.name} row gives none"
-            raise DataError(f"{source}: {where(lines, i)} has no demonstration for the similarity reward ({why}); "
-                            "every row needs one for --reward sim")
+            raise DataError(
+                f"{source}: {where(lines, i)} has no demonstration for the similarity reward ({why}); "
+                "every row needs one for --reward sim"
+            )
     if (clash := sum(len(each) > 1 for each in golds.values())) and os.environ.get("RANK", "0") == "0":
-        print(f"note: {clash} {task.name} {split} prompt(s) of {source} have two or more different golds; each copy "
-              "trains on its own", flush=True)
+        print(
+            f"note: {clash} {task.name} {split} prompt(s) of {source} have two or more different golds; each copy "
+            "trains on its own",
+            flush=True,
+        )
     return [example for example, _ in made]
 
 
 def _demonstrations(task: Task, demo_file: str | None) -> tuple[dict[tuple, str], str]:
     """({puzzle: shortest reference}, source) of `demo_file` or the task's `demos`."""
     demos, what = task.demos, f"{task.name} demonstration"
-    rows, lines, source = read_rows(demo_file, "--demo-file", (demos.hub_id, demos.hub_config, "train"),
-                                    demos.columns, f"a {what}")
+    rows, lines, source = read_rows(
+        demo_file, "--demo-file", (demos.hub_id, demos.hub_config, "train"), demos.columns, f"a {what}"
+    )
     columns = [dict(zip(demos.columns, values)) for values in zip(*(rows[column] for column in demos.columns))]
     references = {}
     for puzzle, reference in _each(demos.read, columns, lines, source, what):
@@ -385,8 +527,9 @@ def _each(read: Callable, rows, lines, source: str, what: str, indices=None) -> 
         try:
             out.append(read(row))
         except Exception as err:
-            raise DataError(f"{source}: {where(lines, i)} is not a valid {what} ({first_line(err, typed=True)})"
-                            ) from None
+            raise DataError(
+                f"{source}: {where(lines, i)} is not a valid {what} ({first_line(err, typed=True)})"
+            ) from None
     return out
 
 
@@ -409,20 +552,34 @@ def load_data(args, task: Task, weights: dict, master: bool = True) -> tuple[lis
     """(train rows, at most --eval-examples held-out rows)."""
     demos = dict(demos=True, demo_file=args.demo_file or None) if "sim" in weights else {}
     train_set = task.load("train", data_file=args.data_file or None, seed=args.seed, **demos)
-    test_set = task.load("test", data_file=args.data_file or None, limit=args.eval_examples, seed=args.seed,
-                         **({} if task.has_verifier else demos)) if args.eval_examples else []
+    test_set = (
+        task.load(
+            "test",
+            data_file=args.data_file or None,
+            limit=args.eval_examples,
+            seed=args.seed,
+            **({} if task.has_verifier else demos),
+        )
+        if args.eval_examples
+        else []
+    )
     if not train_set:
         raise DataError(f"--data-file {args.data_file}: every row falls in the held-out split (~10% by prompt hash)")
     if getattr(task, "decontaminate", ()):  # as the official prepare_data.py: no training prompt an eval set holds
-        held = {digest(*ex.prompt[-1]["content"].split()) for name in task.decontaminate  # the user turn, spacing aside
-                for ex in TASKS[name].load("test", data_file=dict(parse_eval_tasks(args.eval_tasks, TASKS)).get(name))}
+        held = {
+            digest(*ex.prompt[-1]["content"].split())
+            for name in task.decontaminate  # the user turn, spacing aside
+            for ex in TASKS[name].load("test", data_file=dict(parse_eval_tasks(args.eval_tasks, TASKS)).get(name))
+        }
         kept = [ex for ex in train_set if digest(*ex.prompt[-1]["content"].split()) not in held]
         if master:
             print(f"note: dropped {len(train_set) - len(kept)} training prompt(s) in {'/'.join(task.decontaminate)}")
         train_set = kept
     if args.eval_examples and not test_set and master:
-        print(f"note: --data-file {args.data_file} leaves no held-out rows (tasks.py holds out ~10% by prompt "
-              "hash): no evaluation before, during (--eval-every) or after training, no eval.json")
+        print(
+            f"note: --data-file {args.data_file} leaves no held-out rows (tasks.py holds out ~10% by prompt "
+            "hash): no evaluation before, during (--eval-every) or after training, no eval.json"
+        )
     return train_set, test_set
 
 
@@ -430,24 +587,35 @@ def encode_prompts(tokenizer, examples, max_len: int | None = None) -> list[list
     """Chat-template token ids of each prompt, ending with the assistant header; DataError for bad rows."""
     if not getattr(tokenizer, "chat_template", None):
         raise ModelLoadError("the tokenizer has no chat template; use an instruct/chat model")
-    added = [token.content for token in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).values()
-             if getattr(token, "special", False)]
+    added = [
+        token.content
+        for token in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).values()
+        if getattr(token, "special", False)
+    ]
     specials = sorted({*(getattr(tokenizer, "all_special_tokens", []) or []), *added} - {""}, key=len, reverse=True)
     sources = [f"{getattr(ex, 'source', '') or f'row {i}'} ({getattr(ex, 'uid', '')})" for i, ex in enumerate(examples)]
     for i, ex in enumerate(examples):
         for message in ex.prompt:
             if found := next((t for t in specials if t in str(message.get("content", ""))), None):
-                raise DataError(f"{sources[i]}: its {message.get('role', '')} text holds the special token {found!r}, "
-                                "which the chat template would turn into a real turn marker; remove it from the data")
+                raise DataError(
+                    f"{sources[i]}: its {message.get('role', '')} text holds the special token {found!r}, "
+                    "which the chat template would turn into a real turn marker; remove it from the data"
+                )
     try:
-        ids = [list(tokenizer.apply_chat_template(ex.prompt, add_generation_prompt=True, tokenize=True,
-                                                  return_dict=False)) for ex in examples]
+        ids = [
+            list(tokenizer.apply_chat_template(ex.prompt, add_generation_prompt=True, tokenize=True, return_dict=False))
+            for ex in examples
+        ]
     except Exception as err:
         if type(err).__module__.split(".")[0] != "jinja2":
             raise
-        raise ModelLoadError(f"the model's chat template cannot render a prompt ({first_line(err, typed=True)}); "
-                             "use a model whose tokenizer_config.json has a working chat_template") from None
+        raise ModelLoadError(
+            f"the model's chat template cannot render a prompt ({first_line(err, typed=True)}); "
+            "use a model whose tokenizer_config.json has a working chat_template"
+        ) from None
     if too_long := [i for i, p in enumerate(ids) if max_len is not None and len(p) > max_len]:
-        raise DataError(f"{sources[too_long[0]]}: its prompt is {len(ids[too_long[0]])} tokens, more than the "
-                        f"{max_len} the model's context leaves beside --max-tokens ({len(too_long)} such rows)")
+        raise DataError(
+            f"{sources[too_long[0]]}: its prompt is {len(ids[too_long[0]])} tokens, more than the "
+            f"{max_len} the model's context leaves beside --max-tokens ({len(too_long)} such rows)"
+        )
     return ids

@@ -1,8 +1,8 @@
 """SoftmaxGRPO training loop (Section 4, Appendix B.1): sample, score, softmax advantages (Eq. 1), PPO update, sync.
 
-    python train.py                  # CPU demo: SmolLM2-135M on arith
-    python train.py --task gsm8k     # Table B.1 preset
-    torchrun --nproc_per_node 8 train.py --task countdown
+python train.py                  # CPU demo: SmolLM2-135M on arith
+python train.py --task gsm8k     # Table B.1 preset
+torchrun --nproc_per_node 8 train.py --task countdown
 """
 
 import contextlib
@@ -81,29 +81,50 @@ def train(args: Args) -> dict:
     optimizer = make_optimizer(model, args)
     scheduler = make_scheduler(optimizer, args)
     rollout = ROLLOUTS[args.rollout]() if isinstance(ROLLOUTS[args.rollout], type) else ROLLOUTS[args.rollout]
-    start_step = load_checkpoint(ckpt, model, optimizer, scheduler, rank, args.lr, args.weight_decay,
-                                 moving_ref, rollout) if ckpt else 0
+    start_step = (
+        load_checkpoint(ckpt, model, optimizer, scheduler, rank, args.lr, args.weight_decay, moving_ref, rollout)
+        if ckpt
+        else 0
+    )
     n_params = run_log.param_counts(model)
     n_forwards = 1 + 3 * args.ppo_epochs + (ref_model is not None) + (not reuses_training_logprobs(args))
     if error := no_room_error(args.max_tokens, model.config.max_position_embeddings):
         raise DataError(error)
     room = model.config.max_position_embeddings - args.max_tokens
-    train_ids, test_ids = (encode_prompts(tokenizer, rows, max_len=room)
-                           for rows in (train_set, [ex for _, rows in eval_sets.values() for ex in rows]))
+    train_ids, test_ids = (
+        encode_prompts(tokenizer, rows, max_len=room)
+        for rows in (train_set, [ex for _, rows in eval_sets.values() for ex in rows])
+    )
     max_prompt = max(len(p) for p in train_ids + test_ids)
     n_local, shard = args.rollout_batch // world, -(-len(test_ids) // world)  # shard: held-out prompts a rank scores
     at = dict(max_tokens=args.max_tokens, dtype=args.dtype, hf=args.sampler == "hf", device=device)
-    if error := (sampling_memory_error(model.config, n_local * args.M, n_local * args.M, max_prompt, **at,
-                                       lower="--M or --rollout-batch") or sampling_memory_error(  # evaluate: 64 at once
-            model.config, min(shard, 64) * max(args.eval_samples, 1), shard * (args.eval_samples + 1), max_prompt,
-            **at, lower="--eval-samples or --eval-examples")):
+    if error := (
+        sampling_memory_error(
+            model.config, n_local * args.M, n_local * args.M, max_prompt, **at, lower="--M or --rollout-batch"
+        )
+        or sampling_memory_error(  # evaluate: 64 at once
+            model.config,
+            min(shard, 64) * max(args.eval_samples, 1),
+            shard * (args.eval_samples + 1),
+            max_prompt,
+            **at,
+            lower="--eval-samples or --eval-examples",
+        )
+    ):
         raise SamplingError(error)
     phase = run_log.Phases(device)
     with kept_rng_state():  # vLLM reseeds the global RNGs
-        sampler = phase.build(make_sampler, args.sampler, ckpt or init_path, dtype=args.dtype, device=device,
-                              max_model_len=max_prompt + args.max_tokens, seed=args.seed + rank,
-                              gpu_memory_utilization=args.gpu_memory_utilization,
-                              max_num_seqs=args.max_num_seqs or n_local * args.M)
+        sampler = phase.build(
+            make_sampler,
+            args.sampler,
+            ckpt or init_path,
+            dtype=args.dtype,
+            device=device,
+            max_model_len=max_prompt + args.max_tokens,
+            seed=args.seed + rank,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            max_num_seqs=args.max_num_seqs or n_local * args.M,
+        )
     probe_prompts = train_ids[:4]  # a sampler that never updates repeats itself
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bfloat16")
     with autocast:
@@ -116,14 +137,31 @@ def train(args: Args) -> dict:
     if eval_sets and start_step == 0:
         run_log.report_eval(evals, "before", held_out(0), out_dir, task, len(test_set), master)
     if master and train_set[0].revision:  # the data's sha256 or hub commit, as the official prepare_data.py's manifest
-        write_json(os.path.join(out_dir, "data.json"), {"train": train_set[0].revision, **{
-            name: rows[0].revision for name, (_, rows) in eval_sets.items()}})
+        write_json(
+            os.path.join(out_dir, "data.json"),
+            {"train": train_set[0].revision, **{name: rows[0].revision for name, (_, rows) in eval_sets.items()}},
+        )
 
     metrics, hparams, estimators = {}, config.estimator_hparams(args), config.alloc_estimators(args)
-    rollout_step = partial(rollout, sampler=sampler, task=task, train_set=train_set,
-                           train_ids=train_ids, weights=weights, args=args, rank=rank, world=world, device=device)
-    bar = tqdm(range(start_step, args.steps), initial=start_step, total=args.steps, disable=not master,
-               desc=f"{args.advantage} on {args.task}")
+    rollout_step = partial(
+        rollout,
+        sampler=sampler,
+        task=task,
+        train_set=train_set,
+        train_ids=train_ids,
+        weights=weights,
+        args=args,
+        rank=rank,
+        world=world,
+        device=device,
+    )
+    bar = tqdm(
+        range(start_step, args.steps),
+        initial=start_step,
+        total=args.steps,
+        disable=not master,
+        desc=f"{args.advantage} on {args.task}",
+    )
     for step in bar:
         with phase("rollout"):
             batch = rollout_step(step)  # (G, M) each
@@ -131,7 +169,7 @@ def train(args: Args) -> dict:
         with phase("reward"):  # over the gathered batch: batch-level baselines see all of it
             adv_all = compute_advantages(args.advantage, batch.scores["rewards"], **hparams)  # Eq. (1)
             keep = kept_samples(batch.scores["rewards"], batch.scores["cut"], args.row_filter, args.mask_truncated)
-            adv, keep = (t[rank * n_local:(rank + 1) * n_local].reshape(-1) for t in (adv_all, keep))
+            adv, keep = (t[rank * n_local : (rank + 1) * n_local].reshape(-1) for t in (adv_all, keep))
         with phase("train"):
             update = ppo_update(model, ref_model, optimizer, scheduler, *sequences(batch), adv, args, pad_id, keep)
         with phase("sync"):
@@ -139,9 +177,15 @@ def train(args: Args) -> dict:
             checksums = weight_checksums(sampler, model, step + 1, args.weight_check_every)
             with autocast:
                 probe, before = probe_sync(sampler, model, probe_prompts), probe
-        metrics = {**run_log.step_metrics(step, task.has_verifier, batch, adv_all, update, phase.seconds(), n_params,
-                                          n_forwards, device), **batch.metrics, **allocation_metrics(  # Table 3
-            batch.scores["rewards"], batch.scores["lengths"], estimators, must=args.advantage, **hparams)}
+        metrics = {
+            **run_log.step_metrics(
+                step, task.has_verifier, batch, adv_all, update, phase.seconds(), n_params, n_forwards, device
+            ),
+            **batch.metrics,
+            **allocation_metrics(  # Table 3
+                batch.scores["rewards"], batch.scores["lengths"], estimators, must=args.advantage, **hparams
+            ),
+        }
         samples.write(step + 1, task, batch, adv_all, rank)
         if eval_sets and args.eval_every and (step + 1) % args.eval_every == 0:  # absolute steps: resume keeps them
             with phase("eval"):
@@ -187,8 +231,9 @@ def sequences(batch) -> tuple[list, list, list]:
     return [p for p, _ in flat], [c.token_ids for _, c in flat], [c.logprobs for _, c in flat]
 
 
-def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sampler_logps, adv, args, pad_id,
-               keep=None):
+def ppo_update(
+    model, ref_model, optimizer, scheduler, prompts, completions, sampler_logps, adv, args, pad_id, keep=None
+):
     """PPO epochs, one optimizer step per minibatch (Section 4); `keep` False drops a sequence from the loss. The
     denominator is summed over micro-batches and ranks first; FSDP averages over ranks, so the loss is x world."""
     distributed = dist.is_initialized()  # also in one process, when vLLM made its own group
@@ -197,18 +242,28 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bfloat16")
 
     def micro_batch(idx) -> dict:
-        input_ids, attention_mask, mask = pad_batch([prompts[i] for i in idx], [completions[i] for i in idx],
-                                                    pad_id)  # (B, P+K) x2, (B, K)
+        input_ids, attention_mask, mask = pad_batch(
+            [prompts[i] for i in idx], [completions[i] for i in idx], pad_id
+        )  # (B, P+K) x2, (B, K)
         if keep is not None and not keep.all():
             mask = mask * keep[idx].to(mask.dtype)[:, None]
-        tensors = dict(input_ids=input_ids, attention_mask=attention_mask, mask=mask, adv=adv[idx],
-                       sampler_logp=pad_sequence([torch.tensor(sampler_logps[i]) for i in idx], batch_first=True))
+        tensors = dict(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            mask=mask,
+            adv=adv[idx],
+            sampler_logp=pad_sequence([torch.tensor(sampler_logps[i]) for i in idx], batch_first=True),
+        )
         return {key: value.to(device) for key, value in tensors.items()}
 
     size = len(prompts) // args.minibatches
-    minibatches = [[micro_batch(idx) for idx in micro_batch_rows(prompts, completions, range(start, start + size),
-                                                                 args.micro_batch)]
-                   for start in range(0, len(prompts), size)]
+    minibatches = [
+        [
+            micro_batch(idx)
+            for idx in micro_batch_rows(prompts, completions, range(start, start + size), args.micro_batch)
+        ]
+        for start in range(0, len(prompts), size)
+    ]
     on_policy = reuses_training_logprobs(args)
     with torch.no_grad(), autocast:
         for mb in (mb for micro in minibatches for mb in micro):
@@ -220,21 +275,37 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
     shares = {}
     for epoch in range(args.ppo_epochs):
         for micro in minibatches:
-            denominator = torch.stack([loss_denominator(mb["mask"], args.loss_agg, args.max_tokens)
-                                       for mb in micro]).sum()
+            denominator = torch.stack(
+                [loss_denominator(mb["mask"], args.loss_agg, args.max_tokens) for mb in micro]
+            ).sum()
             if distributed:
                 dist.all_reduce(denominator)  # one shared denominator
             for i, mb in enumerate(micro):
                 if sharded:  # FSDP2: reduce-scatter once per minibatch
                     model.set_requires_gradient_sync(i == len(micro) - 1)
                 with autocast:
-                    logp, entropy = sequence_logprobs(model, mb["input_ids"], mb["attention_mask"],
-                                                      mb["mask"].shape[1], args.temperature, entropy=True,
-                                                      entropy_grad=args.entropy_coef != 0)  # (B, K) each
+                    logp, entropy = sequence_logprobs(
+                        model,
+                        mb["input_ids"],
+                        mb["attention_mask"],
+                        mb["mask"].shape[1],
+                        args.temperature,
+                        entropy=True,
+                        entropy_grad=args.entropy_coef != 0,
+                    )  # (B, K) each
                 old_logp = logp.detach() if on_policy else mb["old_logp"]
-                loss, m = policy_loss(logp, old_logp, mb["adv"], mb["mask"], ref_logp=mb["ref_logp"],
-                                      sampler_logp=mb["sampler_logp"], entropy=entropy, denominator=denominator,
-                                      norm_len=args.max_tokens, **config.loss_options(args))
+                loss, m = policy_loss(
+                    logp,
+                    old_logp,
+                    mb["adv"],
+                    mb["mask"],
+                    ref_logp=mb["ref_logp"],
+                    sampler_logp=mb["sampler_logp"],
+                    entropy=entropy,
+                    denominator=denominator,
+                    norm_len=args.max_tokens,
+                    **config.loss_options(args),
+                )
                 (loss * world).backward()
                 n = mb["mask"].sum().item()
                 sums["entropy"] += (entropy.detach() * mb["mask"]).sum().item()
@@ -253,10 +324,13 @@ def ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sam
             optimizer.zero_grad(set_to_none=True)
     total = dict(zip(sums, all_reduce_sum(list(sums.values()), device)))
     updates, tokens = args.ppo_epochs * len(minibatches), max(total["tokens"], 1)
-    return {**{key: total[key] / (updates if share else tokens) for key, share in shares.items()},
-            "policy/entropy": total["entropy"] / tokens,
-            "grad/norm": total["grad_norm"] / (updates * world),  # the same on every rank: undo the sum
-            "lr": lr, "sync/rollout_logprob_diff": total["sampler_diff"] * args.ppo_epochs / tokens}
+    return {
+        **{key: total[key] / (updates if share else tokens) for key, share in shares.items()},
+        "policy/entropy": total["entropy"] / tokens,
+        "grad/norm": total["grad_norm"] / (updates * world),  # the same on every rank: undo the sum
+        "lr": lr,
+        "sync/rollout_logprob_diff": total["sampler_diff"] * args.ppo_epochs / tokens,
+    }
 
 
 def update_reference(ref_model, model, step: int, args: Args):
@@ -287,16 +361,19 @@ def load_models(args: Args, ckpt, init_path, device):
             raise
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: {first_line(err, limit=200)}") from None
     # before shard(): FSDP2 must wrap the checkpointed layers
-    configure_backward(model, bf16=args.dtype == "bfloat16", checkpointing=args.grad_checkpointing,
-                       compiled=args.compile)
+    configure_backward(
+        model, bf16=args.dtype == "bfloat16", checkpointing=args.grad_checkpointing, compiled=args.compile
+    )
     if args.lora_rank:  # the reference is this model with its adapters off (ppo_update), as TRL's
         from peft import LoraConfig, get_peft_model
+
         names, targets = [name for name, _ in model.named_modules()], args.lora_targets.split(",")
         if unknown := [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]:  # peft's match
             raise ModelLoadError(f"--lora-targets {args.lora_targets}: the model has no module {unknown[0]!r}")
         try:
-            model = get_peft_model(model, LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha,
-                                                     target_modules=targets))
+            model = get_peft_model(
+                model, LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, target_modules=targets)
+            )
         except ValueError as err:  # a module peft cannot adapt (a whole decoder layer)
             raise ModelLoadError(f"--lora-targets {args.lora_targets}: {first_line(err)}") from None
     ref_model = load_reference(init_path, args, device, empty) if args.beta > 0 and not args.lora_rank else None
@@ -308,16 +385,23 @@ def load_models(args: Args, ckpt, init_path, device):
 
 def make_optimizer(model, args: Args):
     """AdamW; fused except on FSDP2's sharded parameters."""
-    return torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
-                             fused=not dist.is_initialized())
+    return torch.optim.AdamW(
+        model.parameters(), lr=args.lr, weight_decay=args.weight_decay, fused=not dist.is_initialized()
+    )
 
 
 def make_scheduler(optimizer, args: Args):
     """Linear warmup (Appendix B.1), then constant, or a cosine to --min-lr-ratio x --lr at the last optimizer step."""
     warmup, low, cosine = args.warmup_steps, args.min_lr_ratio, args.lr_schedule == "cosine"
     span = max(1, args.steps * args.ppo_epochs * args.minibatches - 1 - warmup)  # optimizer steps the cosine spans
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if s < warmup else (
-        low + (1 - low) * (1 + math.cos(math.pi * min(1.0, (s - warmup) / span))) / 2 if cosine else 1.0))
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda s: (
+            min(1.0, (s + 1) / warmup)
+            if s < warmup
+            else (low + (1 - low) * (1 + math.cos(math.pi * min(1.0, (s - warmup) / span))) / 2 if cosine else 1.0)
+        ),
+    )
 
 
 def evaluate_held_out(sampler, eval_sets, args: Args, rank: int, world: int, device, samples, step) -> dict:
@@ -325,14 +409,24 @@ def evaluate_held_out(sampler, eval_sets, args: Args, rank: int, world: int, dev
     scores, records = {}, []
     for name, (task, rows) in eval_sets.items():
         size = -(-len(rows) // world)
-        result = evaluate(sampler, task, rows[rank * size:(rank + 1) * size], samples=args.eval_samples,
-                          max_tokens=args.max_tokens, seed=eval_seed(args.seed, step), first=rank * size,
-                          reward_kind="exact" if task.has_verifier else "sim", temperature=args.eval_temperature,
-                          top_p=args.eval_top_p, progress=rank == 0)
+        result = evaluate(
+            sampler,
+            task,
+            rows[rank * size : (rank + 1) * size],
+            samples=args.eval_samples,
+            max_tokens=args.max_tokens,
+            seed=eval_seed(args.seed, step),
+            first=rank * size,
+            reward_kind="exact" if task.has_verifier else "sim",
+            temperature=args.eval_temperature,
+            top_p=args.eval_top_p,
+            progress=rank == 0,
+        )
         records.append([{"set": name, **r} for r in result["examples"]] if len(eval_sets) > 1 else result["examples"])
         summary = result["summary"]
-        score, n = all_reduce_sum([summary.get("pass@1", summary.get("sim_reward", 0.0)) * summary["n"],
-                                   summary["n"]], device)
+        score, n = all_reduce_sum(
+            [summary.get("pass@1", summary.get("sim_reward", 0.0)) * summary["n"], summary["n"]], device
+        )
         scores["eval/score" if name == args.task else f"eval/{name}/greedy"] = score / max(n, 1)
         if args.eval_samples:
             rewards = gather_samples(result["examples"], "reward", size, args.eval_samples, device)  # (n, K)
@@ -349,6 +443,7 @@ if __name__ == "__main__":
     cli_args = parse_args()
     if cli_args.plan:
         from tools.memory_plan import print_plan
+
         sys.exit(print_plan(cli_args))
     try:
         main(cli_args, checked=True)

@@ -83,20 +83,27 @@ def main():
     results = {}
     for mode in ("plain", "ckpt"):
         cmd = [sys.executable, __file__, "--mode", mode, "--repeats", str(args.repeats)]
-        results[mode] = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-                                   .strip().splitlines()[-1])
+        results[mode] = json.loads(
+            subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+        )
     load = os.getloadavg()[0]
-    print(f"{BATCH} x ({PROMPT} + {COMPLETION}) tokens, SmolLM2-135M, bf16 autocast; load average {load:.1f} "
-          f"on {os.cpu_count()} cores")
+    print(
+        f"{BATCH} x ({PROMPT} + {COMPLETION}) tokens, SmolLM2-135M, bf16 autocast; load average {load:.1f} "
+        f"on {os.cpu_count()} cores"
+    )
     for mode, r in results.items():
         times = sorted(r["times"])
-        print(f"{mode:<6} forward+backward median {times[len(times) // 2]:.2f} s (min {times[0]:.2f}, "
-              f"max {times[-1]:.2f}); peak above resident {r['peak_extra'] / 2**20:.0f} MiB")
+        print(
+            f"{mode:<6} forward+backward median {times[len(times) // 2]:.2f} s (min {times[0]:.2f}, "
+            f"max {times[-1]:.2f}); peak above resident {r['peak_extra'] / 2**20:.0f} MiB"
+        )
     med = {m: sorted(r["times"])[len(r["times"]) // 2] for m, r in results.items()}
-    print(f"ratio ckpt / plain: time {med['ckpt'] / med['plain']:.2f}x, "
-          f"peak {results['ckpt']['peak_extra'] / results['plain']['peak_extra']:.2f}x; "
-          f"grad norms after {args.repeats + 1} passes: {results['plain']['grad_norm']:.6g} vs "
-          f"{results['ckpt']['grad_norm']:.6g}")
+    print(
+        f"ratio ckpt / plain: time {med['ckpt'] / med['plain']:.2f}x, "
+        f"peak {results['ckpt']['peak_extra'] / results['plain']['peak_extra']:.2f}x; "
+        f"grad norms after {args.repeats + 1} passes: {results['plain']['grad_norm']:.6g} vs "
+        f"{results['ckpt']['grad_norm']:.6g}"
+    )
 
 
 if __name__ == "__main__":

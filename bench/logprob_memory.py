@@ -43,8 +43,12 @@ def measure(method: str, shape) -> dict:
             out, entropy = chunked_token_logprobs(logits, targets, entropy=True)
             out = out + 0 * entropy
     extra = (_rss_kib("VmHWM:") - base) * 1024
-    return {"method": method, "extra_bytes": extra, "logits_bytes": logits.numel() * 2,
-            "checksum": float(out.double().sum())}
+    return {
+        "method": method,
+        "extra_bytes": extra,
+        "logits_bytes": logits.numel() * 2,
+        "checksum": float(out.double().sum()),
+    }
 
 
 def main():
@@ -63,8 +67,10 @@ def main():
     logits_bytes = results["naive"]["logits_bytes"]
     print(f"logits {tuple(args.shape)} bfloat16: {logits_bytes / gib:.2f} GiB")
     for method, r in results.items():
-        print(f"{method:<8} peak extra memory {r['extra_bytes'] / gib:6.2f} GiB "
-              f"= {r['extra_bytes'] / logits_bytes:.3f} x logits")
+        print(
+            f"{method:<8} peak extra memory {r['extra_bytes'] / gib:6.2f} GiB "
+            f"= {r['extra_bytes'] / logits_bytes:.3f} x logits"
+        )
     print(f"ratio chunked / naive: {results['chunked']['extra_bytes'] / results['naive']['extra_bytes']:.3f}")
     print(f"ratio entropy / naive: {results['entropy']['extra_bytes'] / results['naive']['extra_bytes']:.3f}")
     naive_sum, chunked_sum = results["naive"]["checksum"], results["chunked"]["checksum"]

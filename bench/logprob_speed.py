@@ -67,10 +67,12 @@ def main():
         fwd, bwd = ([t[i] for t in times[name]] for i in (0, 1))
         total = [f + b for f, b in times[name]]
         ratio = [t / b for t, b in zip(total, base)]  # paired by repeat
-        print(f"{name:32s} {n:>9d} ({max(1, n // V):>4d} rows)  forward {statistics.median(fwd):.4f} "
-              f"[{min(fwd):.4f}-{max(fwd):.4f}]  backward {statistics.median(bwd):.4f} [{min(bwd):.4f}-{max(bwd):.4f}]"
-              f"  both / baseline {statistics.median(ratio):.2f} [{min(ratio):.2f}-{max(ratio):.2f}]"
-              f"  bit-identical: {same[name]}")
+        print(
+            f"{name:32s} {n:>9d} ({max(1, n // V):>4d} rows)  forward {statistics.median(fwd):.4f} "
+            f"[{min(fwd):.4f}-{max(fwd):.4f}]  backward {statistics.median(bwd):.4f} [{min(bwd):.4f}-{max(bwd):.4f}]"
+            f"  both / baseline {statistics.median(ratio):.2f} [{min(ratio):.2f}-{max(ratio):.2f}]"
+            f"  bit-identical: {same[name]}"
+        )
 
 
 if __name__ == "__main__":

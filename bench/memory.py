@@ -62,8 +62,21 @@ def reset_peak():
 
 
 class _Mallinfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 try:
@@ -100,8 +113,7 @@ class SavedTensors:
 
     def __init__(self, model, vocab):
         self.params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        self.shapes = {tuple(p.shape) for p in model.parameters()} | {tuple(p.shape)[::-1] for p in
-                                                                     model.parameters()}
+        self.shapes = {tuple(p.shape) for p in model.parameters()} | {tuple(p.shape)[::-1] for p in model.parameters()}
         self.vocab, self.seq_len = vocab, -1
         self.live = dict.fromkeys(SAVED_KINDS, 0)
         self.most = dict.fromkeys(SAVED_KINDS, 0)  # the largest total seen, per kind
@@ -175,8 +187,7 @@ class State:
             grads = tensor_bytes([p.grad for p in list(self.model.parameters())])
         if self.optimizer is not None:
             states = list(self.optimizer.state.values())
-            moments = sum(tensor_bytes([v for v in s.values() if hasattr(v, "numel") and v.dim() > 0])
-                          for s in states)
+            moments = sum(tensor_bytes([v for v in s.values() if hasattr(v, "numel") and v.dim() > 0]) for s in states)
         saved = dict(self.saved.live) if self.saved is not None else dict.fromkeys(SAVED_KINDS, 0)
         sampler = 0 if self.sampler is None else sampler_bytes(self.sampler)
         return {"phase": self.phase, "grads": grads, "moments": moments, "saved": saved, "sampler": sampler}
@@ -200,10 +211,24 @@ def measure_ours(opts) -> dict:
     record["rss_imports"], record["heap_imports"] = rss(), heap()
     speed.allocator.keep_freed_memory()  # as train.main on CPU, before any model is loaded
     torch.manual_seed(opts.seed)
-    args = train.Args(task=opts.task, model=opts.model, M=opts.M, rollout_batch=opts.prompts,
-                      micro_batch=opts.micro_batch, minibatches=1, ppo_epochs=1, steps=opts.steps,
-                      max_tokens=opts.max_tokens, lr=opts.lr, warmup_steps=0, beta=opts.beta, dtype="bfloat16",
-                      sampler="hf", eval_examples=0, seed=opts.seed)
+    args = train.Args(
+        task=opts.task,
+        model=opts.model,
+        M=opts.M,
+        rollout_batch=opts.prompts,
+        micro_batch=opts.micro_batch,
+        minibatches=1,
+        ppo_epochs=1,
+        steps=opts.steps,
+        max_tokens=opts.max_tokens,
+        lr=opts.lr,
+        warmup_steps=0,
+        beta=opts.beta,
+        dtype="bfloat16",
+        sampler="hf",
+        eval_examples=0,
+        seed=opts.seed,
+    )
     path = resolve_model(opts.model)
     state = State()
     watcher = PeakWatcher(state)
@@ -223,8 +248,9 @@ def measure_ours(opts) -> dict:
     train_set = task.load("train", seed=opts.seed)
     record["rss_data"] = rss()
     model = phase("load policy", lambda: plumbing.models.load_model(path, torch.float32, "cpu"))
-    speed.backward.configure_backward(model, bf16=args.dtype == "bfloat16",
-                                      checkpointing=args.grad_checkpointing)  # as train
+    speed.backward.configure_backward(
+        model, bf16=args.dtype == "bfloat16", checkpointing=args.grad_checkpointing
+    )  # as train
     ref_model = phase("load reference", lambda: train.load_reference(path, args, torch.device("cpu")))
     optimizer = train.make_optimizer(model, args)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
@@ -232,9 +258,12 @@ def measure_ours(opts) -> dict:
     record["rss_loaded"], record["heap_loaded"] = rss(), heap()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     n_params = sum(p.numel() for p in model.parameters())
-    record.update(n_params=n_params, weights=tensor_bytes(model.parameters()),
-                  reference=tensor_bytes(ref_model.parameters()) + tensor_bytes(ref_model.buffers()),
-                  sampler=sampler_bytes(sampler))
+    record.update(
+        n_params=n_params,
+        weights=tensor_bytes(model.parameters()),
+        reference=tensor_bytes(ref_model.parameters()) + tensor_bytes(ref_model.buffers()),
+        sampler=sampler_bytes(sampler),
+    )
     state.model, state.optimizer, state.sampler = model, optimizer, sampler
     state.saved = SavedTensors(model, model.get_output_embeddings().weight.shape[0])
     state.saved.watcher = watcher
@@ -290,22 +319,47 @@ def measure_ours(opts) -> dict:
         shapes.append([len(flat), max(map(len, prompts)), max(map(len, completions))])
         reset_peak()
         with state.saved.hooks():
-            train.ppo_update(model, ref_model, optimizer, scheduler, [p for p, _ in flat], completions,
-                             [c.logprobs for _, c in flat], adv, args, pad_id)
+            train.ppo_update(
+                model,
+                ref_model,
+                optimizer,
+                scheduler,
+                [p for p, _ in flat],
+                completions,
+                [c.logprobs for _, c in flat],
+                adv,
+                args,
+                pad_id,
+            )
         training.append(peak_rss())
         state.phase = f"step {step + 1}: weight sync"
         reset_peak()
         sampler.update_weights(train.full_weights(model))
         watcher()
         syncing.append(peak_rss())
-        print(f"step {step + 1} done, peak {sampling[-1]['peak'] / 1e9:.3f} / {training[-1] / 1e9:.3f} / "
-              f"{syncing[-1] / 1e9:.3f} GB (sampling / training / sync)", file=sys.stderr, flush=True)
+        print(
+            f"step {step + 1} done, peak {sampling[-1]['peak'] / 1e9:.3f} / {training[-1] / 1e9:.3f} / "
+            f"{syncing[-1] / 1e9:.3f} GB (sampling / training / sync)",
+            file=sys.stderr,
+            flush=True,
+        )
     state.phase = "end"
-    record.update(phases=phases, sampling=sampling, training=training, syncing=syncing, shapes=shapes,
-                  peak=max(peak_rss(), *training, *syncing, *(s["peak"] for s in sampling)), snapshot=watcher.snapshot,
-                  saved_most=state.saved.most, grads_at_step=max(grads_at_step),
-                  moments=State.live_bytes(state)["moments"], heap_end=heap(), rss_end=rss(),
-                  vocab=model.get_output_embeddings().weight.shape[0], sampling_most_kv=kv["most"])
+    record.update(
+        phases=phases,
+        sampling=sampling,
+        training=training,
+        syncing=syncing,
+        shapes=shapes,
+        peak=max(peak_rss(), *training, *syncing, *(s["peak"] for s in sampling)),
+        snapshot=watcher.snapshot,
+        saved_most=state.saved.most,
+        grads_at_step=max(grads_at_step),
+        moments=State.live_bytes(state)["moments"],
+        heap_end=heap(),
+        rss_end=rss(),
+        vocab=model.get_output_embeddings().weight.shape[0],
+        sampling_most_kv=kv["most"],
+    )
     return record
 
 
@@ -351,14 +405,20 @@ def measure_isolated(opts, batch, seq_len, completion_len) -> dict:
 
 def isolated(opts, shape) -> dict:
     batch, prompt_len, completion_len = shape
-    cmd = [sys.executable, os.path.abspath(__file__), "--model", opts.model, "--isolated",
-           f"{batch},{prompt_len + completion_len},{completion_len}"]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--model",
+        opts.model,
+        "--isolated",
+        f"{batch},{prompt_len + completion_len},{completion_len}",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=REPO)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
         last = (proc.stderr.strip().splitlines() or ["?"])[-1]
         raise SystemExit(f"memory.py: the isolated measurement failed: {last}")
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def account(r: dict, iso: dict | None) -> list[dict]:
@@ -374,38 +434,89 @@ def account(r: dict, iso: dict | None) -> list[dict]:
     outside = snap["rss"] - r["rss_loaded"] - grown - retained
     state_bytes = r["weights"] + r["grads_at_step"] + r["moments"]
     rows = [
-        ("Python/torch runtime", r["rss_imports"], r["rss_imports"],
-         "VmRSS after importing torch, transformers and the repository's modules"),
+        (
+            "Python/torch runtime",
+            r["rss_imports"],
+            r["rss_imports"],
+            "VmRSS after importing torch, transformers and the repository's modules",
+        ),
         ("tokenizer and task data", r["rss_data"] - r["rss_imports"], None, "VmRSS growth until the first model"),
-        ("training state: fp32 weights + grads + AdamW moments", ph["load policy"] + snap["grads"] + snap["moments"],
-         state_bytes, f"weights: VmRSS growth of plumbing.models.load_model ({ph['load policy'] / 1e9:.3f} GB; tensors "
-         f"{r['weights'] / 1e9:.3f}); grads, moments: tensor bytes at the peak; size: tensor bytes at "
-         f"optimizer.step = {state_bytes / r['n_params']:.2f} B x {r['n_params'] / 1e6:.1f}M params"),
-        ("reference model (bf16 linears)", ph["load reference"], r["reference"],
-         "VmRSS growth of train.load_reference; size: its tensor bytes"),
-        ("sampler's copy (bf16)", ph["load sampler"] - asleep, r["sampler"],
-         "VmRSS growth of rollout.make_sampler (tokenizer included) less the weights it freed to sleep "
-         "during training (tensor bytes at the peak); size: its tensor bytes, packed linear weights included"),
-        ("KV cache during sampling", kv_now, r["sampling_most_kv"],
-         "key/value tensor bytes after each decode call (forward hook); freed before training"),
-        ("sampling peak above the loaded models", None, max(s["peak"] - s["rss_before"] for s in r["sampling"]),
-         "VmHWM - VmRSS around generate(), per step, largest (KV cache, logits, CDF buffers)"),
-        ("saved for backward: bf16 weight casts", saved["weights_bf16"], r["saved_most"]["weights_bf16"],
-         "saved_tensors_hooks, 2-D bf16 tensors shaped like a parameter (autocast's casts)"),
-        ("saved for backward: attention probabilities", saved["attention_probs"], r["saved_most"]["attention_probs"],
-         "saved_tensors_hooks, (B, heads, S, S) tensors (eager attention's softmax)"),
-        ("saved for backward: logits", saved["logits"], r["saved_most"]["logits"],
-         "saved_tensors_hooks, tensors ending in the vocabulary (the log-prob function's input)"),
-        ("saved for backward: other activations", saved["activations"], r["saved_most"]["activations"],
-         "saved_tensors_hooks, every other saved storage"),
-        ("other live buffers (log-prob chunks, gradients of activations)", others,
-         iso["logprob_extra"] if iso else None,
-         "heap bytes in use at the peak - all rows above that are in the heap; size: isolated log-prob "
-         "forward+backward on the largest micro-batch's logits (peak above them)"),
-        ("allocator retention (glibc keeps freed memory)", retained, r["heap_end"]["free"] - base["free"],
-         "mallinfo2 free bytes at the peak minus after loading; size: at the end of the run"),
-        ("outside the malloc heap", outside, None,
-         "VmRSS at the peak - every row above (file pages, thread stacks, late-loaded libraries)"),
+        (
+            "training state: fp32 weights + grads + AdamW moments",
+            ph["load policy"] + snap["grads"] + snap["moments"],
+            state_bytes,
+            f"weights: VmRSS growth of plumbing.models.load_model ({ph['load policy'] / 1e9:.3f} GB; tensors "
+            f"{r['weights'] / 1e9:.3f}); grads, moments: tensor bytes at the peak; size: tensor bytes at "
+            f"optimizer.step = {state_bytes / r['n_params']:.2f} B x {r['n_params'] / 1e6:.1f}M params",
+        ),
+        (
+            "reference model (bf16 linears)",
+            ph["load reference"],
+            r["reference"],
+            "VmRSS growth of train.load_reference; size: its tensor bytes",
+        ),
+        (
+            "sampler's copy (bf16)",
+            ph["load sampler"] - asleep,
+            r["sampler"],
+            "VmRSS growth of rollout.make_sampler (tokenizer included) less the weights it freed to sleep "
+            "during training (tensor bytes at the peak); size: its tensor bytes, packed linear weights included",
+        ),
+        (
+            "KV cache during sampling",
+            kv_now,
+            r["sampling_most_kv"],
+            "key/value tensor bytes after each decode call (forward hook); freed before training",
+        ),
+        (
+            "sampling peak above the loaded models",
+            None,
+            max(s["peak"] - s["rss_before"] for s in r["sampling"]),
+            "VmHWM - VmRSS around generate(), per step, largest (KV cache, logits, CDF buffers)",
+        ),
+        (
+            "saved for backward: bf16 weight casts",
+            saved["weights_bf16"],
+            r["saved_most"]["weights_bf16"],
+            "saved_tensors_hooks, 2-D bf16 tensors shaped like a parameter (autocast's casts)",
+        ),
+        (
+            "saved for backward: attention probabilities",
+            saved["attention_probs"],
+            r["saved_most"]["attention_probs"],
+            "saved_tensors_hooks, (B, heads, S, S) tensors (eager attention's softmax)",
+        ),
+        (
+            "saved for backward: logits",
+            saved["logits"],
+            r["saved_most"]["logits"],
+            "saved_tensors_hooks, tensors ending in the vocabulary (the log-prob function's input)",
+        ),
+        (
+            "saved for backward: other activations",
+            saved["activations"],
+            r["saved_most"]["activations"],
+            "saved_tensors_hooks, every other saved storage",
+        ),
+        (
+            "other live buffers (log-prob chunks, gradients of activations)",
+            others,
+            iso["logprob_extra"] if iso else None,
+            "heap bytes in use at the peak - all rows above that are in the heap; size: isolated log-prob "
+            "forward+backward on the largest micro-batch's logits (peak above them)",
+        ),
+        (
+            "allocator retention (glibc keeps freed memory)",
+            retained,
+            r["heap_end"]["free"] - base["free"],
+            "mallinfo2 free bytes at the peak minus after loading; size: at the end of the run",
+        ),
+        (
+            "outside the malloc heap",
+            outside,
+            None,
+            "VmRSS at the peak - every row above (file pages, thread stacks, late-loaded libraries)",
+        ),
     ]
     return [{"row": name, "at_peak": at, "size": size, "how": how} for name, at, size, how in rows]
 
@@ -419,32 +530,65 @@ def measure_trl(opts, model_path) -> dict:
     prompts_file = os.path.join(REPO, "runs", "bench", "memory-prompts.jsonl")
     os.makedirs(os.path.dirname(prompts_file), exist_ok=True)
     write_prompts(prompts_file, opts.task, model_path, opts.steps * opts.prompts, opts.seed)
-    probe = ("import resource, torch, transformers, trl, datasets\n"
-             "print(int(open('/proc/self/statm').read().split()[1]) * __import__('os').sysconf('SC_PAGE_SIZE'))")
+    probe = (
+        "import resource, torch, transformers, trl, datasets\n"
+        "print(int(open('/proc/self/statm').read().split()[1]) * __import__('os').sysconf('SC_PAGE_SIZE'))"
+    )
     runtime = int(subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True).stdout)
-    cmd = [python, "bench/trl_grpo.py", "--model", model_path, "--prompts-file", prompts_file, "--task", opts.task,
-           "--steps", str(opts.steps), "--prompts", str(opts.prompts), "--M", str(opts.M), "--max-tokens",
-           str(opts.max_tokens), "--micro-batch", str(opts.micro_batch), "--lr", str(opts.lr), "--seed",
-           str(opts.seed)]
+    cmd = [
+        python,
+        "bench/trl_grpo.py",
+        "--model",
+        model_path,
+        "--prompts-file",
+        prompts_file,
+        "--task",
+        opts.task,
+        "--steps",
+        str(opts.steps),
+        "--prompts",
+        str(opts.prompts),
+        "--M",
+        str(opts.M),
+        "--max-tokens",
+        str(opts.max_tokens),
+        "--micro-batch",
+        str(opts.micro_batch),
+        "--lr",
+        str(opts.lr),
+        "--seed",
+        str(opts.seed),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=REPO)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
-        raise SystemExit(f"memory.py: bench/trl_grpo.py failed (exit {proc.returncode}): "
-                         f"{(proc.stderr.strip().splitlines() or ['?'])[-1][:300]}")
-    return {"runtime": runtime, "peak": int(json.loads(lines[-1][len("RESULT "):])["peak_rss_gb"] * 1e9)}
+        raise SystemExit(
+            f"memory.py: bench/trl_grpo.py failed (exit {proc.returncode}): "
+            f"{(proc.stderr.strip().splitlines() or ['?'])[-1][:300]}"
+        )
+    return {"runtime": runtime, "peak": int(json.loads(lines[-1][len("RESULT ") :])["peak_rss_gb"] * 1e9)}
 
 
 def trl_rows(trl: dict, n_params: int) -> list[dict]:
     state, ref = 16 * n_params, 4 * n_params
     rest = trl["peak"] - trl["runtime"] - state - ref
-    return [{"row": "Python/torch/TRL runtime", "at_peak": trl["runtime"], "size": None,
-             "how": "VmRSS after importing torch, transformers, trl, datasets in .venv-trl"},
-            {"row": "training state (16 B/param, same optimizer)", "at_peak": state, "size": None, "how": "arithmetic"},
-            {"row": "reference model (fp32 copy)", "at_peak": ref, "size": None, "how": "arithmetic (4 B/param)"},
-            {"row": "everything else (activations, sampling, allocator)", "at_peak": rest, "size": None,
-             "how": "peak RSS - the rows above"},
-            {"row": "total = peak RSS", "at_peak": trl["peak"], "size": None,
-             "how": "trl_grpo.py's ru_maxrss, one run"}]
+    return [
+        {
+            "row": "Python/torch/TRL runtime",
+            "at_peak": trl["runtime"],
+            "size": None,
+            "how": "VmRSS after importing torch, transformers, trl, datasets in .venv-trl",
+        },
+        {"row": "training state (16 B/param, same optimizer)", "at_peak": state, "size": None, "how": "arithmetic"},
+        {"row": "reference model (fp32 copy)", "at_peak": ref, "size": None, "how": "arithmetic (4 B/param)"},
+        {
+            "row": "everything else (activations, sampling, allocator)",
+            "at_peak": rest,
+            "size": None,
+            "how": "peak RSS - the rows above",
+        },
+        {"row": "total = peak RSS", "at_peak": trl["peak"], "size": None, "how": "trl_grpo.py's ru_maxrss, one run"},
+    ]
 
 
 def print_trl(opts, n_params: int) -> dict:
@@ -511,16 +655,20 @@ def main():
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
         raise SystemExit(f"memory.py: the measured run failed (exit {proc.returncode})")
-    raw = json.loads(lines[-1][len("RESULT "):])
+    raw = json.loads(lines[-1][len("RESULT ") :])
     largest = max(raw["shapes"], key=lambda s: s[1] + s[2])  # (sequences, longest prompt, longest completion)
     iso = None if opts.no_isolated else isolated(opts, [min(opts.micro_batch, largest[0]), *largest[1:]])
     rows = account(raw, iso)
     total = sum(row["at_peak"] or 0 for row in rows)
     named = total - rows[-1]["at_peak"]
-    print(f"ours: {opts.model}, {opts.prompts} prompts x M={opts.M}, <= {opts.max_tokens} new tokens, micro-batches "
-          f"of {opts.micro_batch}, {opts.steps} steps in one process; load average {os.getloadavg()[0]:.1f}")
-    print(f"peak at: {raw['snapshot']['phase']} (polled VmRSS {raw['snapshot']['rss'] / 1e9:.3f} GB, VmHWM "
-          f"{raw['peak'] / 1e9:.3f} GB)\n")
+    print(
+        f"ours: {opts.model}, {opts.prompts} prompts x M={opts.M}, <= {opts.max_tokens} new tokens, micro-batches "
+        f"of {opts.micro_batch}, {opts.steps} steps in one process; load average {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"peak at: {raw['snapshot']['phase']} (polled VmRSS {raw['snapshot']['rss'] / 1e9:.3f} GB, VmHWM "
+        f"{raw['peak'] / 1e9:.3f} GB)\n"
+    )
     print(f"{'row':<66}{'at peak GB':>11}{'size GB':>9}")
     for row in rows:
         print(f"{row['row']:<66}{gb(row['at_peak']):>11}{gb(row['size']):>9}")
@@ -528,11 +676,13 @@ def main():
     print(f"{'process peak (VmHWM)':<66}{gb(raw['peak']):>11}")
     print(f"rows but the last / peak: {named / raw['peak']:.3f}")
     if iso:
-        print(f"\nisolated, micro-batch {largest[1:]} (B, P, K) -> ({min(opts.micro_batch, largest[0])}, "
-              f"{largest[1] + largest[2]}, {largest[2]}): forward with autograd saving peaks "
-              f"{gb(iso['forward_saving'])} GB above its start and keeps {gb(iso['kept_for_backward'])} GB for "
-              f"backward; without saving (no_grad) {gb(iso['forward_no_grad'])} GB; log-prob function "
-              f"{gb(iso['logprob_extra'])} GB above its {gb(iso['logits_bytes'])} GB of logits")
+        print(
+            f"\nisolated, micro-batch {largest[1:]} (B, P, K) -> ({min(opts.micro_batch, largest[0])}, "
+            f"{largest[1] + largest[2]}, {largest[2]}): forward with autograd saving peaks "
+            f"{gb(iso['forward_saving'])} GB above its start and keeps {gb(iso['kept_for_backward'])} GB for "
+            f"backward; without saving (no_grad) {gb(iso['forward_no_grad'])} GB; log-prob function "
+            f"{gb(iso['logprob_extra'])} GB above its {gb(iso['logits_bytes'])} GB of logits"
+        )
     result = {"options": vars(opts), "raw": raw, "isolated": iso, "rows": rows, "peak": raw["peak"]}
     if opts.trl:
         result["trl"] = print_trl(opts, raw["n_params"])

@@ -41,9 +41,14 @@ class RecordingSampler:
         start = time.perf_counter()
         groups = self._inner.generate(prompts, n=n, **kwargs)
         if n == self._M:  # probe_sync's probe uses n = 1
-            self._log.append({"start": start, "prompts": [list(p) for p in prompts],
-                              "prompt_tokens": sum(map(len, prompts)) * n,
-                              "completion_tokens": sum(len(c.token_ids) for g in groups for c in g)})
+            self._log.append(
+                {
+                    "start": start,
+                    "prompts": [list(p) for p in prompts],
+                    "prompt_tokens": sum(map(len, prompts)) * n,
+                    "completion_tokens": sum(len(c.token_ids) for g in groups for c in g),
+                }
+            )
         return groups
 
 
@@ -59,11 +64,26 @@ def run(opts) -> dict:
     train.make_sampler = rollout.make_sampler  # train.py imports it by name
     train.save_checkpoint = lambda *a, **k: None  # benchmark: write no checkpoint (TRL's side saves none)
     out_dir = tempfile.mkdtemp(prefix="ours-step-")
-    args = train.Args(task=opts.task, model=opts.model, M=opts.M, rollout_batch=opts.prompts,
-                      micro_batch=opts.micro_batch, minibatches=1, ppo_epochs=1, steps=opts.steps,
-                      max_tokens=opts.max_tokens, lr=opts.lr, warmup_steps=0, beta=opts.beta,
-                      dtype=opts.dtype, sampler="hf", eval_examples=0, seed=opts.seed, out_dir=out_dir,
-                      compile=opts.compile)
+    args = train.Args(
+        task=opts.task,
+        model=opts.model,
+        M=opts.M,
+        rollout_batch=opts.prompts,
+        micro_batch=opts.micro_batch,
+        minibatches=1,
+        ppo_epochs=1,
+        steps=opts.steps,
+        max_tokens=opts.max_tokens,
+        lr=opts.lr,
+        warmup_steps=0,
+        beta=opts.beta,
+        dtype=opts.dtype,
+        sampler="hf",
+        eval_examples=0,
+        seed=opts.seed,
+        out_dir=out_dir,
+        compile=opts.compile,
+    )
     t0 = time.perf_counter()
     train.main(args)
     total = time.perf_counter() - t0
@@ -73,16 +93,30 @@ def run(opts) -> dict:
         raise SystemExit(f"ours_step.py: {len(metrics)} metric lines, {len(log)} rollouts, {opts.steps} steps")
     steps = []
     for m, r in zip(metrics, log):
-        steps.append({"step_s": m["time/step"], "gen_s": m["time/rollout"], "reward_s": m["time/reward"],
-                      "train_s": m["time/train"] + m["time/sync"], "sync_s": m["time/sync"],
-                      "tokens": r["prompt_tokens"] + r["completion_tokens"],
-                      "completion_tokens": r["completion_tokens"], "reward_mean": m["reward/mean"]})
-    result = {"side": "ours", "steps": steps, "setup_s": log[0]["start"] - t0, "total_s": total,
-              "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9}
+        steps.append(
+            {
+                "step_s": m["time/step"],
+                "gen_s": m["time/rollout"],
+                "reward_s": m["time/reward"],
+                "train_s": m["time/train"] + m["time/sync"],
+                "sync_s": m["time/sync"],
+                "tokens": r["prompt_tokens"] + r["completion_tokens"],
+                "completion_tokens": r["completion_tokens"],
+                "reward_mean": m["reward/mean"],
+            }
+        )
+    result = {
+        "side": "ours",
+        "steps": steps,
+        "setup_s": log[0]["start"] - t0,
+        "total_s": total,
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,
+    }
     if opts.expect_prompts:
         rows = [json.loads(line) for line in open(opts.expect_prompts)]
-        expected = [[row["prompt_ids"] for row in rows[s * opts.prompts:(s + 1) * opts.prompts]]
-                    for s in range(opts.steps)]
+        expected = [
+            [row["prompt_ids"] for row in rows[s * opts.prompts : (s + 1) * opts.prompts]] for s in range(opts.steps)
+        ]
         result["prompts_match"] = [r["prompts"] for r in log] == expected
     return result
 

@@ -153,13 +153,27 @@ def check(models, dtypes, one_process=False) -> list[dict]:
         batch, prompt, completion = SHAPES[name]
         for dtype in dtypes:
             for ckpt in (False, True):
-                act = activations(shape, batch=batch, prompt=prompt, completion=completion,
-                                  compute_bytes=2 if dtype == "bfloat16" else 4, checkpointing=ckpt,
-                                  attention="eager", chunk_elements=CPU_CHUNK_ELEMENTS)  # measured on CPU
-                measured = measure(["--activations", path, str(batch), str(prompt), str(completion), dtype,
-                                  str(int(ckpt))])
-                rows.append(dict(model=name, what=f"activations {batch}x({prompt}+{completion}) {dtype}"
-                                 f"{' ckpt' if ckpt else ''}", measured=measured, planned=act["peak"]))
+                act = activations(
+                    shape,
+                    batch=batch,
+                    prompt=prompt,
+                    completion=completion,
+                    compute_bytes=2 if dtype == "bfloat16" else 4,
+                    checkpointing=ckpt,
+                    attention="eager",
+                    chunk_elements=CPU_CHUNK_ELEMENTS,
+                )  # measured on CPU
+                measured = measure(
+                    ["--activations", path, str(batch), str(prompt), str(completion), dtype, str(int(ckpt))]
+                )
+                rows.append(
+                    dict(
+                        model=name,
+                        what=f"activations {batch}x({prompt}+{completion}) {dtype}{' ckpt' if ckpt else ''}",
+                        measured=measured,
+                        planned=act["peak"],
+                    )
+                )
     for row in rows:
         row["error"] = row["planned"] / row["measured"] - 1
     return rows
@@ -188,8 +202,10 @@ def main():
     mib = 2**20
     print(f"{'model':<14}{'what':<44}{'measured MiB':>14}{'planned MiB':>13}{'plan error':>12}")
     for row in rows:
-        print(f"{row['model']:<14}{row['what']:<44}{row['measured'] / mib:>14.1f}{row['planned'] / mib:>13.1f}"
-              f"{row['error']:>+12.1%}")
+        print(
+            f"{row['model']:<14}{row['what']:<44}{row['measured'] / mib:>14.1f}{row['planned'] / mib:>13.1f}"
+            f"{row['error']:>+12.1%}"
+        )
 
 
 if __name__ == "__main__":

@@ -92,8 +92,11 @@ def ab_compare(sampler, old, prompts, args):
 
     def summary(values):
         return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
-    print(f"{args.prompts} prompts x {args.samples} samples x <= {args.max_tokens} new tokens, bfloat16, "
-          f"{torch.get_num_threads()} threads, {args.repeats} interleaved repeats, median [min-max]")
+
+    print(
+        f"{args.prompts} prompts x {args.samples} samples x <= {args.max_tokens} new tokens, bfloat16, "
+        f"{torch.get_num_threads()} threads, {args.repeats} interleaved repeats, median [min-max]"
+    )
     print(f"baseline {args.baseline_commit} tokens/s: {summary([r['old'] for r in pairs])}")
     print(f"today's tokens/s:          {summary([r['new'] for r in pairs])}")
     print(f"today / baseline:          {summary([r['new'] / r['old'] for r in pairs])}x tokens/s")
@@ -109,8 +112,16 @@ def plain_run(model, prompts, args, pad_id, eos_id):
     torch.manual_seed(0)
     start = time.perf_counter()
     with torch.inference_mode():
-        out = model.generate(input_ids, attention_mask=attention_mask, do_sample=True, temperature=1.0, top_p=1.0,
-                             top_k=0, max_new_tokens=args.max_tokens, pad_token_id=pad_id)
+        out = model.generate(
+            input_ids,
+            attention_mask=attention_mask,
+            do_sample=True,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            max_new_tokens=args.max_tokens,
+            pad_token_id=pad_id,
+        )
     seconds = time.perf_counter() - start
     tokens = 0
     for row in out[:, width:].tolist():
@@ -165,8 +176,19 @@ def main():
     vllm_python = os.environ.get("SOFTMAX_GRPO_VLLM_PYTHON", os.path.join(ROOT, ".venv-vllm", "bin", "python"))
     if not args.skip_vllm and os.path.exists(vllm_python):
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"))
-        cmd = [vllm_python, __file__, "--only-vllm", "--model", path, "--prompts", str(args.prompts),
-               "--samples", str(args.samples), "--max-tokens", str(args.max_tokens)]
+        cmd = [
+            vllm_python,
+            __file__,
+            "--only-vllm",
+            "--model",
+            path,
+            "--prompts",
+            str(args.prompts),
+            "--samples",
+            str(args.samples),
+            "--max-tokens",
+            str(args.max_tokens),
+        ]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode == 0:
             found = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -174,8 +196,10 @@ def main():
         else:
             print(proc.stderr[-3000:], file=sys.stderr)
 
-    print(f"{args.prompts} prompts x {args.samples} samples x <= {args.max_tokens} new tokens, bfloat16, "
-          f"{torch.get_num_threads()} threads, best of {args.repeats} (vLLM: 1)")
+    print(
+        f"{args.prompts} prompts x {args.samples} samples x <= {args.max_tokens} new tokens, bfloat16, "
+        f"{torch.get_num_threads()} threads, best of {args.repeats} (vLLM: 1)"
+    )
     print(f"{'backend':<26}{'seconds':>9}{'tokens':>8}{'tokens/s':>10}")
     for name, (seconds, tokens) in rows.items():
         print(f"{name:<26}{seconds:>9.1f}{tokens:>8}{tokens / seconds:>10.1f}")
@@ -184,8 +208,10 @@ def main():
 
 
 def chat_prompts(tokenizer, count):
-    return [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                          return_dict=False) for q in QUESTIONS[:count]]
+    return [
+        tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, return_dict=False)
+        for q in QUESTIONS[:count]
+    ]
 
 
 if __name__ == "__main__":

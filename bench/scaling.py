@@ -49,32 +49,78 @@ def main():
     print(load_note(), flush=True)
     rows = []
     for prompts, length in points:
-        cmd = [sys.executable, "bench/ours_step.py", "--model", model_path, "--task", opts.task, "--steps",
-               str(opts.steps), "--prompts", str(prompts), "--M", str(opts.M), "--max-tokens", str(length),
-               "--micro-batch", str(opts.micro_batch), "--seed", str(opts.seed)]
+        cmd = [
+            sys.executable,
+            "bench/ours_step.py",
+            "--model",
+            model_path,
+            "--task",
+            opts.task,
+            "--steps",
+            str(opts.steps),
+            "--prompts",
+            str(prompts),
+            "--M",
+            str(opts.M),
+            "--max-tokens",
+            str(length),
+            "--micro-batch",
+            str(opts.micro_batch),
+            "--seed",
+            str(opts.seed),
+        ]
         result = run_side(cmd, opts.timeout)
         result.update(batch=prompts * opts.M, prompts=prompts, max_tokens=length)
         result["summary"] = s = summarise(result, opts.warmup)
         rows.append(result)
-        print(f"{prompts} prompts, <= {length} tokens: {s['step_s']:.2f} s/step, peak RSS {s['peak_rss_gb']:.2f} GB",
-              flush=True)
+        print(
+            f"{prompts} prompts, <= {length} tokens: {s['step_s']:.2f} s/step, peak RSS {s['peak_rss_gb']:.2f} GB",
+            flush=True,
+        )
     os.makedirs(os.path.dirname(opts.out), exist_ok=True)
     with open(opts.out, "w") as f:
         json.dump({"options": vars(opts), "model_path": model_path, "points": rows}, f, indent=1)
 
-    header = ("axis", "prompts", "max tok", "seqs", "resp len", "tok/step", "s/step", "gen s", "train s", "train tok/s",
-              "e2e tok/s", "gen tok/s", "peak RSS GB")
+    header = (
+        "axis",
+        "prompts",
+        "max tok",
+        "seqs",
+        "resp len",
+        "tok/step",
+        "s/step",
+        "gen s",
+        "train s",
+        "train tok/s",
+        "e2e tok/s",
+        "gen tok/s",
+        "peak RSS GB",
+    )
     print(f"\nours, M = {opts.M}, micro-batch {opts.micro_batch}, steps {opts.warmup + 1}-{opts.steps} of each point")
     print("| " + " | ".join(header) + " |")
     print("|" + " --- |" * len(header))
-    for axis, keep in (("prompts", lambda r: r["max_tokens"] == opts.base_length),
-                       ("length", lambda r: r["prompts"] == opts.base_prompts)):
+    for axis, keep in (
+        ("prompts", lambda r: r["max_tokens"] == opts.base_length),
+        ("length", lambda r: r["prompts"] == opts.base_prompts),
+    ):
         for r in sorted(filter(keep, rows), key=lambda r: (r["prompts"], r["max_tokens"])):
             s, n = r["summary"], len(r["steps"]) - opts.warmup
-            tok_step = sum(x["tokens"] for x in r["steps"][opts.warmup:]) / n
-            cells = (axis, r["prompts"], r["max_tokens"], r["batch"], f"{s['resp_len']:.1f}", f"{tok_step:.0f}",
-                     f"{s['step_s']:.2f}", f"{s['gen_s']:.2f}", f"{s['train_s']:.2f}", f"{s['train_tok_s']:.0f}",
-                     f"{s['e2e_tok_s']:.0f}", f"{s['gen_tok_s']:.1f}", f"{s['peak_rss_gb']:.2f}")
+            tok_step = sum(x["tokens"] for x in r["steps"][opts.warmup :]) / n
+            cells = (
+                axis,
+                r["prompts"],
+                r["max_tokens"],
+                r["batch"],
+                f"{s['resp_len']:.1f}",
+                f"{tok_step:.0f}",
+                f"{s['step_s']:.2f}",
+                f"{s['gen_s']:.2f}",
+                f"{s['train_s']:.2f}",
+                f"{s['train_tok_s']:.0f}",
+                f"{s['e2e_tok_s']:.0f}",
+                f"{s['gen_tok_s']:.1f}",
+                f"{s['peak_rss_gb']:.2f}",
+            )
             print("| " + " | ".join(map(str, cells)) + " |")
     print(f"\nraw results: {opts.out}")
 

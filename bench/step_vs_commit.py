@@ -26,7 +26,7 @@ def one_run(tree: str, extra: list[str]) -> list[dict]:
     if proc.returncode or not results:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise SystemExit(f"step_vs_commit.py: bench/ours_step.py in {tree} failed (exit {proc.returncode}): {tail}")
-    return json.loads(results[-1][len("RESULT "):])["steps"][1:]  # the first step pays one-time set-up
+    return json.loads(results[-1][len("RESULT ") :])["steps"][1:]  # the first step pays one-time set-up
 
 
 def spread(values: list[float]) -> str:
@@ -40,8 +40,9 @@ def main():
     parser.add_argument("extra", nargs="*", help="after --: flags for bench/ours_step.py")
     opts = parser.parse_args()
     base = tempfile.mkdtemp(prefix="step-vs-commit-")
-    subprocess.run(["git", "-C", REPO, "worktree", "add", "--detach", base, opts.commit], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["git", "-C", REPO, "worktree", "add", "--detach", base, opts.commit], check=True, capture_output=True
+    )
     steps = {"this tree": [], opts.commit: []}
     try:
         for i in range(opts.repeats):
@@ -52,8 +53,10 @@ def main():
         subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", base], capture_output=True)
     for phase in PHASES:
         ours, theirs = ([s[phase] for s in steps[side]] for side in steps)
-        print(f"{phase:8s} this tree {spread(ours)}  {opts.commit} {spread(theirs)}  "
-              f"ratio {statistics.median(ours) / statistics.median(theirs):.3f} over {len(ours)} steps each")
+        print(
+            f"{phase:8s} this tree {spread(ours)}  {opts.commit} {spread(theirs)}  "
+            f"ratio {statistics.median(ours) / statistics.median(theirs):.3f} over {len(ours)} steps each"
+        )
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ def measure(backend, dtype, model_path, prompts):
     diffs = []
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
         for i in range(0, len(prompts) - 3, 4):
-            probe = probe_sync(sampler, trainer, prompts[i:i + 4])
+            probe = probe_sync(sampler, trainer, prompts[i : i + 4])
             gaps = (probe.sampler_logp - probe.trainer_logp).abs() * probe.mask  # (B, K)
             diffs.append((probe.diff, gaps.max().item()))
     sampler.close()
@@ -51,13 +51,17 @@ def main():
     path = resolve_model(cli.model)
     tokenizer = make_sampler("hf", path, dtype="float32").tokenizer
     prompts = encode_prompts(tokenizer, get_task("arith").load("test", limit=cli.prompts))
-    print(f"{'backend':8} {'dtype':9} {'checks':>6} {'mean: max':>10} {'median':>9} {'token max':>10}   "
-          f"model {cli.model}")
+    print(
+        f"{'backend':8} {'dtype':9} {'checks':>6} {'mean: max':>10} {'median':>9} {'token max':>10}   model {cli.model}"
+    )
     for backend in cli.backends:
         for dtype in cli.dtypes:
             d = measure(backend, dtype, path, prompts)
-            print(f"{backend:8} {dtype:9} {len(d):6d} {d[:, 0].max():10.2e} {d[:, 0].median():9.2e} "
-                  f"{d[:, 1].max():10.2e}", flush=True)
+            print(
+                f"{backend:8} {dtype:9} {len(d):6d} {d[:, 0].max():10.2e} {d[:, 0].median():9.2e} "
+                f"{d[:, 1].max():10.2e}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -63,8 +63,10 @@ def main():
     if len(rows) < need:
         raise SystemExit(f"trl_grpo.py: {opts.prompts_file} holds {len(rows)} prompts, need {need}")
     task = get_task(opts.task)
-    examples = [Example(prompt=r["prompt"], gold=r["gold"], reference=r["reference"], meta=r["meta"], uid=r["uid"])
-                for r in rows]
+    examples = [
+        Example(prompt=r["prompt"], gold=r["gold"], reference=r["reference"], meta=r["meta"], uid=r["uid"])
+        for r in rows
+    ]
     dataset = Dataset.from_list([{"prompt": r["prompt"], "row": i} for i, r in enumerate(rows)])
 
     timers = {"gen": 0.0, "reward": 0.0}
@@ -99,24 +101,50 @@ def main():
 
         def on_step_end(self, args, state, control, **kwargs):
             step_s = time.perf_counter() - self.t0
-            steps[-1].update(step_s=step_s, gen_s=timers["gen"], reward_s=timers["reward"],
-                             train_s=step_s - timers["gen"] - timers["reward"])
+            steps[-1].update(
+                step_s=step_s,
+                gen_s=timers["gen"],
+                reward_s=timers["reward"],
+                train_s=step_s - timers["gen"] - timers["reward"],
+            )
 
     config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="trl-grpo-"), seed=opts.seed, data_seed=opts.seed,
-        num_generations=opts.M, per_device_train_batch_size=opts.micro_batch,
+        output_dir=tempfile.mkdtemp(prefix="trl-grpo-"),
+        seed=opts.seed,
+        data_seed=opts.seed,
+        num_generations=opts.M,
+        per_device_train_batch_size=opts.micro_batch,
         gradient_accumulation_steps=batch // opts.micro_batch,  # one generation batch = one optimizer step
-        max_completion_length=opts.max_tokens, temperature=1.0, top_p=1.0, top_k=0,
-        beta=opts.beta, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", num_iterations=1,
-        learning_rate=opts.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=opts.weight_decay,
-        max_grad_norm=opts.max_grad_norm, optim="adamw_torch",
-        bf16=opts.dtype == "bfloat16", use_cpu=True, use_vllm=False,
-        max_steps=opts.steps, shuffle_dataset=False, logging_steps=1, save_strategy="no", report_to="none",
-        disable_tqdm=True, dataloader_num_workers=0,
+        max_completion_length=opts.max_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=opts.beta,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        loss_type="dapo",
+        num_iterations=1,
+        learning_rate=opts.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=opts.weight_decay,
+        max_grad_norm=opts.max_grad_norm,
+        optim="adamw_torch",
+        bf16=opts.dtype == "bfloat16",
+        use_cpu=True,
+        use_vllm=False,
+        max_steps=opts.steps,
+        shuffle_dataset=False,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
     )
     timer = StepTimer()
-    trainer = TimedGRPOTrainer(model=opts.model, reward_funcs=arith_reward, args=config, train_dataset=dataset,
-                               callbacks=[timer])
+    trainer = TimedGRPOTrainer(
+        model=opts.model, reward_funcs=arith_reward, args=config, train_dataset=dataset, callbacks=[timer]
+    )
     model = trainer.model
     generate = model.generate
 
@@ -134,10 +162,17 @@ def main():
     if len(steps) != opts.steps or any("step_s" not in s for s in steps) or not all(s["gen_s"] > 0 for s in steps):
         raise SystemExit(f"trl_grpo.py: timing hooks did not fire as expected: {steps}")
     expected_unique = [ids for i, ids in enumerate(expected) if i == 0 or ids != expected[i - 1]]
-    result = {"side": "trl", "trl_version": trl.__version__, "torch_version": torch.__version__,
-              "steps": steps, "setup_s": timer.setup_s, "total_s": total, "prompts_match": seen == expected_unique,
-              "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,
-              "reward_mean": [h["reward"] for h in trainer.state.log_history if "reward" in h]}
+    result = {
+        "side": "trl",
+        "trl_version": trl.__version__,
+        "torch_version": torch.__version__,
+        "steps": steps,
+        "setup_s": timer.setup_s,
+        "total_s": total,
+        "prompts_match": seen == expected_unique,
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,
+        "reward_mean": [h["reward"] for h in trainer.state.log_history if "reward" in h],
+    }
     print("RESULT " + json.dumps(result))
 
 

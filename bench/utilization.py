@@ -109,14 +109,26 @@ def main():
     n_params = sum(p.numel() for p in model.parameters())
     n_head = model.get_output_embeddings().weight.numel()
     n_body = n_params - model.get_input_embeddings().weight.numel() - (0 if cfg.tie_word_embeddings else n_head)
-    layers, width = cfg.num_hidden_layers, cfg.num_attention_heads * getattr(cfg, "head_dim", cfg.hidden_size //
-                                                                               cfg.num_attention_heads)
-    print(f"model {model_path}: {n_params / 1e6:.1f}M parameters, N_body {n_body / 1e6:.1f}M, "
-          f"N_head {n_head / 1e6:.1f}M, {layers} layers, attention width {width}")
+    layers, width = (
+        cfg.num_hidden_layers,
+        cfg.num_attention_heads * getattr(cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads),
+    )
+    print(
+        f"model {model_path}: {n_params / 1e6:.1f}M parameters, N_body {n_body / 1e6:.1f}M, "
+        f"N_head {n_head / 1e6:.1f}M, {layers} layers, attention width {width}"
+    )
 
     if "train" not in skip:
-        args = train.Args(M=opts.M, rollout_batch=opts.prompts, micro_batch=opts.micro_batch, minibatches=1,
-                          ppo_epochs=1, max_tokens=opts.max_tokens, warmup_steps=0, dtype="bfloat16")
+        args = train.Args(
+            M=opts.M,
+            rollout_batch=opts.prompts,
+            micro_batch=opts.micro_batch,
+            minibatches=1,
+            ppo_epochs=1,
+            max_tokens=opts.max_tokens,
+            warmup_steps=0,
+            dtype="bfloat16",
+        )
         ref_model = train.load_reference(model_path, args, torch.device("cpu"))
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         special = set(tokenizer.all_special_ids)
@@ -138,34 +150,43 @@ def main():
                 ids, attn, mask = pad_batch(prompts[a:b], completions[a:b], pad_id)  # (B, P+K) x2, (B, K)
                 with torch.autocast("cpu", dtype=torch.bfloat16):
                     logp = sequence_logprobs(model, ids, attn, mask.shape[1])  # (B, K)
-                loss, _ = policy_loss(logp, logp.detach(), adv[a:b], mask,
-                                      denominator=len(prompts) * opts.max_tokens)  # whole-batch denominator
+                loss, _ = policy_loss(
+                    logp, logp.detach(), adv[a:b], mask, denominator=len(prompts) * opts.max_tokens
+                )  # whole-batch denominator
                 loss.backward()
             model.zero_grad(set_to_none=True)
 
         def reference_forward():  # as ppo_update runs it: no grad, bf16 autocast, per micro-batch
             with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
                 for a in range(0, len(prompts), opts.micro_batch):
-                    ids, attn, mask = pad_batch(prompts[a:a + opts.micro_batch], completions[a:a + opts.micro_batch],
-                                                pad_id)
+                    ids, attn, mask = pad_batch(
+                        prompts[a : a + opts.micro_batch], completions[a : a + opts.micro_batch], pad_id
+                    )
                     sequence_logprobs(ref_model, ids, attn, mask.shape[1])
 
         def ppo_update():
-            train.ppo_update(model, ref_model, optimizer, scheduler, prompts, completions, sampler_logps, adv,
-                             args, pad_id)
+            train.ppo_update(
+                model, ref_model, optimizer, scheduler, prompts, completions, sampler_logps, adv, args, pad_id
+            )
 
-        print(f"\ntraining batch: {len(prompts)} sequences, {tokens} tokens "
-              f"(prompts {min(map(len, prompts))}-{max(map(len, prompts))} + {opts.max_tokens} completion), "
-              f"micro-batch {opts.micro_batch}, bfloat16 autocast")
-        for name, fn, flops in (("reference forward (no grad)", reference_forward, fwd),
-                                ("loss forward+backward", loss_fwd_bwd, 3 * fwd),
-                                ("ppo_update (ref fwd + fwd/bwd + AdamW)", ppo_update, 4 * fwd)):
+        print(
+            f"\ntraining batch: {len(prompts)} sequences, {tokens} tokens "
+            f"(prompts {min(map(len, prompts))}-{max(map(len, prompts))} + {opts.max_tokens} completion), "
+            f"micro-batch {opts.micro_batch}, bfloat16 autocast"
+        )
+        for name, fn, flops in (
+            ("reference forward (no grad)", reference_forward, fwd),
+            ("loss forward+backward", loss_fwd_bwd, 3 * fwd),
+            ("ppo_update (ref fwd + fwd/bwd + AdamW)", ppo_update, 4 * fwd),
+        ):
             times = timed(fn, opts.iters)
             sec = statistics.median(times)
             achieved = flops / sec
-            print(f"{name:<40}: {sec:6.2f} s [{min(times):.2f}-{max(times):.2f}], {tokens / sec:7.0f} tok/s, "
-                  f"{achieved / 1e9:6.0f} GFLOP/s = {achieved / peak['bfloat16']:5.1%} of bf16 matmul "
-                  f"({achieved / peak['float32']:.2f}x fp32 matmul)")
+            print(
+                f"{name:<40}: {sec:6.2f} s [{min(times):.2f}-{max(times):.2f}], {tokens / sec:7.0f} tok/s, "
+                f"{achieved / 1e9:6.0f} GFLOP/s = {achieved / peak['bfloat16']:5.1%} of bf16 matmul "
+                f"({achieved / peak['float32']:.2f}x fp32 matmul)"
+            )
         del ref_model, optimizer
 
     if "sampler" not in skip:
@@ -174,8 +195,9 @@ def main():
         calls = iter(range(1000))
 
         def sample():
-            groups = sampler.generate(prompt_ids, n=opts.M, max_tokens=opts.max_tokens, temperature=1.0,
-                                      seed=next(calls))
+            groups = sampler.generate(
+                prompt_ids, n=opts.M, max_tokens=opts.max_tokens, temperature=1.0, seed=next(calls)
+            )
             sample.lengths = [len(c.token_ids) for g in groups for c in g]
 
         times = timed(sample, opts.iters)
@@ -187,13 +209,19 @@ def main():
         # sequences per step that caps tokens/s at rows * bandwidth / weight bytes.
         byte_bound = rows * bandwidth / (2 * (n_body + n_head))
         tok_s = useful / sec
-        print(f"\nsampler (hf, bfloat16): {rows} sequences x <= {opts.max_tokens} new tokens, {sec:.2f} s per call "
-              f"[{min(times):.2f}-{max(times):.2f}], {useful} tokens, {tok_s:.0f} tok/s, "
-              f"{max(sample.lengths) / sec:.1f} decode steps/s")
-        print(f"sampler FLOP bound (2 x {(n_body + n_head) / 1e6:.1f}M FLOP per token at the bf16 matmul peak): "
-              f"{flop_bound:.0f} tok/s; achieved {tok_s / flop_bound:.1%}")
-        print(f"sampler weight-read bound ({rows} rows per step, {2 * (n_body + n_head) / 1e6:.0f} MB of weights per "
-              f"step at {bandwidth / 1e9:.1f} GB/s): {byte_bound:.0f} tok/s; achieved {tok_s / byte_bound:.1%}")
+        print(
+            f"\nsampler (hf, bfloat16): {rows} sequences x <= {opts.max_tokens} new tokens, {sec:.2f} s per call "
+            f"[{min(times):.2f}-{max(times):.2f}], {useful} tokens, {tok_s:.0f} tok/s, "
+            f"{max(sample.lengths) / sec:.1f} decode steps/s"
+        )
+        print(
+            f"sampler FLOP bound (2 x {(n_body + n_head) / 1e6:.1f}M FLOP per token at the bf16 matmul peak): "
+            f"{flop_bound:.0f} tok/s; achieved {tok_s / flop_bound:.1%}"
+        )
+        print(
+            f"sampler weight-read bound ({rows} rows per step, {2 * (n_body + n_head) / 1e6:.0f} MB of weights per "
+            f"step at {bandwidth / 1e9:.1f} GB/s): {byte_bound:.0f} tok/s; achieved {tok_s / byte_bound:.1%}"
+        )
         sampler.close()
 
 

@@ -54,14 +54,23 @@ def trl_python(venv: str) -> str:
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", venv], check=True)
     pip = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     subprocess.run([*pip, "--no-deps", TRL_PIN], check=True)  # --no-deps: never replace torch/transformers
-    missing = subprocess.run([python, "-c", (
-        "import importlib.metadata as md, re\n"
-        "for req in md.requires('trl') or []:\n"
-        "    if 'extra ==' in req: continue\n"
-        "    name = re.match(r'[A-Za-z0-9_.-]+', req).group(0)\n"
-        "    try: md.version(name)\n"
-        "    except md.PackageNotFoundError: print(req.split(';')[0].strip())\n")],
-        capture_output=True, text=True, check=True).stdout.splitlines()
+    missing = subprocess.run(
+        [
+            python,
+            "-c",
+            (
+                "import importlib.metadata as md, re\n"
+                "for req in md.requires('trl') or []:\n"
+                "    if 'extra ==' in req: continue\n"
+                "    name = re.match(r'[A-Za-z0-9_.-]+', req).group(0)\n"
+                "    try: md.version(name)\n"
+                "    except md.PackageNotFoundError: print(req.split(';')[0].strip())\n"
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     if missing:  # pinned to what we already have, so pip cannot swap them while resolving the rest
         pins = [f"{name}=={version(name)}" for name in ("torch", "transformers")]
         subprocess.run([*pip, *missing, *pins], check=True)
@@ -92,8 +101,19 @@ def write_prompts(path: str, task_name: str, model_path: str, n_prompts: int, se
     ids = encode_prompts(AutoTokenizer.from_pretrained(model_path), picked)
     with open(path, "w") as f:
         for ex, prompt_ids in zip(picked, ids):
-            f.write(json.dumps({"prompt": ex.prompt, "prompt_ids": prompt_ids, "gold": ex.gold,
-                                "reference": ex.reference, "meta": ex.meta, "uid": ex.uid}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "prompt": ex.prompt,
+                        "prompt_ids": prompt_ids,
+                        "gold": ex.gold,
+                        "reference": ex.reference,
+                        "meta": ex.meta,
+                        "uid": ex.uid,
+                    }
+                )
+                + "\n"
+            )
 
 
 def run_side(cmd: list[str], timeout: float) -> dict:
@@ -103,7 +123,7 @@ def run_side(cmd: list[str], timeout: float) -> dict:
     if proc.returncode or not lines:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-5000:])
         raise SystemExit(f"vs_trl.py: {' '.join(cmd[:2])} failed (exit {proc.returncode})")
-    result = json.loads(lines[-1][len("RESULT "):])
+    result = json.loads(lines[-1][len("RESULT ") :])
     result["wall_s"] = time.perf_counter() - t0
     return result
 
@@ -112,12 +132,20 @@ def summarise(result: dict, warmup: int) -> dict:
     """Per-run figures over the steps after the warm-up."""
     steps = result["steps"][warmup:]
     n = len(steps)
-    total = {k: sum(s[k] for s in steps) for k in ("step_s", "gen_s", "reward_s", "train_s", "tokens",
-                                                  "completion_tokens")}
-    return {"step_s": total["step_s"] / n, "gen_s": total["gen_s"] / n, "reward_s": total["reward_s"] / n,
-            "train_s": total["train_s"] / n, "train_tok_s": total["tokens"] / total["train_s"],
-            "e2e_tok_s": total["tokens"] / total["step_s"], "gen_tok_s": total["completion_tokens"] / total["gen_s"],
-            "peak_rss_gb": result["peak_rss_gb"], "resp_len": total["completion_tokens"] / n / result["batch"]}
+    total = {
+        k: sum(s[k] for s in steps) for k in ("step_s", "gen_s", "reward_s", "train_s", "tokens", "completion_tokens")
+    }
+    return {
+        "step_s": total["step_s"] / n,
+        "gen_s": total["gen_s"] / n,
+        "reward_s": total["reward_s"] / n,
+        "train_s": total["train_s"] / n,
+        "train_tok_s": total["tokens"] / total["train_s"],
+        "e2e_tok_s": total["tokens"] / total["step_s"],
+        "gen_tok_s": total["completion_tokens"] / total["gen_s"],
+        "peak_rss_gb": result["peak_rss_gb"],
+        "resp_len": total["completion_tokens"] / n / result["batch"],
+    }
 
 
 def spread(values: list[float], fmt: str) -> str:
@@ -138,8 +166,12 @@ def main():
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--compile", action="store_true", help="our side runs train.py --compile (TRL's "
-                        "runs as it does by default, uncompiled); the warm-up step pays the compiling")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="our side runs train.py --compile (TRL's "
+        "runs as it does by default, uncompiled); the warm-up step pays the compiling",
+    )
     parser.add_argument("--sides", default="ours,trl", help="comma list of ours, trl")
     parser.add_argument("--venv", default=os.path.join(REPO, ".venv-trl"))
     parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed per run")
@@ -155,17 +187,52 @@ def main():
     os.makedirs(os.path.dirname(opts.out), exist_ok=True)
     prompts_file = os.path.splitext(opts.out)[0] + "-prompts.jsonl"
     write_prompts(prompts_file, opts.task, model_path, opts.steps * opts.prompts, opts.seed)
-    common = ["--task", opts.task, "--steps", str(opts.steps), "--prompts", str(opts.prompts), "--M", str(opts.M),
-              "--max-tokens", str(opts.max_tokens), "--micro-batch", str(opts.micro_batch), "--lr", str(opts.lr),
-              "--seed", str(opts.seed)]
-    commands = {"ours": [sys.executable, "bench/ours_step.py", "--model", model_path, "--expect-prompts",
-                         prompts_file, *common, *(["--compile"] if opts.compile else [])]}
+    common = [
+        "--task",
+        opts.task,
+        "--steps",
+        str(opts.steps),
+        "--prompts",
+        str(opts.prompts),
+        "--M",
+        str(opts.M),
+        "--max-tokens",
+        str(opts.max_tokens),
+        "--micro-batch",
+        str(opts.micro_batch),
+        "--lr",
+        str(opts.lr),
+        "--seed",
+        str(opts.seed),
+    ]
+    commands = {
+        "ours": [
+            sys.executable,
+            "bench/ours_step.py",
+            "--model",
+            model_path,
+            "--expect-prompts",
+            prompts_file,
+            *common,
+            *(["--compile"] if opts.compile else []),
+        ]
+    }
     if "trl" in sides:
-        commands["trl"] = [trl_python(opts.venv), "bench/trl_grpo.py", "--model", model_path, "--prompts-file",
-                           prompts_file, *common]
-    print(f"model {model_path}, task {opts.task}: {opts.prompts} prompts x M={opts.M} per step, <= {opts.max_tokens} "
-          f"new tokens, {opts.steps} steps per run ({opts.warmup} warm-up left out), {opts.repeats} repeats, "
-          f"{os.cpu_count()} CPUs; {load_note()}", flush=True)
+        commands["trl"] = [
+            trl_python(opts.venv),
+            "bench/trl_grpo.py",
+            "--model",
+            model_path,
+            "--prompts-file",
+            prompts_file,
+            *common,
+        ]
+    print(
+        f"model {model_path}, task {opts.task}: {opts.prompts} prompts x M={opts.M} per step, <= {opts.max_tokens} "
+        f"new tokens, {opts.steps} steps per run ({opts.warmup} warm-up left out), {opts.repeats} repeats, "
+        f"{os.cpu_count()} CPUs; {load_note()}",
+        flush=True,
+    )
 
     runs = []
     for repeat in range(opts.repeats):
@@ -178,27 +245,45 @@ def main():
             result["summary"] = summarise(result, opts.warmup)
             runs.append(result)
             s = result["summary"]
-            print(f"repeat {repeat} {side:<4}: {s['step_s']:.2f} s/step (gen {s['gen_s']:.2f}, train "
-                  f"{s['train_s']:.2f}), train {s['train_tok_s']:.0f} tok/s, peak RSS {s['peak_rss_gb']:.2f} GB, "
-                  f"resp len {s['resp_len']:.1f}, run {result['wall_s']:.0f} s", flush=True)
+            print(
+                f"repeat {repeat} {side:<4}: {s['step_s']:.2f} s/step (gen {s['gen_s']:.2f}, train "
+                f"{s['train_s']:.2f}), train {s['train_tok_s']:.0f} tok/s, peak RSS {s['peak_rss_gb']:.2f} GB, "
+                f"resp len {s['resp_len']:.1f}, run {result['wall_s']:.0f} s",
+                flush=True,
+            )
     with open(opts.out, "w") as f:
         json.dump({"options": vars(opts), "model_path": model_path, "runs": runs}, f, indent=1)
 
-    keys = [("step_s", "s/step", ".2f"), ("gen_s", "gen s", ".2f"), ("reward_s", "reward s", ".3f"),
-            ("train_s", "train s", ".2f"), ("train_tok_s", "train tok/s", ".0f"), ("e2e_tok_s", "e2e tok/s", ".0f"),
-            ("gen_tok_s", "gen tok/s", ".1f"), ("peak_rss_gb", "peak RSS GB", ".2f"), ("resp_len", "resp len", ".1f")]
+    keys = [
+        ("step_s", "s/step", ".2f"),
+        ("gen_s", "gen s", ".2f"),
+        ("reward_s", "reward s", ".3f"),
+        ("train_s", "train s", ".2f"),
+        ("train_tok_s", "train tok/s", ".0f"),
+        ("e2e_tok_s", "e2e tok/s", ".0f"),
+        ("gen_tok_s", "gen tok/s", ".1f"),
+        ("peak_rss_gb", "peak RSS GB", ".2f"),
+        ("resp_len", "resp len", ".1f"),
+    ]
     print(f"\nmedian [min-max] over {opts.repeats} repeat(s), steps {opts.warmup + 1}-{opts.steps} of each run")
     print(f"{'':<14}" + "".join(f"{side:>24}" for side in sides))
     for key, label, fmt in keys:
-        print(f"{label:<14}" + "".join(f"{spread([r['summary'][key] for r in runs if r['side'] == side], fmt):>24}"
-                                      for side in sides))
+        print(
+            f"{label:<14}"
+            + "".join(f"{spread([r['summary'][key] for r in runs if r['side'] == side], fmt):>24}" for side in sides)
+        )
     if set(sides) == {"ours", "trl"}:
         print("\nratio ours / TRL (per repeat, then median [min-max])")
         for key, label, _ in keys:
             if key in ("reward_s", "resp_len"):  # not a speed: scoring is microseconds, lengths are sampled
                 continue
-            ratios = [a["summary"][key] / b["summary"][key] for a in runs if a["side"] == "ours"
-                      for b in runs if b["side"] == "trl" and b["repeat"] == a["repeat"] and b["summary"][key] > 0]
+            ratios = [
+                a["summary"][key] / b["summary"][key]
+                for a in runs
+                if a["side"] == "ours"
+                for b in runs
+                if b["side"] == "trl" and b["repeat"] == a["repeat"] and b["summary"][key] > 0
+            ]
             target = TARGETS.get(key)
             verdict = ""
             if target:

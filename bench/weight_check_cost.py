@@ -33,8 +33,9 @@ def main():
     from tools.tiny_model import build_tiny_model
 
     path = build_tiny_model(tempfile.mkdtemp()) if cli.model == "tiny" else resolve_model(cli.model)
-    sampler = make_sampler(cli.backend, path, dtype=cli.dtype, seed=0,
-                           **(dict(max_model_len=256) if cli.backend == "vllm" else {}))
+    sampler = make_sampler(
+        cli.backend, path, dtype=cli.dtype, seed=0, **(dict(max_model_len=256) if cli.backend == "vllm" else {})
+    )
     trainer = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     syncs, checks = [], []
     for _ in range(cli.repeats):
@@ -45,8 +46,10 @@ def main():
         sums = weight_checksums(sampler, trainer)
         checks.append(time.perf_counter() - start)
         assert check_weights(sums, 1, torch.device("cpu")) == {"sync/weight_diff": 0.0}
-    print(f"{cli.backend} {cli.model} {cli.dtype}: weight check best {min(checks):.3f} s, all "
-          f"{[round(t, 3) for t in checks]}; one sync best {min(syncs):.3f} s, all {[round(t, 3) for t in syncs]}")
+    print(
+        f"{cli.backend} {cli.model} {cli.dtype}: weight check best {min(checks):.3f} s, all "
+        f"{[round(t, 3) for t in checks]}; one sync best {min(syncs):.3f} s, all {[round(t, 3) for t in syncs]}"
+    )
     sampler.close()
 
 

@@ -1,5 +1,5 @@
 """train.py checkpoints (HF folder, DCP shards, trainer_state.pt): save, find, check, restore, prune; the run folder.
-    python -m pytest tests/test_checkpoint.py
+python -m pytest tests/test_checkpoint.py
 """
 
 import contextlib
@@ -29,11 +29,27 @@ from plumbing.run_log import read_evals, read_log
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # DCP in one process, as we ask of it
 
 
-DCP_METADATA_GLOBALS = {"torch.Size", "torch.serialization._get_layout", "pathlib.PosixPath", "builtins.set",
-                        "collections.OrderedDict", "torch.distributed.checkpoint.filesystem._StorageInfo",
-                        *(f"torch.distributed.checkpoint.metadata.{name}" for name in (
-                            "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "TensorProperties",
-                            "ChunkStorageMetadata", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING"))}
+DCP_METADATA_GLOBALS = {
+    "torch.Size",
+    "torch.serialization._get_layout",
+    "pathlib.PosixPath",
+    "builtins.set",
+    "collections.OrderedDict",
+    "torch.distributed.checkpoint.filesystem._StorageInfo",
+    *(
+        f"torch.distributed.checkpoint.metadata.{name}"
+        for name in (
+            "Metadata",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "TensorProperties",
+            "ChunkStorageMetadata",
+            "MetadataIndex",
+            "StorageMeta",
+            "_MEM_FORMAT_ENCODING",
+        )
+    ),
+}
 
 
 class _MetadataUnpickler(pickle.Unpickler):  # DCP's own reader unpickles anything
@@ -53,8 +69,10 @@ def safe_load(ckpt: str, name: str):
         return torch.load(os.path.join(ckpt, name), weights_only=True)
     except pickle.UnpicklingError as err:
         if needs := re.search(r"Unsupported global: GLOBAL (\S+)", str(err)):
-            raise CheckpointError(f"checkpoint {ckpt}: {name} needs {needs.group(1)} to load, and loading anything "
-                                  "but tensors, numbers, strings, lists and dicts could run code; refused") from None
+            raise CheckpointError(
+                f"checkpoint {ckpt}: {name} needs {needs.group(1)} to load, and loading anything "
+                "but tensors, numbers, strings, lists and dicts could run code; refused"
+            ) from None
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: cannot read {name}") from None
     except Exception as err:
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: cannot read {name} ({type(err).__name__})") from None
@@ -74,8 +92,12 @@ def read_trainer_state(ckpt: str) -> dict:
 def rng_state() -> dict:
     """Plain types, so weights_only loads them."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    return {"python": random.getstate(), "numpy": [kind, keys.tolist(), pos, has_gauss, gauss],
-            "torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
+    return {
+        "python": random.getstate(),
+        "numpy": [kind, keys.tolist(), pos, has_gauss, gauss],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+    }
 
 
 def set_rng_state(rng: dict):
@@ -98,8 +120,17 @@ def kept_rng_state():
 
 def complete_checkpoints(run: str) -> list[str]:
     """Oldest first."""
-    done = [d for d in os.listdir(run) if d.startswith("checkpoint-") and d[11:].isdigit()
-            and os.path.isfile(os.path.join(run, d, "trainer_state.pt"))] if os.path.isdir(run) else []
+    done = (
+        [
+            d
+            for d in os.listdir(run)
+            if d.startswith("checkpoint-")
+            and d[11:].isdigit()
+            and os.path.isfile(os.path.join(run, d, "trainer_state.pt"))
+        ]
+        if os.path.isdir(run)
+        else []
+    )
     return sorted(done, key=lambda d: int(d[11:]))
 
 
@@ -125,13 +156,19 @@ def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...]) -> 
         state = read_trainer_state(ckpt)
     except CheckpointError as err:
         older = complete_checkpoints(run)[:-1] if ckpt != resume else []
-        return str(err) + (f"; to go on from the one before, fork it into a new folder: --resume "
-                           f"{os.path.join(os.path.dirname(ckpt), older[-1])} --out-dir NEW" if older else "")
+        return str(err) + (
+            f"; to go on from the one before, fork it into a new folder: --resume "
+            f"{os.path.join(os.path.dirname(ckpt), older[-1])} --out-dir NEW"
+            if older
+            else ""
+        )
     saved, step = state["args"], int(state.get("step", 0))
     if (saved["task"], saved["model"]) != (given["task"], given["model"]) and not given["resume_changed"]:
-        return (f"checkpoint {ckpt} is from task {saved['task']} / model {saved['model']}, not task "
-                f"{given['task']} / model {given['model']}; pass the same --task and --model to resume, or "
-                "--resume-changed to change them (e.g. the model folder moved)")
+        return (
+            f"checkpoint {ckpt} is from task {saved['task']} / model {saved['model']}, not task "
+            f"{given['task']} / model {given['model']}; pass the same --task and --model to resume, or "
+            "--resume-changed to change them (e.g. the model folder moved)"
+        )
     try:  # the run's own files, read back before any model loads
         evaluated = given["eval_examples"] == 0 or "after" in read_evals(run)
         for name in ("metrics.jsonl", "completions.jsonl"):
@@ -139,17 +176,23 @@ def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...]) -> 
     except CheckpointError as err:
         return str(err)
     if given["steps"] < step or given["steps"] == step and evaluated:
-        return (f"--steps {given['steps']}: checkpoint {ckpt} is already at step {step}, so there is nothing to "
-                f"train; pass --steps above {step} to continue it")
+        return (
+            f"--steps {given['steps']}: checkpoint {ckpt} is already at step {step}, so there is nothing to "
+            f"train; pass --steps above {step} to continue it"
+        )
     newer = [d for d in complete_checkpoints(run) if int(d[11:]) > step]
     if newer and os.path.realpath(out) == os.path.realpath(run):
-        return (f"--resume {ckpt}: {run} holds newer checkpoints ({', '.join(newer)}), which resuming an older one "
-                f"there would overwrite; resume {run} (its newest), or fork into a new run with --out-dir NEW")
+        return (
+            f"--resume {ckpt}: {run} holds newer checkpoints ({', '.join(newer)}), which resuming an older one "
+            f"there would overwrite; resume {run} (its newest), or fork into a new run with --out-dir NEW"
+        )
     for name in () if given["resume_changed"] else keeps:
         if name in saved and saved[name] != given[name]:
             flag = "--" + name.replace("_", "-")
-            return (f"checkpoint {ckpt} was trained with {flag} {saved[name]}, not {given[name]}; "
-                    f"pass {flag} {saved[name]} to resume it, --resume-changed to change it, or start a new run")
+            return (
+                f"checkpoint {ckpt} was trained with {flag} {saved[name]}, not {given[name]}; "
+                f"pass {flag} {saved[name]} to resume it, --resume-changed to change it, or start a new run"
+            )
     return None
 
 
@@ -157,8 +200,11 @@ def changed_flags(ckpt: str, given: dict) -> str:
     """The flags it changes: "--lr 0.001 -> 1e-05, ..."."""
     saved = read_trainer_state(ckpt)["args"]
     own = ("resume", "resume_changed", "out_dir", "steps", "plan", "plan_gpus", "plan_gpu_gb")
-    return ", ".join(f"--{name.replace('_', '-')} {saved[name]} -> {value}" for name, value in given.items()
-                     if name not in own and name in saved and saved[name] != value)
+    return ", ".join(
+        f"--{name.replace('_', '-')} {saved[name]} -> {value}"
+        for name, value in given.items()
+        if name not in own and name in saved and saved[name] != value
+    )
 
 
 def untied(model, state: dict) -> dict:
@@ -222,29 +268,50 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args,
             dist.broadcast_object_list(shared, src=0)
             tmp, reason = shared[0] and os.path.join(out_dir, shared[0]), shared[1]
             if reason is None and not os.path.isdir(tmp):
-                reason = (f"rank {dist.get_rank()} on {os.uname().nodename} does not see rank 0's {tmp}: put "
-                          "--out-dir on a filesystem that every node shares")
+                reason = (
+                    f"rank {dist.get_rank()} on {os.uname().nodename} does not see rank 0's {tmp}: put "
+                    "--out-dir on a filesystem that every node shares"
+                )
             reason = _any_rank_reason(reason)
         state, param_groups = sharded_state(model, optimizer, ref_model)
         if reason is None:
             try:
-                dcp.save(state, storage_writer=dcp.FileSystemWriter(os.path.join(tmp, "trainer")),
-                         no_dist=not dist.is_initialized())
+                dcp.save(
+                    state,
+                    storage_writer=dcp.FileSystemWriter(os.path.join(tmp, "trainer")),
+                    no_dist=not dist.is_initialized(),
+                )
             except (Exception, CheckpointException) as err:  # DCP's is a BaseException
                 reason = _reason(_first_failure(err))
             reason = _any_rank_reason(reason)
         rngs = gather_objects([rng_state()])
         full = dcp_state.StateDictOptions(full_state_dict=True, cpu_offload=True)
         lora = args.lora_rank > 0  # the model folder holds the merged policy under the base model's names
-        model_state = ({name: t.cpu() for name, t in full_weights(model) if master} if lora else
-                       dcp_state.get_model_state_dict(model, options=full)) if reason is None else {}
+        model_state = (
+            (
+                {name: t.cpu() for name, t in full_weights(model) if master}
+                if lora
+                else dcp_state.get_model_state_dict(model, options=full)
+            )
+            if reason is None
+            else {}
+        )
         if master and reason is None:
             try:
                 (model.get_base_model() if lora else model).save_pretrained(tmp, state_dict=untied(model, model_state))
                 tokenizer.save_pretrained(tmp)
-                torch.save({"step": step, "scheduler": scheduler.state_dict(), "param_groups": param_groups,
-                            "rng": rngs, "args": asdict(args), "reference": ref_model is not None,
-                            "rollout": getattr(rollout, "state_dict", dict)()}, os.path.join(tmp, "trainer_state.pt"))
+                torch.save(
+                    {
+                        "step": step,
+                        "scheduler": scheduler.state_dict(),
+                        "param_groups": param_groups,
+                        "rng": rngs,
+                        "args": asdict(args),
+                        "reference": ref_model is not None,
+                        "rollout": getattr(rollout, "state_dict", dict)(),
+                    },
+                    os.path.join(tmp, "trainer_state.pt"),
+                )
                 fsync_tree(tmp)  # durable before the rename marks it complete
                 os.rename(tmp, final)
                 fsync(out_dir)
@@ -255,9 +322,11 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args,
             needed = (_nbytes(state) + _nbytes(state["model"])) / 1e6  # + the HF folder's copy
             free = shutil.disk_usage(out_dir).free / 1e6 if os.path.isdir(out_dir) else 0
             good = find_checkpoint(out_dir)
-            error = (f"saving checkpoint {final} failed ({reason}): it needs about {needed:,.1f} MB and {free:,.1f} MB "
-                     "are free; its partial folder is removed, and " + (
-                         f"the last good checkpoint, {good}, is intact" if good else "no earlier checkpoint exists"))
+            error = (
+                f"saving checkpoint {final} failed ({reason}): it needs about {needed:,.1f} MB and {free:,.1f} MB "
+                "are free; its partial folder is removed, and "
+                + (f"the last good checkpoint, {good}, is intact" if good else "no earlier checkpoint exists")
+            )
         error = _any_rank_reason(error)
     except BaseException:
         if master:
@@ -282,8 +351,10 @@ def _undo_save(out_dir: str, step: str = "[0-9]*") -> list[str]:
 def remove_orphans(out_dir: str, master: bool = True) -> list[str]:
     names = _undo_save(out_dir) if master else []
     if names:
-        print(f"note: removed {len(names)} unfinished checkpoint save(s) or deletion(s) a killed run left in "
-              f"{out_dir}: {', '.join(names)}")
+        print(
+            f"note: removed {len(names)} unfinished checkpoint save(s) or deletion(s) a killed run left in "
+            f"{out_dir}: {', '.join(names)}"
+        )
     return names
 
 
@@ -302,14 +373,23 @@ def load_checkpoint(ckpt, model, optimizer, scheduler, rank, lr=None, weight_dec
     own = [{k: group[k] for k in ("fused", "foreach", "capturable") if k in group} for group in optimizer.param_groups]
     shards, _ = sharded_state(model, optimizer, ref_model if state.get("reference") else None)
     try:
-        dcp.load(shards, storage_reader=dcp.FileSystemReader(os.path.join(ckpt, "trainer")),
-                 no_dist=not dist.is_initialized())
+        dcp.load(
+            shards,
+            storage_reader=dcp.FileSystemReader(os.path.join(ckpt, "trainer")),
+            no_dist=not dist.is_initialized(),
+        )
     except (Exception, CheckpointException) as err:
         inner = _first_failure(err)
-        raise CheckpointError(f"checkpoint {ckpt} is corrupt: cannot read trainer/ ({type(inner).__name__}: "
-                              f"{first_line(inner, limit=120)})") from None
-    dcp_state.set_state_dict(model, optimizer, model_state_dict=retied(model, shards["model"]),
-                             optim_state_dict={"state": shards["optimizer"], "param_groups": state["param_groups"]})
+        raise CheckpointError(
+            f"checkpoint {ckpt} is corrupt: cannot read trainer/ ({type(inner).__name__}: "
+            f"{first_line(inner, limit=120)})"
+        ) from None
+    dcp_state.set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=retied(model, shards["model"]),
+        optim_state_dict={"state": shards["optimizer"], "param_groups": state["param_groups"]},
+    )
     if "reference" in shards:
         dcp_state.set_model_state_dict(ref_model, retied(ref_model, shards["reference"]))
     scheduler.load_state_dict(state["scheduler"])
@@ -349,8 +429,10 @@ def lock_run_folder(out: str, hold: bool = True):
         except BlockingIOError:
             handle.seek(0)
             holder = handle.read().strip() or "another process"
-            raise CheckpointError(f"--out-dir {out} is in use by a running train.py ({holder}); wait for it to end, or "
-                                  "pick another --out-dir") from None
+            raise CheckpointError(
+                f"--out-dir {out} is in use by a running train.py ({holder}); wait for it to end, or "
+                "pick another --out-dir"
+            ) from None
         except OSError as err:  # NFS nolock, Lustre
             print(f"note: {out} cannot be locked ({err.strerror}); nothing stops a second run there")
             hold = False
@@ -375,6 +457,8 @@ def run_folder_error(out: str, resume_ckpt: str | None) -> str | None:
     if taken and resume_ckpt is None:
         return f"{out} already holds a run: continue it with --resume {out}, or pick another --out-dir"
     if taken and os.path.realpath(out) != os.path.realpath(os.path.dirname(os.path.abspath(resume_ckpt))):
-        return (f"--out-dir {out} already holds another run: resuming {resume_ckpt} there would overwrite it; pick a "
-                "new --out-dir to fork into")
+        return (
+            f"--out-dir {out} already holds another run: resuming {resume_ckpt} there would overwrite it; pick a "
+            "new --out-dir to fork into"
+        )
     return None

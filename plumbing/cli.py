@@ -51,6 +51,8 @@ def parse_weights(text: str, flag: str, valid, pair: str, limit: float = math.in
         try:
             weights[name] = number(value, limit)
         except ValueError:
-            raise ValueError(f"{flag}: the weight of {name} must be a finite number, not {value!r}"
-                             + (f" (at most {limit:.2g})" if limit < math.inf else "")) from None
+            raise ValueError(
+                f"{flag}: the weight of {name} must be a finite number, not {value!r}"
+                + (f" (at most {limit:.2g})" if limit < math.inf else "")
+            ) from None
     return weights

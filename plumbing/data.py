@@ -1,6 +1,6 @@
 """Checked rows of a data file (.jsonl, .json, .parquet) or hub dataset, and the training order.
 
-    python -m pytest tests/test_tasks.py tests/test_bad_input.py -q
+python -m pytest tests/test_tasks.py tests/test_bad_input.py -q
 """
 
 import json
@@ -86,8 +86,10 @@ def read_rows(path: str | None, flag: str, hub: tuple | None, columns: dict, who
     elif not hub:
         raise DataError(f"{who} has no hub dataset: {advice}")
     elif not hub_reachable():
-        raise DataError(f"cannot reach the Hugging Face Hub to load {hub[0]}: {advice}, "
-                        "or set HF_HUB_OFFLINE=1 to use a cached copy")
+        raise DataError(
+            f"cannot reach the Hugging Face Hub to load {hub[0]}: {advice}, "
+            "or set HF_HUB_OFFLINE=1 to use a cached copy"
+        )
     else:
         rows, lines, source = _dataset(f"cannot load {hub[0]}: {advice}", hub[0], hub[1], split=hub[2]), None, hub[0]
     check_rows(rows, lines, columns, source, who, hint)
@@ -107,17 +109,24 @@ def _read_json(path: str, source: str) -> tuple:
         else:
             for number, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
                 if len(raw) > MAX_LINE_BYTES:
-                    raise DataError(f"{source}: line {number} is over {MAX_LINE_BYTES / 1e6:.0f} MB, more than a row "
-                                    "may hold (plumbing/data.py: MAX_LINE_BYTES)")
+                    raise DataError(
+                        f"{source}: line {number} is over {MAX_LINE_BYTES / 1e6:.0f} MB, more than a row "
+                        "may hold (plumbing/data.py: MAX_LINE_BYTES)"
+                    )
                 if raw.strip():  # as datasets does
                     lines.append(number)
                     rows.append(_parse(raw))
     first = rows[0] if len(rows) == 1 and isinstance(rows[0], dict) and not array else {}
     if first and all(isinstance(value, (dict, list)) for value in first.values()):
-        raise DataError(f"{source}: the file is one JSON object of columns (pandas' to_json() layout), not rows: "
-                        "write a list of row objects (orient='records') or JSON Lines (orient='records', lines=True)")
-    if bad := [(where(lines, i), str(row) if isinstance(row, ValueError) else "is not a JSON object")
-               for i, row in enumerate(rows) if not isinstance(row, dict)]:
+        raise DataError(
+            f"{source}: the file is one JSON object of columns (pandas' to_json() layout), not rows: "
+            "write a list of row objects (orient='records') or JSON Lines (orient='records', lines=True)"
+        )
+    if bad := [
+        (where(lines, i), str(row) if isinstance(row, ValueError) else "is not a JSON object")
+        for i, row in enumerate(rows)
+        if not isinstance(row, dict)
+    ]:
         layout = " (a .json file holds a list of row objects, or one object per line)" if path.endswith(".json") else ""
         raise DataError(f"{source}: {bad[0][0]} {bad[0][1]}; {len(bad)} of {len(rows)} rows are bad{layout}")
     return Rows(rows), lines
@@ -152,8 +161,9 @@ def is_a(value, kind) -> bool:
         return isinstance(value, list) and all(is_a(each, typing.get_args(kind)[0]) for each in value)
     if typing.get_args(kind):  # A | B
         return any(is_a(value, each) for each in typing.get_args(kind))
-    return not isinstance(value, bool) and (isinstance(value, kind) or kind is int and isinstance(value, float)
-                                            and value.is_integer())
+    return not isinstance(value, bool) and (
+        isinstance(value, kind) or kind is int and isinstance(value, float) and value.is_integer()
+    )
 
 
 def check_rows(rows, lines, columns: dict, source: str, who: str, hint: str = "") -> None:
@@ -161,8 +171,10 @@ def check_rows(rows, lines, columns: dict, source: str, who: str, hint: str = ""
     type}; a type that admits None is optional), or one of over MAX_ROW_CHARS."""
     required = [name for name, kind in columns.items() if not is_a(None, kind)]
     if missing := [column for column in required if column not in rows.column_names]:
-        raise DataError(f"{source} lacks column(s) {', '.join(missing)} needed by {who} "
-                        f"(it has: {', '.join(rows.column_names)}){hint}")
+        raise DataError(
+            f"{source} lacks column(s) {', '.join(missing)} needed by {who} "
+            f"(it has: {', '.join(rows.column_names)}){hint}"
+        )
     present = [column for column in columns if column in rows.column_names]
     bad = []
     for i, values in enumerate(zip(*(rows[column] for column in present))):
@@ -172,14 +184,25 @@ def check_rows(rows, lines, columns: dict, source: str, who: str, hint: str = ""
         elif wrong := [name for name, value in row.items() if not _empty(value) and not is_a(value, columns[name])]:
             kind, shown = columns[wrong[0]], json.dumps(row[wrong[0]], default=repr)
             kind = kind.__name__ if isinstance(kind, type) else kind  # str, not <class 'str'>
-            bad.append((where(lines, i), f"has a {wrong[0]!r} that is not {kind}: {shown[:80]}"
-                                         f"{'...' if len(shown) > 80 else ''}"))
+            bad.append(
+                (
+                    where(lines, i),
+                    f"has a {wrong[0]!r} that is not {kind}: {shown[:80]}{'...' if len(shown) > 80 else ''}",
+                )
+            )
         elif long := [name for name, value in row.items() if isinstance(value, str) and len(value) > MAX_ROW_CHARS]:
-            bad.append((where(lines, i), f"has a {long[0]!r} of {len(row[long[0]]):,} characters, over the "
-                                         f"{MAX_ROW_CHARS:,} a row may hold (plumbing/data.py: MAX_ROW_CHARS)"))
+            bad.append(
+                (
+                    where(lines, i),
+                    f"has a {long[0]!r} of {len(row[long[0]]):,} characters, over the "
+                    f"{MAX_ROW_CHARS:,} a row may hold (plumbing/data.py: MAX_ROW_CHARS)",
+                )
+            )
     if bad:
-        raise DataError(f"{source}: {bad[0][0]} {bad[0][1]}; {len(bad)} of {len(rows)} rows are bad ({who} needs "
-                        f"{', '.join(required)} in every row){hint}")
+        raise DataError(
+            f"{source}: {bad[0][0]} {bad[0][1]}; {len(bad)} of {len(rows)} rows are bad ({who} needs "
+            f"{', '.join(required)} in every row){hint}"
+        )
 
 
 @lru_cache(maxsize=2)

@@ -1,5 +1,5 @@
 """Files written whole or not at all, and write checks.
-    python -m pytest tests/test_bad_input.py -k "disk or unwritable"
+python -m pytest tests/test_bad_input.py -k "disk or unwritable"
 """
 
 import contextlib
@@ -24,9 +24,13 @@ class WriteError(OSError):
 
 
 def _write_failed(verb: str, path: str, err: OSError, kept: str) -> WriteError:
-    why = ("its folder is not writable (made read-only during the run?)" if err.errno in (errno.EACCES, errno.EPERM,
-           errno.EROFS) else "is the disk full?" if err.errno in (errno.ENOSPC, errno.EDQUOT) else
-           "is the disk full or failing?")
+    why = (
+        "its folder is not writable (made read-only during the run?)"
+        if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+        else "is the disk full?"
+        if err.errno in (errno.ENOSPC, errno.EDQUOT)
+        else "is the disk full or failing?"
+    )
     return WriteError(f"cannot {verb} {path} ({err.strerror or first_line(err)}): {why} {kept}", err.strerror)
 
 
@@ -117,6 +121,9 @@ def write_error(path: str, flag: str, folder: bool = False) -> str | None:
         os.close(fd)
         os.remove(probe)
     except OSError as err:
-        return (f"{flag} {path}: cannot write in {parent} ({err.strerror})" if folder else
-                f"cannot write {path}: {parent} is not writable ({err.strerror}); pass {flag} PATH")
+        return (
+            f"{flag} {path}: cannot write in {parent} ({err.strerror})"
+            if folder
+            else f"cannot write {path}: {parent} is not writable ({err.strerror}); pass {flag} PATH"
+        )
     return None

@@ -1,6 +1,6 @@
 """math-verify in a `python -c` child with a warm spare: its SIGALRM timeout works in the main thread only.
 
-    python -m pytest tests/test_rewards.py -q -k math
+python -m pytest tests/test_rewards.py -q -k math
 """
 
 import json
@@ -29,8 +29,9 @@ for line in sys.stdin:
 
 
 def _start() -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", _WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-c", _WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
 
 
 def _reply(child: subprocess.Popen, timeout: float) -> bytes | None:
@@ -55,14 +56,17 @@ class MathWorker:
             if not self.ready:  # sympy import: untimed
                 self.ready = _reply(self.active, timeout=120) == b"ready"
                 if not self.ready:
-                    return self._fail("the math-verify worker failed to start, so math rewards are 0 "
-                                      f"(try `{sys.executable} -c 'import math_verify'`)")
+                    return self._fail(
+                        "the math-verify worker failed to start, so math rewards are 0 "
+                        f"(try `{sys.executable} -c 'import math_verify'`)"
+                    )
             self.active.stdin.write(json.dumps([pred, gold]).encode() + b"\n")
             self.active.stdin.flush()
             line = _reply(self.active, timeout=self.timeout)
             if line is None:
-                return self._fail(f"a math-verify call took over {self.timeout:g} s and scored 0 "
-                                  f"(answer of {len(pred)} characters)")
+                return self._fail(
+                    f"a math-verify call took over {self.timeout:g} s and scored 0 (answer of {len(pred)} characters)"
+                )
             return 1.0 if line == b"1" else 0.0
 
     def _fail(self, message: str) -> float:

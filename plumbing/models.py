@@ -1,5 +1,5 @@
 """Model and tokenizer loading, the embedded demo model, bf16, gradient checkpointing.
-    python -m pytest tests/test_models.py
+python -m pytest tests/test_models.py
 """
 
 import importlib.util
@@ -24,11 +24,16 @@ class SamplingError(RuntimeError):
 
 
 def model_load_error(path, err: BaseException) -> ModelLoadError:
-    where = ("a local folder, but not a loadable model" if os.path.isdir(str(path)) else
-             "not a local folder, and not on the Hugging Face Hub or in its local cache")
-    return ModelLoadError(f"cannot load model {str(path)!r}: {where} ({first_line(err, typed=True)}). Pass --model "
-                          "with a Hugging Face model folder, a checkpoint folder written by train.py or the alias "
-                          "smollm2-135m; a hub id needs network access, or HF_HUB_OFFLINE=1 and the model cached")
+    where = (
+        "a local folder, but not a loadable model"
+        if os.path.isdir(str(path))
+        else "not a local folder, and not on the Hugging Face Hub or in its local cache"
+    )
+    return ModelLoadError(
+        f"cannot load model {str(path)!r}: {where} ({first_line(err, typed=True)}). Pass --model "
+        "with a Hugging Face model folder, a checkpoint folder written by train.py or the alias "
+        "smollm2-135m; a hub id needs network access, or HF_HUB_OFFLINE=1 and the model cached"
+    )
 
 
 def model_error(model: str) -> str | None:
@@ -41,11 +46,16 @@ def model_error(model: str) -> str | None:
         return None
     if os.path.isdir(model):
         names = sorted(os.listdir(model))
-        pickled = [f for f in names if f.startswith(("pytorch_model", "model")) and f.endswith((".bin", ".pt", ".pth",
-                                                                                                 ".ckpt"))]
+        pickled = [
+            f
+            for f in names
+            if f.startswith(("pytorch_model", "model")) and f.endswith((".bin", ".pt", ".pth", ".ckpt"))
+        ]
         if pickled and not any(f.endswith(".safetensors") for f in names):
-            return (f"--model {model}: {model} holds pickled weights ({', '.join(pickled)}), which can run code when "
-                    "loaded; convert them to model.safetensors (safetensors' convert script) and load that")
+            return (
+                f"--model {model}: {model} holds pickled weights ({', '.join(pickled)}), which can run code when "
+                "loaded; convert them to model.safetensors (safetensors' convert script) and load that"
+            )
         for path in (os.path.join(model, f) for f in names if f.endswith(".safetensors")):
             try:
                 with safe_open(path, "pt"):
@@ -58,8 +68,10 @@ def model_error(model: str) -> str | None:
     if model.startswith((".", "/", "~")) or model.count("/") > 1:  # a path: the load says why
         return None
     if not hub_reachable():  # True under HF_HUB_OFFLINE: the load reads the cache
-        return (f"--model {model}: cannot reach the Hugging Face Hub to download it; pass a local model folder, or "
-                "set HF_HUB_OFFLINE=1 to use a cached copy")
+        return (
+            f"--model {model}: cannot reach the Hugging Face Hub to download it; pass a local model folder, or "
+            "set HF_HUB_OFFLINE=1 to use a cached copy"
+        )
     return None
 
 
@@ -122,8 +134,10 @@ def resolve_model(name_or_path: str) -> str:
 
 def check_finite(row_values):
     if not bool((torch.isfinite(row_values) & (row_values != 0)).all()):
-        raise SamplingError("the model's next-token distribution is not finite (NaN/inf logits): its weights are "
-                            "broken, e.g. training diverged; lower --lr or resume from an earlier checkpoint")
+        raise SamplingError(
+            "the model's next-token distribution is not finite (NaN/inf logits): its weights are "
+            "broken, e.g. training diverged; lower --lr or resume from an earlier checkpoint"
+        )
 
 
 def repack_tied_lm_head(model):
@@ -143,8 +157,9 @@ def load_model(path, dtype=torch.float32, device="cpu", empty=False):
     try:
         if empty:
             with init_empty_weights():  # the buffers (rotary frequencies) are built: no state dict holds them
-                model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=dtype,
-                                                         attn_implementation=attention)
+                model = AutoModelForCausalLM.from_config(
+                    AutoConfig.from_pretrained(path), dtype=dtype, attn_implementation=attention
+                )
             model.tie_weights()  # as from_pretrained does
             return model
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attention)

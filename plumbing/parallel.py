@@ -1,5 +1,5 @@
 """Data parallelism over torchrun ranks (FSDP2, gathers); the identity outside torchrun.
-    torchrun --nproc_per_node 2 tests/dist_train.py parity OUT.pt MODEL_DIR REF_DIR
+torchrun --nproc_per_node 2 tests/dist_train.py parity OUT.pt MODEL_DIR REF_DIR
 """
 
 import os
@@ -51,8 +51,9 @@ def shard(model, device, bf16: bool = False):
     full = get_model_state_dict(model) if dist.get_rank() == 0 else {}
     empty = any(p.is_meta for p in model.parameters())
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
-        else MixedPrecisionPolicy()
+    policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    )
     for layer in model.get_decoder().layers:
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=True)  # no-grad forwards: no backward

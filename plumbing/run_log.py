@@ -1,6 +1,6 @@
 """train.py's logs on rank 0 (metrics, completions, evals) and each phase's time and memory.
 
-    python train.py --steps 5 && head -1 runs/arith-softmax-s0/metrics.jsonl
+python train.py --steps 5 && head -1 runs/arith-softmax-s0/metrics.jsonl
 """
 
 import contextlib
@@ -38,8 +38,10 @@ def read_log(path: str, note: bool = True) -> list[dict]:
             except ValueError:  # also bytes that are not UTF-8
                 rows.append(None)
             if not isinstance(rows[-1], dict) or type(rows[-1].get("step")) is not int:
-                raise CheckpointError(f"line {number} of {path} is damaged (not a JSON object with an integer step): "
-                                      "mend or delete that line")
+                raise CheckpointError(
+                    f"line {number} of {path} is damaged (not a JSON object with an integer step): "
+                    "mend or delete that line"
+                )
     return rows
 
 
@@ -74,14 +76,22 @@ class SampleLog:
         rollout, groups = batch.scores, batch.groups
         rows, first = [], rank * len(groups)
         for g, (example, group) in enumerate(zip(batch.examples, groups)):
-            for k, c in enumerate(group[:self.n - len(rows)]):
-                rows.append({"step": step, "uid": example.uid, "prompt": user_text(example.prompt),
-                             "completion": c.text, "reward": rollout["rewards"][first + g, k].item(),
-                             "passed": bool(rollout["passed"][first + g, k]) if task.has_verifier else None,
-                             "advantage": adv[first + g, k].item(), "length": len(c.token_ids),
-                             "finish_reason": c.finish_reason})
+            for k, c in enumerate(group[: self.n - len(rows)]):
+                rows.append(
+                    {
+                        "step": step,
+                        "uid": example.uid,
+                        "prompt": user_text(example.prompt),
+                        "completion": c.text,
+                        "reward": rollout["rewards"][first + g, k].item(),
+                        "passed": bool(rollout["passed"][first + g, k]) if task.has_verifier else None,
+                        "advantage": adv[first + g, k].item(),
+                        "length": len(c.token_ids),
+                        "finish_reason": c.finish_reason,
+                    }
+                )
         if len(groups) * len(groups[0]) < self.n:  # rank 0's rows fall short
-            rows = gather_objects(rows)[:self.n]
+            rows = gather_objects(rows)[: self.n]
         if self.master:
             append_lines(self.path, [json.dumps(row) + "\n" for row in rows])
 
@@ -89,8 +99,11 @@ class SampleLog:
         """One evaluation's records, all ranks', set by set."""
         if not self.n:
             return
-        rows = [{"step": step, **{k: v for k, v in r.items() if k != "reference"}, "prompt": user_text(r["prompt"])}
-                for records in sets for r in gather_objects(records)]
+        rows = [
+            {"step": step, **{k: v for k, v in r.items() if k != "reference"}, "prompt": user_text(r["prompt"])}
+            for records in sets
+            for r in gather_objects(records)
+        ]
         if self.master:
             write_lines(os.path.join(self.out_dir, f"eval-{step:06d}.jsonl"), [json.dumps(r) + "\n" for r in rows])
 
@@ -139,8 +152,12 @@ class Phases:
         if self.cuda:
             self.engine = self.held = torch.cuda.memory_allocated(self.device) - before
             where = sampler.device()
-            self.memory.update({"mem/engine_gb": self.engine / 1e9,
-                                "engine/device": float(where.index if where.type == "cuda" else -1)})
+            self.memory.update(
+                {
+                    "mem/engine_gb": self.engine / 1e9,
+                    "engine/device": float(where.index if where.type == "cuda" else -1),
+                }
+            )
         return sampler
 
     def sleep(self, sampler):
@@ -152,8 +169,12 @@ class Phases:
         (free, total), allocated = torch.cuda.mem_get_info(self.device), torch.cuda.memory_allocated(self.device)
         sampler.sleep()
         self.held = max(0, self.engine - (allocated - torch.cuda.memory_allocated(self.device)))
-        self.memory.update({"mem/used_before_sleep_gb": (total - free) / 1e9,
-                            "mem/used_after_sleep_gb": (total - torch.cuda.mem_get_info(self.device)[0]) / 1e9})
+        self.memory.update(
+            {
+                "mem/used_before_sleep_gb": (total - free) / 1e9,
+                "mem/used_after_sleep_gb": (total - torch.cuda.mem_get_info(self.device)[0]) / 1e9,
+            }
+        )
 
     @contextlib.contextmanager
     def __call__(self, name: str):
@@ -184,8 +205,10 @@ def read_evals(out_dir: str) -> dict:
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as err:
-        raise CheckpointError(f"{path} is damaged ({type(err).__name__}): delete it to resume without the "
-                              "held-out score from before training") from None
+        raise CheckpointError(
+            f"{path} is damaged ({type(err).__name__}): delete it to resume without the "
+            "held-out score from before training"
+        ) from None
 
 
 def report_eval(evals: dict, when: str, scores: dict, out_dir: str, task, n: int, master: bool):
@@ -201,8 +224,9 @@ def report_eval(evals: dict, when: str, scores: dict, out_dir: str, task, n: int
         print(f"held-out {key.removeprefix('eval/')}: {value:.3f}")
     name = "greedy pass@1" if task.has_verifier else "greedy similarity reward"
     if "after" in evals:
-        print(f"held-out {name}: before {evals.get('before', float('nan')):.3f}, after {evals['after']:.3f} "
-              f"({n} prompts)")
+        print(
+            f"held-out {name}: before {evals.get('before', float('nan')):.3f}, after {evals['after']:.3f} ({n} prompts)"
+        )
     elif "before" in evals:
         print(f"held-out {name} before training: {evals['before']:.3f} ({n} prompts)")
 
@@ -210,16 +234,25 @@ def report_eval(evals: dict, when: str, scores: dict, out_dir: str, task, n: int
 def step_metrics(step: int, has_verifier: bool, batch, adv, train_metrics, seconds, n_params, n_forwards, device):
     """One step's flat metrics, identical on every rank; `adv`: (G, M)."""
     rollout, groups, (n_body, n_head) = batch.scores, batch.groups, n_params
-    prompt_tokens, completion_tokens = all_reduce_sum([sum(len(p) * len(g) for p, g in zip(batch.prompts, groups)),
-                                                       sum(len(c.token_ids) for g in groups for c in g)], device)
+    prompt_tokens, completion_tokens = all_reduce_sum(
+        [sum(len(p) * len(g) for p, g in zip(batch.prompts, groups)), sum(len(c.token_ids) for g in groups for c in g)],
+        device,
+    )
     flops = n_forwards * (2 * n_body * (prompt_tokens + completion_tokens) + 2 * n_head * completion_tokens)
     rewards, lengths = rollout["rewards"], rollout["lengths"]
-    return {"step": step + 1, "reward/mean": rewards.mean().item(), "reward/std": rewards.std(correction=0).item(),
-            **({"reward/pass_rate": rollout["passed"].mean().item()} if has_verifier else {}),
-            **{f"reward/{term}": values.mean().item() for term, values in rollout["terms"].items()},
-            "reward/errors": rollout["errors"],
-            "adv/zero_group_frac": (adv.abs().amax(-1) < 1e-6).float().mean().item(),
-            "response/len_mean": lengths.mean().item(), "response/len_max": lengths.max().item(),
-            "response/trunc_frac": rollout["cut"].mean().item(), **train_metrics, "time/step": seconds,
-            "perf/tokens_per_s": completion_tokens / seconds,
-            "perf/tflops": flops / seconds / 1e12}
+    return {
+        "step": step + 1,
+        "reward/mean": rewards.mean().item(),
+        "reward/std": rewards.std(correction=0).item(),
+        **({"reward/pass_rate": rollout["passed"].mean().item()} if has_verifier else {}),
+        **{f"reward/{term}": values.mean().item() for term, values in rollout["terms"].items()},
+        "reward/errors": rollout["errors"],
+        "adv/zero_group_frac": (adv.abs().amax(-1) < 1e-6).float().mean().item(),
+        "response/len_mean": lengths.mean().item(),
+        "response/len_max": lengths.max().item(),
+        "response/trunc_frac": rollout["cut"].mean().item(),
+        **train_metrics,
+        "time/step": seconds,
+        "perf/tokens_per_s": completion_tokens / seconds,
+        "perf/tflops": flops / seconds / 1e12,
+    }

@@ -1,6 +1,6 @@
 """Weight-sync checks (Section 4): a seeded log-prob probe each step, per-tensor checksums every few (trl#3189).
 
-    python -m pytest tests/test_rollout.py tests/test_train.py -k "sync or weight"
+python -m pytest tests/test_rollout.py tests/test_train.py -k "sync or weight"
 """
 
 import functools
@@ -50,11 +50,14 @@ def probe_sync(sampler, model, prompts, max_tokens=4) -> SyncProbe:
     completions = [group[0] for group in sampler.generate(prompts, n=1, max_tokens=max_tokens, seed=1234)]
     input_ids, attention_mask, completion_mask = pad_batch(prompts, [c.token_ids for c in completions], 0)
     device = next(model.parameters()).device
-    logp = sequence_logprobs(model, input_ids.to(device), attention_mask.to(device),
-                             completion_mask.shape[1]).float().cpu()  # (B, K)
+    logp = (
+        sequence_logprobs(model, input_ids.to(device), attention_mask.to(device), completion_mask.shape[1])
+        .float()
+        .cpu()
+    )  # (B, K)
     sampler_logp = torch.zeros_like(logp)
     for i, c in enumerate(completions):
-        sampler_logp[i, :len(c.logprobs)] = torch.tensor(c.logprobs)
+        sampler_logp[i, : len(c.logprobs)] = torch.tensor(c.logprobs)
     return SyncProbe([c.token_ids for c in completions], sampler_logp, logp, completion_mask.float())
 
 
@@ -65,24 +68,38 @@ def check_probe(probe, before, step: int, tolerance: float, device) -> dict:
         engine_moved = probe.sampler_moved(before)
         if before.token_ids == probe.token_ids and torch.equal(before.sampler_logp, probe.sampler_logp):
             moved_alone = ((probe.trainer_logp - before.trainer_logp).abs() * probe.mask).max().item()
-    worst_diff, worst_moved, least_engine_moved = all_reduce_sum([probe.diff, moved_alone, -engine_moved], device,
-                                                                 op=dist.ReduceOp.MAX)  # -min over ranks
+    worst_diff, worst_moved, least_engine_moved = all_reduce_sum(
+        [probe.diff, moved_alone, -engine_moved], device, op=dist.ReduceOp.MAX
+    )  # -min over ranks
     if worst_diff > tolerance:
-        raise SyncError(f"step {step}: the sampler's log-probs differ from the trainer's by {worst_diff:.3g} nats "
-                        f"> --sync-tolerance {tolerance:g}; the weight sync is broken")
+        raise SyncError(
+            f"step {step}: the sampler's log-probs differ from the trainer's by {worst_diff:.3g} nats "
+            f"> --sync-tolerance {tolerance:g}; the weight sync is broken"
+        )
     if worst_moved > 0:
-        raise SyncError(f"step {step}: the trainer's log-probs moved by {worst_moved:.3g} nats and the "
-                        f"sampler's did not change (difference {worst_diff:.3g}, --sync-tolerance {tolerance:g}): "
-                        f"the weight sync never reached the sampler")
-    return {"sync/logprob_diff": worst_diff, "sync/sampler_moved": -least_engine_moved,
-            **per_rank({"sync/logprob_diff": probe.diff}, device)}
+        raise SyncError(
+            f"step {step}: the trainer's log-probs moved by {worst_moved:.3g} nats and the "
+            f"sampler's did not change (difference {worst_diff:.3g}, --sync-tolerance {tolerance:g}): "
+            f"the weight sync never reached the sampler"
+        )
+    return {
+        "sync/logprob_diff": worst_diff,
+        "sync/sampler_moved": -least_engine_moved,
+        **per_rank({"sync/logprob_diff": probe.diff}, device),
+    }
 
 
 # The probe misses a partial sync (a stale lm_head moves log-probs little): checksum each tensor.
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}  # vLLM's, in order
-FAMILIES = {"embed_tokens": "embedding rows", "lm_head": "lm_head rows (the embedding's, when tied)", "norm": "norms",
-            "bias": "biases", **dict.fromkeys(FUSED["qkv_proj"], "q/k/v rows"),
-            **dict.fromkeys(FUSED["gate_up_proj"], "gate/up rows"), "rest": "other weights"}
+FAMILIES = {
+    "embed_tokens": "embedding rows",
+    "lm_head": "lm_head rows (the embedding's, when tied)",
+    "norm": "norms",
+    "bias": "biases",
+    **dict.fromkeys(FUSED["qkv_proj"], "q/k/v rows"),
+    **dict.fromkeys(FUSED["gate_up_proj"], "gate/up rows"),
+    "rest": "other weights",
+}
 RELATIVE_TOLERANCE = 1e-10  # float64 reorderings agree to ~1e-15
 
 
@@ -99,8 +116,8 @@ def checksum(t: torch.Tensor, dtype, chunk: int = 1 << 22) -> tuple[float, float
     projected, squares = 0.0, 0.0
     block = max(1, chunk // rows.shape[1])
     for start in range(0, rows.shape[0], block):
-        x = rows[start:start + block].to(dtype).to(torch.float64, memory_format=torch.contiguous_format)
-        projected += torch.dot(u[start:start + block], x @ v).item()
+        x = rows[start : start + block].to(dtype).to(torch.float64, memory_format=torch.contiguous_format)
+        projected += torch.dot(u[start : start + block], x @ v).item()
         squares += torch.dot(x.view(-1), x.view(-1)).item()
     return projected, squares, t.numel()
 
@@ -109,8 +126,11 @@ def weight_checksums(sampler, model, step: int = 0, every: int = 1) -> tuple[dic
     """(engine, trainer) checksums (a collective under FSDP2); None unless `step` is a multiple of `every` > 0."""
     if not every or step % every:
         return None
-    shapes = {hf_name(name): tuple(p.shape) for name, p in model.named_parameters(remove_duplicate=False)
-              if ".lora_" not in name}  # LoRA: the engine holds the merged weights alone
+    shapes = {
+        hf_name(name): tuple(p.shape)
+        for name, p in model.named_parameters(remove_duplicate=False)
+        if ".lora_" not in name
+    }  # LoRA: the engine holds the merged weights alone
     engine = sampler.weight_checksums(shapes)
     trainer = {name: checksum(tensor, sampler.dtype) for name, tensor in full_weights(model, sampler.dtype)}
     return engine, trainer | {hf_name(name): trainer[hf_name(other)] for name, other in tied_names(model).items()}
@@ -135,7 +155,9 @@ def check_weights(sums, step: int, device) -> dict:
             worst[label], example[label] = diff, f"e.g. {name}" + ("" if ours and theirs else ", on one side only")
     verdicts = all_reduce_sum([min(worst[f], 1e300) for f in labels], device, op=dist.ReduceOp.MAX)
     if bad := [f for f, v in zip(labels, verdicts) if v > RELATIVE_TOLERANCE]:
-        raise SyncError(f"the engine's {bad[0]} differ from the trainer's after the step-{step} sync "
-                        f"({example.get(bad[0], 'on another rank')}){'; also ' + ', '.join(bad[1:]) if bad[1:] else ''}"
-                        ": the sync skipped them, or the engine did not load them")
+        raise SyncError(
+            f"the engine's {bad[0]} differ from the trainer's after the step-{step} sync "
+            f"({example.get(bad[0], 'on another rank')}){'; also ' + ', '.join(bad[1:]) if bad[1:] else ''}"
+            ": the sync skipped them, or the engine did not load them"
+        )
     return {"sync/weight_diff": max(verdicts)}

@@ -1,6 +1,6 @@
 """glibc keeps freed pages and returns them once a step; the plain version re-mmaps large blocks.
 
-    python -m pytest tests/test_train.py -k "freed_memory"
+python -m pytest tests/test_train.py -k "freed_memory"
 """
 
 import ctypes

@@ -1,6 +1,6 @@
 """Memory tricks shrinking what backward keeps; the plain version is bf16 autocast over float32 weights.
 
-    python -m pytest tests/test_train.py -k "bf16 or cast or recompute"
+python -m pytest tests/test_train.py -k "bf16 or cast or recompute"
 """
 
 import itertools
@@ -69,9 +69,14 @@ def _recast_linear_grads(grad, x16, weight, x_dtype, need_x: bool, need_w: bool)
 
 def _recasts(layer, x) -> bool:
     """A float32 trained weight under bf16 autocast with grad."""
-    return (getattr(layer, "recasts_in_backward", False)
-            and layer.weight.dtype == torch.float32 and torch.is_grad_enabled() and layer.weight.requires_grad
-            and torch.is_autocast_enabled(x.device.type) and torch.get_autocast_dtype(x.device.type) == torch.bfloat16)
+    return (
+        getattr(layer, "recasts_in_backward", False)
+        and layer.weight.dtype == torch.float32
+        and torch.is_grad_enabled()
+        and layer.weight.requires_grad
+        and torch.is_autocast_enabled(x.device.type)
+        and torch.get_autocast_dtype(x.device.type) == torch.bfloat16
+    )
 
 
 def _linear_forward(self, x):

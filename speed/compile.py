@@ -1,6 +1,6 @@
 """`--compile`: torch.compiled decoder layers; the plain version is eager (equal to float rounding).
 
-    python -m pytest tests/test_grad_checkpointing.py -k compiled
+python -m pytest tests/test_grad_checkpointing.py -k compiled
 """
 
 

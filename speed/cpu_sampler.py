@@ -20,8 +20,11 @@ class FastPath:
     def __init__(self, model):
         if model.config._attn_implementation == "eager":
             model.set_attn_implementation("grouped_eager")
-        self.packed = (model.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
-                       and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        self.packed = (
+            model.dtype == torch.bfloat16
+            and torch.backends.mkldnn.is_available()
+            and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        )
         self.packed_only = _pack_linears(model) if self.packed else {}  # {weight name: layer}
 
     def load(self, name, tensor) -> bool:
@@ -60,13 +63,15 @@ class BucketedLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         end = self.length + key_states.shape[-2]
         if self.length == 0 or end > self.keys.shape[-2]:
-            keys, values = (s.new_zeros(*s.shape[:2], -(-end // self.bucket) * self.bucket, s.shape[3])
-                            for s in (key_states, value_states))  # zeros: 0 x NaN would be NaN
+            keys, values = (
+                s.new_zeros(*s.shape[:2], -(-end // self.bucket) * self.bucket, s.shape[3])
+                for s in (key_states, value_states)
+            )  # zeros: 0 x NaN would be NaN
             if self.length:
-                keys[:, :, :self.length] = self.keys[:, :, :self.length]
-                values[:, :, :self.length] = self.values[:, :, :self.length]
+                keys[:, :, : self.length] = self.keys[:, :, : self.length]
+                values[:, :, : self.length] = self.values[:, :, : self.length]
             self.keys, self.values = keys, values
-        self.keys[:, :, self.length:end], self.values[:, :, self.length:end] = key_states, value_states
+        self.keys[:, :, self.length : end], self.values[:, :, self.length : end] = key_states, value_states
         self.length = end
         return self.keys, self.values
 

@@ -61,8 +61,13 @@ class _TokenLogprobs(torch.autograd.Function):
         return grad.view_as(logits), None, None, None, None
 
 
-def chunked_token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-                           entropy: bool = False, entropy_grad: bool = False):
+def chunked_token_logprobs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    entropy: bool = False,
+    entropy_grad: bool = False,
+):
     """The plain version's log-probs (and entropies), computed by the row-chunked kernel."""
     logp, ent = _TokenLogprobs.apply(logits, targets, float(temperature), entropy, entropy_grad)
     return (logp, ent) if entropy else logp
@@ -74,17 +79,29 @@ def pad_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: in
     input_ids = torch.full((B, P + K), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((B, P + K), dtype=torch.long)
     for i, (prompt, completion) in enumerate(zip(prompts, completions)):
-        input_ids[i, P - len(prompt):P + len(completion)] = torch.tensor([*prompt, *completion], dtype=torch.long)
-        attention_mask[i, P - len(prompt):P + len(completion)] = 1
+        input_ids[i, P - len(prompt) : P + len(completion)] = torch.tensor([*prompt, *completion], dtype=torch.long)
+        attention_mask[i, P - len(prompt) : P + len(completion)] = 1
     return input_ids, attention_mask, attention_mask[:, P:].float()
 
 
-def sequence_logprobs(model, input_ids, attention_mask, n_completion: int, temperature: float = 1.0,
-                      entropy: bool = False, entropy_grad: bool = False):
+def sequence_logprobs(
+    model,
+    input_ids,
+    attention_mask,
+    n_completion: int,
+    temperature: float = 1.0,
+    entropy: bool = False,
+    entropy_grad: bool = False,
+):
     """Log-probs (B, K) of the last K tokens under `model` (and entropies), by the kernel."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                logits_to_keep=n_completion + 1, use_cache=False)  # (B, K + 1, V)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        logits_to_keep=n_completion + 1,
+        use_cache=False,
+    )  # (B, K + 1, V)
     targets = torch.nn.functional.pad(input_ids[:, -n_completion:], (0, 1))  # all K + 1: logits[:, :-1] would copy
     logp, ent = _TokenLogprobs.apply(out.logits, targets, float(temperature), entropy, entropy_grad)
     return (logp[:, :-1], ent[:, :-1]) if entropy else logp[:, :-1]

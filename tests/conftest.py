@@ -39,4 +39,3 @@ def no_training_curves(request, monkeypatch):
         import tools.figures
 
         monkeypatch.setattr(tools.figures, "plot_training_curves", lambda paths, out, **kwargs: out)
-

@@ -1,13 +1,13 @@
 """Jobs for tests/test_dcp.py, run in one process or under `torchrun --nproc_per_node 2` (FSDP2 over gloo on CPU):
 
-    torchrun --nproc_per_node 2 tests/dist_checkpoint.py train OUT_DIR MODEL_DIR STEPS [RESUME]  # train.main, digits
-    torchrun --nproc_per_node 2 tests/dist_checkpoint.py load MODEL_DIR CKPT OUT.pt [CKPT OUT.pt]... # resumed
-    torchrun --nproc_per_node 2 tests/dist_checkpoint.py fail OUT_DIR MODEL_DIR   # rank 1's disk full mid-save
-    torchrun --nproc_per_node 2 tests/dist_checkpoint.py unshared OUT_DIR MODEL_DIR   # each rank its own folder
-    python tests/dist_checkpoint.py model MODEL_DIR HIDDEN LAYERS [DTYPE]  # a bigger random model, tiny tokenizer
-    torchrun --nproc_per_node 2 tests/dist_checkpoint.py measure-save OUT MODEL [frozen] # a save: seconds, RSS
-    torchrun --nproc_per_node 2 tests/dist_checkpoint.py measure-resume CKPT MODEL [frozen] # a resume: the same
-    torchrun --nproc_per_node 2 tests/dist_checkpoint.py measure-load MODEL   # the start: models loaded, sharded
+torchrun --nproc_per_node 2 tests/dist_checkpoint.py train OUT_DIR MODEL_DIR STEPS [RESUME]  # train.main, digits
+torchrun --nproc_per_node 2 tests/dist_checkpoint.py load MODEL_DIR CKPT OUT.pt [CKPT OUT.pt]... # resumed
+torchrun --nproc_per_node 2 tests/dist_checkpoint.py fail OUT_DIR MODEL_DIR   # rank 1's disk full mid-save
+torchrun --nproc_per_node 2 tests/dist_checkpoint.py unshared OUT_DIR MODEL_DIR   # each rank its own folder
+python tests/dist_checkpoint.py model MODEL_DIR HIDDEN LAYERS [DTYPE]  # a bigger random model, tiny tokenizer
+torchrun --nproc_per_node 2 tests/dist_checkpoint.py measure-save OUT MODEL [frozen] # a save: seconds, RSS
+torchrun --nproc_per_node 2 tests/dist_checkpoint.py measure-resume CKPT MODEL [frozen] # a resume: the same
+torchrun --nproc_per_node 2 tests/dist_checkpoint.py measure-load MODEL   # the start: models loaded, sharded
 """
 
 import io
@@ -29,9 +29,24 @@ import train  # noqa: E402
 
 def run_args(out_dir, model_dir, steps, resume="", reference="ema"):
     moving = dict(reference="ema", ref_ema=0.5) if reference == "ema" else {}
-    return train.Args(task="digits", model=model_dir, M=4, rollout_batch=4, micro_batch=4, steps=int(steps),
-                      max_tokens=4, lr=1e-2, warmup_steps=0, eval_examples=0, dtype="float32", out_dir=out_dir,
-                      save_every=1, beta=0.1, resume=resume, **moving)
+    return train.Args(
+        task="digits",
+        model=model_dir,
+        M=4,
+        rollout_batch=4,
+        micro_batch=4,
+        steps=int(steps),
+        max_tokens=4,
+        lr=1e-2,
+        warmup_steps=0,
+        eval_examples=0,
+        dtype="float32",
+        out_dir=out_dir,
+        save_every=1,
+        beta=0.1,
+        resume=resume,
+        **moving,
+    )
 
 
 def load(model_dir, *pairs):
@@ -48,14 +63,16 @@ def load_one(ckpt, model_dir, out_path, rank, device):
     args = run_args(os.path.dirname(ckpt), model_dir, 3, resume=ckpt)
     _, model, ref_model = train.load_models(args, ckpt, model_dir, device)
     optimizer = train.make_optimizer(model, args)
-    step = train.load_checkpoint(ckpt, model, optimizer, train.make_scheduler(optimizer, args), rank, args.lr,
-                                 args.weight_decay, ref_model)
+    step = train.load_checkpoint(
+        ckpt, model, optimizer, train.make_scheduler(optimizer, args), rank, args.lr, args.weight_decay, ref_model
+    )
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_state, optim_state = get_state_dict(model, optimizer, options=full)
     ref_state = get_model_state_dict(ref_model, options=full)
     if rank == 0:
-        torch.save({"step": step, "model": model_state, "optimizer": optim_state["state"], "reference": ref_state},
-                   out_path)
+        torch.save(
+            {"step": step, "model": model_state, "optimizer": optim_state["state"], "reference": ref_state}, out_path
+        )
 
 
 class RssPeak:
@@ -88,9 +105,15 @@ def rss_mb() -> float:
 
 
 def report(job, world, rank, watch):
-    row = {"job": job, "world": world, "rank": rank, "seconds": round(watch.seconds, 2),
-           "rss_at_start_mb": round(watch.start), "peak_mb": round(watch.peak),
-           "peak_over_start_mb": round(watch.peak - watch.start)}
+    row = {
+        "job": job,
+        "world": world,
+        "rank": rank,
+        "seconds": round(watch.seconds, 2),
+        "rss_at_start_mb": round(watch.start),
+        "peak_mb": round(watch.peak),
+        "peak_over_start_mb": round(watch.peak - watch.start),
+    }
     print("measure " + json.dumps(row), flush=True)
 
 
@@ -110,8 +133,7 @@ def measure_save(out_dir, model_dir, reference="ema"):
     optimizer.zero_grad(set_to_none=True)
     os.makedirs(out_dir, exist_ok=True)
     with RssPeak() as watch:
-        save_checkpoint(out_dir, 1, model, optimizer, train.make_scheduler(optimizer, args), tokenizer, args,
-                        ref_model)
+        save_checkpoint(out_dir, 1, model, optimizer, train.make_scheduler(optimizer, args), tokenizer, args, ref_model)
     report("save", world, rank, watch)
 
 
@@ -135,8 +157,9 @@ def measure_resume(ckpt, model_dir, reference="ema"):
     ref_model = ref_model if reference == "ema" else None
     optimizer = train.make_optimizer(model, args)
     with RssPeak() as watch:
-        train.load_checkpoint(ckpt, model, optimizer, train.make_scheduler(optimizer, args), rank, args.lr,
-                              args.weight_decay, ref_model)
+        train.load_checkpoint(
+            ckpt, model, optimizer, train.make_scheduler(optimizer, args), rank, args.lr, args.weight_decay, ref_model
+        )
     report("resume", world, rank, watch)
 
 
@@ -183,11 +206,19 @@ def model(model_dir, hidden, layers, dtype="float32"):
     from tools.tiny_model import build_tokenizer
 
     tok, hidden = build_tokenizer(), int(hidden)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 11 // 4,
-                         num_hidden_layers=int(layers), num_attention_heads=hidden // 64,
-                         num_key_value_heads=hidden // 64,
-                         max_position_embeddings=1024, tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
-                         eos_token_id=tok.eos_token_id, bos_token_id=None)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=hidden * 11 // 4,
+        num_hidden_layers=int(layers),
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=hidden // 64,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(config).to(getattr(torch, dtype)).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
@@ -202,8 +233,15 @@ if __name__ == "__main__":
             sys.stdout.flush()
             os._exit(0)
     else:
-        jobs = {"load": load, "fail": fail, "unshared": lambda *a: fail(*a, unshared=True), "model": model,
-                "measure-save": measure_save, "measure-load": measure_load, "measure-resume": measure_resume}
+        jobs = {
+            "load": load,
+            "fail": fail,
+            "unshared": lambda *a: fail(*a, unshared=True),
+            "model": model,
+            "measure-save": measure_save,
+            "measure-load": measure_load,
+            "measure-resume": measure_resume,
+        }
         jobs[job](*rest)
         if dist.is_initialized():
             dist.barrier()

@@ -41,8 +41,10 @@ class PatternTask:
 
 def pattern_data(patterns):
     """(train_set, train_ids): prompt i has rewards patterns[i], token ids [i] and uid p{i}."""
-    examples = [tasks.Example(prompt=[], gold="", reference="", meta={"pattern": list(p)}, uid=f"p{i}")
-                for i, p in enumerate(patterns)]
+    examples = [
+        tasks.Example(prompt=[], gold="", reference="", meta={"pattern": list(p)}, uid=f"p{i}")
+        for i, p in enumerate(patterns)
+    ]
     return examples, [[i] for i in range(len(patterns))]
 
 
@@ -52,11 +54,27 @@ def refill(out_dir):
     patterns = [[0, 0, 0, 0] if i % 3 else [0, i + 1, 0, 0] for i in range(30)]  # a third have signal, each its own
     train_set, train_ids = pattern_data(patterns)
     args = train.Args(M=4, rollout_batch=4, seed=3, rollout="dapo", max_refill_rounds=6)
-    batch = rollout.ROLLOUTS["dapo"](4, sampler=FakeSampler(), task=PatternTask(), train_set=train_set,
-                                     train_ids=train_ids, weights={"exact": 1.0}, args=args, rank=rank, world=world,
-                                     device=torch.device("cpu"))
-    torch.save({"metrics": batch.metrics, "rewards": batch.scores["rewards"], "uids": [e.uid for e in batch.examples],
-                "own": [e.meta["pattern"] for e in batch.examples]}, os.path.join(out_dir, f"rank{rank}.pt"))
+    batch = rollout.ROLLOUTS["dapo"](
+        4,
+        sampler=FakeSampler(),
+        task=PatternTask(),
+        train_set=train_set,
+        train_ids=train_ids,
+        weights={"exact": 1.0},
+        args=args,
+        rank=rank,
+        world=world,
+        device=torch.device("cpu"),
+    )
+    torch.save(
+        {
+            "metrics": batch.metrics,
+            "rewards": batch.scores["rewards"],
+            "uids": [e.uid for e in batch.examples],
+            "own": [e.meta["pattern"] for e in batch.examples],
+        },
+        os.path.join(out_dir, f"rank{rank}.pt"),
+    )
 
 
 if __name__ == "__main__":
@@ -70,6 +88,20 @@ if __name__ == "__main__":
         from dist_train import DigitTask
 
         tasks.TASKS["digits"] = DigitTask()
-        train.main(train.Args(task="digits", model=rest[0], M=4, rollout_batch=4, micro_batch=4, steps=2,
-                              max_tokens=4, lr=1e-2, eval_examples=0, dtype="float32", out_dir=out_dir,
-                              rollout="dapo", max_refill_rounds=3))
+        train.main(
+            train.Args(
+                task="digits",
+                model=rest[0],
+                M=4,
+                rollout_batch=4,
+                micro_batch=4,
+                steps=2,
+                max_tokens=4,
+                lr=1e-2,
+                eval_examples=0,
+                dtype="float32",
+                out_dir=out_dir,
+                rollout="dapo",
+                max_refill_rounds=3,
+            )
+        )

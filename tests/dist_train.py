@@ -32,8 +32,16 @@ class DigitTask:
 
     def load(self, split="train", *, data_file=None, limit=None, seed=0):
         n = limit or (16 if split == "train" else 8)
-        return [tasks.Example(prompt=[{"role": "user", "content": f"say something {split} {i}"}], gold="digit",
-                              reference="7", meta={}, uid=f"{split}-{i}") for i in range(n)]
+        return [
+            tasks.Example(
+                prompt=[{"role": "user", "content": f"say something {split} {i}"}],
+                gold="digit",
+                reference="7",
+                meta={},
+                uid=f"{split}-{i}",
+            )
+            for i in range(n)
+        ]
 
     def reward(self, completion, example, kind="exact"):
         return float(completion[:1] in DIGITS) if completion else 0.0
@@ -51,13 +59,31 @@ def parity(out_path, model_dir, ref_dir, loss_agg="token-mean", dtype="float32",
     from transformers import AutoModelForCausalLM
 
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    args = train.Args(M=4, rollout_batch=4, micro_batch=3, minibatches=2, ppo_epochs=2, beta=0.1, lr=0.3,
-                      warmup_steps=0, max_grad_norm=0.5, dtype=dtype, loss_agg=loss_agg)
+    args = train.Args(
+        M=4,
+        rollout_batch=4,
+        micro_batch=3,
+        minibatches=2,
+        ppo_epochs=2,
+        beta=0.1,
+        lr=0.3,
+        warmup_steps=0,
+        max_grad_norm=0.5,
+        dtype=dtype,
+        loss_agg=loss_agg,
+    )
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(4, 90, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
-               for _ in range(args.rollout_batch)]
-    completions = [[torch.randint(4, 90, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
-                    for _ in range(args.M)] for _ in range(args.rollout_batch)]
+    prompts = [
+        torch.randint(4, 90, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(args.rollout_batch)
+    ]
+    completions = [
+        [
+            torch.randint(4, 90, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(args.M)
+        ]
+        for _ in range(args.rollout_batch)
+    ]
     adv = torch.randn(args.rollout_batch, args.M, generator=g)  # (G, M)
     mine = list(range(args.rollout_batch))[rank::world]  # train.main's sharding: groups r::world
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -71,8 +97,18 @@ def parity(out_path, model_dir, ref_dir, loss_agg="token-mean", dtype="float32",
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     flat = [(prompts[i], c) for i in mine for c in completions[i]]
-    metrics = train.ppo_update(model, ref_model, optimizer, scheduler, [p for p, _ in flat], [c for _, c in flat],
-                               [[0.0] * len(c) for _, c in flat], adv[mine].reshape(-1), args, pad_id=0)
+    metrics = train.ppo_update(
+        model,
+        ref_model,
+        optimizer,
+        scheduler,
+        [p for p, _ in flat],
+        [c for _, c in flat],
+        [[0.0] * len(c) for _, c in flat],
+        adv[mine].reshape(-1),
+        args,
+        pad_id=0,
+    )
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:
         torch.save({"state": state, "metrics": metrics}, out_path)
@@ -83,8 +119,20 @@ def lora_parity(out_path, model_dir):
     built by train.load_models (under torchrun: FSDP2 shards of the base and the adapters); saves the merged weights
     full_weights sends a sampler, and the metrics."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    args = train.Args(M=4, rollout_batch=4, micro_batch=3, minibatches=2, ppo_epochs=2, beta=0.1, lr=0.3,
-                      warmup_steps=0, max_grad_norm=0.5, dtype="float32", lora_rank=4, lora_alpha=8)
+    args = train.Args(
+        M=4,
+        rollout_batch=4,
+        micro_batch=3,
+        minibatches=2,
+        ppo_epochs=2,
+        beta=0.1,
+        lr=0.3,
+        warmup_steps=0,
+        max_grad_norm=0.5,
+        dtype="float32",
+        lora_rank=4,
+        lora_alpha=8,
+    )
     torch.manual_seed(0)  # peft draws A from the global RNG (train.py: init_distributed seeds it); rank 0's is sent
     _, model, ref_model = train.load_models(args, None, model_dir, torch.device("cpu"))
     assert ref_model is model  # the reference is the base: no second model
@@ -93,17 +141,34 @@ def lora_parity(out_path, model_dir):
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 train.local(p).copy_((0.05 * torch.randn(p.shape, generator=g)).chunk(world)[rank])  # FSDP2's shard
-    prompts = [torch.randint(4, 90, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
-               for _ in range(args.rollout_batch)]
-    completions = [[torch.randint(4, 90, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
-                    for _ in range(args.M)] for _ in range(args.rollout_batch)]
+    prompts = [
+        torch.randint(4, 90, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(args.rollout_batch)
+    ]
+    completions = [
+        [
+            torch.randint(4, 90, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(args.M)
+        ]
+        for _ in range(args.rollout_batch)
+    ]
     adv = torch.randn(args.rollout_batch, args.M, generator=g)  # (G, M)
     mine = list(range(args.rollout_batch))[rank::world]
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     flat = [(prompts[i], c) for i in mine for c in completions[i]]
-    metrics = train.ppo_update(model, ref_model, optimizer, scheduler, [p for p, _ in flat], [c for _, c in flat],
-                               [[0.0] * len(c) for _, c in flat], adv[mine].reshape(-1), args, pad_id=0)
+    metrics = train.ppo_update(
+        model,
+        ref_model,
+        optimizer,
+        scheduler,
+        [p for p, _ in flat],
+        [c for _, c in flat],
+        [[0.0] * len(c) for _, c in flat],
+        adv[mine].reshape(-1),
+        args,
+        pad_id=0,
+    )
     merged = {name: t.clone() for name, t in train.full_weights(model)}
     if rank == 0:
         torch.save({"state": merged, "metrics": metrics}, out_path)
@@ -111,11 +176,24 @@ def lora_parity(out_path, model_dir):
 
 def e2e(out_dir, model_dir, sampler="hf", lora_rank="0"):
     tasks.TASKS["digits"] = DigitTask()
-    args = train.Args(task="digits", model=model_dir, M=4, rollout_batch=4, micro_batch=4, steps=3, max_tokens=4,
-                      lr=1e-2, eval_examples=4, dtype="float32", out_dir=out_dir, save_every=2, sampler=sampler,
-                      log_completions=16,  # both ranks' samples: rank 1's come from the gather
-                      weight_check_every=1,  # each rank's engine against the gathered weights, every step
-                      lora_rank=int(lora_rank))
+    args = train.Args(
+        task="digits",
+        model=model_dir,
+        M=4,
+        rollout_batch=4,
+        micro_batch=4,
+        steps=3,
+        max_tokens=4,
+        lr=1e-2,
+        eval_examples=4,
+        dtype="float32",
+        out_dir=out_dir,
+        save_every=2,
+        sampler=sampler,
+        log_completions=16,  # both ranks' samples: rank 1's come from the gather
+        weight_check_every=1,  # each rank's engine against the gathered weights, every step
+        lora_rank=int(lora_rank),
+    )
     train.main(args)
 
 
@@ -133,8 +211,14 @@ def bf16_sync(model_dir):
     sampler, gathered, full_tensor = rollout.make_sampler("hf", model_dir, dtype="bfloat16"), [], DTensor.full_tensor
     DTensor.full_tensor = lambda self, **kw: gathered.append(str(self.dtype)) or full_tensor(self, **kw)
     sampler.update_weights(train.full_weights(model, sampler.dtype))
-    print(json.dumps({"gathered": sorted(set(gathered)), **check_weights(weight_checksums(sampler, model), 1,
-                                                                         torch.device("cpu"))}))
+    print(
+        json.dumps(
+            {
+                "gathered": sorted(set(gathered)),
+                **check_weights(weight_checksums(sampler, model), 1, torch.device("cpu")),
+            }
+        )
+    )
     dist.destroy_process_group()
 
 

@@ -29,10 +29,12 @@ from speed.logprobs import pad_batch, sequence_logprobs  # noqa: E402
 
 def fixed_batch(n=8, seed=0):
     g = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(4, 90, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
-               for _ in range(n)]
-    completions = [torch.randint(4, 90, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
-                   for _ in range(n)]
+    prompts = [
+        torch.randint(4, 90, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist() for _ in range(n)
+    ]
+    completions = [
+        torch.randint(4, 90, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist() for _ in range(n)
+    ]
     return prompts, completions, torch.randn(n, generator=g)
 
 
@@ -52,7 +54,7 @@ def loss_and_grads(model_dir, ref_dir, checkpointing: bool, compiled: bool = Fal
         model, ref_model = train.shard(model, device), train.shard(ref_model, device)
     prompts, completions, adv = fixed_batch()
     mine = list(range(len(prompts)))[rank::world]
-    micro = [mine[: len(mine) // 2], mine[len(mine) // 2:]]
+    micro = [mine[: len(mine) // 2], mine[len(mine) // 2 :]]
     num_tokens = torch.tensor(float(sum(len(c) for c in completions)))  # the whole batch: one denominator
     total = torch.zeros(())
     for i, idx in enumerate(micro):
@@ -62,14 +64,17 @@ def loss_and_grads(model_dir, ref_dir, checkpointing: bool, compiled: bool = Fal
         with torch.no_grad():
             ref_logp = sequence_logprobs(ref_model, input_ids, attention_mask, mask.shape[1])  # (B, K)
         logp = sequence_logprobs(model, input_ids, attention_mask, mask.shape[1])  # (B, K)
-        loss, _ = policy_loss(logp, logp.detach() + 0.1, adv[idx], mask, ref_logp=ref_logp, beta=0.1,
-                              denominator=num_tokens)  # old_logp shifted: both clip branches and the KL live
+        loss, _ = policy_loss(
+            logp, logp.detach() + 0.1, adv[idx], mask, ref_logp=ref_logp, beta=0.1, denominator=num_tokens
+        )  # old_logp shifted: both clip branches and the KL live
         (loss * world).backward()
         total += loss.detach()
     if dist.is_initialized():
         dist.all_reduce(total)
-    grads = {name: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
-             for name, p in model.named_parameters()}
+    grads = {
+        name: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+        for name, p in model.named_parameters()
+    }
     return total.item(), grads, len(calls)
 
 
@@ -81,8 +86,12 @@ if __name__ == "__main__":
     results = {}
     for mode in modes:
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-        results[mode] = dict(zip(("loss", "grads", "layer0_calls"),
-                                 loss_and_grads(model_dir, ref_dir, "ckpt" in mode, "compiled" in mode)))
+        results[mode] = dict(
+            zip(
+                ("loss", "grads", "layer0_calls"),
+                loss_and_grads(model_dir, ref_dir, "ckpt" in mode, "compiled" in mode),
+            )
+        )
         results[mode]["graphs"] = torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs  # compiled
     if not dist.is_initialized() or dist.get_rank() == 0:
         torch.save(results, out_path)

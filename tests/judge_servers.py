@@ -38,21 +38,46 @@ class VLLMServer:
     `server.wait_until_up()` blocks until it answers. Leaving the block stops its whole process group,
     whether the test passed or failed."""
 
-    def __init__(self, model_dir: str, name: str, log_path: str, *, max_model_len: int = 4096,
-                 start_timeout: float = 600):
+    def __init__(
+        self, model_dir: str, name: str, log_path: str, *, max_model_len: int = 4096, start_timeout: float = 600
+    ):
         self.port, self.log_path, self.start_timeout = free_port(), log_path, start_timeout
         self.url = f"http://127.0.0.1:{self.port}/v1"
-        self.command = [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-                        "--served-model-name", name, "--host", "127.0.0.1", "--port", str(self.port),
-                        "--dtype", "float32", "--max-model-len", str(max_model_len), "--enforce-eager", "--seed", "0"]
+        self.command = [
+            VLLM_PYTHON,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            model_dir,
+            "--served-model-name",
+            name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            str(max_model_len),
+            "--enforce-eager",
+            "--seed",
+            "0",
+        ]
 
     def __enter__(self):
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", PYTHONPATH=ROOT)
         self.start = time.monotonic()
         with open(self.log_path, "w") as log:
             # a session of its own: the API server spawns an engine process, and both must go on exit
-            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                                         start_new_session=True, preexec_fn=_die_with_parent)
+            self.proc = subprocess.Popen(
+                self.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=ROOT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
         return self
 
     def wait_until_up(self) -> float:
@@ -110,8 +135,15 @@ class ScriptedServer:
 
             def do_GET(self):
                 if self.path.rstrip("/") == "/v1/models":
-                    self._send(200, {"object": "list", "data": [{"id": m, "object": "model", "created": 0,
-                                                                 "owned_by": "test"} for m in server.models]})
+                    self._send(
+                        200,
+                        {
+                            "object": "list",
+                            "data": [
+                                {"id": m, "object": "model", "created": 0, "owned_by": "test"} for m in server.models
+                            ],
+                        },
+                    )
                 else:
                     self._send(404, {"error": {"message": "not found"}})
 
@@ -130,10 +162,19 @@ class ScriptedServer:
                 if isinstance(reply, int):
                     self._send(reply, {"error": {"message": f"scripted failure {reply}"}})
                     return
-                self._send(200, {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                                 "choices": [{"index": 0, "finish_reason": "stop",
-                                              "message": {"role": "assistant", "content": reply}}],
-                                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+                self._send(
+                    200,
+                    {
+                        "id": "x",
+                        "object": "chat.completion",
+                        "created": 0,
+                        "model": body["model"],
+                        "choices": [
+                            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": reply}}
+                        ],
+                        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                    },
+                )
 
         class Server(ThreadingHTTPServer):
             request_queue_size = 64  # the default listen backlog (5) refuses a burst of concurrent requests

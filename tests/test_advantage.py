@@ -136,8 +136,10 @@ def test_population_weight_finite_M_softmax_matches_paper_w():
     s = torch.arange(M, dtype=torch.float64)
     gap = M * c / (M + (s + 1) * (c - 1)) - M / (M + s * (c - 1))
     p = torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)
-    pmf = torch.tensor([[math.comb(M - 1, k) * q**k * (1 - q) ** (M - 1 - k) for k in range(M)]
-                        for q in p.tolist()], dtype=torch.float64)
+    pmf = torch.tensor(
+        [[math.comb(M - 1, k) * q**k * (1 - q) ** (M - 1 - k) for k in range(M)] for q in p.tolist()],
+        dtype=torch.float64,
+    )
     assert torch.allclose(population_weight("softmax", M, p, tau=tau), (pmf * gap).sum(-1), rtol=1e-9)
 
 
@@ -175,19 +177,38 @@ def test_estimators_return_constants(name):
     assert torch.equal(adv, compute_advantages(name, rewards.detach() * 2))
 
 
-@pytest.mark.parametrize("tau", [0.3, 1, np.float32(0.3), np.float64(0.3), np.int64(2), torch.tensor(0.3),
-                                 torch.tensor([0.3], dtype=torch.float64)])
+@pytest.mark.parametrize(
+    "tau",
+    [
+        0.3,
+        1,
+        np.float32(0.3),
+        np.float64(0.3),
+        np.int64(2),
+        torch.tensor(0.3),
+        torch.tensor([0.3], dtype=torch.float64),
+    ],
+)
 def test_softmax_accepts_real_scalar_tau(tau):
     r = torch.tensor([[1.0, 0.0, 0.0]])
     assert torch.allclose(softmax_advantages(r, tau=tau), softmax_advantages(r, tau=float(tau)), atol=1e-6)
 
 
-@pytest.mark.parametrize("tau, message", [
-    (True, "one real number"), ("0.3", "one real number"), (None, "one real number"), (np.bool_(True), "one real"),
-    (torch.tensor([0.3, 0.2]), "one real number"), (torch.tensor(True), "one real number"),
-    (float("nan"), "finite and > 0"), (float("-inf"), "finite and > 0"), (0, "finite and > 0"),
-    (torch.tensor(-0.1), "finite and > 0"),
-])
+@pytest.mark.parametrize(
+    "tau, message",
+    [
+        (True, "one real number"),
+        ("0.3", "one real number"),
+        (None, "one real number"),
+        (np.bool_(True), "one real"),
+        (torch.tensor([0.3, 0.2]), "one real number"),
+        (torch.tensor(True), "one real number"),
+        (float("nan"), "finite and > 0"),
+        (float("-inf"), "finite and > 0"),
+        (0, "finite and > 0"),
+        (torch.tensor(-0.1), "finite and > 0"),
+    ],
+)
 def test_softmax_refuses_tau_with_a_true_message(tau, message):
     with pytest.raises(ValueError, match=message):
         softmax_advantages(torch.zeros(1, 4), tau=tau)
@@ -230,10 +251,21 @@ def test_conflicting_hyperparameter_defaults_are_refused(monkeypatch):
         estimator_params()
 
 
-@pytest.mark.parametrize("name, value", [
-    ("eps", -1.0), ("eps", 0.0), ("eps", float("nan")), ("eps", float("inf")), ("eps", 1e-300),
-    ("tau", 1e-300), ("tau", -0.1), ("baseline", float("nan")), ("baseline", float("inf")), ("baseline", "0.5"),
-])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("eps", -1.0),
+        ("eps", 0.0),
+        ("eps", float("nan")),
+        ("eps", float("inf")),
+        ("eps", 1e-300),
+        ("tau", 1e-300),
+        ("tau", -0.1),
+        ("baseline", float("nan")),
+        ("baseline", float("inf")),
+        ("baseline", "0.5"),
+    ],
+)
 def test_every_estimator_refuses_a_hyperparameter_outside_its_declared_range(name, value):
     """eps -1 would flip GRPO's advantages; eps or tau that round to 0 in float32 would make them NaN."""
     valid = hyperparameter_ranges()[name]
@@ -266,7 +298,7 @@ def random_rewards(name: str, M: int, seed: int) -> list[torch.Tensor]:
 
 def bound(name: str, M: int, rewards: torch.Tensor) -> torch.Tensor:
     """The largest |A| (or, for softmax and maxrl, the interval) each group's advantages may reach, (G, 1) each."""
-    spread = (rewards.amax(-1, keepdim=True) - rewards.amin(-1, keepdim=True))  # (G, 1)
+    spread = rewards.amax(-1, keepdim=True) - rewards.amin(-1, keepdim=True)  # (G, 1)
     return {  # derived next to each: every bound is reached by some group, so none is loose by construction
         "softmax": (-1, M - 1),  # A = M w - 1 with softmax weights w in (0, 1)
         "maxrl": (-1, M - 1),  # R >= 0: A = R / mean - 1 >= -1, and R <= M mean, so A <= M - 1 (0 when mean <= eps)

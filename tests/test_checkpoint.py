@@ -29,6 +29,7 @@ def checkpoints(run):
 
 # ---- on fake folders (fast)
 
+
 def test_prune_keeps_the_newest_complete_checkpoints_by_step_and_nothing_else(tmp_path):
     for step in (3, 999_999, 1_000_000, 7):  # by step, not by name: "checkpoint-1000000" sorts first as text
         fake_checkpoint(tmp_path, step, {"step": step})
@@ -39,8 +40,14 @@ def test_prune_keeps_the_newest_complete_checkpoints_by_step_and_nothing_else(tm
     before = snapshot(tmp_path)
 
     assert prune_checkpoints(str(tmp_path), 2) == ["checkpoint-000003", "checkpoint-000007"]
-    assert sorted(os.listdir(tmp_path)) == [".tmp-checkpoint-3000000-abc", "checkpoint-1000000", "checkpoint-2000000",
-                                            "checkpoint-999999", "checkpoint-notes", "metrics.jsonl"]
+    assert sorted(os.listdir(tmp_path)) == [
+        ".tmp-checkpoint-3000000-abc",
+        "checkpoint-1000000",
+        "checkpoint-2000000",
+        "checkpoint-999999",
+        "checkpoint-notes",
+        "metrics.jsonl",
+    ]
     assert snapshot(tmp_path) == {k: v for k, v in before.items() if "checkpoint-00000" not in k}  # the rest as was
     assert prune_checkpoints(str(tmp_path), 2) == []  # already down to two
     assert prune_checkpoints(str(tmp_path), 1) == ["checkpoint-999999"]
@@ -87,6 +94,7 @@ def test_a_prune_killed_mid_delete_leaves_no_checkpoint_that_looks_complete(tmp_
 
 
 # ---- through train.main on the tiny model
+
 
 def test_pruned_runs_resume_exactly_and_a_failed_save_deletes_nothing(tiny_model_dir, tmp_path, digits, monkeypatch):
     """A straight 4-step run against one whose 3rd save fails on a full disk (keep 1: checkpoint-2 alone is left,
@@ -150,6 +158,7 @@ def test_a_prune_that_fails_is_a_note_and_the_run_goes_on(tiny_model_dir, tmp_pa
 
 
 # ---- the DCP checkpoint (plumbing/checkpoint.py; under torchrun: tests/test_dcp.py)
+
 
 def test_a_resume_restores_its_own_gpus_rng_state_however_many_are_visible(monkeypatch):
     """Each process saves the RNG state of its own GPU: a checkpoint saved where 4 GPUs were visible restores on a
@@ -237,16 +246,18 @@ def test_a_moved_run_and_a_copied_model_folder_resume_exactly(tiny_model_dir, tm
     moved_model = tmp_path / "elsewhere" / "copy"
     shutil.copytree(first, moved_model)
     shutil.rmtree(first)
-    args = tiny_args(str(moved_model), tmp_path / "moved", steps=3, beta=0.1, resume=str(tmp_path / "moved"),
-                     resume_changed=True)
+    args = tiny_args(
+        str(moved_model), tmp_path / "moved", steps=3, beta=0.1, resume=str(tmp_path / "moved"), resume_changed=True
+    )
     assert config.check_args(args) is None
     train.main(args)
 
     def comparable(rows):
         return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/", "mem/"))} for r in rows]
 
-    assert comparable(read_metrics(tmp_path / "moved" / "metrics.jsonl")) == \
-        comparable(read_metrics(tmp_path / "straight" / "metrics.jsonl"))
+    assert comparable(read_metrics(tmp_path / "moved" / "metrics.jsonl")) == comparable(
+        read_metrics(tmp_path / "straight" / "metrics.jsonl")
+    )
     other = build_tiny_model(tmp_path / "other", seed=1)
     error = config.check_args(tiny_args(other, tmp_path / "moved", steps=4, resume=str(tmp_path / "moved")))
     assert error and "pass the same --task and --model" in error
@@ -267,8 +278,9 @@ def test_a_tied_head_is_saved_once_and_every_file_is_fsynced_before_the_rename(t
     with torch.no_grad():
         model.get_input_embeddings().weight.add_(1.0)  # not the initial weights
     events, real_fsync, real_rename = [], os.fsync, os.rename
-    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
-                        or real_fsync(fd))
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))) or real_fsync(fd)
+    )
     monkeypatch.setattr(os, "rename", lambda a, b: events.append(("rename", str(a), str(b))) or real_rename(a, b))
     save_checkpoint(str(tmp_path), 1, model, optimizer, scheduler, tokenizer, args)
     monkeypatch.setattr(os, "fsync", real_fsync)

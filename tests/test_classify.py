@@ -71,8 +71,9 @@ def test_rl_loss_is_seeded_and_matches_pg_loss():
     labels = torch.tensor([0, 1, 2, 3])
     a = rl_loss(logits, labels, 16, "softmax", 0.1, torch.Generator().manual_seed(3))
     b = rl_loss(logits, labels, 16, "softmax", 0.1, torch.Generator().manual_seed(3))
-    actions = torch.multinomial(torch.softmax(logits, -1), 16, replacement=True,
-                                generator=torch.Generator().manual_seed(3))
+    actions = torch.multinomial(
+        torch.softmax(logits, -1), 16, replacement=True, generator=torch.Generator().manual_seed(3)
+    )
     assert a.item() == b.item() == pg_loss(logits, labels, actions, "softmax", 0.1).item()
 
 
@@ -89,8 +90,9 @@ def test_short_run_learns():
     torch.set_num_threads(1)  # tiny matmuls: extra threads only contend on a shared CPU
     try:
         for method in ("softmax", "ml"):
-            r = train(method, 32, problem, tau=0.1, seed=0, steps=200, batch_size=64, lr=3e-3, hidden=64,
-                      eval_every=100)
+            r = train(
+                method, 32, problem, tau=0.1, seed=0, steps=200, batch_size=64, lr=3e-3, hidden=64, eval_every=100
+            )
             assert r["acc"] > 0.5, (method, r["acc"])  # starts at ~0.05
             assert r["pass1"] > r["curve"]["pass1"][0] - 0.05  # no collapse after the first eval
     finally:

@@ -21,8 +21,11 @@ JOB = os.path.join(ROOT, "tests", "dist_checkpoint.py")
 
 
 def launch(world, *job):
-    head = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"] if world == 2 \
+    head = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        if world == 2
         else [sys.executable]
+    )
     result = subprocess.run([*head, JOB, *map(str, job)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
@@ -30,8 +33,9 @@ def launch(world, *job):
 
 def comparable(path):
     with open(path) as f:
-        return [{k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/", "mem/"))}
-                for line in f]
+        return [
+            {k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/", "mem/"))} for line in f
+        ]
 
 
 def assert_equal_states(a, b):
@@ -50,17 +54,24 @@ def test_dcp_resume_is_exact_on_2_ranks_and_reshards_2_to_1_and_1_to_2(tiny_mode
     launch(2, "train", split, tiny_model_dir, 2)
     launch(1, "train", single, tiny_model_dir, 2)  # saved on 1 rank, for the 1 -> 2 reshard below
     ckpt = split / "checkpoint-000002"
-    assert sorted(f for f in os.listdir(ckpt / "trainer") if f.endswith(".distcp")) == ["__0_0.distcp",
-                                                                                       "__1_0.distcp"]
+    assert sorted(f for f in os.listdir(ckpt / "trainer") if f.endswith(".distcp")) == ["__0_0.distcp", "__1_0.distcp"]
     for world in (1, 2):  # each checkpoint, resumed on 1 and on 2 ranks: every tensor as saved
-        launch(world, "load", tiny_model_dir, ckpt, tmp_path / f"2to{world}.pt",
-               single / "checkpoint-000002", tmp_path / f"1to{world}.pt")
+        launch(
+            world,
+            "load",
+            tiny_model_dir,
+            ckpt,
+            tmp_path / f"2to{world}.pt",
+            single / "checkpoint-000002",
+            tmp_path / f"1to{world}.pt",
+        )
     two_to_one, two_to_two = (torch.load(tmp_path / f"2to{world}.pt") for world in (1, 2))
     assert two_to_one["step"] == two_to_two["step"] == 2
     assert_equal_states(two_to_one, two_to_two)
     hf = load_file(ckpt / "model.safetensors")  # the HF folder's weights, the tied head once
-    assert "lm_head.weight" not in hf and torch.equal(two_to_one["model"].pop("lm_head.weight"),
-                                                      hf["model.embed_tokens.weight"])
+    assert "lm_head.weight" not in hf and torch.equal(
+        two_to_one["model"].pop("lm_head.weight"), hf["model.embed_tokens.weight"]
+    )
     assert_equal_states(two_to_one["model"], hf)
     assert "model.lm_head.weight" not in dcp.FileSystemReader(str(ckpt / "trainer")).read_metadata().state_dict_metadata
     initial = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
@@ -73,8 +84,10 @@ def test_dcp_resume_is_exact_on_2_ranks_and_reshards_2_to_1_and_1_to_2(tiny_mode
     shutil.rmtree(fork)
     launch(2, "train", split, tiny_model_dir, 3, split)  # resumed on 2 ranks: the straight run, to the bit
     assert comparable(split / "metrics.jsonl") == comparable(straight / "metrics.jsonl")
-    assert_equal_states(load_file(split / "checkpoint-000003" / "model.safetensors"),
-                        load_file(straight / "checkpoint-000003" / "model.safetensors"))
+    assert_equal_states(
+        load_file(split / "checkpoint-000003" / "model.safetensors"),
+        load_file(straight / "checkpoint-000003" / "model.safetensors"),
+    )
 
     assert_equal_states(torch.load(tmp_path / "1to1.pt"), torch.load(tmp_path / "1to2.pt"))
     launch(2, "train", single, tiny_model_dir, 3, single)
@@ -115,8 +128,10 @@ def test_at_start_rank_0_alone_holds_the_whole_model_and_the_other_ranks_their_s
 
     def peaks(world):
         out = launch(world, "measure-load", model_dir).stdout
-        return {row["rank"]: row["peak_over_start_mb"] for row in
-                (json.loads(line[len("measure "):]) for line in out.splitlines() if line.startswith("measure "))}
+        return {
+            row["rank"]: row["peak_over_start_mb"]
+            for row in (json.loads(line[len("measure ") :]) for line in out.splitlines() if line.startswith("measure "))
+        }
 
     one, two = peaks(1)[0], peaks(2)
     assert one > 0.8 * weights_mb, (one, weights_mb)  # the measurement sees the load

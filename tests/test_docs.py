@@ -3,6 +3,7 @@ and docs/*.md cite names a file that exists and a name defined in it; and the RE
 
     python -m pytest tests/test_docs.py -q
 """
+
 import ast
 import fnmatch
 import functools
@@ -44,7 +45,7 @@ def _texts(page: str):
         start = number - len(chunk)  # a paragraph ends: spans never cross one
         text = "\n".join(chunk)
         for m in re.finditer(r"`([^`]+)`", text):
-            yield start + text[:m.start()].count("\n"), re.sub(r"::\s+", "::", " ".join(m.group(1).split())), True
+            yield start + text[: m.start()].count("\n"), re.sub(r"::\s+", "::", " ".join(m.group(1).split())), True
         prose = re.sub(r"`[^`]+`", lambda m: " " + "\n" * m.group().count("\n"), text)
         yield from ((start + i, piece, False) for i, piece in enumerate(prose.split("\n")))
         chunk = []
@@ -57,7 +58,7 @@ def citations(page: str, folder: str = "") -> list[tuple[int, str, str, str]]:
     for number, text, whole in _texts(page):
         for m in CITATION.finditer(text):
             path, sep, first, first_args, rest = m.groups()
-            if sep == ": " and text[m.end(4):m.end(4) + 1] == ":":  # an error message: `train.py: error: ...`
+            if sep == ": " and text[m.end(4) : m.end(4) + 1] == ":":  # an error message: `train.py: error: ...`
                 continue
             names = [(first, first_args)] + (LISTED.findall(rest) if whole and sep == ": " else [])
             for name, args in names:
@@ -74,8 +75,7 @@ def citations(page: str, folder: str = "") -> list[tuple[int, str, str, str]]:
             if dotted.group(2) not in ("py", "json", "jsonl", "md", "png"):
                 found.append((number, dotted.group(1) + ".py", dotted.group(2), ""))
         if not whole:
-            found += [(number, os.path.normpath(os.path.join(folder, target)), "", "")
-                      for target in LINK.findall(text)]
+            found += [(number, os.path.normpath(os.path.join(folder, target)), "", "") for target in LINK.findall(text)]
     return list(dict.fromkeys(found))
 
 
@@ -132,12 +132,12 @@ def files_map_entries() -> list[tuple[int, str, str]]:
     lines = open(os.path.join(ROOT, "README.md")).read().split("\n")
     start = lines.index("```", lines.index("## Files")) + 1
     entries, folder, file = [], "", ""
-    for number, line in enumerate(lines[start:lines.index("```", start)], start + 1):
+    for number, line in enumerate(lines[start : lines.index("```", start)], start + 1):
         head = line.split()[0] if line.strip() and not line.startswith(" ") else ""
         if head:
             folder, file = (head, "") if head.endswith("/") else ("", head if head.endswith(".py") else "")
             entries += [(number, file, "")] if file else []
-        text = line[len(head):] if head else line
+        text = line[len(head) :] if head else line
         if folder:
             entries += [(number, folder + p, "") for p in re.findall(r"\b([\w/]+\.(?:py|sh|sbatch))\b", text)]
         elif file:
@@ -149,8 +149,12 @@ def files_map_entries() -> list[tuple[int, str, str]]:
 def test_the_files_map_names_every_file_of_the_training_path():
     """Each top-level .py file has its line in the README's Files map; each file of plumbing/ and speed/ is named."""
     listed = {path for _, path, _ in files_map_entries()}
-    files = {os.path.relpath(p, ROOT) for pattern in ("*.py", "plumbing/*.py", "speed/*.py")
-             for p in glob.glob(os.path.join(ROOT, pattern)) if not p.endswith("__init__.py")}
+    files = {
+        os.path.relpath(p, ROOT)
+        for pattern in ("*.py", "plumbing/*.py", "speed/*.py")
+        for p in glob.glob(os.path.join(ROOT, pattern))
+        if not p.endswith("__init__.py")
+    }
     assert not files - listed, f"not in the Files map: {sorted(files - listed)}"
 
 
@@ -170,17 +174,30 @@ def test_every_cited_file_and_name_exists():
 
 def test_the_reader_finds_citations_of_each_form():
     """The parser reads the forms the pages use (a parser that finds nothing would pass the test above)."""
-    text = ("`loss.py: policy_loss, kl_k3` `tasks.py: Task.load(demos=True)` `loss.py: ROW_FILTERS[\"truncated\"]`\n"
-            "(config.py: PRESETS, sized) `tests/test_docs.py::\n  test_every_*` `train.py: error: the run stops`\n"
-            "\n```python\nfrom tools.figures import plot_figure1, kl_estimator_of  # rollout.py: score -> tasks.py\n"
-            "```\n[x](fork.md#recipes) `python -m tools.sweep` [y](https://example.com/a.md) `rewards.math_reward`\n"
-            "`eval.json` `data.max_prompt_length`\n")
+    text = (
+        '`loss.py: policy_loss, kl_k3` `tasks.py: Task.load(demos=True)` `loss.py: ROW_FILTERS["truncated"]`\n'
+        "(config.py: PRESETS, sized) `tests/test_docs.py::\n  test_every_*` `train.py: error: the run stops`\n"
+        "\n```python\nfrom tools.figures import plot_figure1, kl_estimator_of  # rollout.py: score -> tasks.py\n"
+        "```\n[x](fork.md#recipes) `python -m tools.sweep` [y](https://example.com/a.md) `rewards.math_reward`\n"
+        "`eval.json` `data.max_prompt_length`\n"
+    )
     got = sorted((path, name, key) for _, path, name, key in citations(text, "docs"))
-    assert got == sorted([("loss.py", "policy_loss", ""), ("loss.py", "kl_k3", ""), ("tasks.py", "Task.load", ""),
-                          ("loss.py", "ROW_FILTERS", "truncated"), ("config.py", "PRESETS", ""),
-                          ("tests/test_docs.py", "test_every_*", ""), ("tools/figures.py", "plot_figure1", ""),
-                          ("tools/figures.py", "kl_estimator_of", ""), ("rollout.py", "score", ""),
-                          ("docs/fork.md", "", ""), ("tools/sweep.py", "", ""), ("rewards.py", "math_reward", "")])
+    assert got == sorted(
+        [
+            ("loss.py", "policy_loss", ""),
+            ("loss.py", "kl_k3", ""),
+            ("tasks.py", "Task.load", ""),
+            ("loss.py", "ROW_FILTERS", "truncated"),
+            ("config.py", "PRESETS", ""),
+            ("tests/test_docs.py", "test_every_*", ""),
+            ("tools/figures.py", "plot_figure1", ""),
+            ("tools/figures.py", "kl_estimator_of", ""),
+            ("rollout.py", "score", ""),
+            ("docs/fork.md", "", ""),
+            ("tools/sweep.py", "", ""),
+            ("rewards.py", "math_reward", ""),
+        ]
+    )
     assert broken("x.md", 1, "loss.py", "no_such_name", "") == "x.md:1: loss.py defines no no_such_name"
     assert broken("x.md", 1, "tasks.py", "Task.no_such_method", "")
     assert broken("x.md", 1, "loss.py", "ROW_FILTERS", "no-such-key")

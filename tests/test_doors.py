@@ -21,8 +21,13 @@ from tests.test_bad_input import write_jsonl
 VALID = {  # a valid row of each task read from a file; a new such task needs one here
     "gsm8k": {"question": "What is 1 plus 1?", "answer": "#### 2"},
     "countdown": {"nums": [1, 2, 3], "target": 6},
-    "deepmath": {"question": "What is 1 plus 1?", "final_answer": "2", "r1_solution_1": "<think>1+1</think> 2",
-                 "r1_solution_2": None, "r1_solution_3": ""},
+    "deepmath": {
+        "question": "What is 1 plus 1?",
+        "final_answer": "2",
+        "r1_solution_1": "<think>1+1</think> 2",
+        "r1_solution_2": None,
+        "r1_solution_3": "",
+    },
     "poetry": {"instruction": "Write a poem about rain.", "poem": "Rain falls."},
     "meetingbank": {"prompt": "The council met.", "compressed_prompt": "Council met."},
     "openthoughts": {"conversations": [{"from": "human", "value": "Why?"}, {"from": "gpt", "value": "Because."}]},
@@ -45,8 +50,11 @@ def rows_of(name: str, n: int = 6) -> list[dict]:
 
 def load_all(name: str, path) -> list:
     task = get_task(name)
-    return [ex for split in (("test",) if task.held_out_only else ("train", "test"))
-            for ex in task.load(split, data_file=str(path))]
+    return [
+        ex
+        for split in (("test",) if task.held_out_only else ("train", "test"))
+        for ex in task.load(split, data_file=str(path))
+    ]
 
 
 def test_the_tasks_read_from_a_file_load_their_valid_rows(tmp_path):
@@ -97,8 +105,11 @@ def test_a_json_file_in_a_layout_other_than_records_or_lines_is_refused_as_such(
     with pytest.raises(DataError) as info:
         load_all(name, path)
     message = str(info.value)
-    assert ("one JSON object of columns" in message if orient != "values" else
-            "a .json file holds a list of row objects, or one object per line" in message), message
+    assert (
+        "one JSON object of columns" in message
+        if orient != "values"
+        else "a .json file holds a list of row objects, or one object per line" in message
+    ), message
     pd.DataFrame(rows_of(name)).to_json(path, orient="records")  # the layouts read: records, and lines
     assert load_all(name, path)
     pd.DataFrame(rows_of(name)).to_json(tmp_path / "rows.jsonl", orient="records", lines=True)
@@ -124,8 +135,7 @@ def test_a_line_is_read_in_bounded_chunks_and_refused_at_the_limit(tmp_path):
 
 def test_conflicting_golds_for_one_prompt_are_reported_once_with_a_count(tmp_path, capsys):
     """One prompt with two different golds (22 copies) trained on both with no note."""
-    rows = rows_of("gsm8k", 20) + [{"question": "What is 2 plus 2?", "answer": f"#### {4 + i % 2}"}
-                                   for i in range(22)]
+    rows = rows_of("gsm8k", 20) + [{"question": "What is 2 plus 2?", "answer": f"#### {4 + i % 2}"} for i in range(22)]
     rows += [{"question": "What is 3 plus 3?", "answer": f"#### {6 + i % 3}"} for i in range(3)]
     loaded = load_all("gsm8k", write_jsonl(tmp_path / "g.jsonl", rows))
     notes = [line for line in capsys.readouterr().out.splitlines() if "different golds" in line]
@@ -140,12 +150,15 @@ def test_conflicting_golds_for_one_prompt_are_reported_once_with_a_count(tmp_pat
 MATH_TASKS = [name for name, task in TASKS.items() if task.verifier is tasks._math_verifier]
 
 
-@pytest.mark.parametrize("gold, right, wrong", [
-    ("72 dollars", ["\\boxed{72}", "\\boxed{72 dollars}", "\\boxed{72 \\text{dollars}}"], ["\\boxed{73}"]),
-    ("1,500 meters", ["\\boxed{1500}", "\\boxed{1,500}", "\\boxed{1500 meters}"], ["\\boxed{15}", "\\boxed{1.5}"]),
-    ("\u221215", ["\\boxed{-15}", "\\boxed{\u221215}"], ["\\boxed{15}"]),
-    ("5\\text{ cm}", ["\\boxed{5}", "\\boxed{5 cm}"], ["\\boxed{6}"]),
-])
+@pytest.mark.parametrize(
+    "gold, right, wrong",
+    [
+        ("72 dollars", ["\\boxed{72}", "\\boxed{72 dollars}", "\\boxed{72 \\text{dollars}}"], ["\\boxed{73}"]),
+        ("1,500 meters", ["\\boxed{1500}", "\\boxed{1,500}", "\\boxed{1500 meters}"], ["\\boxed{15}", "\\boxed{1.5}"]),
+        ("\u221215", ["\\boxed{-15}", "\\boxed{\u221215}"], ["\\boxed{15}"]),
+        ("5\\text{ cm}", ["\\boxed{5}", "\\boxed{5 cm}"], ["\\boxed{6}"]),
+    ],
+)
 def test_every_math_task_reads_a_gold_and_a_prediction_through_one_normaliser(gold, right, wrong, tmp_path):
     """A DeepMath, MATH500 or AIME gold "72 dollars" loaded and then never scored, while gsm8k refused it."""
     assert {"gsm8k", "deepmath", "math500", "aime24", "aime25"} <= set(MATH_TASKS)
@@ -163,15 +176,23 @@ def test_every_math_task_reads_a_gold_and_a_prediction_through_one_normaliser(go
 
 # ---- the run's own logs, read back with one reader at --resume, before any model loads
 @pytest.mark.parametrize("log", ["metrics.jsonl", "completions.jsonl"])
-@pytest.mark.parametrize("line, why", [
-    (b'{"step": null}', "a null step"), (b'{"step": "2"}', "a text step"), (b'{"step": true}', "a bool step"),
-    (b'{"step": 2.0}', "a float step"), (b"\xff\xfe not UTF-8", "bytes that are not UTF-8"),
-    (b"not json", "a line that is not JSON"), (b"[1, 2]", "a list"), (b'{"reward/mean": 0.5}', "no step"),
-    (b"", "a blank line (the log's writer never writes one)"),
-])
-def test_a_damaged_line_of_the_runs_own_log_is_one_line_at_resume_before_any_model_loads(log, line, why,
-                                                                                         tiny_model_dir, tmp_path,
-                                                                                         capsys, monkeypatch):
+@pytest.mark.parametrize(
+    "line, why",
+    [
+        (b'{"step": null}', "a null step"),
+        (b'{"step": "2"}', "a text step"),
+        (b'{"step": true}', "a bool step"),
+        (b'{"step": 2.0}', "a float step"),
+        (b"\xff\xfe not UTF-8", "bytes that are not UTF-8"),
+        (b"not json", "a line that is not JSON"),
+        (b"[1, 2]", "a list"),
+        (b'{"reward/mean": 0.5}', "no step"),
+        (b"", "a blank line (the log's writer never writes one)"),
+    ],
+)
+def test_a_damaged_line_of_the_runs_own_log_is_one_line_at_resume_before_any_model_loads(
+    log, line, why, tiny_model_dir, tmp_path, capsys, monkeypatch
+):
     """An 18-line traceback after the models loaded, and a non-JSON middle line was dropped without a note."""
     import train
     from tests.test_bad_input import run_with_checkpoints, snapshot

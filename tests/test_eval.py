@@ -68,6 +68,7 @@ def _examples(n):
 @pytest.fixture(scope="module")
 def sampler(tiny_model_dir):
     from rollout import make_sampler
+
     s = make_sampler("hf", tiny_model_dir, dtype="float32", seed=0)
     yield s
     s.close()
@@ -111,8 +112,24 @@ def test_evaluate_without_verifier_reports_similarity(sampler, capsys):
 
 def test_cli_writes_json(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "eval.json"
-    result = main(["--model", tiny_model_dir, "--task", "arith", "--limit", "3", "--samples", "2",
-                   "--max-tokens", "4", "--sampler", "hf", "--out", str(out)])
+    result = main(
+        [
+            "--model",
+            tiny_model_dir,
+            "--task",
+            "arith",
+            "--limit",
+            "3",
+            "--samples",
+            "2",
+            "--max-tokens",
+            "4",
+            "--sampler",
+            "hf",
+            "--out",
+            str(out),
+        ]
+    )
     data = json.loads(out.read_text())
     assert data["summary"]["n"] == 3 and data["summary"]["task"] == "arith"
     assert data["summary"]["model"] == tiny_model_dir and set(data["summary"]["pass@k"]) == {"1", "2"}
@@ -129,26 +146,59 @@ def test_cli_countdown_sim_joins_the_demo_file(tiny_model_dir, tmp_path, capsys)
     for split in ("train", "test"):
         (tmp_path / f"puzzles-{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in puzzles))
     demos = tmp_path / "gold.jsonl"
-    demos.write_text(json.dumps({"nums": [3, 8, 3, 8], "target": 24, "messages": [
-        {"role": "user", "content": "Make 24."},
-        {"role": "assistant", "content": "<think>8 / (1/3) is 24</think>\n<answer>8 / (3 - 8 / 3)</answer>"}]}) + "\n")
+    demos.write_text(
+        json.dumps(
+            {
+                "nums": [3, 8, 3, 8],
+                "target": 24,
+                "messages": [
+                    {"role": "user", "content": "Make 24."},
+                    {
+                        "role": "assistant",
+                        "content": "<think>8 / (1/3) is 24</think>\n<answer>8 / (3 - 8 / 3)</answer>",
+                    },
+                ],
+            }
+        )
+        + "\n"
+    )
     out = tmp_path / "eval.json"
-    main(["--model", tiny_model_dir, "--task", "countdown", "--reward", "sim", "--data-file",
-          str(tmp_path / "puzzles-{split}.jsonl"), "--demo-file", str(demos), "--max-tokens", "4", "--sampler", "hf",
-          "--out", str(out)])
+    main(
+        [
+            "--model",
+            tiny_model_dir,
+            "--task",
+            "countdown",
+            "--reward",
+            "sim",
+            "--data-file",
+            str(tmp_path / "puzzles-{split}.jsonl"),
+            "--demo-file",
+            str(demos),
+            "--max-tokens",
+            "4",
+            "--sampler",
+            "hf",
+            "--out",
+            str(out),
+        ]
+    )
     data = json.loads(out.read_text())
     assert data["summary"]["n"] == 1 and data["summary"]["reward_kind"] == "sim"
     assert [r["reference"] for r in data["examples"]] == ["8 / (3 - 8 / 3)"]
     assert "note: 1 of 2 countdown test puzzles have no demonstration" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--task", "arith"], "--model"),
-    (["--model", "x", "--task", "countdown", "--demo-file", "gold.jsonl"], "read only when the reward uses sim"),
-    (["--model", "x", "--task", "arith", "--samples", "-1"], "--samples"),
-    (["--model", "x", "--task", "arith", "--limit", "0"], "--limit"),
-    (["--model", "x", "--task", "no-such-task"], "no-such-task"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--task", "arith"], "--model"),
+        (["--model", "x", "--task", "countdown", "--demo-file", "gold.jsonl"], "read only when the reward uses sim"),
+        (["--model", "x", "--task", "arith", "--samples", "-1"], "--samples"),
+        (["--model", "x", "--task", "arith", "--limit", "0"], "--limit"),
+        (["--model", "x", "--task", "no-such-task"], "no-such-task"),
+    ],
+)
 def test_cli_bad_flags_one_line_exit_2(flags, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(flags)
@@ -168,8 +218,22 @@ def test_cli_nan_model_one_line_exit_2(tiny_model_dir, tmp_path, capsys):
     AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(tmp_path / "nan")
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
-        main(["--model", str(tmp_path / "nan"), "--task", "arith", "--limit", "2", "--max-tokens", "3",
-              "--sampler", "hf", "--out", str(tmp_path / "eval.json")])
+        main(
+            [
+                "--model",
+                str(tmp_path / "nan"),
+                "--task",
+                "arith",
+                "--limit",
+                "2",
+                "--max-tokens",
+                "3",
+                "--sampler",
+                "hf",
+                "--out",
+                str(tmp_path / "eval.json"),
+            ]
+        )
     stderr = capsys.readouterr().err
     last = stderr.strip().splitlines()[-1]  # after transformers' loading bar
     assert exit_info.value.code == 2 and last.startswith("eval.py: error: ") and "not finite" in last
@@ -183,8 +247,20 @@ def test_cli_unloadable_model_one_line_exit_2(kind, tmp_path, capsys, monkeypatc
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a wrong path must not wait on the network
     model = tmp_path / "no-such-model" if kind == "missing" else tmp_path
     with pytest.raises(SystemExit) as exit_info:
-        main(["--model", str(model), "--task", "arith", "--limit", "2", "--sampler", "hf",
-              "--out", str(tmp_path / "eval.json")])
+        main(
+            [
+                "--model",
+                str(model),
+                "--task",
+                "arith",
+                "--limit",
+                "2",
+                "--sampler",
+                "hf",
+                "--out",
+                str(tmp_path / "eval.json"),
+            ]
+        )
     stderr = capsys.readouterr().err
     assert exit_info.value.code == 2 and len(stderr.strip().splitlines()) == 1
     assert stderr.startswith(f"eval.py: error: cannot load model {str(model)!r}")
@@ -193,14 +269,18 @@ def test_cli_unloadable_model_one_line_exit_2(kind, tmp_path, capsys, monkeypatc
 
 # ---- the result file: checked writable before anything loads, printed first, written atomically
 
+
 def test_an_unwritable_output_is_refused_before_anything_loads(tiny_model_dir, tmp_path, capsys, monkeypatch):
     import tempfile
 
     import eval as eval_module
 
     (tmp_path / "a_file").write_text("x")
-    cases = [(tmp_path, "is a folder"), (tmp_path / "a_file" / "out.json", "does not exist (or is a file)"),
-             (tmp_path / "no" / "out.json", "does not exist")]
+    cases = [
+        (tmp_path, "is a folder"),
+        (tmp_path / "a_file" / "out.json", "does not exist (or is a file)"),
+        (tmp_path / "no" / "out.json", "does not exist"),
+    ]
     for out, message in cases:
         with pytest.raises(SystemExit) as exit_info:
             main(["--model", tiny_model_dir, "--task", "arith", "--out", str(out)])
@@ -223,8 +303,20 @@ def test_a_full_disk_keeps_the_earlier_result_and_prints_the_summary(tiny_model_
     import errno
 
     out = tmp_path / "eval.json"
-    flags = ["--model", tiny_model_dir, "--task", "arith", "--limit", "2", "--max-tokens", "2", "--sampler", "hf",
-             "--out", str(out)]
+    flags = [
+        "--model",
+        tiny_model_dir,
+        "--task",
+        "arith",
+        "--limit",
+        "2",
+        "--max-tokens",
+        "2",
+        "--sampler",
+        "hf",
+        "--out",
+        str(out),
+    ]
     main(flags)
     earlier = out.read_bytes()
     capsys.readouterr()
@@ -248,6 +340,7 @@ def test_a_full_disk_keeps_the_earlier_result_and_prints_the_summary(tiny_model_
 
 # ---- --reward-weights, as train.py takes it: any term of rewards.REWARD_TERMS, a fork's own too
 
+
 def test_a_registered_reward_term_reaches_the_result(tiny_model_dir, tmp_path, monkeypatch, capsys):
     import rewards
 
@@ -256,8 +349,26 @@ def test_a_registered_reward_term_reaches_the_result(tiny_model_dir, tmp_path, m
 
     monkeypatch.setitem(rewards.REWARD_TERMS, "brevity", brevity)
     out = tmp_path / "eval.json"
-    result = main(["--model", tiny_model_dir, "--task", "arith", "--limit", "3", "--samples", "2", "--max-tokens", "4",
-                   "--sampler", "hf", "--reward-weights", "exact=1,brevity=0.5", "--out", str(out)])
+    result = main(
+        [
+            "--model",
+            tiny_model_dir,
+            "--task",
+            "arith",
+            "--limit",
+            "3",
+            "--samples",
+            "2",
+            "--max-tokens",
+            "4",
+            "--sampler",
+            "hf",
+            "--reward-weights",
+            "exact=1,brevity=0.5",
+            "--out",
+            str(out),
+        ]
+    )
     summary, records = result["summary"], result["examples"]
     assert json.loads(out.read_text())["summary"] == summary and summary["reward_kind"] == "weighted"
     for r in records:
@@ -273,8 +384,22 @@ def test_a_registered_reward_term_reaches_the_result(tiny_model_dir, tmp_path, m
 
 def test_without_reward_weights_the_result_is_the_single_reward(tiny_model_dir, tmp_path):
     """No --reward-weights: the records and summary keep their keys; exact=1 gives the same numbers."""
-    flags = ["--model", tiny_model_dir, "--task", "arith", "--limit", "3", "--samples", "2", "--max-tokens", "4",
-             "--sampler", "hf", "--out", str(tmp_path / "eval.json")]
+    flags = [
+        "--model",
+        tiny_model_dir,
+        "--task",
+        "arith",
+        "--limit",
+        "3",
+        "--samples",
+        "2",
+        "--max-tokens",
+        "4",
+        "--sampler",
+        "hf",
+        "--out",
+        str(tmp_path / "eval.json"),
+    ]
     plain, weighted = main(flags), main(flags + ["--reward-weights", "exact=1"])
     assert "terms" not in plain["examples"][0] and "reward/mean" not in plain["summary"]
     assert [r["reward"] for r in plain["examples"]] == [r["reward"] for r in weighted["examples"]]
@@ -282,13 +407,28 @@ def test_without_reward_weights_the_result_is_the_single_reward(tiny_model_dir, 
     assert plain["summary"]["pass@k"] == weighted["summary"]["pass@k"]
 
 
-@pytest.mark.parametrize("weights, message", [("nope=1", "--reward-weights: unknown term 'nope'"),
-                                              ("exact=x", "the weight of exact must be a finite number"),
-                                              ("exact", "is not TERM=WEIGHT")])
+@pytest.mark.parametrize(
+    "weights, message",
+    [
+        ("nope=1", "--reward-weights: unknown term 'nope'"),
+        ("exact=x", "the weight of exact must be a finite number"),
+        ("exact", "is not TERM=WEIGHT"),
+    ],
+)
 def test_a_bad_reward_weights_is_one_line_exit_2_before_the_model_loads(weights, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["--model", str(tmp_path / "no-model"), "--task", "arith", "--reward-weights", weights,
-              "--out", str(tmp_path / "eval.json")])
+        main(
+            [
+                "--model",
+                str(tmp_path / "no-model"),
+                "--task",
+                "arith",
+                "--reward-weights",
+                weights,
+                "--out",
+                str(tmp_path / "eval.json"),
+            ]
+        )
     stderr = capsys.readouterr().err
     assert exit_info.value.code == 2 and len(stderr.strip().splitlines()) == 1
     assert stderr.startswith("eval.py: error: ") and message in stderr and not (tmp_path / "eval.json").exists()

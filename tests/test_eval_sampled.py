@@ -26,8 +26,15 @@ class SayTask:
 
     def load(self, split="train", *, data_file=None, limit=None, seed=0, demos=False, demo_file=None):
         n = limit or (16 if split == "train" else 8)
-        return [tasks.Example(prompt=[{"role": "user", "content": f"say {split} {i}" + " more" * (i % 3)}],
-                              gold="digit", reference="7", uid=f"{split}-{i}") for i in range(n)]
+        return [
+            tasks.Example(
+                prompt=[{"role": "user", "content": f"say {split} {i}" + " more" * (i % 3)}],
+                gold="digit",
+                reference="7",
+                uid=f"{split}-{i}",
+            )
+            for i in range(n)
+        ]
 
     def reward(self, completion, example, kind="exact"):
         return float(completion[:1] in "0123456789") if completion else 0.0
@@ -43,9 +50,23 @@ def say(monkeypatch):
 
 
 def run_args(model_dir, out_dir, **overrides):
-    base = dict(task="say", model=model_dir, M=4, rollout_batch=4, micro_batch=8, steps=2, max_tokens=4, lr=3e-3,
-                warmup_steps=0, eval_examples=5, eval_every=2, eval_samples=4, eval_temperature=0.6,
-                dtype="float32", out_dir=str(out_dir))
+    base = dict(
+        task="say",
+        model=model_dir,
+        M=4,
+        rollout_batch=4,
+        micro_batch=8,
+        steps=2,
+        max_tokens=4,
+        lr=3e-3,
+        warmup_steps=0,
+        eval_examples=5,
+        eval_every=2,
+        eval_samples=4,
+        eval_temperature=0.6,
+        dtype="float32",
+        out_dir=str(out_dir),
+    )
     return train.Args(**{**base, **overrides})
 
 
@@ -55,6 +76,7 @@ def read_jsonl(path):
 
 
 # ---- the arithmetic
+
 
 def test_mean_at_k_interval_and_pass_at_k_against_hand_counts():
     rewards = [[1, 0, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]]
@@ -78,6 +100,7 @@ def test_eval_seed_is_the_run_seed_and_step():
 
 # ---- K samples per prompt, shards
 
+
 def test_k_samples_per_prompt_and_a_shard_draws_what_one_process_draws(tiny_model_dir):
     from rollout import make_sampler
 
@@ -85,15 +108,16 @@ def test_k_samples_per_prompt_and_a_shard_draws_what_one_process_draws(tiny_mode
     rows = SayTask().load("test", limit=5)
     whole = evaluate(sampler, SayTask(), rows, samples=3, max_tokens=5, seed=77, temperature=0.6, progress=False)
     records = whole["examples"]
-    assert all(len(r["samples"]) == 3 and [s["reward"] for s in r["samples"]] == r["sampled_rewards"]
-               for r in records)
+    assert all(len(r["samples"]) == 3 and [s["reward"] for s in r["samples"]] == r["sampled_rewards"] for r in records)
     assert all(s["reward"] == SayTask().reward(s["completion"], None) for r in records for s in r["samples"])
     assert len({s["completion"] for r in records for s in r["samples"]}) > 5  # distinct streams, not one repeated
-    tail = evaluate(sampler, SayTask(), rows[2:], samples=3, max_tokens=5, seed=77, temperature=0.6, first=2,
-                    progress=False)["examples"]
+    tail = evaluate(
+        sampler, SayTask(), rows[2:], samples=3, max_tokens=5, seed=77, temperature=0.6, first=2, progress=False
+    )["examples"]
     assert [r["samples"] for r in tail] == [r["samples"] for r in records[2:]]
-    moved = evaluate(sampler, SayTask(), rows[2:], samples=3, max_tokens=5, seed=77, temperature=0.6,
-                     progress=False)["examples"]
+    moved = evaluate(sampler, SayTask(), rows[2:], samples=3, max_tokens=5, seed=77, temperature=0.6, progress=False)[
+        "examples"
+    ]
     assert [r["samples"] for r in moved] != [r["samples"] for r in records[2:]]  # `first` is what lines them up
     passes = [[s["passed"] for s in r["samples"]] for r in records]
     assert whole["summary"]["mean@3"] == sum(map(sum, passes)) / 15
@@ -102,6 +126,7 @@ def test_k_samples_per_prompt_and_a_shard_draws_what_one_process_draws(tiny_mode
 
 
 # ---- train.py: two sets, resume, eval.py on its checkpoint
+
 
 def test_two_held_out_sets_each_scored_and_logged(tiny_model_dir, tmp_path, say):
     aime = os.path.join(FIXTURES, "aime24.jsonl")
@@ -135,25 +160,47 @@ def test_a_resumed_run_scores_as_the_straight_one(tiny_model_dir, tmp_path, say)
     train.main(run_args(tiny_model_dir, tmp_path / "split", **common, resume=str(tmp_path / "split")))
 
     def scores(run):
-        return [{k: v for k, v in r.items() if k.startswith("eval/")} for r in read_jsonl(tmp_path / run /
-                                                                                           "metrics.jsonl")]
+        return [
+            {k: v for k, v in r.items() if k.startswith("eval/")} for r in read_jsonl(tmp_path / run / "metrics.jsonl")
+        ]
 
     assert scores("straight") == scores("split") and "eval/say/mean@2" in scores("straight")[3]
     for step in ("000002", "000004"):
         assert read_jsonl(tmp_path / "split" / f"eval-{step}.jsonl") == read_jsonl(
-            tmp_path / "straight" / f"eval-{step}.jsonl")
+            tmp_path / "straight" / f"eval-{step}.jsonl"
+        )
 
 
 def test_train_evaluation_equals_eval_py_on_its_checkpoint(tiny_model_dir, tmp_path, say):
     """The HF sampler in bf16 as eval.py runs it: the evaluation at step 2 and eval.py on checkpoint-000002, with the
     run's seed, give the same samples and the same numbers, to the bit."""
-    train.main(run_args(tiny_model_dir, tmp_path / "run", dtype="bfloat16", sampler="hf", seed=3,
-                        eval_top_p=0.9))
+    train.main(run_args(tiny_model_dir, tmp_path / "run", dtype="bfloat16", sampler="hf", seed=3, eval_top_p=0.9))
     logged = read_jsonl(tmp_path / "run" / "metrics.jsonl")[1]
     out = tmp_path / "eval.json"
-    result = evaluation.main(["--model", str(tmp_path / "run" / "checkpoint-000002"), "--task", "say", "--limit", "5",
-                              "--samples", "4", "--temperature", "0.6", "--top-p", "0.9", "--max-tokens", "4",
-                              "--seed", "3", "--sampler", "hf", "--out", str(out)])
+    result = evaluation.main(
+        [
+            "--model",
+            str(tmp_path / "run" / "checkpoint-000002"),
+            "--task",
+            "say",
+            "--limit",
+            "5",
+            "--samples",
+            "4",
+            "--temperature",
+            "0.6",
+            "--top-p",
+            "0.9",
+            "--max-tokens",
+            "4",
+            "--seed",
+            "3",
+            "--sampler",
+            "hf",
+            "--out",
+            str(out),
+        ]
+    )
     summary = result["summary"]
     trained = read_jsonl(tmp_path / "run" / "eval-000002.jsonl")
     assert [r["samples"] for r in result["examples"]] == [r["samples"] for r in trained]
@@ -165,17 +212,26 @@ def test_train_evaluation_equals_eval_py_on_its_checkpoint(tiny_model_dir, tmp_p
 
 # ---- torchrun
 
+
 @pytest.mark.slow
 def test_two_ranks_score_as_one_process(tiny_model_dir, tmp_path):
     runs = {}
     for launch in ("one", "two"):
-        runner = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-                                     if launch == "two" else [])
-        result = subprocess.run([*runner, os.path.join(ROOT, "tests", "dist_eval.py"), str(tmp_path / launch),
-                                 tiny_model_dir], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        runner = [sys.executable] + (
+            ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"] if launch == "two" else []
+        )
+        result = subprocess.run(
+            [*runner, os.path.join(ROOT, "tests", "dist_eval.py"), str(tmp_path / launch), tiny_model_dir],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
-        runs[launch] = (json.loads((tmp_path / launch / "eval.json").read_text()),
-                        read_jsonl(tmp_path / launch / "eval-000000.jsonl"))
+        runs[launch] = (
+            json.loads((tmp_path / launch / "eval.json").read_text()),
+            read_jsonl(tmp_path / launch / "eval-000000.jsonl"),
+        )
     (one, one_rows), (two, two_rows) = runs["one"], runs["two"]
     assert one["before"] == two["before"] and one["sets"]["before"] == two["sets"]["before"]  # 5 prompts: 3 + 2
     assert [r["samples"] for r in one_rows] == [r["samples"] for r in two_rows]
@@ -184,16 +240,20 @@ def test_two_ranks_score_as_one_process(tiny_model_dir, tmp_path):
 
 # ---- bad input
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(eval_tasks="nope"), "--eval-tasks: unknown task 'nope'"),
-    (dict(eval_tasks="math500=/no/such.jsonl"), "does not exist"),
-    (dict(eval_tasks="aime24,aime24"), "given twice"),
-    (dict(eval_samples=-1), "--eval-samples must be >= 0"),
-    (dict(eval_temperature=0.0), "--eval-temperature"),
-    (dict(eval_top_p=1.5), "--eval-top-p"),
-    (dict(eval_samples=4, eval_examples=0), "need --eval-examples >= 1"),
-    (dict(task="math500"), "held-out benchmark"),
-])
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(eval_tasks="nope"), "--eval-tasks: unknown task 'nope'"),
+        (dict(eval_tasks="math500=/no/such.jsonl"), "does not exist"),
+        (dict(eval_tasks="aime24,aime24"), "given twice"),
+        (dict(eval_samples=-1), "--eval-samples must be >= 0"),
+        (dict(eval_temperature=0.0), "--eval-temperature"),
+        (dict(eval_top_p=1.5), "--eval-top-p"),
+        (dict(eval_samples=4, eval_examples=0), "need --eval-examples >= 1"),
+        (dict(task="math500"), "held-out benchmark"),
+    ],
+)
 def test_bad_eval_flags_are_one_line(tmp_path, overrides, message):
     error = config.check_args(train.Args(**{"out_dir": str(tmp_path / "run"), **overrides}))
     assert error is not None and message in error and "\n" not in error
@@ -218,27 +278,43 @@ def test_benchmarks_load_whole_from_a_file_and_verify_with_math_verify():
 
 # ---- the curves
 
+
 @pytest.mark.curves
 def test_curves_draw_the_sampled_mean_with_its_band_beside_the_greedy_score(tmp_path, monkeypatch):
     import matplotlib.axes
 
     from tools.figures import plot_training_curves
 
-    rows = [{"step": 1, "reward/mean": 0.1}, {"step": 2, "reward/mean": 0.2, "eval/score": 0.25,
-                                               "eval/arith/mean@8": 0.3, "eval/arith/mean@8_ci95_low": 0.2,
-                                               "eval/arith/mean@8_ci95_high": 0.4, "eval/aime24/greedy": 0.0,
-                                               "eval/aime24/mean@8": 0.05, "eval/aime24/mean@8_ci95_low": 0.0,
-                                               "eval/aime24/mean@8_ci95_high": 0.1},
-            {"step": 3, "reward/mean": 0.3}]
+    rows = [
+        {"step": 1, "reward/mean": 0.1},
+        {
+            "step": 2,
+            "reward/mean": 0.2,
+            "eval/score": 0.25,
+            "eval/arith/mean@8": 0.3,
+            "eval/arith/mean@8_ci95_low": 0.2,
+            "eval/arith/mean@8_ci95_high": 0.4,
+            "eval/aime24/greedy": 0.0,
+            "eval/aime24/mean@8": 0.05,
+            "eval/aime24/mean@8_ci95_low": 0.0,
+            "eval/aime24/mean@8_ci95_high": 0.1,
+        },
+        {"step": 3, "reward/mean": 0.3},
+    ]
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     bands, lines = [], []
     fill_between, plot = matplotlib.axes.Axes.fill_between, matplotlib.axes.Axes.plot
-    monkeypatch.setattr(matplotlib.axes.Axes, "fill_between",
-                        lambda ax, x, low, high, **kw: bands.append((ax.get_title(), list(low), list(high)))
-                        or fill_between(ax, x, low, high, **kw))
-    monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda ax, *a, **kw: lines.append((ax.get_ylabel(), a, kw))
-                        or plot(ax, *a, **kw))
+    monkeypatch.setattr(
+        matplotlib.axes.Axes,
+        "fill_between",
+        lambda ax, x, low, high, **kw: (
+            bands.append((ax.get_title(), list(low), list(high))) or fill_between(ax, x, low, high, **kw)
+        ),
+    )
+    monkeypatch.setattr(
+        matplotlib.axes.Axes, "plot", lambda ax, *a, **kw: lines.append((ax.get_ylabel(), a, kw)) or plot(ax, *a, **kw)
+    )
     plot_training_curves([str(path)], str(tmp_path / "curves.png"), labels=["run"])
     assert sorted((low, high) for _, low, high in bands) == [([0.0], [0.1]), ([0.2], [0.4])]
     greedy = [(a[1], kw["label"]) for _, a, kw in lines if kw.get("linestyle") == "--"]

@@ -26,8 +26,10 @@ def test_curves_two_runs_missing_keys_and_broken_lines(tmp_path):
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     a.write_text("\n".join(json.dumps({"step": s, "reward/mean": s / 10, "loss/kl": 0.01 * s}) for s in range(5)))
     # run b logs other keys, a non-number and a half-written last line
-    b.write_text("\n".join(json.dumps({"step": s, "reward/mean": 0.1, "grad/norm": None if s == 2 else 1.0})
-                           for s in range(4)) + "\n{\"step\": 4, \"rew")
+    b.write_text(
+        "\n".join(json.dumps({"step": s, "reward/mean": 0.1, "grad/norm": None if s == 2 else 1.0}) for s in range(4))
+        + '\n{"step": 4, "rew'
+    )
     out = plot_training_curves([str(a), str(b)], str(tmp_path / "curves.png"), labels=["softmax", "grpo"])
     assert _is_png(out)
     with pytest.raises(ValueError, match="labels"):
@@ -38,8 +40,12 @@ def test_eval_scores_get_their_own_panel_with_a_point_per_evaluation(tmp_path, m
     from tools import figures
 
     a = tmp_path / "metrics.jsonl"  # --eval-every 2: the score on every second row only
-    a.write_text("".join(json.dumps({"step": s, "reward/mean": 0.1 * s, **({"eval/score": 0.5} if s % 2 == 0 else {})})
-                         + "\n" for s in range(1, 7)))
+    a.write_text(
+        "".join(
+            json.dumps({"step": s, "reward/mean": 0.1 * s, **({"eval/score": 0.5} if s % 2 == 0 else {})}) + "\n"
+            for s in range(1, 7)
+        )
+    )
     saved = []
     monkeypatch.setattr(figures, "_save", lambda fig, out: saved.append(fig) or out)
     plot_training_curves([str(a)], str(tmp_path / "curves.png"))
@@ -88,8 +94,12 @@ def test_run_table3_averages_steps_with_budget(tmp_path):
     bins = ["0-0.2", "0.2-0.5", "0.5-0.7", "0.7-0.9", "0.9-1"]
     steps = [[10, 20, 30, 40, 0], [30, 20, 10, 40, 0], [0, 0, 0, 0, 0]]  # last step: all groups zero advantage
     path = tmp_path / "metrics.jsonl"
-    path.write_text("".join(json.dumps({"step": i, **{f"alloc/softmax/{b}": s for b, s in zip(bins, row)}}) + "\n"
-                            for i, row in enumerate(steps)))
+    path.write_text(
+        "".join(
+            json.dumps({"step": i, **{f"alloc/softmax/{b}": s for b, s in zip(bins, row)}}) + "\n"
+            for i, row in enumerate(steps)
+        )
+    )
     assert run_table3(str(path), ["softmax"]) == {"softmax": [20.0, 20.0, 20.0, 40.0, 0.0]}
     with pytest.raises(ValueError, match="alloc/grpo"):
         run_table3(str(path), ["grpo"])

@@ -33,14 +33,14 @@ def floorgrpo_advantages(rewards: torch.Tensor, std_floor: float = 0.1) -> torch
 ESTIMATORS["floorgrpo"] = floorgrpo_advantages
 '''
 
-TASK = '''\
+TASK = """\
 def _qa(row: dict) -> Example:
     return Example(prompt=_chat(f"{row['problem']}\\n{BOXED}"), gold=str(row["answer"]), reference="")
 
 
 TASKS["qa"] = Task(name="qa", columns={"problem": str, "answer": str}, key=("problem",), make_example=_qa,
                    verifier=lambda completion, ex: math_reward(completion, ex.gold), answer=_boxed_or_answer)
-'''
+"""
 
 AGGREGATION = '''\
 def seq_mean_token_sum(mask, norm_len):
@@ -127,20 +127,40 @@ def ema_warmup_reference(ref, policy, step, ref_ema, ref_reset_every):
 REFERENCES["ema-warmup"] = ema_warmup_reference
 '''
 
-RECIPES = [("advantage.py", ESTIMATOR), ("tasks.py", TASK), ("loss.py", AGGREGATION), ("rewards.py", REWARD_TERM),
-           ("loss.py", ROW_FILTER), ("tasks.py", OWN_TASK), ("loss.py", KL_ESTIMATOR), ("loss.py", LOSS_TERM),
-           ("rollout.py", ROLLOUT), ("loss.py", REFERENCE)]
+RECIPES = [
+    ("advantage.py", ESTIMATOR),
+    ("tasks.py", TASK),
+    ("loss.py", AGGREGATION),
+    ("rewards.py", REWARD_TERM),
+    ("loss.py", ROW_FILTER),
+    ("tasks.py", OWN_TASK),
+    ("loss.py", KL_ESTIMATOR),
+    ("loss.py", LOSS_TERM),
+    ("rollout.py", ROLLOUT),
+    ("loss.py", REFERENCE),
+]
 
 
 def repository_files():
     """The repository's files as a fresh clone has them, plus this checkout's uncommitted ones (git's view)."""
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
-                            capture_output=True, text=True)
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     if listed.returncode == 0:
         return [name for name in listed.stdout.split("\0") if name and os.path.isfile(os.path.join(ROOT, name))]
-    return [os.path.relpath(os.path.join(folder, name), ROOT) for folder, dirs, names in os.walk(ROOT)
-            if not any(part.startswith((".", "__")) or part == "runs" for part in os.path.relpath(folder, ROOT)
-                       .split(os.sep) if part != ".") for name in names]
+    return [
+        os.path.relpath(os.path.join(folder, name), ROOT)
+        for folder, dirs, names in os.walk(ROOT)
+        if not any(
+            part.startswith((".", "__")) or part == "runs"
+            for part in os.path.relpath(folder, ROOT).split(os.sep)
+            if part != "."
+        )
+        for name in names
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +186,7 @@ def run_in(fork, *argv, timeout=900):
 
 
 # What each recipe must do, checked in the fork (the fresh processes a fork's user runs).
-CHECKS = r'''
+CHECKS = r"""
 import pytest, torch
 import advantage, loss, rewards, tasks
 from advantage import compute_advantages, estimator_params
@@ -262,7 +282,7 @@ ref = torch.zeros(2)
 loss.REFERENCES["ema-warmup"](ref, torch.ones(2), 50, ref_ema=0.1, ref_reset_every=0)
 assert torch.allclose(ref, torch.full((2,), 0.05))
 print("recipes ok")
-'''
+"""
 
 
 def test_docs_show_exactly_this_code():
@@ -283,10 +303,14 @@ def test_each_recipe_does_what_it_says_in_the_fork(fork):
 # presets. The fork's fast suite runs every test that does in its own code, or that names a helper, constant or
 # fixture (its file's or conftest's) reaching a registry by name; and all of test_layout (the recipes add code to
 # stage files). A helper that builds Args (tiny_args) pins nothing: a test pins the flags only by listing them.
-REGISTRY_NAMES = (r"ESTIMATORS|TASKS|AGGREGATIONS|REWARD_TERMS|ROW_FILTERS|RATIOS|IS_CORRECTIONS|SAMPLERS|PRESETS"
-                  r"|KL_ESTIMATORS|LOSS_TERMS|OPTION_CHOICES|ROLLOUTS|REFERENCES")
-REACHES_A_REGISTRY = re.compile(REGISTRY_NAMES + r"|choices\(|must be one of|--help|estimator_params|hyperparameter"
-                                r"|Args\(")
+REGISTRY_NAMES = (
+    r"ESTIMATORS|TASKS|AGGREGATIONS|REWARD_TERMS|ROW_FILTERS|RATIOS|IS_CORRECTIONS|SAMPLERS|PRESETS"
+    r"|KL_ESTIMATORS|LOSS_TERMS|OPTION_CHOICES|ROLLOUTS|REFERENCES"
+)
+REACHES_A_REGISTRY = re.compile(
+    REGISTRY_NAMES + r"|choices\(|must be one of|--help|estimator_params|hyperparameter"
+    r"|Args\("
+)
 
 
 def _reaching_definitions(path: str) -> tuple[dict, set]:
@@ -296,14 +320,22 @@ def _reaching_definitions(path: str) -> tuple[dict, set]:
     tree = ast.parse(source, path)
     defs = {}
     for node in tree.body:
-        names = [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else \
-            [t.id for t in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(t, ast.Name)]
+        names = (
+            [node.name]
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+            else [t.id for t in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(t, ast.Name)]
+        )
         defs.update({name: node for name in names})
-    named = {name: {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | set(_arguments(node))
-             for name, node in defs.items()}
-    reach = {name for name, node in defs.items()
-             if re.search(REGISTRY_NAMES, _source(source, node))
-             or (name.startswith("test_") and REACHES_A_REGISTRY.search(_source(source, node)))}
+    named = {
+        name: {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | set(_arguments(node))
+        for name, node in defs.items()
+    }
+    reach = {
+        name
+        for name, node in defs.items()
+        if re.search(REGISTRY_NAMES, _source(source, node))
+        or (name.startswith("test_") and REACHES_A_REGISTRY.search(_source(source, node)))
+    }
     while True:
         more = {name for name in defs if name not in reach and named[name] & reach}
         if not more:
@@ -313,7 +345,7 @@ def _reaching_definitions(path: str) -> tuple[dict, set]:
 
 def _source(source: str, node) -> str:
     first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-    return "\n".join(source.splitlines()[first - 1:node.end_lineno])
+    return "\n".join(source.splitlines()[first - 1 : node.end_lineno])
 
 
 def _arguments(node) -> list[str]:
@@ -346,11 +378,13 @@ def test_the_fork_suite_holds_every_test_that_reaches_a_registry(tmp_path):
     assert "tests/test_layout.py" in chosen and not any("test_power.py" in c or "test_fork_it" in c for c in chosen)
     # a test reaching a registry through a helper, or through a constant, is chosen; one that reaches none is not
     path = tmp_path / "test_x.py"
-    path.write_text("NAMES = sorted(TASKS)\n\ndef helper():\n    return NAMES\n\n\n"
-                    "def args():\n    return Args(steps=1)\n\n\n"
-                    "def test_through_a_helper():\n    assert helper()\n\n\n"
-                    "def test_directly():\n    assert 'x' not in ESTIMATORS\n\n\n"
-                    "def test_elsewhere():\n    assert args()\n")
+    path.write_text(
+        "NAMES = sorted(TASKS)\n\ndef helper():\n    return NAMES\n\n\n"
+        "def args():\n    return Args(steps=1)\n\n\n"
+        "def test_through_a_helper():\n    assert helper()\n\n\n"
+        "def test_directly():\n    assert 'x' not in ESTIMATORS\n\n\n"
+        "def test_elsewhere():\n    assert args()\n"
+    )
     defs, reach = _reaching_definitions(str(path))
     assert {"test_through_a_helper", "test_directly", "helper", "NAMES"} <= reach
     assert "test_elsewhere" not in reach and "args" not in reach
@@ -361,8 +395,9 @@ def test_the_fork_suite_holds_every_test_that_reaches_a_registry(tmp_path):
 def test_the_fast_suite_stays_green_in_the_fork(fork):
     """Every registry a recipe reaches holds one more entry (TASKS and REWARD_TERMS two): a test that pinned a
     registry to a list fails here."""
-    result = run_in(fork, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p", "no:cacheprovider",
-                    *registry_tests(), timeout=1800)
+    result = run_in(
+        fork, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p", "no:cacheprovider", *registry_tests(), timeout=1800
+    )
     assert result.returncode == 0, result.stdout[-3000:]
 
 
@@ -370,35 +405,129 @@ def test_the_fast_suite_stays_green_in_the_fork(fork):
 def test_train_and_eval_run_with_every_recipe(fork, tiny_model_dir):
     """train.py two steps with the page's flags for the recipes (and the built-in --ratio sequence), then two steps
     of the new task on its own reward term, then eval.py scoring that run's checkpoint with the term."""
-    common = ["--model", tiny_model_dir, "--M", "4", "--rollout-batch", "4", "--micro-batch", "8", "--steps", "2",
-              "--max-tokens", "4", "--warmup-steps", "0", "--eval-examples", "0", "--dtype", "float32"]
-    result = run_in(fork, "train.py", "--task", "qa", "--data-file", "qa.jsonl", "--advantage", "floorgrpo",
-                    "--std-floor", "0.2", "--loss-agg", "seq-mean-token-sum", "--reward-weights",
-                    "exact=1,brevity=0.1", "--row-filter", "equal-rewards", "--ratio", "sequence",
-                    "--kl-estimator", "k3-clipped", "--loss-terms", "l2=0.1", "--alloc-estimators", "all",
-                    "--rollout", "hardest", "--reference", "ema-warmup", "--ref-ema", "0.1", "--out-dir", "run-qa",
-                    *common)
+    common = [
+        "--model",
+        tiny_model_dir,
+        "--M",
+        "4",
+        "--rollout-batch",
+        "4",
+        "--micro-batch",
+        "8",
+        "--steps",
+        "2",
+        "--max-tokens",
+        "4",
+        "--warmup-steps",
+        "0",
+        "--eval-examples",
+        "0",
+        "--dtype",
+        "float32",
+    ]
+    result = run_in(
+        fork,
+        "train.py",
+        "--task",
+        "qa",
+        "--data-file",
+        "qa.jsonl",
+        "--advantage",
+        "floorgrpo",
+        "--std-floor",
+        "0.2",
+        "--loss-agg",
+        "seq-mean-token-sum",
+        "--reward-weights",
+        "exact=1,brevity=0.1",
+        "--row-filter",
+        "equal-rewards",
+        "--ratio",
+        "sequence",
+        "--kl-estimator",
+        "k3-clipped",
+        "--loss-terms",
+        "l2=0.1",
+        "--alloc-estimators",
+        "all",
+        "--rollout",
+        "hardest",
+        "--reference",
+        "ema-warmup",
+        "--ref-ema",
+        "0.1",
+        "--out-dir",
+        "run-qa",
+        *common,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = [json.loads(line) for line in open(fork / "run-qa" / "metrics.jsonl")]
     assert [m["step"] for m in metrics] == [1, 2]
     assert all(m["loss/pg"] == m["loss/pg"] for m in metrics)  # not NaN, even where the filter left no row
     assert all("alloc/floorgrpo/0.9-1" in m and 0.0 <= m["reward/brevity"] <= 1.0 for m in metrics)
     assert all(m["loss/l2"] == 0.0 for m in metrics)  # the new term's metric, with no other edit; 0 on-policy
-    saved = json.loads(run_in(fork, "-c", "import json; from plumbing.checkpoint import find_checkpoint, "
-                              "read_trainer_state; print(json.dumps(read_trainer_state(find_checkpoint('run-qa'))"
-                              "['args']))").stdout)
-    assert (saved["advantage"], saved["std_floor"], saved["loss_agg"], saved["row_filter"], saved["ratio"],
-            saved["kl_estimator"], saved["loss_terms"], saved["rollout"], saved["reference"]) == \
-        ("floorgrpo", 0.2, "seq-mean-token-sum", "equal-rewards", "sequence", "k3-clipped", "l2=0.1", "hardest",
-         "ema-warmup")
+    saved = json.loads(
+        run_in(
+            fork,
+            "-c",
+            "import json; from plumbing.checkpoint import find_checkpoint, "
+            "read_trainer_state; print(json.dumps(read_trainer_state(find_checkpoint('run-qa'))"
+            "['args']))",
+        ).stdout
+    )
+    assert (
+        saved["advantage"],
+        saved["std_floor"],
+        saved["loss_agg"],
+        saved["row_filter"],
+        saved["ratio"],
+        saved["kl_estimator"],
+        saved["loss_terms"],
+        saved["rollout"],
+        saved["reference"],
+    ) == (
+        "floorgrpo",
+        0.2,
+        "seq-mean-token-sum",
+        "equal-rewards",
+        "sequence",
+        "k3-clipped",
+        "l2=0.1",
+        "hardest",
+        "ema-warmup",
+    )
 
-    result = run_in(fork, "train.py", "--task", "topic", "--data-file", "topics.jsonl", "--reward-weights",
-                    "mentions=1,sim=0.5", "--out-dir", "run-topic", *common)
+    result = run_in(
+        fork,
+        "train.py",
+        "--task",
+        "topic",
+        "--data-file",
+        "topics.jsonl",
+        "--reward-weights",
+        "mentions=1,sim=0.5",
+        "--out-dir",
+        "run-topic",
+        *common,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = [json.loads(line) for line in open(fork / "run-topic" / "metrics.jsonl")]
     assert all(0.0 <= m["reward/mentions"] <= 1.0 and "reward/sim" in m for m in metrics)
-    result = run_in(fork, "eval.py", "--task", "topic", "--data-file", "topics.jsonl", "--reward-weights",
-                    "mentions=1", "--model", str(fork / "run-topic" / "checkpoint-000002"), "--max-tokens", "4",
-                    "--out", "eval-topic.json")
+    result = run_in(
+        fork,
+        "eval.py",
+        "--task",
+        "topic",
+        "--data-file",
+        "topics.jsonl",
+        "--reward-weights",
+        "mentions=1",
+        "--model",
+        str(fork / "run-topic" / "checkpoint-000002"),
+        "--max-tokens",
+        "4",
+        "--out",
+        "eval-topic.json",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "mentions" in json.dumps(json.load(open(fork / "eval-topic.json"))["summary"])

@@ -24,14 +24,34 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def rows_for(ranks: int, steps: int = 4, **per_rank) -> list[dict]:
     """Metric rows of a healthy `ranks`-rank GPU run; per_rank: name -> one value per rank, on every row."""
-    base = {"time/step": 2.0, "time/rollout": 1.0, "time/train": 0.8, "time/sync": 0.2, "response/len_mean": 100,
-            "perf/tokens_per_s": 500, "perf/tflops": 50.0, "sync/logprob_diff": 0.04}
-    healthy = {"engine/device": list(range(ranks)), "mem/device": list(range(ranks)),
-               "mem/used_before_sleep_gb": [60.0] * ranks, "mem/used_after_sleep_gb": [20.0] * ranks,
-               **{f"mem/peak_gb/{p}": [10.0] * ranks for p in gpu_check.PHASES}, **per_rank}
-    return [{"step": s, **base, "lr": 1e-4 if s == steps else 1e-6,  # the last step resumed at a large lr
-             "sync/sampler_moved": 0.3 if s == steps else 2e-4,
-             **{f"{k}/rank{r}": v[r] for k, v in healthy.items() for r in range(ranks)}} for s in range(1, steps + 1)]
+    base = {
+        "time/step": 2.0,
+        "time/rollout": 1.0,
+        "time/train": 0.8,
+        "time/sync": 0.2,
+        "response/len_mean": 100,
+        "perf/tokens_per_s": 500,
+        "perf/tflops": 50.0,
+        "sync/logprob_diff": 0.04,
+    }
+    healthy = {
+        "engine/device": list(range(ranks)),
+        "mem/device": list(range(ranks)),
+        "mem/used_before_sleep_gb": [60.0] * ranks,
+        "mem/used_after_sleep_gb": [20.0] * ranks,
+        **{f"mem/peak_gb/{p}": [10.0] * ranks for p in gpu_check.PHASES},
+        **per_rank,
+    }
+    return [
+        {
+            "step": s,
+            **base,
+            "lr": 1e-4 if s == steps else 1e-6,  # the last step resumed at a large lr
+            "sync/sampler_moved": 0.3 if s == steps else 2e-4,
+            **{f"{k}/rank{r}": v[r] for k, v in healthy.items() for r in range(ranks)},
+        }
+        for s in range(1, steps + 1)
+    ]
 
 
 def test_the_device_gate_fails_when_two_ranks_engines_share_a_device_and_passes_when_they_do_not():
@@ -41,7 +61,9 @@ def test_the_device_gate_fails_when_two_ranks_engines_share_a_device_and_passes_
     # the trainers' own devices differ (LOCAL_RANK): the gate reads the engines', not those
     assert gpu_check.device_gate(rows_for(2, **{"engine/device": [3, 3], "mem/device": [0, 1]}), 2)[0] == "FAIL"
     assert gpu_check.device_gate(rows_for(2, **{"engine/device": [0, -1]}), 2) == (
-        "FAIL", "rank(s) [1]'s engine is not on a GPU")
+        "FAIL",
+        "rank(s) [1]'s engine is not on a GPU",
+    )
     old = [{k: v for k, v in row.items() if not k.startswith("engine/")} for row in rows_for(2)]
     assert gpu_check.device_gate(old, 2)[0] == "FAIL"  # a train.py that does not record it cannot pass
 
@@ -49,8 +71,9 @@ def test_the_device_gate_fails_when_two_ranks_engines_share_a_device_and_passes_
 def test_the_memory_sleep_and_sync_gates_fail_past_their_bounds():
     plan = {"rollout": 10.0, "train": 10.0, "sync": 10.0}
     assert gpu_check.memory_gate(rows_for(2), 2, plan, gpu_check.PHASES)[0] == "PASS"
-    status, detail = gpu_check.memory_gate(rows_for(2, **{"mem/peak_gb/train": [10.0, 11.6]}), 2, plan,
-                                           gpu_check.PHASES)
+    status, detail = gpu_check.memory_gate(
+        rows_for(2, **{"mem/peak_gb/train": [10.0, 11.6]}), 2, plan, gpu_check.PHASES
+    )
     assert status == "FAIL" and "rank 1's train peak 11.6 GB > 1.15 x plan 10.0" in detail
     assert gpu_check.memory_gate(rows_for(2, **{"mem/peak_gb/sync": [30.0] * 2}), 2, plan, ("train",))[0] == "PASS"
     assert gpu_check.sleep_gate(rows_for(1), 1, share_gb=41.7)[0] == "PASS"  # freed 40 GB
@@ -71,9 +94,13 @@ def test_runs_that_time_out_or_stop_fail_quoting_train_pys_line():
     assert gpu_check.run_gate(rows_for(1), 4, ok, [], 240)[0] == "PASS"
     assert gpu_check.run_gate(rows_for(1, steps=3), 4, ok, [], 240)[0] == "FAIL"  # a step missing
     assert gpu_check.run_gate([], 4, {"save": 124, "resume": None}, [], 240) == (
-        "FAIL", "the save run passed its timeout of 240 s")
+        "FAIL",
+        "the save run passed its timeout of 240 s",
+    )
     assert gpu_check.run_gate(rows_for(1), 4, {"save": 0, "resume": None}, [], 240) == (
-        "FAIL", "the resume run did not run")
+        "FAIL",
+        "the resume run did not run",
+    )
     line = "train.py: error: the engine's norms differ from the trainer's after the step-4 sync (model.norm.weight)"
     status, detail = gpu_check.run_gate(rows_for(1, steps=1), 4, {"save": 0, "resume": 1}, [line], 240)
     assert status == "FAIL" and detail.endswith(line)
@@ -97,10 +124,21 @@ def test_the_verdict_of_a_gpu_run_quotes_the_weight_checks_line(tmp_path, monkey
     (tmp_path / "logs" / "run-2-save.rc").write_text("0\n")
     (tmp_path / "logs" / "run-2-resume.rc").write_text("1\n")
     (tmp_path / "logs" / "run-2-resume.log").write_text(f"noise\n[rank0]: {line}\n{line}\n")
-    run_args = json.dumps({"model": "Qwen/Qwen2.5-1.5B", "task": "arith", "M": 8, "rollout_batch": 16,
-                           "micro_batch": 16, "max_tokens": 256, "dtype": "bfloat16", "beta": 0.001})
-    code = gpu_check.main([str(tmp_path), "--runs", "2", "--sampler", "vllm", "--steps", "4", "--weight-check",
-                           "--run-args", run_args])
+    run_args = json.dumps(
+        {
+            "model": "Qwen/Qwen2.5-1.5B",
+            "task": "arith",
+            "M": 8,
+            "rollout_batch": 16,
+            "micro_batch": 16,
+            "max_tokens": 256,
+            "dtype": "bfloat16",
+            "beta": 0.001,
+        }
+    )
+    code = gpu_check.main(
+        [str(tmp_path), "--runs", "2", "--sampler", "vllm", "--steps", "4", "--weight-check", "--run-args", run_args]
+    )
     out = capsys.readouterr().out
     assert code == 1 and out.count(line) == 2  # in the runs line and the weights line, once each
     assert f"FAIL  weights N=2   {line}" in out and out.strip().endswith("gates)")
@@ -116,15 +154,52 @@ def test_the_verdict_lines(tmp_path, monkeypatch, capsys):
     (tmp_path / "run-2" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     for name in ("save", "resume"):
         (tmp_path / "logs" / f"run-2-{name}.rc").write_text("0\n")
-    run_args = json.dumps({"model": "Qwen/Qwen2.5-1.5B", "task": "arith", "M": 8, "rollout_batch": 16,
-                           "micro_batch": 16, "max_tokens": 256, "dtype": "bfloat16", "beta": 0.001})
-    assert gpu_check.main([str(tmp_path), "--runs", "2", "--sampler", "hf", "--steps", "4", "--lr-step", "1e-4",
-                           "--run-args", run_args]) == 1  # rows_for's resumed step is at 1e-4
+    run_args = json.dumps(
+        {
+            "model": "Qwen/Qwen2.5-1.5B",
+            "task": "arith",
+            "M": 8,
+            "rollout_batch": 16,
+            "micro_batch": 16,
+            "max_tokens": 256,
+            "dtype": "bfloat16",
+            "beta": 0.001,
+        }
+    )
+    assert (
+        gpu_check.main(
+            [
+                str(tmp_path),
+                "--runs",
+                "2",
+                "--sampler",
+                "hf",
+                "--steps",
+                "4",
+                "--lr-step",
+                "1e-4",
+                "--run-args",
+                run_args,
+            ]
+        )
+        == 1
+    )  # rows_for's resumed step is at 1e-4
     out = capsys.readouterr().out.splitlines()
-    verdict = {line.split()[1]: line.split()[0] for line in out if line.startswith("  ") and len(line.split()) > 2
-               and line.split()[0] in ("PASS", "FAIL", "skip")}
-    assert verdict == {"runs": "PASS", "sync": "PASS", "update": "PASS", "weights": "skip", "devices": "FAIL",
-                       "sleep": "skip", "memory": "PASS", "disk": "FAIL"}
+    verdict = {
+        line.split()[1]: line.split()[0]
+        for line in out
+        if line.startswith("  ") and len(line.split()) > 2 and line.split()[0] in ("PASS", "FAIL", "skip")
+    }
+    assert verdict == {
+        "runs": "PASS",
+        "sync": "PASS",
+        "update": "PASS",
+        "weights": "skip",
+        "devices": "FAIL",
+        "sleep": "skip",
+        "memory": "PASS",
+        "disk": "FAIL",
+    }
     assert out[-1] == "gpu_check: FAILED (2 of 8 gates)"
     assert any("ranks [0, 1] share cuda:0" in line for line in out)
     assert any("rollout and sync not gated" in line for line in out)  # the HF sampler: the train phase only
@@ -171,8 +246,14 @@ def test_the_dry_run_checks_the_no_vllm_path_and_leaves_no_checkpoint(tmp_path):
     """scripts/gpu_check.sh --dry-run: a random 2-layer model, train.py under torchrun --nproc_per_node 1 (gloo)
     with the HF sampler, checkpointing, top_p 0.999 and evaluation, a save, a resume from it for one more step at
     lr 1e-3, and the verdict. Every checkpoint is gone once read."""
-    result = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run", str(tmp_path)], cwd=ROOT,
-                            capture_output=True, text=True, timeout=900, env={**os.environ, "STEPS": "3"})
+    result = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--dry-run", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "STEPS": "3"},
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     assert lines[0].startswith("gpu_check: --dry-run: checking the torchrun path with the HF sampler")
@@ -196,26 +277,43 @@ def test_the_dry_run_checks_the_no_vllm_path_and_leaves_no_checkpoint(tmp_path):
 
 
 def test_a_run_without_matplotlib_ends_with_its_checkpoint_and_a_resume_with_no_final_save_saves_nothing(
-        tiny_model_dir, tmp_path, monkeypatch, capsys):
+    tiny_model_dir, tmp_path, monkeypatch, capsys
+):
     """What the quick check needs of train.py: a machine with no plotting library finishes its save run (the
     curves are skipped in one line, after the final save), and the resumed run (--no-final-save) writes no
     checkpoint that nothing would read."""
     monkeypatch.setitem(tasks.TASKS, "digits", DigitTask())
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
     monkeypatch.delitem(sys.modules, "tools.figures", raising=False)
-    base = dict(task="digits", model=tiny_model_dir, M=4, rollout_batch=4, micro_batch=8, max_tokens=4, lr=3e-3,
-                warmup_steps=0, eval_examples=0, dtype="float32", out_dir=str(tmp_path))
+    base = dict(
+        task="digits",
+        model=tiny_model_dir,
+        M=4,
+        rollout_batch=4,
+        micro_batch=8,
+        max_tokens=4,
+        lr=3e-3,
+        warmup_steps=0,
+        eval_examples=0,
+        dtype="float32",
+        out_dir=str(tmp_path),
+    )
     train.main(train.Args(**base, steps=1))
     out = capsys.readouterr().out
     assert "curves: skipped" in out and f"python -m tools.figures curves {tmp_path}" in out
     assert sorted(n for n in os.listdir(tmp_path) if not n.startswith(".")) == [
-        "checkpoint-000001", "completions.jsonl", "metrics.jsonl"]  # saved, and no curves.png
+        "checkpoint-000001",
+        "completions.jsonl",
+        "metrics.jsonl",
+    ]  # saved, and no curves.png
     train.main(train.Args(**base, steps=2, resume=str(tmp_path), final_save=False))
     assert [n for n in os.listdir(tmp_path) if "checkpoint" in n] == ["checkpoint-000001"]  # the one it read
     assert [r["step"] for r in gpu_check.read_rows(str(tmp_path))] == [1, 2]
     train.main(train.Args(**base, steps=4, save_every=3, resume=str(tmp_path), final_save=False))
     assert sorted(n for n in os.listdir(tmp_path) if "checkpoint" in n) == [  # --save-every still saves
-        "checkpoint-000001", "checkpoint-000003"]
+        "checkpoint-000001",
+        "checkpoint-000003",
+    ]
 
 
 def test_the_update_gate_fails_when_the_large_step_moved_the_engine_no_more_than_a_small_one():
@@ -237,11 +335,13 @@ def test_the_sampler_moved_measure_compares_the_tokens_both_probes_drew():
     from plumbing.sync import SyncProbe
 
     mask = torch.ones(2, 3)
-    before = SyncProbe([[1, 2, 3], [4, 5, 6]], torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -1.0, -1.0]]),
-                       torch.zeros(2, 3), mask)
+    before = SyncProbe(
+        [[1, 2, 3], [4, 5, 6]], torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -1.0, -1.0]]), torch.zeros(2, 3), mask
+    )
     assert before.sampler_moved(before) == 0.0  # the same engine draws the same tokens with the same log-probs
-    now = SyncProbe([[1, 2, 3], [4, 9, 6]], torch.tensor([[-1.0, -2.0, -3.5], [-1.25, -2.0, -1.0]]),
-                    torch.zeros(2, 3), mask)
+    now = SyncProbe(
+        [[1, 2, 3], [4, 9, 6]], torch.tensor([[-1.0, -2.0, -3.5], [-1.25, -2.0, -1.0]]), torch.zeros(2, 3), mask
+    )
     # row 0: all three tokens, 0.5 moved; row 1: up to its first new token (9), 0.25 + 1.0; 5 positions
     assert now.sampler_moved(before) == pytest.approx(1.75 / 5)
 
@@ -257,16 +357,22 @@ def disk_folder(tmp_path, peak_gb=None, held=("checkpoint-000002",), left=()):
     return str(tmp_path)
 
 
-@pytest.mark.parametrize("peak, held, left, message", [
-    (None, ("checkpoint-000002",), (), "no measurement of the work folder's size"),
-    (23.4, ("checkpoint-000002",), (), "the work folder peaked at 23.4 GB, over the 23 GB the check asked for"),
-    (21.6, ("checkpoint-000002", "checkpoint-000003"), (), "run-1 held checkpoint-000003 beside checkpoint-000002, "
-     "which its resume read: a save nothing reads"),
-    (21.6, ("checkpoint-000002", ".tmp-checkpoint-000003"), (), "a save cut off"),
-    (21.6, ("checkpoint-000002",), ("checkpoint-000002",), "1 checkpoint folder(s) left after the cleanup"),
-])
-def test_the_disk_gate_fails_on_a_peak_over_the_plan_or_a_checkpoint_nothing_reads(tmp_path, peak, held, left,
-                                                                                  message):
+@pytest.mark.parametrize(
+    "peak, held, left, message",
+    [
+        (None, ("checkpoint-000002",), (), "no measurement of the work folder's size"),
+        (23.4, ("checkpoint-000002",), (), "the work folder peaked at 23.4 GB, over the 23 GB the check asked for"),
+        (
+            21.6,
+            ("checkpoint-000002", "checkpoint-000003"),
+            (),
+            "run-1 held checkpoint-000003 beside checkpoint-000002, which its resume read: a save nothing reads",
+        ),
+        (21.6, ("checkpoint-000002", ".tmp-checkpoint-000003"), (), "a save cut off"),
+        (21.6, ("checkpoint-000002",), ("checkpoint-000002",), "1 checkpoint folder(s) left after the cleanup"),
+    ],
+)
+def test_the_disk_gate_fails_on_a_peak_over_the_plan_or_a_checkpoint_nothing_reads(tmp_path, peak, held, left, message):
     status, detail = gpu_check.disk_gate(disk_folder(tmp_path, peak, held, left), ["1"], 23, 2)
     assert status == "FAIL" and message in detail
 
@@ -283,28 +389,25 @@ def test_needs_names_each_missing_thing_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_check.shutil, "which", lambda name: None)  # no cc, no gcc
     found = gpu_check.needs("hf", True, str(tmp_path), 1, {})
     assert all(ok for ok, _ in found) and "compiler: none needed" in found[2][1]
-    lines = dict((line.split(":")[0], (ok, line)) for ok, line in gpu_check.needs("vllm", True, str(tmp_path), 1e9,
-                                                                                    {}))
+    lines = dict((line.split(":")[0], (ok, line)) for ok, line in gpu_check.needs("vllm", True, str(tmp_path), 1e9, {}))
     assert lines["compiler"][0] and not lines["disk"][0]  # --dry-run compiles nothing; 1e9 GB is not free
     assert lines["disk"][1].endswith("pass a work folder with more room")
     monkeypatch.setattr(gpu_check, "PACKAGES", (*gpu_check.PACKAGES, "no_such_package_here"))
     monkeypatch.setattr(gpu_check, "gpu_memory_need", lambda run_args: (True, "GPU memory: faked"))
-    lines = dict((line.split(":")[0], (ok, line)) for ok, line in gpu_check.needs("vllm", False, str(tmp_path), 1,
-                                                                                    {}))
+    lines = dict((line.split(":")[0], (ok, line)) for ok, line in gpu_check.needs("vllm", False, str(tmp_path), 1, {}))
     assert not lines["packages"][0] and "no_such_package_here" in lines["packages"][1]
     assert not lines["compiler"][0] and "no cc or gcc on PATH" in lines["compiler"][1]
     assert "requirements-vllm.txt" in lines["packages"][1]
     monkeypatch.setattr(gpu_check, "PACKAGES", ())
     monkeypatch.setitem(gpu_check.importlib.util.__dict__, "find_spec", lambda name: object())  # "vllm is here"
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    lines = dict((line.split(":")[0], (ok, line)) for ok, line in gpu_check.needs("vllm", False, str(tmp_path), 1,
-                                                                                    {}))
+    lines = dict((line.split(":")[0], (ok, line)) for ok, line in gpu_check.needs("vllm", False, str(tmp_path), 1, {}))
     assert not lines["allocator"][0] and "expandable_segments:True" in lines["allocator"][1]
 
 
 def test_needs_times_the_disk_and_grows_the_timeout_by_the_saves_write_time_or_stops(tmp_path):
     found = gpu_check.needs("hf", True, str(tmp_path), 1, {}, save_gb=0.001)
-    (ok, line), = [(ok, line) for ok, line in found if line.startswith("disk speed:")]
+    ((ok, line),) = [(ok, line) for ok, line in found if line.startswith("disk speed:")]
     assert ok and os.listdir(tmp_path) == []  # the probe file is gone
     save_s = float(line.split("takes about ")[1].split(" s")[0])
     assert gpu_check.run_timeout(found, 240) == int(240 + 2 * save_s)
@@ -314,8 +417,17 @@ def test_needs_times_the_disk_and_grows_the_timeout_by_the_saves_write_time_or_s
 
 
 def test_needs_holds_each_gpus_free_memory_against_the_plans_peak(monkeypatch):
-    run_args = {"model": "Qwen/Qwen2.5-1.5B", "task": "arith", "M": 8, "rollout_batch": 16, "micro_batch": 16,
-                "max_tokens": 256, "dtype": "bfloat16", "gpu_memory_utilization": 0.3, "beta": 0.001}
+    run_args = {
+        "model": "Qwen/Qwen2.5-1.5B",
+        "task": "arith",
+        "M": 8,
+        "rollout_batch": 16,
+        "micro_batch": 16,
+        "max_tokens": 256,
+        "dtype": "bfloat16",
+        "gpu_memory_utilization": 0.3,
+        "beta": 0.001,
+    }
     free = {0: 140e9, 1: 10e9}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
@@ -340,8 +452,9 @@ def test_phases_take_each_phases_peak_less_what_a_sleeping_vllm_engine_keeps(mon
 
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: allocated["now"])
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: allocated["peak"])
-    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
-                        lambda device=None: allocated.update(peak=allocated["now"]))
+    monkeypatch.setattr(
+        torch.cuda, "reset_peak_memory_stats", lambda device=None: allocated.update(peak=allocated["now"])
+    )
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (50e9, 150e9))
 
     class Sampler:  # 400 bytes, of which 100 are still counted by torch while asleep
@@ -381,10 +494,14 @@ def test_the_vllm_engine_refuses_expandable_segments_in_one_line_before_it_loads
 
     assert allocator_conf_error({}) is None
     assert allocator_conf_error({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}) is None
-    assert allocator_conf_error({"PYTORCH_ALLOC_CONF": "max_split_size_mb:128, expandable_segments:true"}) \
-        .startswith("PYTORCH_ALLOC_CONF sets expandable_segments:True")
-    for name, value in {"VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1",
-                        "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}.items():  # what the engine sets, restored after
+    assert allocator_conf_error({"PYTORCH_ALLOC_CONF": "max_split_size_mb:128, expandable_segments:true"}).startswith(
+        "PYTORCH_ALLOC_CONF sets expandable_segments:True"
+    )
+    for name, value in {
+        "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_DO_NOT_TRACK": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    }.items():  # what the engine sets, restored after
         monkeypatch.setenv(name, os.environ.get(name, value))
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

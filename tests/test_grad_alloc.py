@@ -66,8 +66,11 @@ def test_lengths_weight_the_budget_and_rows_sum_to_100():
     assert prompt_budgets(adv, lengths).tolist() == [20.0, 40.0]
     shares = allocation_table(pass_rates, adv, lengths)
     assert shares == pytest.approx([100 / 3, 0, 0, 0, 200 / 3])
-    rows = allocation_by_estimator(torch.rand(16, 8).round(), torch.randint(1, 50, (16, 8)),
-                                   ["grpo", "softmax", "drgrpo", "rloo", "maxrl", "reinforce"])
+    rows = allocation_by_estimator(
+        torch.rand(16, 8).round(),
+        torch.randint(1, 50, (16, 8)),
+        ["grpo", "softmax", "drgrpo", "rloo", "maxrl", "reinforce"],
+    )
     for row in rows.values():
         assert sum(row) == pytest.approx(100.0) and all(0 <= s <= 100 for s in row)
 
@@ -90,6 +93,7 @@ def test_agreement_by_hand():
 @pytest.fixture(scope="module")
 def model_and_tokenizer(tiny_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     return model, AutoTokenizer.from_pretrained(tiny_model_dir)
 
@@ -110,6 +114,7 @@ def test_exact_norms_proportional_case(model_and_tokenizer):
     assert a["pearson"] == pytest.approx(1.0, abs=1e-6) and a["spearman"] == pytest.approx(1.0)
     p = torch.tensor([0.1, 0.3, 0.6, 0.8, 0.95])
     from grad_alloc import shares_by_bin
+
     assert shares_by_bin(p, norms) == pytest.approx(allocation_table(p, adv, lengths), rel=1e-4)
 
 
@@ -117,6 +122,7 @@ def test_exact_norms_match_a_direct_backward(model_and_tokenizer):
     # Cross-check one prompt's norm against loss.policy_loss at ratio 1 (token-mean over the batch).
     from loss import policy_loss
     from speed.logprobs import pad_batch, sequence_logprobs
+
     model, tok = model_and_tokenizer
     torch.manual_seed(0)
     prompts = [tok.encode("What is 3+4?"), tok.encode("Hi")]
@@ -137,8 +143,23 @@ def test_exact_norms_match_a_direct_backward(model_and_tokenizer):
 
 
 def test_cli_prints_table(tiny_model_dir, capsys):
-    main(["--model", tiny_model_dir, "--task", "arith", "--prompts", "3", "--M", "2", "--max-tokens", "3",
-          "--estimators", "grpo,softmax,rloo", "--exact"])
+    main(
+        [
+            "--model",
+            tiny_model_dir,
+            "--task",
+            "arith",
+            "--prompts",
+            "3",
+            "--M",
+            "2",
+            "--max-tokens",
+            "3",
+            "--estimators",
+            "grpo,softmax,rloo",
+            "--exact",
+        ]
+    )
     out = capsys.readouterr().out
     assert "[0.9,1]" in out and out.count("\nsoftmax ") == 2 and out.count("\nrloo ") == 2
     assert "spearman" in out
@@ -163,7 +184,8 @@ def test_allocation_forwards_every_estimator_hyperparameter():
     metrics = allocation_metrics(rewards, lengths, ["grpo", "softmax"], eps=10.0, tau=0.3)
     assert metrics["alloc/grpo/0.2-0.5"] == pytest.approx(big_eps[1])
     assert metrics["alloc/softmax/0.2-0.5"] != pytest.approx(
-        allocation_metrics(rewards, lengths, ["softmax"], tau=3.0)["alloc/softmax/0.2-0.5"])
+        allocation_metrics(rewards, lengths, ["softmax"], tau=3.0)["alloc/softmax/0.2-0.5"]
+    )
 
 
 def test_cli_offers_one_flag_per_estimator_hyperparameter(capsys):
@@ -177,6 +199,7 @@ def test_cli_offers_one_flag_per_estimator_hyperparameter(capsys):
 
 def test_an_estimator_that_raises_is_left_out_unless_it_is_trained(monkeypatch, capsys):
     """A broken estimator a fork adds stops no run that trains another one; the one being trained raises."""
+
     def broken_advantages(rewards):
         raise ValueError("broken_advantages: not implemented yet\nsecond line")
 

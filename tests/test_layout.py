@@ -77,7 +77,7 @@ def test_no_import_circles():
             if target == node:
                 continue
             if state.get(target) == "open":
-                cycle = path[path.index(target):] + [target]
+                cycle = path[path.index(target) :] + [target]
                 pytest.fail("import circle: " + " -> ".join(cycle))
             if target not in state:
                 visit(target, path + [target])
@@ -91,19 +91,30 @@ def test_no_import_circles():
 def reaching_up(modules: dict) -> list:
     """(module, imported name) for each import, at any level, from tools/ or bench/ in a module of plumbing/ or
     speed/ (`modules`: {module name: path})."""
-    return sorted({(name, imported) for name, path in modules.items() if name.startswith(BELOW)
-                   for imported, _ in imported_names(path) if imported.split(".")[0] in ABOVE})
+    return sorted(
+        {
+            (name, imported)
+            for name, path in modules.items()
+            if name.startswith(BELOW)
+            for imported, _ in imported_names(path)
+            if imported.split(".")[0] in ABOVE
+        }
+    )
 
 
 def test_the_layer_check_sees_imports_from_above_at_any_level(tmp_path):
     """A check that could not fail proves nothing: a plumbing module importing tools/ lazily, in a method, and
     bench/ by its bare package name, is caught; the same imports from a tool are not the check's business."""
     source = tmp_path / "log.py"
-    source.write_text("import os\n\n\nclass Log:\n    def finish(self):\n        from tools.figures import "
-                      "plot_training_curves\n\n        import bench\n        return os, bench, plot_training_curves\n")
+    source.write_text(
+        "import os\n\n\nclass Log:\n    def finish(self):\n        from tools.figures import "
+        "plot_training_curves\n\n        import bench\n        return os, bench, plot_training_curves\n"
+    )
     assert reaching_up({"plumbing.log": str(source), "tools.log": str(source)}) == [
-        ("plumbing.log", "bench"), ("plumbing.log", "tools.figures"),
-        ("plumbing.log", "tools.figures.plot_training_curves")]
+        ("plumbing.log", "bench"),
+        ("plumbing.log", "tools.figures"),
+        ("plumbing.log", "tools.figures.plot_training_curves"),
+    ]
 
 
 def test_plumbing_and_speed_import_nothing_from_tools_or_bench():
@@ -113,8 +124,13 @@ def test_plumbing_and_speed_import_nothing_from_tools_or_bench():
 
 
 def test_plumbing_and_speed_import_no_stage_file():
-    bad = [(name, target) for name, edges in GRAPH.items() if name.startswith(BELOW)
-           for target, _ in edges if target in STAGES]
+    bad = [
+        (name, target)
+        for name, edges in GRAPH.items()
+        if name.startswith(BELOW)
+        for target, _ in edges
+        if target in STAGES
+    ]
     assert not bad, bad
 
 
@@ -124,8 +140,13 @@ def test_no_stage_file_imports_an_experiment_or_a_bench_at_module_level():
 
 
 def test_nothing_outside_tests_imports_from_tests():
-    bad = [(name, target) for name, edges in GRAPH.items() if not name.startswith("tests.")
-           for target, _ in edges if target.startswith("tests.")]
+    bad = [
+        (name, target)
+        for name, edges in GRAPH.items()
+        if not name.startswith("tests.")
+        for target, _ in edges
+        if target.startswith("tests.")
+    ]
     assert not bad, bad
 
 

@@ -61,8 +61,14 @@ def test_lora_flags_are_checked_in_one_line():
     assert {"lora_rank", "lora_targets"} <= set(config.RESUME_KEEPS)  # a resume cannot change the adapters' shapes
 
 
-@pytest.mark.parametrize("targets,named", [("c_attn", "c_attn"), ("q_proj,c_attn", "c_attn"),  # one of two unknown
-                                           ("self_attn.q_proj,mlp", None)])  # mlp: a block peft cannot adapt
+@pytest.mark.parametrize(
+    "targets,named",
+    [
+        ("c_attn", "c_attn"),
+        ("q_proj,c_attn", "c_attn"),  # one of two unknown
+        ("self_attn.q_proj,mlp", None),
+    ],
+)  # mlp: a block peft cannot adapt
 def test_targets_the_model_lacks_are_one_line(tiny_model_dir, targets, named):
     args = lora_args(tiny_model_dir, "unused", lora_targets=targets)
     with pytest.raises(train.ModelLoadError, match=f"--lora-targets {targets}: ") as info:
@@ -70,8 +76,7 @@ def test_targets_the_model_lacks_are_one_line(tiny_model_dir, targets, named):
     assert "\n" not in str(info.value) and (named is None or repr(named) in str(info.value))
 
 
-def test_a_lora_run_trains_only_the_adapters_and_saves_the_merged_policy(tiny_model_dir, tmp_path, digits,
-                                                                        monkeypatch):
+def test_a_lora_run_trains_only_the_adapters_and_saves_the_merged_policy(tiny_model_dir, tmp_path, digits, monkeypatch):
     def no_second_model(*args, **kwargs):
         raise AssertionError("LoRA's reference is the base model: no reference is loaded")
 
@@ -93,7 +98,8 @@ def test_a_lora_run_trains_only_the_adapters_and_saves_the_merged_policy(tiny_mo
     assert all(v.abs().max() > 0 for k, v in adapters.items() if "lora_B" in k)  # B starts at 0: they trained
     moments = FileSystemReader(str(ckpt / "trainer")).read_metadata().state_dict_metadata
     assert {k.split(".", 1)[1].rsplit(".", 1)[0] for k in moments if k.startswith("optimizer.")} == {
-        k for k in adapters}  # AdamW's moments: the adapters' alone
+        k for k in adapters
+    }  # AdamW's moments: the adapters' alone
 
     # checkpoint-STEP/ is a plain model folder holding the merged policy: W + (alpha / r) B A
     merged = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
@@ -102,8 +108,11 @@ def test_a_lora_run_trains_only_the_adapters_and_saves_the_merged_policy(tiny_mo
     for name, tensor in merged.named_parameters():
         stem = name.removesuffix(".weight")
         if f"base_model.model.{stem}.lora_A.default.weight" in saved:
-            delta = scale * saved[f"base_model.model.{stem}.lora_B.default.weight"] @ saved[
-                f"base_model.model.{stem}.lora_A.default.weight"]
+            delta = (
+                scale
+                * saved[f"base_model.model.{stem}.lora_B.default.weight"]
+                @ saved[f"base_model.model.{stem}.lora_A.default.weight"]
+            )
             assert torch.allclose(tensor, base[name] + delta, atol=1e-6), name
         else:
             assert torch.equal(tensor, base[name]), name  # norms, embedding: frozen
@@ -130,15 +139,27 @@ def test_the_reference_is_the_base_model_with_the_adapters_off(tiny_model_dir, m
             if "lora_B" in name:
                 p.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(name)))
     seen = []
-    monkeypatch.setattr(train, "policy_loss", lambda *a, ref_logp, **kw: seen.append(ref_logp) or plain_policy_loss(
-        *a, ref_logp=ref_logp, **kw))
+    monkeypatch.setattr(
+        train,
+        "policy_loss",
+        lambda *a, ref_logp, **kw: seen.append(ref_logp) or plain_policy_loss(*a, ref_logp=ref_logp, **kw),
+    )
     prompts = [[5, 6, 7, 8], [9, 10, 11]] * 2
     completions = [[20, 21, 22], [23, 24], [25], [26, 27, 28, 29]]
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    metrics = train.ppo_update(model, ref_model, optimizer, scheduler, prompts, completions,
-                               [[0.0] * len(c) for c in completions], torch.tensor([1.0, -1.0, 0.5, -0.5]), args,
-                               pad_id=0)
+    metrics = train.ppo_update(
+        model,
+        ref_model,
+        optimizer,
+        scheduler,
+        prompts,
+        completions,
+        [[0.0] * len(c) for c in completions],
+        torch.tensor([1.0, -1.0, 0.5, -0.5]),
+        args,
+        pad_id=0,
+    )
     order = [i for micro in train.micro_batch_rows(prompts, completions, range(4), args.micro_batch) for i in micro]
     input_ids, attention_mask, mask = train.pad_batch([prompts[i] for i in order], [completions[i] for i in order], 0)
     with torch.no_grad():
@@ -163,26 +184,49 @@ def test_a_resumed_lora_run_equals_the_straight_run(tiny_model_dir, tmp_path, di
         return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows]
 
     straight = read_metrics(tmp_path / "straight" / "metrics.jsonl")
-    assert len(straight) == 4 and comparable(straight) == comparable(read_metrics(tmp_path / "split" /
-                                                                                  "metrics.jsonl"))
+    assert len(straight) == 4 and comparable(straight) == comparable(read_metrics(tmp_path / "split" / "metrics.jsonl"))
     a = load_file(tmp_path / "straight" / "checkpoint-000004" / "model.safetensors")
     b = load_file(tmp_path / "split" / "checkpoint-000004" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    a, b = saved_state(tmp_path / "straight" / "checkpoint-000004"), saved_state(tmp_path / "split" /
-                                                                                 "checkpoint-000004")
+    a, b = (
+        saved_state(tmp_path / "straight" / "checkpoint-000004"),
+        saved_state(tmp_path / "split" / "checkpoint-000004"),
+    )
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def torchrun(*job):
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           os.path.join(ROOT, "tests", "dist_train.py"), *job],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            os.path.join(ROOT, "tests", "dist_train.py"),
+            *job,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.slow
 def test_one_lora_update_under_torchrun_2_equals_one_process(tiny_model_dir, tmp_path):
-    single = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "dist_train.py"), "lora-parity",
-                             str(tmp_path / "one.pt"), tiny_model_dir], capture_output=True, text=True)
+    single = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "tests", "dist_train.py"),
+            "lora-parity",
+            str(tmp_path / "one.pt"),
+            tiny_model_dir,
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert single.returncode == 0, single.stderr[-3000:]
     double = torchrun("lora-parity", str(tmp_path / "two.pt"), tiny_model_dir)
     assert double.returncode == 0, double.stderr[-3000:]
@@ -241,8 +285,20 @@ def test_lora_with_gradient_checkpointing_trains_as_without(tiny_model_dir, tmp_
 
 
 def test_the_tiny_model_learns_the_bandit_task_through_its_adapters(tiny_model_dir, tmp_path, digits):
-    train.main(lora_args(tiny_model_dir, tmp_path, M=8, micro_batch=32, steps=12, max_tokens=2, eval_examples=8,
-                         lr=3e-2, beta=0.0, weight_check_every=0))
+    train.main(
+        lora_args(
+            tiny_model_dir,
+            tmp_path,
+            M=8,
+            micro_batch=32,
+            steps=12,
+            max_tokens=2,
+            eval_examples=8,
+            lr=3e-2,
+            beta=0.0,
+            weight_check_every=0,
+        )
+    )
     rewards = [r["reward/mean"] for r in read_metrics(tmp_path / "metrics.jsonl")]
     assert sum(rewards[-3:]) > sum(rewards[:3]), rewards  # seen: 0.09 over the first 3 steps, 0.22 over the last
     evals = json.loads((tmp_path / "eval.json").read_text())

@@ -24,8 +24,13 @@ from speed.logprobs import chunked_token_logprobs, pad_batch, sequence_logprobs
 CHUNK = "speed.logprobs.CPU_CHUNK_ELEMENTS"  # the kernel's row-chunk size on CPU, in float32 elements
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, entropy: bool = False,
-                   entropy_grad: bool = False):
+def token_logprobs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    entropy: bool = False,
+    entropy_grad: bool = False,
+):
     """speed/logprobs.py's plain version: (B, T) float32 log-probs under softmax(logits / temperature); with `entropy`,
     also the entropies, from a whole (B, T, V) log-softmax."""
     logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, T, V)
@@ -176,15 +181,17 @@ def test_masked_tokens_never_contribute():
     old, ref = torch.randn(2, 6), torch.randn(2, 6)
     mask = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0]], dtype=torch.float32)
     for agg in ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]:
-        loss, _ = policy_loss(logp, old, torch.tensor([1.0, -2.0]), mask, ref_logp=ref, beta=0.1, loss_agg=agg,
-                              norm_len=6)
+        loss, _ = policy_loss(
+            logp, old, torch.tensor([1.0, -2.0]), mask, ref_logp=ref, beta=0.1, loss_agg=agg, norm_len=6
+        )
         logp.grad = None
         loss.backward()
         assert (logp.grad[mask == 0] == 0).all()
         garbage = logp.detach().clone()
         garbage[mask == 0] = 1e3  # padded positions hold junk
-        loss2, _ = policy_loss(garbage, old, torch.tensor([1.0, -2.0]), mask, ref_logp=ref, beta=0.1, loss_agg=agg,
-                               norm_len=6)
+        loss2, _ = policy_loss(
+            garbage, old, torch.tensor([1.0, -2.0]), mask, ref_logp=ref, beta=0.1, loss_agg=agg, norm_len=6
+        )
         assert torch.allclose(loss.detach(), loss2)
 
 
@@ -233,8 +240,9 @@ def assert_invariant_to_micro_batches_and_ranks(agg):
     def loss_of(rows, denominator):
         mask, T = _padded(rows, lengths)
         logp = torch.tanh(theta[rows, :T]) - 1  # (b, T), a nonlinear function of the parameters
-        return policy_loss(logp, old[rows, :T], adv[rows], mask.double(), **dict(kw, ref_logp=ref[rows, :T]),
-                           denominator=denominator)[0]
+        return policy_loss(
+            logp, old[rows, :T], adv[rows], mask.double(), **dict(kw, ref_logp=ref[rows, :T]), denominator=denominator
+        )[0]
 
     full = loss_of(list(range(B)), None)
     (full_grad,) = torch.autograd.grad(full, theta)
@@ -281,9 +289,9 @@ def test_sequence_logprobs_matches_unpadded_forward(tiny_model_dir):
         got = sequence_logprobs(model, ids, attn, n_completion=cmask.shape[1], temperature=0.9)
         for i, (p, c) in enumerate(zip(prompts, completions)):
             full = torch.tensor([p + c])
-            logits = model(full).logits[0, len(p) - 1:-1]  # positions predicting the completion
+            logits = model(full).logits[0, len(p) - 1 : -1]  # positions predicting the completion
             ref = torch.log_softmax(logits / 0.9, -1).gather(-1, torch.tensor(c)[:, None]).squeeze(-1)
-            assert torch.allclose(got[i, :len(c)], ref, atol=1e-5)
+            assert torch.allclose(got[i, : len(c)], ref, atol=1e-5)
 
 
 def test_sequence_logprobs_skips_the_slice_copy_bit_for_bit(tiny_model_dir):
@@ -302,8 +310,9 @@ def test_sequence_logprobs_skips_the_slice_copy_bit_for_bit(tiny_model_dir):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             if sliced:  # the plain way: logits of the K positions that predict the completion
                 position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
-                logits = model(input_ids=ids, attention_mask=attn, position_ids=position_ids, logits_to_keep=K + 1,
-                               use_cache=False).logits[:, :-1]
+                logits = model(
+                    input_ids=ids, attention_mask=attn, position_ids=position_ids, logits_to_keep=K + 1, use_cache=False
+                ).logits[:, :-1]
                 logp = chunked_token_logprobs(logits, ids[:, -K:], 0.9)
             else:
                 logp = sequence_logprobs(model, ids, attn, K, temperature=0.9)
@@ -338,6 +347,7 @@ def test_eager_attention_matches_sdpa(tiny_model_dir):
 
 
 # ---- policy/entropy, --is-correction token-tis, --mask-truncated
+
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_entropy_from_the_log_prob_pass_equals_categorical(temperature, monkeypatch):
@@ -382,8 +392,9 @@ def test_token_tis_with_identical_log_probs_is_todays_loss():
     correction."""
     logp, old, adv, mask = pg_case()
     plain, _ = policy_loss(logp, old, adv, mask, beta=0.0)
-    corrected, m = policy_loss(logp, old, adv, mask, beta=0.0, is_correction="token-tis", sampler_logp=old.clone(),
-                               is_cap=2.0)
+    corrected, m = policy_loss(
+        logp, old, adv, mask, beta=0.0, is_correction="token-tis", sampler_logp=old.clone(), is_cap=2.0
+    )
     assert corrected.item() == plain.item() and m["is_ratio_mean"] == 1.0 and m["is_clip_frac"] == 0.0
     assert torch.equal(torch.autograd.grad(corrected, logp)[0], torch.autograd.grad(plain, logp)[0])
 
@@ -418,8 +429,9 @@ def test_is_correction_is_chosen_by_name_from_its_registry():
     plain, m_plain = policy_loss(logp, old, adv, mask, beta=0.0)
     none, m_none = policy_loss(logp, old, adv, mask, beta=0.0, is_correction="none", sampler_logp=sampler, is_cap=2.0)
     assert none.item() == plain.item() and m_none == m_plain and "is_ratio_mean" not in m_none
-    named, m_named = policy_loss(logp, old, adv, mask, beta=0.0, is_correction="token-tis", sampler_logp=sampler,
-                                 is_cap=2.0)
+    named, m_named = policy_loss(
+        logp, old, adv, mask, beta=0.0, is_correction="token-tis", sampler_logp=sampler, is_cap=2.0
+    )
     by_cap, m_cap = policy_loss(logp, old, adv, mask, beta=0.0, sampler_logp=sampler, is_cap=2.0)
     assert named.item() != pytest.approx(plain.item(), rel=1e-3) and "is_clip_frac" in m_named
     assert by_cap.item() == plain.item() and m_cap == m_plain  # a cap alone turns nothing on
@@ -428,6 +440,7 @@ def test_is_correction_is_chosen_by_name_from_its_registry():
 
 
 # ---- the importance ratio: RATIOS (the paper's token ratio, GSPO's sequence ratio)
+
 
 def test_the_token_ratio_is_todays_arithmetic_bit_for_bit():
     """ratio="token" (the default) computes exp(clamp(logp - old_logp)) as before RATIOS existed: the same loss,
@@ -476,8 +489,9 @@ def test_the_sequence_ratio_has_gspo_tokens_gradient():
     logp = torch.tensor([[0.03, 0.0, -0.03]], requires_grad=True)
     old, mask, adv = torch.zeros(1, 3), torch.ones(1, 3), torch.tensor([1.0])
     sampler = old - torch.log(torch.tensor([[2.0, 1.0, 0.5]]))
-    value, _ = policy_loss(logp, old, adv, mask, beta=0.0, ratio="sequence", is_correction="token-tis",
-                           sampler_logp=sampler, is_cap=10.0)
+    value, _ = policy_loss(
+        logp, old, adv, mask, beta=0.0, ratio="sequence", is_correction="token-tis", sampler_logp=sampler, is_cap=10.0
+    )
     assert value.item() == pytest.approx(-(2 + 1 + 0.5) / 3)
     (grad,) = torch.autograd.grad(value, logp)
     assert torch.allclose(grad, -torch.tensor([[2.0, 1.0, 0.5]]) / 3)
@@ -497,8 +511,17 @@ def test_masked_rows_give_the_loss_of_the_batch_without_them(agg):
     masked = mask * keep[:, None]
 
     def loss(rows, m):
-        value, _ = policy_loss(logp[rows], old[rows], adv[rows], m, ref_logp=ref[rows], beta=0.1, loss_agg=agg,
-                               denominator=loss_denominator(m, agg, 6), norm_len=6)
+        value, _ = policy_loss(
+            logp[rows],
+            old[rows],
+            adv[rows],
+            m,
+            ref_logp=ref[rows],
+            beta=0.1,
+            loss_agg=agg,
+            denominator=loss_denominator(m, agg, 6),
+            norm_len=6,
+        )
         return value
 
     everything = torch.arange(5)
@@ -513,12 +536,14 @@ def test_every_row_masked_is_a_loss_of_zero_not_nan():
     logp, old, adv, mask = pg_case()
     for agg in AGGREGATIONS:
         zero = torch.zeros_like(mask)
-        value, _ = policy_loss(logp, old, adv, zero, beta=0.0, loss_agg=agg,
-                               denominator=loss_denominator(zero, agg, 3), norm_len=3)
+        value, _ = policy_loss(
+            logp, old, adv, zero, beta=0.0, loss_agg=agg, denominator=loss_denominator(zero, agg, 3), norm_len=3
+        )
         assert value.item() == 0.0, agg
 
 
 # ---- --kl-estimator (KL_ESTIMATORS), --entropy-coef, --loss-terms (LOSS_TERMS), the seq/mask IS corrections
+
 
 def test_kl_estimators_by_hand():
     """pi = 1/2, pi_ref = 1/4 on a token: log(pi / pi_ref) = ln 2, so k1 = ln 2, k2 = (ln 2)^2 / 2, and
@@ -527,7 +552,7 @@ def test_kl_estimators_by_hand():
     assert {"k1", "k2", "k3"} <= set(KL_ESTIMATORS)
     logp, ref = torch.log(torch.tensor([[0.5, 0.3]])), torch.log(torch.tensor([[0.25, 0.3]]))
     ln2 = math.log(2)
-    want = {"k1": ln2, "k2": ln2 ** 2 / 2, "k3": ln2 - 0.5}
+    want = {"k1": ln2, "k2": ln2**2 / 2, "k3": ln2 - 0.5}
     for name, value in want.items():
         got = KL_ESTIMATORS[name](logp, ref)
         assert got[0, 0].item() == pytest.approx(value, rel=1e-6) and got[0, 1].item() == 0.0, name
@@ -561,14 +586,18 @@ def test_chunked_entropy_gradient_equals_autograd(rows, temperature, monkeypatch
     plain, plain_ent = token_logprobs(logits, targets, temperature, entropy=True, entropy_grad=True)
     assert fast_ent.requires_grad and plain_ent.requires_grad
     assert torch.allclose(fast_ent, plain_ent, atol=1e-5)
-    for loss_of in (lambda lp, h: (lp * w_logp).sum() + (h * w_ent).sum(), lambda lp, h: (h * w_ent).sum(),
-                    lambda lp, h: (lp * w_logp).sum()):
+    for loss_of in (
+        lambda lp, h: (lp * w_logp).sum() + (h * w_ent).sum(),
+        lambda lp, h: (h * w_ent).sum(),
+        lambda lp, h: (lp * w_logp).sum(),
+    ):
         (ours,) = torch.autograd.grad(loss_of(fast, fast_ent), logits, retain_graph=True)
         (want,) = torch.autograd.grad(loss_of(plain, plain_ent), logits, retain_graph=True)
         assert torch.allclose(ours, want, atol=1e-5) and want.abs().max() > 0.1
     (h_only,) = torch.autograd.grad((fast_ent * w_ent).sum(), logits, retain_graph=True)
-    expected = torch.autograd.grad((torch.distributions.Categorical(logits=logits / temperature).entropy()
-                                    * w_ent).sum(), logits)[0]  # -p (log p + H) / T per row, by torch
+    expected = torch.autograd.grad(
+        (torch.distributions.Categorical(logits=logits / temperature).entropy() * w_ent).sum(), logits
+    )[0]  # -p (log p + H) / T per row, by torch
     assert torch.allclose(h_only, expected, atol=1e-5)
 
 
@@ -607,11 +636,23 @@ def test_entropy_bonus_subtracts_the_aggregated_entropy():
 def test_every_metric_says_how_it_reduces():
     """train.py reduces policy_loss's metrics by their kind: a Share (over the shared denominator) or a TokenMean."""
     logp, old, adv, mask = pg_case()
-    _, m = policy_loss(logp, old, adv, mask, ref_logp=old, is_correction="token-tis", sampler_logp=old,
-                       entropy=torch.ones(2, 3), entropy_coef=0.1)
+    _, m = policy_loss(
+        logp,
+        old,
+        adv,
+        mask,
+        ref_logp=old,
+        is_correction="token-tis",
+        sampler_logp=old,
+        entropy=torch.ones(2, 3),
+        entropy_coef=0.1,
+    )
     assert {key for key, value in m.items() if isinstance(value, Share)} >= {"pg", "kl", "entropy"}
-    assert {key for key, value in m.items() if isinstance(value, TokenMean)} >= {"clip_frac_low", "ratio_mean",
-                                                                                 "is_clip_frac"}
+    assert {key for key, value in m.items() if isinstance(value, TokenMean)} >= {
+        "clip_frac_low",
+        "ratio_mean",
+        "is_clip_frac",
+    }
     assert all(isinstance(value, (Share, TokenMean)) for value in m.values())
 
 
@@ -631,8 +672,12 @@ def test_a_loss_term_is_added_with_its_coefficient_and_logged(monkeypatch):
     assert torch.allclose(torch.autograd.grad(value, logp)[0], 2 * 2 * logp.detach() / 3)
     _, m_off = policy_loss(logp, old, adv, mask, beta=0.0)
     assert "l2" not in m_off
-    for text, message in (("l2", "not NAME=COEF"), ("l2=inf", "finite"), ("nope=1", "unknown term 'nope'"),
-                          ("l2=1,l2=2", "given twice")):
+    for text, message in (
+        ("l2", "not NAME=COEF"),
+        ("l2=inf", "finite"),
+        ("nope=1", "unknown term 'nope'"),
+        ("l2=1,l2=2", "given twice"),
+    ):
         with pytest.raises(ValueError, match=f"--loss-terms: .*{message}"):
             policy_loss(logp, old, adv, mask, loss_terms=text)
 
@@ -654,8 +699,16 @@ def test_sequence_truncated_is_by_hand():
     w, capped = IS_CORRECTIONS["seq-tis"](old.requires_grad_(), sampler, mask, 5.0)
     assert torch.allclose(w[:, :3], torch.full((1, 3), 4.0)) and not capped[:, :3].any() and not w.requires_grad
     logp = old.detach().clone().requires_grad_()
-    loss, m = policy_loss(logp, old.detach(), torch.tensor([1.0]), mask, beta=0.0, is_correction="seq-tis",
-                          sampler_logp=sampler, is_cap=3.0)
+    loss, m = policy_loss(
+        logp,
+        old.detach(),
+        torch.tensor([1.0]),
+        mask,
+        beta=0.0,
+        is_correction="seq-tis",
+        sampler_logp=sampler,
+        is_cap=3.0,
+    )
     assert loss.item() == pytest.approx(-3.0) and m["is_clip_frac"] == 1.0  # -A rho w, rho = 1
     assert m["is_ratio_mean"] == pytest.approx((2 + 0.5 + 4) / 3)  # the per-token ratios, as for token-tis
 
@@ -667,15 +720,17 @@ def test_token_and_sequence_masks_by_hand():
     assert {"token-mask", "seq-mask"} <= set(IS_CORRECTIONS)
     old, sampler, mask = is_case()
     w, masked = IS_CORRECTIONS["token-mask"](old, sampler, mask, 3.0)
-    assert torch.allclose(w[:, :3], torch.tensor([[2.0, 0.5, 0.0]])) and masked[:, :3].tolist() == [[False, False,
-                                                                                                    True]]
+    assert torch.allclose(w[:, :3], torch.tensor([[2.0, 0.5, 0.0]])) and masked[:, :3].tolist() == [
+        [False, False, True]
+    ]
     w, masked = IS_CORRECTIONS["seq-mask"](old, sampler, mask, 3.0)
     assert torch.equal(w[:, :3], torch.zeros(1, 3)) and masked[:, :3].all()
     w, masked = IS_CORRECTIONS["seq-mask"](old, sampler, mask, 5.0)
     assert torch.allclose(w[:, :3], torch.full((1, 3), 4.0)) and not masked[:, :3].any()
     logp = old.clone().requires_grad_()
-    loss, m = policy_loss(logp, old, torch.tensor([1.0]), mask, beta=0.0, is_correction="token-mask",
-                          sampler_logp=sampler, is_cap=3.0)
+    loss, m = policy_loss(
+        logp, old, torch.tensor([1.0]), mask, beta=0.0, is_correction="token-mask", sampler_logp=sampler, is_cap=3.0
+    )
     assert loss.item() == pytest.approx(-(2 + 0.5 + 0) / 3) and m["is_clip_frac"] == pytest.approx(1 / 3)
     assert torch.allclose(torch.autograd.grad(loss, logp)[0], -torch.tensor([[2.0, 0.5, 0.0, 0.0]]) / 3)
     for name in ("token-mask", "seq-mask"):

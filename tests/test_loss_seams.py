@@ -19,16 +19,32 @@ def test_every_policy_loss_option_is_a_flag_with_its_default_and_help():
     """The keyword options of policy_loss with a default are Args fields with that default and the docstring's help;
     the tensors (ref_logp, entropy, ...) are not; the ones naming a registry take its keys as their choices."""
     options = config.loss_option_defaults()
-    assert {"clip_low", "clip_high", "beta", "kl_estimator", "entropy_coef", "loss_terms", "loss_agg", "ratio",
-            "is_correction", "is_cap"} <= set(options)
+    assert {
+        "clip_low",
+        "clip_high",
+        "beta",
+        "kl_estimator",
+        "entropy_coef",
+        "loss_terms",
+        "loss_agg",
+        "ratio",
+        "is_correction",
+        "is_cap",
+    } <= set(options)
     assert not {"ref_logp", "sampler_logp", "entropy", "denominator", "norm_len"} & set(options)
     fields = {f.name: f for f in config.fields(config.Args)}
     for name, default in options.items():
         assert fields[name].default == default and fields[name].type is type(default), name
         assert "an option of loss.policy_loss" not in fields[name].metadata["help"], f"{name} has no help line"
     args = config.Args()
-    assert (args.clip_low, args.clip_high, args.beta, args.kl_estimator, args.entropy_coef, args.is_cap) == \
-        (0.2, 0.28, 1e-3, "k3", 0.0, 2.0)  # the paper's, as before
+    assert (args.clip_low, args.clip_high, args.beta, args.kl_estimator, args.entropy_coef, args.is_cap) == (
+        0.2,
+        0.28,
+        1e-3,
+        "k3",
+        0.0,
+        2.0,
+    )  # the paper's, as before
     choices = config.choices()
     for name, registry in loss.OPTION_CHOICES.items():
         assert choices[name] is registry
@@ -37,6 +53,7 @@ def test_every_policy_loss_option_is_a_flag_with_its_default_and_help():
 
 def test_a_new_option_of_policy_loss_is_a_flag_without_editing_config(monkeypatch):
     """A fork adds a keyword option (and its help line) to policy_loss: config builds the flag from them alone."""
+
     def forked(logp, old_logp, adv, mask, *, ref_logp=None, length_coef: float = 0.0, clip_low=0.2):
         """A fork's loss.
 
@@ -45,6 +62,7 @@ def test_a_new_option_of_policy_loss_is_a_flag_without_editing_config(monkeypatc
                 of the answer
             clip_low: PPO clip
         """
+
     monkeypatch.setattr(config, "policy_loss", forked)
     assert config.loss_option_defaults() == {"length_coef": 0.0, "clip_low": 0.2}
     assert config.loss_option_help() == {"length_coef": "a penalty per token of the answer", "clip_low": "PPO clip"}
@@ -53,20 +71,31 @@ def test_a_new_option_of_policy_loss_is_a_flag_without_editing_config(monkeypatc
 def test_help_lists_the_loss_flags_with_their_defaults():
     out = run_script("train.py", "--help").stdout
     text = "".join(out.split())  # argparse wraps lines, at hyphens too ('token-mean' may break after 'token-')
-    for flag, default in (("--clip-low", "0.2"), ("--clip-high", "0.28"), ("--beta", "0.001"),
-                          ("--kl-estimator", "'k3'"), ("--entropy-coef", "0.0"), ("--loss-agg", "'token-mean'"),
-                          ("--ratio", "'token'"), ("--is-correction", "'none'"), ("--is-cap", "2.0"),
-                          ("--loss-terms", "''")):
+    for flag, default in (
+        ("--clip-low", "0.2"),
+        ("--clip-high", "0.28"),
+        ("--beta", "0.001"),
+        ("--kl-estimator", "'k3'"),
+        ("--entropy-coef", "0.0"),
+        ("--loss-agg", "'token-mean'"),
+        ("--ratio", "'token'"),
+        ("--is-correction", "'none'"),
+        ("--is-cap", "2.0"),
+        ("--loss-terms", "''"),
+    ):
         entry = text.rsplit(flag + flag[2:].upper().replace("-", "_"), 1)[1]  # its help, after the usage line
         assert entry.split("unlessthetask'spresetsetsit)", 1)[0].endswith(f"(default{default},"), flag
 
 
-@pytest.mark.parametrize("flags, message", [
-    (dict(kl_estimator="k9"), "--kl-estimator must be one of k1, k2, k3"),
-    (dict(is_correction="token-mask", is_cap=0.5), "--is-cap 0.5: a mask correction keeps ratios in"),
-    (dict(loss_terms="nope=1"), "--loss-terms: unknown term 'nope'"),
-    (dict(entropy_coef=float("inf")), "--entropy-coef must be finite"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (dict(kl_estimator="k9"), "--kl-estimator must be one of k1, k2, k3"),
+        (dict(is_correction="token-mask", is_cap=0.5), "--is-cap 0.5: a mask correction keeps ratios in"),
+        (dict(loss_terms="nope=1"), "--loss-terms: unknown term 'nope'"),
+        (dict(entropy_coef=float("inf")), "--entropy-coef must be finite"),
+    ],
+)
 def test_bad_loss_flags_are_one_line(flags, message, tmp_path):
     error = config.check_args(config.Args(out_dir=str(tmp_path / "run"), **flags))
     assert error is not None and error.startswith(message) and "\n" not in error
@@ -74,11 +103,13 @@ def test_bad_loss_flags_are_one_line(flags, message, tmp_path):
 
 # ---- ppo_update on the tiny model: every metric policy_loss returns, and the entropy bonus
 
+
 def batch(n=8, seed=0):
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(4, 90, (5,), generator=g).tolist() for _ in range(n)]
-    completions = [torch.randint(4, 90, (int(torch.randint(2, 8, (1,), generator=g)),), generator=g).tolist()
-                   for _ in range(n)]
+    completions = [
+        torch.randint(4, 90, (int(torch.randint(2, 8, (1,), generator=g)),), generator=g).tolist() for _ in range(n)
+    ]
     return prompts, completions, torch.randn(n, generator=g)
 
 
@@ -92,8 +123,18 @@ def update(model_dir, **flags):
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    metrics = train.ppo_update(model, None, optimizer, scheduler, prompts, completions,
-                               [[0.0] * len(c) for c in completions], adv, args, pad_id=0)
+    metrics = train.ppo_update(
+        model,
+        None,
+        optimizer,
+        scheduler,
+        prompts,
+        completions,
+        [[0.0] * len(c) for c in completions],
+        adv,
+        args,
+        pad_id=0,
+    )
     return model.state_dict(), metrics
 
 
@@ -122,14 +163,14 @@ def test_entropy_coef_trains_on_the_entropy_and_logs_it(tiny_model_dir):
 
 # ---- the curves name the KL estimator
 
+
 def fake_run(folder, args):
     ckpt = folder / "checkpoint-000002"
     ckpt.mkdir(parents=True)
     (ckpt / "config.json").write_text("{}")
     torch.save({}, ckpt / "optimizer.pt")
     torch.save({"step": 2, "args": args}, ckpt / "trainer_state.pt")
-    (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss/kl": 0.01 * s}) + "\n"
-                                                  for s in (1, 2)))
+    (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss/kl": 0.01 * s}) + "\n" for s in (1, 2)))
     return str(folder / "metrics.jsonl")
 
 

@@ -20,9 +20,25 @@ PEAK_TOLERANCE = 0.10  # the rows in the malloc heap, plus the runtime, cover th
 @pytest.mark.slow
 def test_memory_rows_add_up_to_the_peak_and_training_state_is_16_bytes_per_parameter(tiny_model_dir, tmp_path):
     out = tmp_path / "memory.json"
-    proc = subprocess.run([sys.executable, "bench/memory.py", "--model", tiny_model_dir, "--steps", "2",
-                           "--max-tokens", "8", "--no-isolated", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "bench/memory.py",
+            "--model",
+            tiny_model_dir,
+            "--steps",
+            "2",
+            "--max-tokens",
+            "8",
+            "--no-isolated",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
     rows = {row["row"]: row for row in result["rows"]}
@@ -31,8 +47,9 @@ def test_memory_rows_add_up_to_the_peak_and_training_state_is_16_bytes_per_param
     assert abs(named - peak) <= PEAK_TOLERANCE * peak, (named, peak)
 
     # float32 weights + float32 grads + two float32 AdamW moments, counted independently of the script
-    n_params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(tiny_model_dir,
-                                                                           dtype=torch.float32).parameters())
+    n_params = sum(
+        p.numel() for p in AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).parameters()
+    )
     state = rows["training state: fp32 weights + grads + AdamW moments"]["size"]
     assert abs(state - 16 * n_params) <= 0.01 * 16 * n_params, (state, 16 * n_params)
 

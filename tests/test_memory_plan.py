@@ -28,15 +28,35 @@ def test_shapes_count_the_real_models_parameters(tiny_model_dir):
     from transformers import AutoConfig, LlamaConfig, Qwen2Config
 
     assert model_shape("Qwen/Qwen2.5-1.5B").params == 1_543_714_304  # Qwen2.5-1.5B, tied embeddings
-    qwen = Qwen2Config(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                       intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True)
+    qwen = Qwen2Config(
+        hidden_size=1536,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        intermediate_size=8960,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    )
     assert meta_params(qwen) == memory_plan.SHAPES["Qwen/Qwen2.5-1.5B"].params  # q/k/v biases counted
-    smol = LlamaConfig(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                       intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True)
+    smol = LlamaConfig(
+        hidden_size=576,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        intermediate_size=1536,
+        vocab_size=49152,
+        tie_word_embeddings=True,
+    )
     assert meta_params(smol) == memory_plan.SHAPES["smollm2-135m"].params
     assert model_shape(tiny_model_dir).params == meta_params(AutoConfig.from_pretrained(tiny_model_dir))
-    untied = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                         vocab_size=300, tie_word_embeddings=False)
+    untied = LlamaConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        vocab_size=300,
+        tie_word_embeddings=False,
+    )
     assert memory_plan.shape_from_config(untied.to_dict()).params == meta_params(untied)
 
 
@@ -66,8 +86,15 @@ def test_saved_activations_equal_what_autograd_saves(tiny_model_dir, bf16):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             sequence_logprobs(model, input_ids, torch.ones_like(input_ids), K)
     c = 2 if bf16 else 4
-    act = activations(model_shape(tiny_model_dir), batch=B, prompt=P, completion=K, compute_bytes=c,
-                      checkpointing=False, attention="eager")
+    act = activations(
+        model_shape(tiny_model_dir),
+        batch=B,
+        prompt=P,
+        completion=K,
+        compute_bytes=c,
+        checkpointing=False,
+        attention="eager",
+    )
     logits_once = c * B * (K + 1) * config.vocab_size
     at_logits = act["moments"]["backward (logits)"]  # forward's end: every layer's and the final norm's tensors
     planned = at_logits["saved"] + at_logits["final_norm"] + logits_once  # weights_bf16: a transient, not saved
@@ -77,12 +104,14 @@ def test_saved_activations_equal_what_autograd_saves(tiny_model_dir, bf16):
 def test_fsdp2_gradient_accumulation_keeps_whole_model_gradients():
     base = dict(model="Qwen/Qwen2.5-1.5B", task="deepmath", M=16, rollout_batch=512, micro_batch=8, max_tokens=1024)
     n = model_shape("Qwen/Qwen2.5-1.5B").params
-    grads = {row[1]: row[2] for row in plan(base, gpus=16, gpu_gb=80, grad_checkpointing=True).rows
-             if row[0] == "train"}["grads"]
+    grads = {
+        row[1]: row[2] for row in plan(base, gpus=16, gpu_gb=80, grad_checkpointing=True).rows if row[0] == "train"
+    }["grads"]
     assert grads == 4 * n  # 64 micro-batches per rank: unsharded float32 gradients
     one_micro = dict(base, rollout_batch=16, M=8)  # 8 sequences per rank: one micro-batch, reduce-scattered
-    grads = {row[1]: row[2] for row in plan(one_micro, gpus=16, gpu_gb=80, grad_checkpointing=True).rows
-             if row[0] == "train"}["grads"]
+    grads = {
+        row[1]: row[2] for row in plan(one_micro, gpus=16, gpu_gb=80, grad_checkpointing=True).rows if row[0] == "train"
+    }["grads"]
     assert grads == 4 * n / 16
 
 
@@ -94,8 +123,10 @@ def test_checkpointing_keeps_only_layer_inputs_and_the_verdict_follows_the_gpu()
     assert ckpt["saved"] == 28 * 4 * 1536 * 8 * 2048 + 2 * 4 * 128 * 8 * 2048 + 2 * 8 * 2048 * 2048
     assert plain["saved"] > 10 * ckpt["saved"]
     args = dict(model="Qwen/Qwen2.5-1.5B", task="deepmath", M=16, rollout_batch=512, micro_batch=8, max_tokens=1024)
-    big, small = plan(args, gpus=16, gpu_gb=80, grad_checkpointing=False), plan(args, gpus=16, gpu_gb=40,
-                                                                                 grad_checkpointing=False)
+    big, small = (
+        plan(args, gpus=16, gpu_gb=80, grad_checkpointing=False),
+        plan(args, gpus=16, gpu_gb=40, grad_checkpointing=False),
+    )
     assert big.fits != small.fits and "does NOT fit" in small.verdict
 
 
@@ -120,8 +151,13 @@ def test_cli_prints_the_plan_and_refuses_bad_input_in_one_line(tmp_path):
 @pytest.mark.slow
 def test_formulas_agree_with_measured_cpu_peaks_on_the_tiny_model():
     """bench/plan_check.py's measurements (peak resident memory, fresh process) on the tiny model."""
-    result = subprocess.run([sys.executable, "bench/plan_check.py", "--models", "tiny", "--dtypes", "bfloat16",
-                             "--json", "--one-process"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "bench/plan_check.py", "--models", "tiny", "--dtypes", "bfloat16", "--json", "--one-process"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     rows = json.loads(result.stdout.strip().splitlines()[-1])
     assert len(rows) == 3
@@ -134,9 +170,22 @@ def test_lm_head_and_embedding_moments_agree_with_measured_cpu_peaks_on_smollm2(
     """SmolLM2-135M's tied 49152 x 576 head makes the lm_head's and the embedding's backward the peak; the plan
     counts both moments, to 10%. On 2 of its 30 layers (fast) the head's moment is the peak with checkpointing
     and without; the whole model: bench/plan_check.py --models smollm2-135m."""
-    result = subprocess.run([sys.executable, "bench/plan_check.py", "--models", "smollm2-2-layers", "--dtypes",
-                             "float32", "--json", "--one-process"], cwd=ROOT, capture_output=True, text=True,
-                            timeout=900)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "bench/plan_check.py",
+            "--models",
+            "smollm2-2-layers",
+            "--dtypes",
+            "float32",
+            "--json",
+            "--one-process",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     rows = json.loads(result.stdout.strip().splitlines()[-1])
     assert [row["what"] for row in rows][1:] == ["activations 8x(40+48) float32", "activations 8x(40+48) float32 ckpt"]
@@ -166,8 +215,11 @@ def test_a_new_preset_and_task_plan_with_no_edit_here(monkeypatch, capsys):
     import config
     import tasks
 
-    monkeypatch.setitem(tasks.TASKS, "qa", tasks.Task(name="qa", columns=("problem", "answer"), key=("problem",),
-                                                      verifier=lambda completion, ex: 0.0))  # gsm8k's exact reward
+    monkeypatch.setitem(
+        tasks.TASKS,
+        "qa",
+        tasks.Task(name="qa", columns=("problem", "answer"), key=("problem",), verifier=lambda completion, ex: 0.0),
+    )  # gsm8k's exact reward
     monkeypatch.setitem(tasks.TASKS, "essays", tasks.Task(name="essays", columns=("essay",), prompt_tokens=3000))
     monkeypatch.setitem(config.PRESETS, "qa", dict(config.PRESETS["gsm8k"]))
     monkeypatch.setitem(config.PRESETS, "essays", dict(config.PRESETS["poetry"]))
@@ -178,8 +230,10 @@ def test_a_new_preset_and_task_plan_with_no_edit_here(monkeypatch, capsys):
     args = {**config.Args().__dict__, "task": "not-a-task"}
     with pytest.raises(ValueError, match="no prompt length assumed for task 'not-a-task': pass prompt_tokens"):
         plan(args, gpus=1, gpu_gb=80, grad_checkpointing=True)
-    assert "longest prompt 77 tokens" in plan(args, gpus=1, gpu_gb=80, grad_checkpointing=True,
-                                              prompt_tokens=77).assumptions[0]
+    assert (
+        "longest prompt 77 tokens"
+        in plan(args, gpus=1, gpu_gb=80, grad_checkpointing=True, prompt_tokens=77).assumptions[0]
+    )
 
 
 def test_under_torchrun_one_gpu_holds_what_fsdp2_holds_and_torchs_count_leaves_out_the_overhead():
@@ -187,8 +241,17 @@ def test_under_torchrun_one_gpu_holds_what_fsdp2_holds_and_torchs_count_leaves_o
     left gathered after their forwards and foreach AdamW's float32 temporary; one process has bf16 linears and
     fused AdamW. trainer_allocated, what the memory gate holds against torch's peaks, has neither CUDA_OVERHEAD
     nor the engine's rows, and its train phase is the larger of the backward and the optimizer step."""
-    args = dict(model="Qwen/Qwen2.5-1.5B", task="arith", M=8, rollout_batch=16, micro_batch=16, max_tokens=256,
-                dtype="bfloat16", gpu_memory_utilization=0.3, beta=1e-3)
+    args = dict(
+        model="Qwen/Qwen2.5-1.5B",
+        task="arith",
+        M=8,
+        rollout_batch=16,
+        micro_batch=16,
+        max_tokens=256,
+        dtype="bfloat16",
+        gpu_memory_utilization=0.3,
+        beta=1e-3,
+    )
     n, embedding = model_shape("Qwen/Qwen2.5-1.5B").params, model_shape("Qwen/Qwen2.5-1.5B").embedding
     torchrun = plan(args, gpus=1, gpu_gb=139, grad_checkpointing=True, prompt_tokens=128, torchrun=True)
     alone = plan(args, gpus=1, gpu_gb=139, grad_checkpointing=True, prompt_tokens=128)
@@ -203,12 +266,15 @@ def test_under_torchrun_one_gpu_holds_what_fsdp2_holds_and_torchs_count_leaves_o
         assert roots > 2 * 2 * embedding and row(alone, "rollout", "fsdp2 roots gathered") == 0
     for p in (torchrun, alone):
         counted = memory_plan.trainer_allocated(p)
-        engine = {ph: sum(size for phase, item, size, _ in p.rows if phase == ph and item in memory_plan.ENGINE_ROWS)
-                  for ph in p.phases}
+        engine = {
+            ph: sum(size for phase, item, size, _ in p.rows if phase == ph and item in memory_plan.ENGINE_ROWS)
+            for ph in p.phases
+        }
         for phase in ("rollout", "sync"):
             assert counted[phase] == pytest.approx(p.phases[phase] - memory_plan.CUDA_OVERHEAD - engine[phase])
-        assert counted["train"] == pytest.approx(max(p.phases[ph] - memory_plan.CUDA_OVERHEAD - engine[ph]
-                                                     for ph in ("train", "optimizer")))
+        assert counted["train"] == pytest.approx(
+            max(p.phases[ph] - memory_plan.CUDA_OVERHEAD - engine[ph] for ph in ("train", "optimizer"))
+        )
     # at one rank the step's float32 temporary of the whole model outweighs this small batch's backward
     assert torchrun.phases["optimizer"] > torchrun.phases["train"]
     assert alone.phases["optimizer"] < alone.phases["train"]
@@ -224,8 +290,13 @@ def test_every_row_says_what_backs_it_and_none_claims_a_gpu_it_has_not_seen():
     for task in PRESETS:
         for torchrun in (True, False):
             for ckpt in (True, False):
-                p = plan({**Args().__dict__, **PRESETS[task], "task": task}, gpus=8 if torchrun else 1, gpu_gb=80,
-                         grad_checkpointing=ckpt, torchrun=torchrun)
+                p = plan(
+                    {**Args().__dict__, **PRESETS[task], "task": task},
+                    gpus=8 if torchrun else 1,
+                    gpu_gb=80,
+                    grad_checkpointing=ckpt,
+                    torchrun=torchrun,
+                )
                 items |= {item for _, item, _, _ in p.rows}
                 text = memory_plan.format_plan(p)
     assert {memory_plan.calibration(item) for item in items} <= {"gpu", "cpu", "estimate"}  # KeyError if unclassified
@@ -248,16 +319,22 @@ def test_the_paper_presets_are_sized_by_the_plan_for_80_gb():
         shape, seqs = model_shape(args["model"]), args["rollout_batch"] * args["M"] // gpus
         assert args["max_num_seqs"] == 0  # train.py: the rank's share of the batch, seqs
         kv_per_token = shape.layers * 2 * shape.kv_heads * shape.head_dim * 2  # bf16 keys and values
-        engine = 2 * shape.params + 2 * memory_plan.GiB + seqs * (memory_plan.task_prompt_tokens(task)
-                                                                   + args["max_tokens"]) * kv_per_token
+        engine = (
+            2 * shape.params
+            + 2 * memory_plan.GiB
+            + seqs * (memory_plan.task_prompt_tokens(task) + args["max_tokens"]) * kv_per_token
+        )
         assert engine <= args["gpu_memory_utilization"] * 80 * memory_plan.GiB < 1.5 * engine, task
 
         for gpu_gb in (80, 139):
             p = plan(args, gpus=gpus, gpu_gb=gpu_gb, grad_checkpointing=True)
             assert p.fits and p.phases["train"] <= 0.75 * p.gpu_bytes, (task, gpu_gb)
         larger = 2 * args["micro_batch"]
-        assert larger > seqs or plan({**args, "micro_batch": larger}, gpus=gpus, gpu_gb=80, grad_checkpointing=True
-                                     ).phases["train"] > 0.75 * 80 * memory_plan.GiB, task
+        assert (
+            larger > seqs
+            or plan({**args, "micro_batch": larger}, gpus=gpus, gpu_gb=80, grad_checkpointing=True).phases["train"]
+            > 0.75 * 80 * memory_plan.GiB
+        ), task
 
 
 def test_the_official_qwen3_run_plans_on_its_32_gpus_and_its_preset_is_its_yaml():
@@ -268,15 +345,49 @@ def test_the_official_qwen3_run_plans_on_its_32_gpus_and_its_preset_is_its_yaml(
     from config import PRESETS
 
     shape = model_shape("Qwen/Qwen3-1.7B-Base")
-    qwen3 = Qwen3Config(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-                        intermediate_size=6144, vocab_size=151936, head_dim=128, tie_word_embeddings=True)
+    qwen3 = Qwen3Config(
+        hidden_size=2048,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        intermediate_size=6144,
+        vocab_size=151936,
+        head_dim=128,
+        tie_word_embeddings=True,
+    )
     assert meta_params(qwen3) == shape.params + shape.layers * 2 * shape.head_dim
     preset = PRESETS["polaris"]
     assert preset["steps"] == 5 * (53_291 // 256)  # total_epochs 5 of 53,291 rows, verl dropping the last batch
-    assert {k: preset[k] for k in ("tau", "M", "rollout_batch", "max_tokens", "clip_high", "max_grad_norm", "beta",
-                                   "top_p", "seed", "eval_samples", "eval_top_p", "plan_gpus")} == dict(
-        tau=0.3, M=16, rollout_batch=256, max_tokens=4096, clip_high=0.2, max_grad_norm=0.3, beta=0.0, top_p=1.0,
-        seed=79, eval_samples=32, eval_top_p=0.95, plan_gpus=32)
+    assert {
+        k: preset[k]
+        for k in (
+            "tau",
+            "M",
+            "rollout_batch",
+            "max_tokens",
+            "clip_high",
+            "max_grad_norm",
+            "beta",
+            "top_p",
+            "seed",
+            "eval_samples",
+            "eval_top_p",
+            "plan_gpus",
+        )
+    } == dict(
+        tau=0.3,
+        M=16,
+        rollout_batch=256,
+        max_tokens=4096,
+        clip_high=0.2,
+        max_grad_norm=0.3,
+        beta=0.0,
+        top_p=1.0,
+        seed=79,
+        eval_samples=32,
+        eval_top_p=0.95,
+        plan_gpus=32,
+    )
     result = run_script("train.py", "--task", "polaris", "--plan")
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.strip().splitlines()

@@ -26,8 +26,11 @@ HAND = {
     "ppo": [(1.0, 1.5, -0.7, -1.28), (-1.0, 0.5, -0.7, 0.8), (-1.0, 5.0, -0.7, 5.0), (2.0, 1.1, -0.7, -2.2)],
     "dual-clip": [(-1.0, 5.0, -0.7, 3.0), (-2.0, 2.0, -0.7, 4.0), (-1.0, 2.0, -0.7, 2.0), (1.0, 5.0, -0.7, -1.28)],
     "cispo": [(2.0, 1.5, -0.7, -2 * 1.28 * -0.7), (-1.0, 0.5, -0.7, 1 * 0.8 * -0.7), (1.0, 1.1, -0.3, -1.1 * -0.3)],
-    "sapo": [(1.0, 1.2, -0.7, -sigmoid(0.2) * 4), (-1.0, 1.2, -0.7, sigmoid(1.05 * 0.2) * 4 / 1.05),
-             (2.0, 0.5, -0.7, -2 * sigmoid(-0.5) * 4)],
+    "sapo": [
+        (1.0, 1.2, -0.7, -sigmoid(0.2) * 4),
+        (-1.0, 1.2, -0.7, sigmoid(1.05 * 0.2) * 4 / 1.05),
+        (2.0, 0.5, -0.7, -2 * sigmoid(-0.5) * 4),
+    ],
 }
 
 
@@ -57,9 +60,16 @@ def test_each_policy_gradient_term_against_hand_values_and_its_autograd_gradient
     for adv, rho, logp_value, want in HAND[name]:
         old = logp_value - math.log(rho)
         logp = torch.tensor([[logp_value]], dtype=torch.float64, requires_grad=True)
-        loss_value, metrics = policy_loss(logp, torch.tensor([[old]], dtype=torch.float64),
-                                          torch.tensor([adv], dtype=torch.float64), torch.ones(1, 1), beta=0.0,
-                                          clip_low=LOW, clip_high=HIGH, pg_loss=name)
+        loss_value, metrics = policy_loss(
+            logp,
+            torch.tensor([[old]], dtype=torch.float64),
+            torch.tensor([adv], dtype=torch.float64),
+            torch.ones(1, 1),
+            beta=0.0,
+            clip_low=LOW,
+            clip_high=HIGH,
+            pg_loss=name,
+        )
         assert loss_value.item() == pytest.approx(want, rel=1e-9), (name, adv, rho)
         loss_value.backward()
         assert logp.grad.item() == pytest.approx(direct_grad(name, adv, rho), rel=1e-9, abs=1e-12), (name, adv, rho)
@@ -70,8 +80,10 @@ def test_each_newer_term_logs_its_own_metric_in_loss():
     adv = torch.tensor([-1.0, 1.0, -1.0, 2.0])
     rho = torch.tensor([[5.0], [1.5], [1.0], [1.2]])
     logp = torch.zeros(4, 1)
-    got = {name: policy_loss(logp, logp - rho.log(), adv, torch.ones(4, 1), beta=0.0, pg_loss=name)[1]
-           for name in PG_LOSSES}
+    got = {
+        name: policy_loss(logp, logp - rho.log(), adv, torch.ones(4, 1), beta=0.0, pg_loss=name)[1]
+        for name in PG_LOSSES
+    }
     assert got["dual-clip"]["dual_clip_frac"] == pytest.approx(1 / 4)  # the first token alone: 5 > 3
     assert got["cispo"]["cispo_clip_frac"] == pytest.approx(2 / 4)  # 5 and 1.5 lie outside [0.8, 1.28]
     taus_rhos = [(1.05, 5), (1, 1.5), (1.05, 1), (1, 1.2)]  # tau_neg where A < 0
@@ -103,8 +115,9 @@ def test_policy_loss_never_rebinds_an_option_name():
 def test_the_top_entropy_mask_keeps_the_highest_entropy_share_of_tokens():
     logp, old = torch.zeros(1, 4, requires_grad=True), torch.zeros(1, 4)
     entropy = torch.tensor([[0.1, 0.9, 0.5, 0.3]])
-    value, metrics = policy_loss(logp, old, torch.tensor([1.0]), torch.ones(1, 4), beta=0.0, entropy=entropy,
-                                 top_entropy=0.5)
+    value, metrics = policy_loss(
+        logp, old, torch.tensor([1.0]), torch.ones(1, 4), beta=0.0, entropy=entropy, top_entropy=0.5
+    )
     value.backward()
     # the median of the four entropies is 0.4: tokens 1 and 2 keep their -A rho / 4 gradient, the others none
     assert logp.grad.tolist() == [[0.0, -0.25, -0.25, 0.0]]
@@ -115,18 +128,23 @@ def test_the_top_entropy_mask_keeps_the_highest_entropy_share_of_tokens():
     assert masked.item() == 0.0 and "entropy_kept_frac" not in metrics  # a micro-batch the row filter emptied
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--pg-loss", "grpo"], "--pg-loss must be one of ppo, dual-clip, cispo, sapo"),
-    (["--top-entropy", "0"], "--top-entropy must be in (0, 1]"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--pg-loss", "grpo"], "--pg-loss must be one of ppo, dual-clip, cispo, sapo"),
+        (["--top-entropy", "0"], "--top-entropy must be in (0, 1]"),
+    ],
+)
 def test_the_new_flags_refuse_what_they_cannot_mean(argv, message, capsys, tmp_path):
     from tests.test_nothing_silent import train_refuses
 
     assert message in train_refuses(argv, capsys, tmp_path)
 
 
-@pytest.mark.parametrize("pg_loss, metric", [("cispo", "loss/cispo_clip_frac"), ("sapo", "loss/sapo_gate_weight"),
-                                             ("dual-clip", "loss/dual_clip_frac")])
+@pytest.mark.parametrize(
+    "pg_loss, metric",
+    [("cispo", "loss/cispo_clip_frac"), ("sapo", "loss/sapo_gate_weight"), ("dual-clip", "loss/dual_clip_frac")],
+)
 def test_a_run_logs_its_terms_metric_and_the_kept_share(pg_loss, metric, tiny_model_dir, tmp_path, monkeypatch):
     import tasks
     import train

@@ -26,6 +26,7 @@ def test_pairs_needed_is_the_first_n_reaching_the_target_and_near_the_normal_for
 
 # ---- tools/study.py: the SoftmaxGRPO-vs-GRPO study's tables, from collected runs
 
+
 def write_run(root, name, advantage, seed, after, pass_rates, reward="exact", cpu="AMD EPYC", finished=True):
     """A collected run as tools/study.py reads it: args.json, eval.json, metrics.jsonl, cpu.txt, wall_seconds.txt."""
     import json
@@ -34,8 +35,10 @@ def write_run(root, name, advantage, seed, after, pass_rates, reward="exact", cp
     path.mkdir()
     (path / "args.json").write_text(json.dumps({"advantage": advantage, "seed": seed, "reward": reward}))
     (path / "eval.json").write_text(json.dumps({"before": 0.4, **({"after": after} if finished else {})}))
-    rows = [{"step": i + 1, "reward/mean": p, "reward/pass_rate": p, "response/len_mean": 30.0,
-             "response/trunc_frac": 0.5} for i, p in enumerate(pass_rates)]
+    rows = [
+        {"step": i + 1, "reward/mean": p, "reward/pass_rate": p, "response/len_mean": 30.0, "response/trunc_frac": 0.5}
+        for i, p in enumerate(pass_rates)
+    ]
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (path / "cpu.txt").write_text(f"commit abc\nModel name: {cpu}\nFlags: avx2\n")
     (path / "wall_seconds.txt").write_text("700.5\n")

@@ -86,16 +86,19 @@ def test_a_tiny_ema_step_is_kept_under_bf16(tiny_model_dir):
     assert (stepped16 != before.bfloat16()).float().mean() < 0.1  # rounds away but for the tiniest weights
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--reference", "nope"], "--reference must be one of"),
-    (["--reference", "ema"], "--reference ema needs --ref-ema"),
-    (["--reference", "reset"], "--reference reset needs --ref-reset-every"),
-    (["--ref-ema", "0.1"], "pass --reference ema or reset"),
-    (["--ref-reset-every", "5"], "pass --reference ema or reset"),
-    (["--reference", "ema", "--ref-ema", "1.5"], "--ref-ema must be in [0, 1]"),
-    (["--reference", "ema", "--ref-ema", "0.1", "--beta", "0"], "--beta 0 has none"),
-    (["--dist-timeout-s", "0"], "--dist-timeout-s must be"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--reference", "nope"], "--reference must be one of"),
+        (["--reference", "ema"], "--reference ema needs --ref-ema"),
+        (["--reference", "reset"], "--reference reset needs --ref-reset-every"),
+        (["--ref-ema", "0.1"], "pass --reference ema or reset"),
+        (["--ref-reset-every", "5"], "pass --reference ema or reset"),
+        (["--reference", "ema", "--ref-ema", "1.5"], "--ref-ema must be in [0, 1]"),
+        (["--reference", "ema", "--ref-ema", "0.1", "--beta", "0"], "--beta 0 has none"),
+        (["--dist-timeout-s", "0"], "--dist-timeout-s must be"),
+    ],
+)
 def test_bad_reference_flags_are_one_line(flags, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         train.parse_args([*flags, "--out-dir", str(tmp_path / "run")])

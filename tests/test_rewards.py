@@ -31,25 +31,31 @@ def test_final_answer():
 
 
 # ---------------------------------------------------------------- math
-@pytest.mark.parametrize("completion, gold", [
-    ("<think>half</think> 0.5", r"\frac12"),
-    ("1000", "1,000"),
-    (r"<think>x</think> The answer is \boxed{72}.", "72"),
-    (r"<answer>$\frac{\sqrt3}{2}$</answer>", r"\dfrac{\sqrt{3}}{2}"),
-    (r"\boxed{1+x^2}", "x^2+1"),
-    (r"\boxed{3}", r"\boxed{3}"),  # an already boxed gold is not boxed twice
-])
+@pytest.mark.parametrize(
+    "completion, gold",
+    [
+        ("<think>half</think> 0.5", r"\frac12"),
+        ("1000", "1,000"),
+        (r"<think>x</think> The answer is \boxed{72}.", "72"),
+        (r"<answer>$\frac{\sqrt3}{2}$</answer>", r"\dfrac{\sqrt{3}}{2}"),
+        (r"\boxed{1+x^2}", "x^2+1"),
+        (r"\boxed{3}", r"\boxed{3}"),  # an already boxed gold is not boxed twice
+    ],
+)
 def test_math_reward_positive(completion, gold):
     assert math_reward(completion, gold) == 1.0
 
 
-@pytest.mark.parametrize("completion, gold", [
-    ("<think>x</think> 73", "72"),
-    (r"<think>\boxed{72}</think> I am not sure", "72"),  # the answer inside the thinking does not count
-    ("", "72"),
-    ("72", ""),
-    ("1,2", "12"),
-])
+@pytest.mark.parametrize(
+    "completion, gold",
+    [
+        ("<think>x</think> 73", "72"),
+        (r"<think>\boxed{72}</think> I am not sure", "72"),  # the answer inside the thinking does not count
+        ("", "72"),
+        ("72", ""),
+        ("1,2", "12"),
+    ],
+)
 def test_math_reward_negative(completion, gold):
     assert math_reward(completion, gold) == 0.0
 
@@ -57,8 +63,7 @@ def test_math_reward_negative(completion, gold):
 def test_math_reward_works_from_a_thread():
     # math-verify's own SIGALRM timeout raises outside the main thread
     results = []
-    threads = [threading.Thread(target=lambda: results.append(math_reward("0.5", r"\frac12")))
-               for _ in range(3)]
+    threads = [threading.Thread(target=lambda: results.append(math_reward("0.5", r"\frac12"))) for _ in range(3)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -81,42 +86,50 @@ def test_math_reward_recovers_after_a_hanging_expression(monkeypatch):
 
 
 # ---------------------------------------------------------------- countdown
-@pytest.mark.parametrize("completion, numbers, target", [
-    ("8/(3-8/3)", [3, 3, 8, 8], 24),  # exact rationals: a float check could miss this
-    ("<think>try</think> 8 / (3 - 8 / 3) = 24", [8, 8, 3, 3], 24),
-    (r"<think>t</think> so \boxed{8 ÷ (3 − 8 ÷ 3)}", [3, 3, 8, 8], 24),  # unicode operators
-    (r"$(1 + 2 + 3) \times 4$", [1, 2, 3, 4], 24),
-    ("<answer> 1 * 2 * 3 * 4 </answer>", [4, 3, 2, 1], 24),
-    ("Working...\n(44 + 19) + 35", [44, 19, 35], 98),  # last line of the answer
-    ("95 - 11 - 56.", [95, 11, 56], 28),
-    ("-(3 - 8) * 4 + 4", [3, 8, 4, 4], 24),  # unary minus
-    ("+5-3", [5, 3], 2),  # unary plus: 5 - 3, as Python and TinyZero's eval-based checker read it
-    ("(+8) * 3", [8, 3], 24),
-])
+@pytest.mark.parametrize(
+    "completion, numbers, target",
+    [
+        ("8/(3-8/3)", [3, 3, 8, 8], 24),  # exact rationals: a float check could miss this
+        ("<think>try</think> 8 / (3 - 8 / 3) = 24", [8, 8, 3, 3], 24),
+        (r"<think>t</think> so \boxed{8 ÷ (3 − 8 ÷ 3)}", [3, 3, 8, 8], 24),  # unicode operators
+        (r"$(1 + 2 + 3) \times 4$", [1, 2, 3, 4], 24),
+        ("<answer> 1 * 2 * 3 * 4 </answer>", [4, 3, 2, 1], 24),
+        ("Working...\n(44 + 19) + 35", [44, 19, 35], 98),  # last line of the answer
+        ("95 - 11 - 56.", [95, 11, 56], 28),
+        ("-(3 - 8) * 4 + 4", [3, 8, 4, 4], 24),  # unary minus
+        ("+5-3", [5, 3], 2),  # unary plus: 5 - 3, as Python and TinyZero's eval-based checker read it
+        ("(+8) * 3", [8, 3], 24),
+    ],
+)
 def test_countdown_reward_positive(completion, numbers, target):
     assert countdown_reward(completion, numbers, target) == 1.0
 
 
-@pytest.mark.parametrize("completion, numbers, target", [
-    ("8/(3-8/3) = 25", [3, 3, 8, 8], 24),  # wrong right-hand side
-    ("8*3", [3, 3, 8, 8], 24),  # numbers missing
-    ("8*3 + 3 - 3 + 8 - 8", [3, 3, 8, 8], 24),  # numbers used twice
-    ("4*6", [1, 2, 3, 4], 24),  # correct value, wrong number set
-    ("(1+2+3)*4", [1, 2, 3, 5], 24),  # correct value, a supplied number replaced
-    ("1 + 2 + 3 + 4", [1, 2, 3, 4], 24),  # wrong value
-    ("8 / (3 - 3) + 8 + 8", [3, 3, 8, 8, 8], 24),  # division by zero
-    ("2**3 * 3", [2, 3, 3], 24),  # exponentiation
-    ("(8 // 3) * 8 + 8", [8, 3, 8, 8], 24),  # floor division
-    ("24.0", [24], 24),  # floats
-    ("x * 24", [24], 24),  # names
-    ("", [1], 1),
-])
+@pytest.mark.parametrize(
+    "completion, numbers, target",
+    [
+        ("8/(3-8/3) = 25", [3, 3, 8, 8], 24),  # wrong right-hand side
+        ("8*3", [3, 3, 8, 8], 24),  # numbers missing
+        ("8*3 + 3 - 3 + 8 - 8", [3, 3, 8, 8], 24),  # numbers used twice
+        ("4*6", [1, 2, 3, 4], 24),  # correct value, wrong number set
+        ("(1+2+3)*4", [1, 2, 3, 5], 24),  # correct value, a supplied number replaced
+        ("1 + 2 + 3 + 4", [1, 2, 3, 4], 24),  # wrong value
+        ("8 / (3 - 3) + 8 + 8", [3, 3, 8, 8, 8], 24),  # division by zero
+        ("2**3 * 3", [2, 3, 3], 24),  # exponentiation
+        ("(8 // 3) * 8 + 8", [8, 3, 8, 8], 24),  # floor division
+        ("24.0", [24], 24),  # floats
+        ("x * 24", [24], 24),  # names
+        ("", [1], 1),
+    ],
+)
 def test_countdown_reward_negative(completion, numbers, target):
     assert countdown_reward(completion, numbers, target) == 0.0
 
 
-@pytest.mark.parametrize("completion", ["(3+3)*4*", "3 3 4 1", "(3+3)*4*1)", "((3+3)*4*1", "3 + 3 + 4 1", "03 * 8",
-                                        "<think>t</think> \\boxed{(3+3)*}"])
+@pytest.mark.parametrize(
+    "completion",
+    ["(3+3)*4*", "3 3 4 1", "(3+3)*4*1)", "((3+3)*4*1", "3 + 3 + 4 1", "03 * 8", "<think>t</think> \\boxed{(3+3)*}"],
+)
 def test_unparseable_countdown_text_is_a_wrong_answer_not_a_reward_error(completion):
     """ast.parse raised on these: they were counted in reward/errors, printed a traceback, raised under strict
     mode (the tests run strict: tests/conftest.py). Text that is no expression is a wrong answer."""
@@ -137,17 +150,32 @@ def test_integer_reward():
     assert integer_reward("-3", "3") == 0.0
 
 
-@pytest.mark.parametrize("completion, answer", [
-    (r"\boxed{[8, 0]}", ""),  # a boxed list holds no one answer: was "0", its last number
-    (r"\boxed{8, 0}", ""), (r"\boxed{(8, 0)}", ""), (r"\boxed{\{1, 2, 3\}}", ""), (r"\boxed{8; 0}", ""),
-    (r"\boxed{8;0}", ""), (r"\boxed{8 ,0}", ""), (r"\boxed{8,\ 0}", ""), (r"\boxed{8,\,0}", ""), (r"\boxed{8,~0}", ""),
-    (r"\boxed{[8,0]}", "8,0"),  # no whole number either: never 80 or 0
-    ("\\boxed{\uff18\uff10}", "80"),  # fullwidth digits (NFKC): was ""
-    ("\\boxed{\uff0d\uff15}", "-5"), ("\\boxed{\u22125}", "-5"),
-    (r"\boxed{3 + 4 = 7}", "7"), (r"\boxed{1,234}", "1234"), (r"\boxed{x = 5, y = 7}", "7"),  # no list of numbers
-    ("\\boxed{25 cm\u00b2}", "25"), ("10\u00b2", "10"),  # a superscript is no digit: not "2", not "102"
-    ("1, 5", "5"), ("[8, 0]", "0"),  # unboxed: the last number, as before
-])
+@pytest.mark.parametrize(
+    "completion, answer",
+    [
+        (r"\boxed{[8, 0]}", ""),  # a boxed list holds no one answer: was "0", its last number
+        (r"\boxed{8, 0}", ""),
+        (r"\boxed{(8, 0)}", ""),
+        (r"\boxed{\{1, 2, 3\}}", ""),
+        (r"\boxed{8; 0}", ""),
+        (r"\boxed{8;0}", ""),
+        (r"\boxed{8 ,0}", ""),
+        (r"\boxed{8,\ 0}", ""),
+        (r"\boxed{8,\,0}", ""),
+        (r"\boxed{8,~0}", ""),
+        (r"\boxed{[8,0]}", "8,0"),  # no whole number either: never 80 or 0
+        ("\\boxed{\uff18\uff10}", "80"),  # fullwidth digits (NFKC): was ""
+        ("\\boxed{\uff0d\uff15}", "-5"),
+        ("\\boxed{\u22125}", "-5"),
+        (r"\boxed{3 + 4 = 7}", "7"),
+        (r"\boxed{1,234}", "1234"),
+        (r"\boxed{x = 5, y = 7}", "7"),  # no list of numbers
+        ("\\boxed{25 cm\u00b2}", "25"),
+        ("10\u00b2", "10"),  # a superscript is no digit: not "2", not "102"
+        ("1, 5", "5"),
+        ("[8, 0]", "0"),  # unboxed: the last number, as before
+    ],
+)
 def test_integer_answer_reads_no_list_as_a_number(completion, answer):
     assert rewards.integer_answer(completion) == answer
 
@@ -196,7 +224,8 @@ def test_similarity_hand_computed():
     # ROUGE-L: LCS = [on, mat] = 2, P = R = 2/4 -> F = 0.5
     # r_sim = 0.6 * 1.0 + 0.4 * 0.5 = 0.8
     assert similarity_reward("<think>x</think> On the mat sat the cat.", "The cat sat on the mat!") == (
-        pytest.approx(0.8))
+        pytest.approx(0.8)
+    )
     # completion [cat, sat] vs reference [cat, sat, on, mat]: P = 1, R = 1/2 for both halves
     # -> F1 = ROUGE-L F = 2 * 1 * 0.5 / 1.5 = 2/3, so r_sim = 2/3
     assert similarity_reward("A CAT, sat.", "The cat sat on the mat") == pytest.approx(2 / 3)
@@ -274,8 +303,13 @@ def test_adversarial_corpus_scores_zero_without_side_effects(tmp_path):
 def test_rewards_accept_any_input_type(monkeypatch):
     monkeypatch.setattr(rewards, "STRICT", True)
     for junk in [None, 42, b"\xff\xfe", ["a"], 3.5]:
-        for score in [math_reward(junk, "1"), countdown_reward(junk, [1], 1), integer_reward(junk, "1"),
-                      similarity_reward(junk, "a b"), format_reward(junk)]:
+        for score in [
+            math_reward(junk, "1"),
+            countdown_reward(junk, [1], 1),
+            integer_reward(junk, "1"),
+            similarity_reward(junk, "a b"),
+            format_reward(junk),
+        ]:
             assert score == 0.0
     with pytest.raises(ValueError):  # a broken numbers list is a data bug: strict mode (the tests') raises
         countdown_reward("1", ["x"], 1)
@@ -289,10 +323,14 @@ def test_rewards_accept_any_input_type(monkeypatch):
 # ---------------------------------------------------------------- verdicts decided in rewards.py's departure 4
 def _long_completion(answer: str, after: int) -> str:
     """A long think-then-answer completion whose boxed answer sits `after` characters before the end."""
-    check = ("Let me double-check each step. " + " ".join(f"Step {i}: {i} * 3 = {i * 3}, which is consistent."
-                                                           for i in range(1, 400)))[:after]
-    return (f"<think>Work through it carefully. {'Adding the parts, ' * 40}</think>\n"
-            f"So the result is \\boxed{{{answer}}}.\n\n{check}")
+    check = (
+        "Let me double-check each step. "
+        + " ".join(f"Step {i}: {i} * 3 = {i * 3}, which is consistent." for i in range(1, 400))
+    )[:after]
+    return (
+        f"<think>Work through it carefully. {'Adding the parts, ' * 40}</think>\n"
+        f"So the result is \\boxed{{{answer}}}.\n\n{check}"
+    )
 
 
 @pytest.mark.parametrize("answer, gold, after", [(r"\frac{3}{4}", "0.75", 1400), ("128", "128", 3700)])
@@ -305,16 +343,19 @@ def test_math_reward_takes_the_last_box_wherever_it_is(answer, gold, after):
 
 def test_math_reward_bounds_what_reaches_sympy():
     huge_box = "\\boxed{" + "1+" * 5000 + "1}"  # longer than MAX_ANSWER_CHARS: counts as no box
-    assert rewards.math_answer(huge_box) == huge_box[-rewards.MAX_ANSWER_CHARS:]
+    assert rewards.math_answer(huge_box) == huge_box[-rewards.MAX_ANSWER_CHARS :]
     assert math_reward(huge_box, "5001") == 0.0
     assert len(rewards.math_answer("x " * 100_000)) == rewards.MAX_ANSWER_CHARS
 
 
-@pytest.mark.parametrize("completion", [
-    "<think>Natalia sold 48 clips in April and half as many in May: 48 + 24 = 72",  # cut off mid-trace
-    "<think>so \\boxed{72}",
-    "<think>the answer is 72</think",  # the closing tag itself truncated
-])
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "<think>Natalia sold 48 clips in April and half as many in May: 48 + 24 = 72",  # cut off mid-trace
+        "<think>so \\boxed{72}",
+        "<think>the answer is 72</think",  # the closing tag itself truncated
+    ],
+)
 def test_unfinished_think_block_scores_zero(completion):
     assert final_answer(completion) == ""
     assert math_reward(completion, "72") == 0.0
@@ -322,8 +363,15 @@ def test_unfinished_think_block_scores_zero(completion):
     assert math_reward(completion + "</think> 72", "72") == 1.0  # the same trace, finished, counts
 
 
-@pytest.mark.parametrize("completion", [r"\boxed{72 clips}", r"\boxed{\text{72 clips}}", r"\boxed{72 \text{clips}}",
-                                        r"<think>x</think> She sold \boxed{72 clips in total}."])
+@pytest.mark.parametrize(
+    "completion",
+    [
+        r"\boxed{72 clips}",
+        r"\boxed{\text{72 clips}}",
+        r"\boxed{72 \text{clips}}",
+        r"<think>x</think> She sold \boxed{72 clips in total}.",
+    ],
+)
 def test_boxed_number_with_unit_words_is_the_number(completion):
     assert math_reward(completion, "72") == 1.0
     assert math_reward(completion, "73") == 0.0
@@ -377,17 +425,19 @@ def test_hostile_text_raises_nothing_even_in_strict_mode(monkeypatch):
     assert math_reward(b"\xff\xfe", "1") == 0.0
 
 
-@pytest.mark.parametrize("completion, gold, want, as_math_verify", [
-    (r"The solutions are \boxed{1} and \boxed{2} and \boxed{3}.", r"\{1,2,3\}", 1.0, True),  # math-verify's cases
-    (r"\boxed{(2, 2)} \quad \text{and} \quad \boxed{(6, 2)}", "(2,2),(6,2)", 1.0, True),
-    (r"$\boxed{-1}$, $\boxed{4}$", r"\{-1, 4\}", 1.0, True),
-    (r"\boxed{1} and \boxed{2}", "2", 0.0, True),  # two boxes are a set of two, not the last one alone
-    # words part them: the earlier box is working, not answer (math-verify would read the set {2, 3})
-    (r"First \boxed{2}, so the answer is \boxed{3}", "3", 1.0, False),
-    (r"\boxed{5 apples} or \boxed{7}", r"\{5, 7\}", 1.0, False),  # unit words go from each box of the run
-])
-def test_answers_split_over_several_boxes_are_one_set_as_math_verify_reads_them(completion, gold, want,
-                                                                                   as_math_verify):
+@pytest.mark.parametrize(
+    "completion, gold, want, as_math_verify",
+    [
+        (r"The solutions are \boxed{1} and \boxed{2} and \boxed{3}.", r"\{1,2,3\}", 1.0, True),  # math-verify's cases
+        (r"\boxed{(2, 2)} \quad \text{and} \quad \boxed{(6, 2)}", "(2,2),(6,2)", 1.0, True),
+        (r"$\boxed{-1}$, $\boxed{4}$", r"\{-1, 4\}", 1.0, True),
+        (r"\boxed{1} and \boxed{2}", "2", 0.0, True),  # two boxes are a set of two, not the last one alone
+        # words part them: the earlier box is working, not answer (math-verify would read the set {2, 3})
+        (r"First \boxed{2}, so the answer is \boxed{3}", "3", 1.0, False),
+        (r"\boxed{5 apples} or \boxed{7}", r"\{5, 7\}", 1.0, False),  # unit words go from each box of the run
+    ],
+)
+def test_answers_split_over_several_boxes_are_one_set_as_math_verify_reads_them(completion, gold, want, as_math_verify):
     from math_verify import parse, verify
 
     assert math_reward(completion, gold) == want
@@ -401,37 +451,55 @@ def test_answers_split_over_several_boxes_are_one_set_as_math_verify_reads_them(
 NOTE = "[Note: it is always a good idea to double-check the calculations.] "
 
 
-@pytest.mark.parametrize("completion, gold, want", [
-    ("1.22", "1,22", 1.0),  # a bare gold with a decimal comma, as math-verify reads it unboxed (boxed: a pair)
-    ("0.111", "0,111", 1.0),  # a leading 0 is never a thousands group
-    ("7425000", "7,425,000", 1.0),  # thousands separators
-    ("1.22", "1,220", 0.0),  # 1,220 is thousands: 1220
-    # an unboxed final answer stated long before the end of a rambling answer
-    ("So N = 14916. Final Answer: The final answer is $14 {,}916$. I hope it is correct. " + NOTE * 30,
-     r"\boxed{14{,}916}", 1.0),
-    # a statement after the last box is the answer; the boxes before it were working
-    (r"Interest: $0.05 \cdot 10,200 / 2 = \boxed{255}$, so she has $10,455. The final answer is $10,455$. Done.",
-     "10455", 1.0),
-    (r"The final answer is $5$. Wait, recount: \boxed{7}", "7", 1.0),  # a box after the statement wins
-    # answers boxed in parts are one answer
-    (r"$$\boxed{(3, 3)} \text{ for part (a) and } \boxed{(1, 1)}$$", "(3, 3), (1, 1)", 1.0),
-    (r"\(y_1 = \boxed{-2(x - 1)^2 + 5} \) and \( y_2 = \boxed{3(x + 2)^2 - 2} \)",
-     "y_{1}=-2 x^{2}+4 x+3, y_{2}=3 x^{2}+12 x+10", 1.0),
-    (r"\(y_1 = \boxed{-2(x - 1)^2 + 5} \) and \( y_2 = \boxed{3(x + 2)^2 - 2} \)", "-2x^2+4x+3", 0.0),
-])
+@pytest.mark.parametrize(
+    "completion, gold, want",
+    [
+        ("1.22", "1,22", 1.0),  # a bare gold with a decimal comma, as math-verify reads it unboxed (boxed: a pair)
+        ("0.111", "0,111", 1.0),  # a leading 0 is never a thousands group
+        ("7425000", "7,425,000", 1.0),  # thousands separators
+        ("1.22", "1,220", 0.0),  # 1,220 is thousands: 1220
+        # an unboxed final answer stated long before the end of a rambling answer
+        (
+            "So N = 14916. Final Answer: The final answer is $14 {,}916$. I hope it is correct. " + NOTE * 30,
+            r"\boxed{14{,}916}",
+            1.0,
+        ),
+        # a statement after the last box is the answer; the boxes before it were working
+        (
+            r"Interest: $0.05 \cdot 10,200 / 2 = \boxed{255}$, so she has $10,455. The final answer is $10,455$. Done.",
+            "10455",
+            1.0,
+        ),
+        (r"The final answer is $5$. Wait, recount: \boxed{7}", "7", 1.0),  # a box after the statement wins
+        # answers boxed in parts are one answer
+        (r"$$\boxed{(3, 3)} \text{ for part (a) and } \boxed{(1, 1)}$$", "(3, 3), (1, 1)", 1.0),
+        (
+            r"\(y_1 = \boxed{-2(x - 1)^2 + 5} \) and \( y_2 = \boxed{3(x + 2)^2 - 2} \)",
+            "y_{1}=-2 x^{2}+4 x+3, y_{2}=3 x^{2}+12 x+10",
+            1.0,
+        ),
+        (r"\(y_1 = \boxed{-2(x - 1)^2 + 5} \) and \( y_2 = \boxed{3(x + 2)^2 - 2} \)", "-2x^2+4x+3", 0.0),
+    ],
+)
 def test_math_answers_math_verify_finds_are_found(completion, gold, want):
     assert math_reward(completion, gold) == want
 
 
-@pytest.mark.parametrize("completion, gold, why", [
-    ("Answer $ \n 9 \n $", "$9$", "latex-only extraction (match_types=['latex']); by default expr finds the 9"),
-    ("Answer \\( \n 9 \n \\)", "$9$", "latex-only extraction (match_types=['latex']); by default expr finds the 9"),
-    (r"$\begin{pmatrix}0.33\\0.2 \end{pmatrix}$", r"$(\begin{pmatrix}\frac{1}{3}\\ \frac{1}{5} \end{pmatrix})$",
-     "float_rounding=2; the default rounds to 6 digits"),
-    ("$(0.6,2.6667]$", r"$(\frac{3}{5},\frac{8}{3}]$", "float_rounding=2; the default rounds to 6 digits"),
-    (r"$-2 \le x \le 7$", r"$x \in [-2,7]$", "allow_set_relation_comp=True; off by default"),
-    ("$f(y)$", "$f(x)$", "strict=False; by default x and y are different variables"),
-])
+@pytest.mark.parametrize(
+    "completion, gold, why",
+    [
+        ("Answer $ \n 9 \n $", "$9$", "latex-only extraction (match_types=['latex']); by default expr finds the 9"),
+        ("Answer \\( \n 9 \n \\)", "$9$", "latex-only extraction (match_types=['latex']); by default expr finds the 9"),
+        (
+            r"$\begin{pmatrix}0.33\\0.2 \end{pmatrix}$",
+            r"$(\begin{pmatrix}\frac{1}{3}\\ \frac{1}{5} \end{pmatrix})$",
+            "float_rounding=2; the default rounds to 6 digits",
+        ),
+        ("$(0.6,2.6667]$", r"$(\frac{3}{5},\frac{8}{3}]$", "float_rounding=2; the default rounds to 6 digits"),
+        (r"$-2 \le x \le 7$", r"$x \in [-2,7]$", "allow_set_relation_comp=True; off by default"),
+        ("$f(y)$", "$f(x)$", "strict=False; by default x and y are different variables"),
+    ],
+)
 def test_math_verify_cases_that_disagree_only_under_a_non_default_setting(completion, gold, why):
     """math-verify's test expects the other verdict under the setting in `why`; under its defaults it agrees."""
     from math_verify import parse, verify

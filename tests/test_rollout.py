@@ -45,7 +45,7 @@ def trainer_logprobs(model, prompts, groups, temperature):
     input_ids, attention_mask, completion_mask = pad_batch([p for p, _ in rows], [c.token_ids for _, c in rows], 0)
     with torch.no_grad():
         logp = sequence_logprobs(model, input_ids, attention_mask, completion_mask.shape[1], temperature)
-    return [logp[i, :len(c.token_ids)] for i, (_, c) in enumerate(rows)]
+    return [logp[i, : len(c.token_ids)] for i, (_, c) in enumerate(rows)]
 
 
 def test_shapes_and_seeding(sampler, prompts):
@@ -85,8 +85,12 @@ def test_top_p_logprobs_are_renormalised(sampler, prompts, trainer):
 def test_greedy_matches_hf_generate(sampler, prompts, trainer):
     ours = sampler.generate(prompts, n=1, max_tokens=10, temperature=0)
     for prompt, group in zip(prompts, ours):
-        ref = trainer.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                             do_sample=False, max_new_tokens=10)[0, len(prompt):].tolist()
+        ref = trainer.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=10,
+        )[0, len(prompt) :].tolist()
         assert group[0].token_ids == ref
     # A vanishing nucleus keeps only the most likely token: sampling becomes greedy.
     nucleus = sampler.generate(prompts, n=2, max_tokens=10, top_p=1e-6, seed=3)
@@ -97,8 +101,12 @@ def kept_by(probs, **filters):
     """next_tokens' kept set over one row of probabilities (vLLM's filters), and the renormalised log-prob of
     token 1, which a stub draw picks."""
     seen = []
-    _, logp = next_tokens(torch.tensor([probs]).log(), [torch.Generator()], draw=lambda kept, u: seen.append(kept)
-                          or torch.tensor([1]), **{"temperature": 1.0, "top_p": 1.0, **filters})
+    _, logp = next_tokens(
+        torch.tensor([probs]).log(),
+        [torch.Generator()],
+        draw=lambda kept, u: seen.append(kept) or torch.tensor([1]),
+        **{"temperature": 1.0, "top_p": 1.0, **filters},
+    )
     return (seen[0][0] > 0).nonzero().squeeze(-1).tolist(), logp.item()
 
 
@@ -117,8 +125,9 @@ def test_top_k_and_min_p_keep_by_hand_what_vllm_keeps():
 def test_top_k_and_min_p_sample_inside_the_kept_set_with_renormalised_logprobs(sampler, prompts, trainer):
     greedy = [[g[0].token_ids] * 2 for g in sampler.generate(prompts, n=1, max_tokens=10, temperature=0)]
     for filters in (dict(top_k=1), dict(min_p=0.999)):  # one token left: sampling becomes greedy
-        assert [[c.token_ids for c in g] for g in sampler.generate(prompts, n=2, max_tokens=10, seed=3,
-                                                                   **filters)] == greedy
+        assert [
+            [c.token_ids for c in g] for g in sampler.generate(prompts, n=2, max_tokens=10, seed=3, **filters)
+        ] == greedy
     groups = sampler.generate(prompts, n=3, max_tokens=16, top_k=5, min_p=0.05, seed=0)
     full = trainer_logprobs(trainer, prompts, groups, 1.0)
     for c, logp in zip([c for group in groups for c in group], full):
@@ -127,8 +136,13 @@ def test_top_k_and_min_p_sample_inside_the_kept_set_with_renormalised_logprobs(s
     assert groups != sampler.generate(prompts, n=3, max_tokens=16, seed=0)
 
 
-@pytest.mark.parametrize("argv, message", [(["--top-k", "-1"], "--top-k must be an integer >= 0, got -1"),
-                                           (["--min-p", "1"], "--min-p must be in [0, 1), got 1")])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--top-k", "-1"], "--top-k must be an integer >= 0, got -1"),
+        (["--min-p", "1"], "--min-p must be in [0, 1), got 1"),
+    ],
+)
 def test_the_sampling_filters_refuse_what_they_cannot_mean(argv, message, capsys, tmp_path):
     from tests.test_nothing_silent import train_refuses
 
@@ -193,6 +207,7 @@ def test_sleep_frees_the_weights_and_the_sync_brings_them_back(tiny_model_dir, p
     assert sleeper.model.lm_head.weight is sleeper.model.model.embed_tokens.weight  # still tied
     want = awake.generate(prompts, n=3, max_tokens=16, seed=5)
     got = sleeper.generate(prompts, n=3, max_tokens=16, seed=5)
+
     def samples(groups):
         return [[(c.token_ids, c.logprobs) for c in g] for g in groups]
 
@@ -214,8 +229,9 @@ def test_embedded_model_offline(tmp_path, monkeypatch):
     # Greedy text in float32: bf16 rounds differently on CPUs with and without bf16 units (native units against
     # oneDNN's emulation), and its greedy answer changes with it (an AVX-512 Xeon without bf16 wrote no "Paris").
     sampler = make_sampler("hf", "smollm2-135m", dtype="float32")
-    prompt = sampler.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                                   add_generation_prompt=True, return_dict=False)
+    prompt = sampler.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, return_dict=False
+    )
     answer = sampler.generate([prompt], n=1, max_tokens=32, temperature=0)[0][0]
     assert "Paris" in answer.text
     sampler.close()
@@ -269,9 +285,14 @@ def test_every_step_rank_prompt_and_sample_gets_its_own_stream():
     from rollout import step_seed
 
     for world, batch, M in [(1, 4, 8), (2, 4, 8), (4, 8, 3)]:
-        streams = [step_seed(run_seed, step, rank * (batch // world), batch, M) + i * M + k
-                   for run_seed in range(3) for step in range(6) for rank in range(world)
-                   for i in range(batch // world) for k in range(M)]
+        streams = [
+            step_seed(run_seed, step, rank * (batch // world), batch, M) + i * M + k
+            for run_seed in range(3)
+            for step in range(6)
+            for rank in range(world)
+            for i in range(batch // world)
+            for k in range(M)
+        ]
         assert len(set(streams)) == len(streams) == 3 * 6 * batch * M
     # ranks differing by one in their base seed is exactly what made vLLM repeat samples across ranks
     assert step_seed(0, 0, 1, 4, 8) - step_seed(0, 0, 0, 4, 8) == 8
@@ -303,10 +324,13 @@ def test_finished_rows_leave_the_batch_without_changing_samples(sampler, prompts
             assert alone.token_ids == groups[i][k].token_ids
 
 
-@pytest.mark.parametrize("temperature,top_p,filters", [(1.0, 1.0, {}), (0.7, 0.9, {}), (0.0, 1.0, {}),
-                                                        (0.9, 0.95, dict(top_k=20, min_p=0.01))])
-def test_cpu_fast_path_samples_what_the_plain_loop_samples(tiny_model_dir, prompts, trainer, temperature, top_p,
-                                                          filters):
+@pytest.mark.parametrize(
+    "temperature,top_p,filters",
+    [(1.0, 1.0, {}), (0.7, 0.9, {}), (0.0, 1.0, {}), (0.9, 0.95, dict(top_k=20, min_p=0.01))],
+)
+def test_cpu_fast_path_samples_what_the_plain_loop_samples(
+    tiny_model_dir, prompts, trainer, temperature, top_p, filters
+):
     """speed/cpu_sampler.py against rollout.HFSampler's plain loop (DynamicCache, eager attention, the full-CDF
     draw, every row decoded to the end): the same tokens, log-probs equal to float rounding, on sampled, nucleus
     and greedy rows, with rows leaving the fast batch; and again after a weight sync."""
@@ -378,11 +402,17 @@ def test_grouped_attention_matches_eager(tiny_model_dir, bucket):
     input_ids = torch.randint(3, eager.config.vocab_size, (3, 9), generator=generator)  # (G, P)
     mask = (torch.arange(9)[None] >= 9 - torch.tensor(lengths)[:, None]).long()  # (G, P) left-padded
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    caches = [DynamicCache(config=eager.config), DynamicCache(config=eager.config) if bucket is None
-              else Cache(layers=[BucketedLayer(bucket) for _ in range(eager.config.num_hidden_layers)])]
+    caches = [
+        DynamicCache(config=eager.config),
+        DynamicCache(config=eager.config)
+        if bucket is None
+        else Cache(layers=[BucketedLayer(bucket) for _ in range(eager.config.num_hidden_layers)]),
+    ]
     with torch.no_grad():
-        outs = [m(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=c, use_cache=True)
-                for m, c in zip((eager, grouped), caches)]
+        outs = [
+            m(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=c, use_cache=True)
+            for m, c in zip((eager, grouped), caches)
+        ]
         real = mask.bool()
         assert torch.allclose(outs[0].logits[real], outs[1].logits[real], atol=1e-5, rtol=0)
         for c in caches:
@@ -396,8 +426,12 @@ def test_grouped_attention_matches_eager(tiny_model_dir, bucket):
                 mask, positions = mask[keep], positions[keep]
             token = torch.randint(3, eager.config.vocab_size, (len(mask), 1), generator=generator)  # (A, 1)
             positions, mask = positions + 1, torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            logits = [m(input_ids=token, attention_mask=mask, position_ids=positions, past_key_values=c,
-                        use_cache=True).logits for m, c in zip((eager, grouped), caches)]
+            logits = [
+                m(
+                    input_ids=token, attention_mask=mask, position_ids=positions, past_key_values=c, use_cache=True
+                ).logits
+                for m, c in zip((eager, grouped), caches)
+            ]
             assert torch.allclose(logits[0], logits[1], atol=1e-5, rtol=0)
     if bucket is not None:  # the buffer: the 9 + 8 tokens, rounded up to the bucket
         assert caches[1].get_seq_length() == 17 and caches[1].layers[0].keys.shape[2] == -(-17 // bucket) * bucket
@@ -444,6 +478,7 @@ def test_packed_bf16_linears_compute_the_plain_linears(tiny_model_dir, prompts, 
 
 
 # ---- the weight sync: streamed, and a sleeping engine woken in two steps around it (rollout.py: VLLMSampler)
+
 
 def gathered(model, alive_before):
     """plumbing.parallel.full_weights as FSDP2 runs it: each parameter gathered afresh (here a copy) only when
@@ -522,8 +557,15 @@ def test_a_sleeping_engine_wakes_in_two_steps_around_the_sync(trainer, monkeypat
         gpu.generate([[1, 2]], n=1, max_tokens=1)
     assert events == ["sleep(2)"]
     gpu.update_weights(gathered(trainer, []))
-    assert events == ["sleep(2)", "empty_cache", "wake_up(['weights'])", "reload_weights", "empty_cache",
-                      "wake_up(['kv_cache'])", "reset_prefix_cache"]
+    assert events == [
+        "sleep(2)",
+        "empty_cache",
+        "wake_up(['weights'])",
+        "reload_weights",
+        "empty_cache",
+        "wake_up(['kv_cache'])",
+        "reset_prefix_cache",
+    ]
     assert set(gpu.llm.loaded) == {name for name, _ in trainer.named_parameters()} and not gpu.asleep
     events.clear()
     gpu.update_weights(gathered(trainer, []))  # awake already: a sync wakes nothing
@@ -539,8 +581,14 @@ def test_a_sleeping_engine_wakes_in_two_steps_around_the_sync(trainer, monkeypat
 # ---- the weight check (plumbing/sync.py: check_weights): an engine that took only part of an update
 
 # {what the SyncError names: the trainer's names a half sync leaves out}
-SKIPS = {"norms": "norm", "biases": ".bias", "embedding rows": "embed_tokens", "q/k/v rows": "k_proj.weight",
-         "gate/up rows": "up_proj.weight", "other weights": "o_proj.weight"}
+SKIPS = {
+    "norms": "norm",
+    "biases": ".bias",
+    "embedding rows": "embed_tokens",
+    "q/k/v rows": "k_proj.weight",
+    "gate/up rows": "up_proj.weight",
+    "other weights": "o_proj.weight",
+}
 
 
 def updated(model_dir, step_size):

@@ -31,9 +31,18 @@ def run_rollout(name, step, patterns, world=1, rank=0, **flags):
     sampler = FakeSampler()
     train_set, train_ids = pattern_data(patterns)
     args = train.Args(**{"M": len(patterns[0]), "rollout_batch": 4, "max_tokens": 8, "seed": 3, **flags})
-    batch = rollout.ROLLOUTS[name](step, sampler=sampler, task=PatternTask(), train_set=train_set,
-                                   train_ids=train_ids, weights={"exact": 1.0}, args=args, rank=rank, world=world,
-                                   device=torch.device("cpu"))
+    batch = rollout.ROLLOUTS[name](
+        step,
+        sampler=sampler,
+        task=PatternTask(),
+        train_set=train_set,
+        train_ids=train_ids,
+        weights={"exact": 1.0},
+        args=args,
+        rank=rank,
+        world=world,
+        device=torch.device("cpu"),
+    )
     return batch, sampler, args
 
 
@@ -42,6 +51,7 @@ def uids(batch):
 
 
 # ---- plain: the paper's step, as train.py's loop did it inline
+
 
 def test_plain_samples_the_data_stream_with_the_step_seed():
     patterns = [[i % 2, 1, 0, 1] for i in range(10)]
@@ -55,14 +65,19 @@ def test_plain_samples_the_data_stream_with_the_step_seed():
 
 # ---- dapo: drop the groups without signal, refill from new prompts
 
+
 def test_dapo_with_signal_everywhere_is_plain_bit_for_bit():
     patterns = [[1, 0, 0, 1]] * 10
     plain, _, _ = run_rollout("plain", 1, patterns)
     dapo, sampler, _ = run_rollout("dapo", 1, patterns, rollout="dapo")
     assert len(sampler.calls) == 1 and uids(dapo) == uids(plain) and dapo.groups == plain.groups
     assert all(torch.equal(dapo.scores[k], plain.scores[k]) for k in ("rewards", "passed", "lengths", "cut"))
-    assert dapo.metrics == {"rollout/rounds": 1, "rollout/groups_dropped": 0, "rollout/signal_frac_first": 1.0,
-                            "rollout/signal_frac": 1.0}
+    assert dapo.metrics == {
+        "rollout/rounds": 1,
+        "rollout/groups_dropped": 0,
+        "rollout/signal_frac_first": 1.0,
+        "rollout/signal_frac": 1.0,
+    }
 
 
 def test_dapo_refills_until_every_group_has_signal():
@@ -76,13 +91,17 @@ def test_dapo_refills_until_every_group_has_signal():
     assert batch.scores["rewards"].tolist() == [patterns[i] for i in with_signal[:4]]  # scores follow the groups
     assert [g[0].text for g in batch.groups] == ["0"] * 4 and batch.prompts == [[i] for i in with_signal[:4]]
     constant = sum(i % 2 == 0 for r in drawn for i in r)
-    assert batch.metrics == {"rollout/rounds": len(drawn), "rollout/groups_dropped": constant,
-                             "rollout/signal_frac_first": sum(i % 2 for i in drawn[0]) / 4,
-                             "rollout/signal_frac": 1.0}
+    assert batch.metrics == {
+        "rollout/rounds": len(drawn),
+        "rollout/groups_dropped": constant,
+        "rollout/signal_frac_first": sum(i % 2 for i in drawn[0]) / 4,
+        "rollout/signal_frac": 1.0,
+    }
     # every round's generate drew streams of its own: no sample of one round repeats another round's stream
     streams = [seed + j for n, seed in sampler.calls for j in range(n * args.M)]
     assert len(set(streams)) == len(streams) and [seed for _, seed in sampler.calls] == [
-        rollout.step_seed(3, 0, 0, 4, 4, r) for r in range(len(drawn))]
+        rollout.step_seed(3, 0, 0, 4, 4, r) for r in range(len(drawn))
+    ]
 
 
 def test_dapo_past_its_rounds_fills_with_zero_signal_groups_and_says_so():
@@ -110,6 +129,7 @@ def test_dapo_reads_continuous_rewards_through_filter_std():
 
 # ---- the overlong term: DAPO Eq. 13, plus 1
 
+
 @pytest.mark.parametrize("n_tokens, want", [(10, 1.0), (15, 1.0), (16, 0.8), (18, 0.4), (20, 0.0)])
 def test_overlong_term_by_hand(n_tokens, want):
     task = tasks.get_task("arith")
@@ -117,8 +137,9 @@ def test_overlong_term_by_hand(n_tokens, want):
     # L_max 20, L_cache 5: free up to 15 tokens, then (15 - L) / 5 of Eq. 13, plus 1
     got = task.reward("12", example, kind="overlong", n_tokens=n_tokens, max_tokens=20, overlong_buffer=5)
     assert got == pytest.approx(want)
-    assert REWARD_TERMS["overlong"]("12", example, n_tokens=n_tokens, max_tokens=20, overlong_buffer=5) == \
-        pytest.approx(want)
+    assert REWARD_TERMS["overlong"](
+        "12", example, n_tokens=n_tokens, max_tokens=20, overlong_buffer=5
+    ) == pytest.approx(want)
 
 
 def test_score_hands_the_token_count_to_a_term_that_declares_it():
@@ -128,8 +149,14 @@ def test_score_hands_the_token_count_to_a_term_that_declares_it():
 
     right = f"<think>add</think> {example.gold}"
     groups = [[Completion([1] * n, [0.0] * n, right, "stop") for n in (4, 8, 10, 12)]]
-    scores = rollout.score(task, [example], groups, {"exact": 1.0, "overlong": 1.0}, torch.device("cpu"),
-                           dict(max_tokens=12, overlong_buffer=4))
+    scores = rollout.score(
+        task,
+        [example],
+        groups,
+        {"exact": 1.0, "overlong": 1.0},
+        torch.device("cpu"),
+        dict(max_tokens=12, overlong_buffer=4),
+    )
     assert scores["terms"]["overlong"].tolist() == [[1.0, 1.0, 0.5, 0.0]]  # free up to 8 tokens, 0 at 12
     assert scores["rewards"].tolist() == [[2.0, 2.0, 1.5, 1.0]]  # exact + overlong
     with pytest.raises(TypeError):  # asked without the count, the term does not guess one
@@ -138,24 +165,36 @@ def test_score_hands_the_token_count_to_a_term_that_declares_it():
 
 # ---- flags
 
-@pytest.mark.parametrize("flags, message", [
-    (dict(rollout="nope"), "--rollout must be one of"),
-    (dict(filter_std=0.1), "read by --rollout dapo only"),
-    (dict(rollout="dapo", max_refill_rounds=16), "--max-refill-rounds must be in [0, 15]"),
-    (dict(rollout="dapo", filter_std=-1.0), "--filter-std must be finite and >= 0"),
-    (dict(overlong_buffer=4), "read by the overlong reward term only"),
-    (dict(reward_weights="exact=1,overlong=1", overlong_buffer=48), "--overlong-buffer must be in [0, --max-tokens)"),
-])
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (dict(rollout="nope"), "--rollout must be one of"),
+        (dict(filter_std=0.1), "read by --rollout dapo only"),
+        (dict(rollout="dapo", max_refill_rounds=16), "--max-refill-rounds must be in [0, 15]"),
+        (dict(rollout="dapo", filter_std=-1.0), "--filter-std must be finite and >= 0"),
+        (dict(overlong_buffer=4), "read by the overlong reward term only"),
+        (
+            dict(reward_weights="exact=1,overlong=1", overlong_buffer=48),
+            "--overlong-buffer must be in [0, --max-tokens)",
+        ),
+    ],
+)
 def test_rollout_flags_are_checked_in_one_line(flags, message, tmp_path):
     error = config.check_args(replace(train.Args(out_dir=str(tmp_path / "run")), **flags))
     assert error is not None and message in error and "\n" not in error
     assert config.check_args(train.Args(out_dir=str(tmp_path / "run"), rollout="dapo", filter_std=0.1)) is None
-    assert config.check_args(train.Args(out_dir=str(tmp_path / "run"), reward_weights="exact=1,overlong=1",
-                                        overlong_buffer=8)) is None
+    assert (
+        config.check_args(
+            train.Args(out_dir=str(tmp_path / "run"), reward_weights="exact=1,overlong=1", overlong_buffer=8)
+        )
+        is None
+    )
     assert "dapo" in config.choices()["rollout"] and "plain" in rollout.ROLLOUTS
 
 
 # ---- train.py end to end, one process and torchrun
+
 
 def read_metrics(path):
     with open(path) as f:
@@ -169,16 +208,34 @@ def digits(monkeypatch):
 
     class Digits(DigitTask):
         def reward(self, completion, example, kind="exact", **lengths):
-            return super().reward(completion, example) if kind == "exact" else \
-                REWARD_TERMS[kind](completion, example, **lengths)
+            return (
+                super().reward(completion, example)
+                if kind == "exact"
+                else REWARD_TERMS[kind](completion, example, **lengths)
+            )
 
     monkeypatch.setitem(tasks.TASKS, "digits", Digits())
 
 
 def dapo_args(model_dir, out_dir, **overrides):
-    base = dict(task="digits", model=model_dir, M=4, rollout_batch=4, micro_batch=8, steps=3, max_tokens=4, lr=3e-3,
-                warmup_steps=0, eval_examples=0, dtype="float32", out_dir=str(out_dir), rollout="dapo",
-                max_refill_rounds=2, reward_weights="exact=1,overlong=0.5", overlong_buffer=2)
+    base = dict(
+        task="digits",
+        model=model_dir,
+        M=4,
+        rollout_batch=4,
+        micro_batch=8,
+        steps=3,
+        max_tokens=4,
+        lr=3e-3,
+        warmup_steps=0,
+        eval_examples=0,
+        dtype="float32",
+        out_dir=str(out_dir),
+        rollout="dapo",
+        max_refill_rounds=2,
+        reward_weights="exact=1,overlong=0.5",
+        overlong_buffer=2,
+    )
     return train.Args(**{**base, **overrides})
 
 
@@ -194,7 +251,8 @@ def test_dapo_run_resumes_exactly(tiny_model_dir, tmp_path, digits):
     straight = read_metrics(tmp_path / "straight" / "metrics.jsonl")
     assert len(straight) == 3 and comparable(straight) == comparable(read_metrics(tmp_path / "split" / "metrics.jsonl"))
     assert read_metrics(tmp_path / "split" / "completions.jsonl") == read_metrics(
-        tmp_path / "straight" / "completions.jsonl")
+        tmp_path / "straight" / "completions.jsonl"
+    )
     assert any(r["rollout/rounds"] > 1 for r in straight)  # the digit bandit leaves many groups constant
     assert all(r["rollout/signal_frac"] >= r["rollout/signal_frac_first"] for r in straight)
     assert all(0 <= r["reward/overlong"] <= 1 and math.isfinite(r["loss/pg"]) for r in straight)
@@ -247,7 +305,8 @@ def test_a_stateful_rollout_entry_resumes_exactly(tiny_model_dir, tmp_path, digi
     straight = read_metrics(tmp_path / "straight" / "metrics.jsonl")
     assert len(straight) == 4 and comparable(straight) == comparable(read_metrics(tmp_path / "split" / "metrics.jsonl"))
     assert read_metrics(tmp_path / "split" / "completions.jsonl") == read_metrics(
-        tmp_path / "straight" / "completions.jsonl")
+        tmp_path / "straight" / "completions.jsonl"
+    )
     a, b = (load_file(tmp_path / run / "checkpoint-000004" / "model.safetensors") for run in ("straight", "split"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     # the state mattered: it was saved, and the steps after the resume read it
@@ -256,9 +315,22 @@ def test_a_stateful_rollout_entry_resumes_exactly(tiny_model_dir, tmp_path, digi
 
 
 def torchrun(*job):
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           os.path.join(ROOT, "tests", "dist_rollout.py"), *job],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            os.path.join(ROOT, "tests", "dist_rollout.py"),
+            *job,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.slow
@@ -271,7 +343,7 @@ def test_ranks_agree_under_torchrun_2(tiny_model_dir, tmp_path):
     assert ranks[0]["metrics"] == ranks[1]["metrics"] and ranks[0]["metrics"]["rollout/rounds"] > 1
     assert torch.equal(ranks[0]["rewards"], ranks[1]["rewards"])  # the gathered batch: the same on both
     for r, share in enumerate(ranks):
-        assert share["rewards"][2 * r:2 * r + 2].tolist() == share["own"]  # this rank's rows are its own samples
+        assert share["rewards"][2 * r : 2 * r + 2].tolist() == share["own"]  # this rank's rows are its own samples
         assert all(len(set(p)) > 1 for p in share["own"])  # every group with signal
     assert ranks[0]["uids"] != ranks[1]["uids"]
     result = torchrun("e2e", str(tmp_path / "run"), tiny_model_dir)
@@ -295,15 +367,18 @@ def test_eval_py_scores_a_length_aware_term_as_training_does(monkeypatch):
         tokenizer = None
 
         def generate(self, prompts, *, n, max_tokens, temperature=1.0, top_p=1.0, seed=None):
-            return [[Completion([1] * 10, [0.0] * 10, f"<think>add</think> {example.gold}", "stop")] * n
-                    for _ in prompts]
+            return [
+                [Completion([1] * 10, [0.0] * 10, f"<think>add</think> {example.gold}", "stop")] * n for _ in prompts
+            ]
 
-    result = eval_py.evaluate(Sampler(), task, [example], max_tokens=12, weights={"exact": 1.0, "overlong": 1.0},
-                              progress=False)
+    result = eval_py.evaluate(
+        Sampler(), task, [example], max_tokens=12, weights={"exact": 1.0, "overlong": 1.0}, progress=False
+    )
     # 10 tokens with --max-tokens 12 and the default buffer of 12 // 5 = 2 tokens: free up to 10, so 1.0
     record = result["examples"][0]
     assert record["terms"]["overlong"] == 1.0 and record["reward"] == 2.0
-    result = eval_py.evaluate(Sampler(), task, [example], max_tokens=11, weights={"exact": 1.0, "overlong": 1.0},
-                              progress=False)  # buffer 2, free up to 9: 10 tokens is half way down the ramp
+    result = eval_py.evaluate(
+        Sampler(), task, [example], max_tokens=11, weights={"exact": 1.0, "overlong": 1.0}, progress=False
+    )  # buffer 2, free up to 9: 10 tokens is half way down the ramp
     record = result["examples"][0]
     assert record["terms"]["overlong"] == pytest.approx(0.5) and record["reward"] == pytest.approx(1.5)

@@ -29,8 +29,10 @@ TOLERANCE = 1e-4
 FILTERS = [dict(top_k=1), dict(min_p=0.999), dict(top_k=5), dict(min_p=0.1), dict(top_k=8, min_p=0.05, top_p=0.9)]
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not os.path.exists(VLLM_PYTHON), reason="vLLM not available: run "
-                       "scripts/setup_vllm_cpu.sh (or set SOFTMAX_GRPO_VLLM_PYTHON)"),
+    pytest.mark.skipif(
+        not os.path.exists(VLLM_PYTHON),
+        reason="vLLM not available: run scripts/setup_vllm_cpu.sh (or set SOFTMAX_GRPO_VLLM_PYTHON)",
+    ),
 ]
 
 
@@ -46,13 +48,28 @@ def vllm_run(tiny_model_dir, tmp_path_factory):
     perturbed.save_pretrained(tmp / "perturbed")
     tokenizer = make_sampler("hf", tiny_model_dir, dtype="float32").tokenizer
     prompts = [tokenizer.encode(text) for text in ("abc", "a longer prompt, so it pads", "x")]
-    job = {"model": tiny_model_dir, "perturbed": str(tmp / "perturbed"), "prompts": prompts, "n": 4,
-           "max_tokens": 16, "temperature": 0.8, "eos": tokenizer.eos_token_id, "filters": FILTERS}
+    job = {
+        "model": tiny_model_dir,
+        "perturbed": str(tmp / "perturbed"),
+        "prompts": prompts,
+        "n": 4,
+        "max_tokens": 16,
+        "temperature": 0.8,
+        "eos": tokenizer.eos_token_id,
+        "filters": FILTERS,
+    }
     (tmp / "job.json").write_text(json.dumps(job))
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1",
-               PYTHONPATH=ROOT, HF_HUB_OFFLINE="1")
-    proc = subprocess.run([VLLM_PYTHON, os.path.join(ROOT, "tests", "vllm_worker.py"), str(tmp / "job.json"),
-                           str(tmp / "result.json")], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", PYTHONPATH=ROOT, HF_HUB_OFFLINE="1"
+    )
+    proc = subprocess.run(
+        [VLLM_PYTHON, os.path.join(ROOT, "tests", "vllm_worker.py"), str(tmp / "job.json"), str(tmp / "result.json")],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-5000:] + proc.stderr[-5000:])
     assert proc.returncode == 0, "vLLM worker failed (its output is above)"
@@ -83,7 +100,7 @@ def test_logprobs_match_trainer(vllm_run, tiny_model_dir):
         logp = sequence_logprobs(model, input_ids, attention_mask, completion_mask.shape[1], job["temperature"])
     sampler_logp = torch.zeros_like(logp)
     for i, (_, c) in enumerate(rows):
-        sampler_logp[i, :len(c["logprobs"])] = torch.tensor(c["logprobs"])
+        sampler_logp[i, : len(c["logprobs"])] = torch.tensor(c["logprobs"])
     assert ((logp - sampler_logp).abs() * completion_mask).max() < TOLERANCE
 
 
@@ -107,7 +124,7 @@ def test_top_k_and_min_p_keep_what_the_hf_sampler_keeps(vllm_run, tiny_model_dir
     for prompt, group in zip(job["prompts"], groups):
         for c in group:
             with torch.no_grad():
-                logits = model(torch.tensor([prompt + c["token_ids"]])).logits[0, len(prompt) - 1:-1]  # (K, V)
+                logits = model(torch.tensor([prompt + c["token_ids"]])).logits[0, len(prompt) - 1 : -1]  # (K, V)
             kept, logp = hf_filters(logits, torch.tensor(c["token_ids"]), job["temperature"], filters)
             assert (kept.gather(-1, torch.tensor(c["token_ids"])[:, None]) > 0).all()
             assert (logp - torch.tensor(c["logprobs"])).abs().max() < TOLERANCE
@@ -116,8 +133,12 @@ def test_top_k_and_min_p_keep_what_the_hf_sampler_keeps(vllm_run, tiny_model_dir
 def hf_filters(logits, tokens, temperature, filters):
     """The HF sampler's kept probabilities (K, V) over `logits`, and the log-probs it gives `tokens` (K,)."""
     seen = []
-    _, logp = next_tokens(logits, [None] * len(tokens), draw=lambda kept, u: seen.append(kept) or tokens,
-                          **{"temperature": temperature, "top_p": 1.0, **filters})
+    _, logp = next_tokens(
+        logits,
+        [None] * len(tokens),
+        draw=lambda kept, u: seen.append(kept) or tokens,
+        **{"temperature": temperature, "top_p": 1.0, **filters},
+    )
     return seen[0], logp
 
 
@@ -142,8 +163,12 @@ def test_the_weight_check_sees_a_half_sync(vllm_run):
     stops naming it (q/k/v and gate/up are rows of vLLM's fused layers), and so does a stale packed lm_head."""
     checks = vllm_run[1]["weight_checks"]
     assert checks["full"] == {"sync/weight_diff": 0.0}
-    for skipped, label in [("norm", "norms"), ("k_proj.weight", "q/k/v rows"), ("up_proj.weight", "gate/up rows"),
-                           ("no repack", "lm_head rows")]:
+    for skipped, label in [
+        ("norm", "norms"),
+        ("k_proj.weight", "q/k/v rows"),
+        ("up_proj.weight", "gate/up rows"),
+        ("no repack", "lm_head rows"),
+    ]:
         assert checks[skipped].startswith(f"the engine's {label}")
         assert " differ from the trainer's after the step-3 sync (" in checks[skipped]
         assert "; also" not in checks[skipped], checks[skipped]

@@ -17,8 +17,13 @@ import pytest
 from tools import sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-T975 = {1: 12.706204736174698, 2: 4.302652729749464, 4: 2.7764451051977987, 9: 2.2621571628540993,
-        30: 2.0422724563012373}  # Student t 0.975 quantiles (printed tables, scipy.stats.t.ppf)
+T975 = {
+    1: 12.706204736174698,
+    2: 4.302652729749464,
+    4: 2.7764451051977987,
+    9: 2.2621571628540993,
+    30: 2.0422724563012373,
+}  # Student t 0.975 quantiles (printed tables, scipy.stats.t.ppf)
 
 
 def write_run(path, after, before=0.25, curve=(0.2, 0.4, 0.6), lengths=(10.0, 20.0, 30.0), trunc=(0.0, 0.5, 1.0)):
@@ -27,8 +32,18 @@ def write_run(path, after, before=0.25, curve=(0.2, 0.4, 0.6), lengths=(10.0, 20
         json.dump({"before": before, **({} if after is None else {"after": after})}, f)
     with open(os.path.join(path, "metrics.jsonl"), "w") as f:
         for step, (p, n, t) in enumerate(zip(curve, lengths, trunc), 1):
-            f.write(json.dumps({"step": step, "reward/mean": p, "reward/pass_rate": p, "response/len_mean": n,
-                                "response/trunc_frac": t}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "reward/mean": p,
+                        "reward/pass_rate": p,
+                        "response/len_mean": n,
+                        "response/trunc_frac": t,
+                    }
+                )
+                + "\n"
+            )
 
 
 @pytest.mark.parametrize("df", sorted(T975))
@@ -38,6 +53,7 @@ def test_t_quantile_matches_the_table(df):
 
 def test_t_quantile_matches_scipy_elsewhere():
     from scipy import stats  # requirements-dev.txt: a missing scipy fails, it does not skip
+
     for q, df in ((0.9, 3), (0.995, 7), (0.975, 100)):
         assert sweep.t_quantile(q, df) == pytest.approx(stats.t.ppf(q, df), abs=1e-7)
 
@@ -53,8 +69,10 @@ def test_summary_on_hand_made_runs(tmp_path):
             runs.append({"config": name, "seed": seed, "path": str(path)})
     write_run(tmp_path / "a-5", None)  # killed: no "after", so not counted and listed as missing
     runs.append({"config": "a", "seed": 5, "path": str(tmp_path / "a-5")})
-    configs = [{"name": "a", "flags": ["--tau", "0.1"], "seeds": list(range(6))},
-               {"name": "base", "flags": [], "seeds": list(range(5))}]
+    configs = [
+        {"name": "a", "flags": ["--tau", "0.1"], "seeds": list(range(6))},
+        {"name": "base", "flags": [], "seeds": list(range(5))},
+    ]
     summary = sweep.summarize(configs, runs, baseline="base")
     a = summary["configs"]["a"]
     assert a["seeds"] == [0, 1, 2, 3, 4] and a["missing_seeds"] == [5]
@@ -83,6 +101,7 @@ def test_summary_on_hand_made_runs(tmp_path):
 
 def test_paired_t_interval_agrees_with_scipy():
     from scipy import stats  # requirements-dev.txt: a missing scipy fails, it does not skip
+
     x, y = [0.61, 0.72, 0.55, 0.80, 0.67, 0.70, 0.59], [0.58, 0.70, 0.57, 0.71, 0.60, 0.66, 0.59]
     d = sweep.paired_difference(x, y)
     diffs = [a - b for a, b in zip(x, y)]
@@ -109,10 +128,23 @@ def test_one_seed_has_no_interval():
 
 # ---- the spec and resume, with a fake launcher
 
+
 def sweep_argv(tmp_path, *extra):
-    return ["--out", str(tmp_path / "sw"), "--seeds", "0-1", "--common", "--steps 3 --eval-examples 8",
-            "--config", "soft=--advantage softmax --tau 0.1", "--config", "grpo=--advantage grpo",
-            "--baseline", "grpo", *extra]
+    return [
+        "--out",
+        str(tmp_path / "sw"),
+        "--seeds",
+        "0-1",
+        "--common",
+        "--steps 3 --eval-examples 8",
+        "--config",
+        "soft=--advantage softmax --tau 0.1",
+        "--config",
+        "grpo=--advantage grpo",
+        "--baseline",
+        "grpo",
+        *extra,
+    ]
 
 
 @pytest.fixture
@@ -191,10 +223,12 @@ def test_a_failed_run_is_reported_and_the_sweep_goes_on(tmp_path, monkeypatch, c
 def test_a_run_that_exits_as_interrupted_is_an_interrupt_of_the_sweep(how, tmp_path):
     import sys
 
-    exits = ("os.kill(os.getpid(), signal.SIGINT)" if how == "killed by SIGINT" else "sys.exit(130)")
+    exits = "os.kill(os.getpid(), signal.SIGINT)" if how == "killed by SIGINT" else "sys.exit(130)"
     with pytest.raises(KeyboardInterrupt):
-        sweep.launch([sys.executable, "-c", f"import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-                      f"{exits}"], str(tmp_path / "log.txt"))
+        sweep.launch(
+            [sys.executable, "-c", f"import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); {exits}"],
+            str(tmp_path / "log.txt"),
+        )
     assert sweep.launch([sys.executable, "-c", "import sys; sys.exit(1)"], str(tmp_path / "log.txt")) == 1
 
 
@@ -218,7 +252,8 @@ def test_a_ctrl_c_stops_the_sweep_in_one_line_and_a_rerun_continues(tmp_path, fa
 def test_the_same_configuration_maps_to_the_same_run_folder(tmp_path):
     def paths(*configs):
         opts = argparse.Namespace(
-            out=str(tmp_path / "x"), config=list(configs), grid=[], seeds="0", common="", baseline=None, runs_dir="")
+            out=str(tmp_path / "x"), config=list(configs), grid=[], seeds="0", common="", baseline=None, runs_dir=""
+        )
         return [r["path"] for r in sweep.plan(opts)[1]]
 
     assert paths("a=--tau 0.1") == paths("b=--tau 0.10 --advantage softmax")  # defaults spelled out, same run
@@ -228,18 +263,21 @@ def test_the_same_configuration_maps_to_the_same_run_folder(tmp_path):
     assert grid[3]["flags"] == ["--advantage", "softmax", "--tau", "10", "--M", "8"]
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--baseline", "nope"], "--baseline 'nope' is not a configuration"),
-    (["--config", "soft=--tau 0.3"], "configuration name 'soft' appears twice"),
-    (["--seeds", "a-b"], "seeds 'a-b'"),
-    (["--config", "no-equals-sign"], "write NAME=FLAGS"),
-    (["--config", "x=--seed 3"], "--seed is set by the sweep"),
-    (["--config", "x=--advantage nope"], "configuration 'x': --advantage must be one of"),
-    (["--config", "x=--eval-examples 0"], "--eval-examples >= 1"),
-    (["--grid", "tau"], "write KEY=V1,V2"),
-    (["--grid", "no_such_flag=1", "--baseline", "grpo no_such_flag=1"], "unrecognized arguments: --no-such-flag"),
-    (["--common", "--steps 'x"], "--common: No closing quotation"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--baseline", "nope"], "--baseline 'nope' is not a configuration"),
+        (["--config", "soft=--tau 0.3"], "configuration name 'soft' appears twice"),
+        (["--seeds", "a-b"], "seeds 'a-b'"),
+        (["--config", "no-equals-sign"], "write NAME=FLAGS"),
+        (["--config", "x=--seed 3"], "--seed is set by the sweep"),
+        (["--config", "x=--advantage nope"], "configuration 'x': --advantage must be one of"),
+        (["--config", "x=--eval-examples 0"], "--eval-examples >= 1"),
+        (["--grid", "tau"], "write KEY=V1,V2"),
+        (["--grid", "no_such_flag=1", "--baseline", "grpo no_such_flag=1"], "unrecognized arguments: --no-such-flag"),
+        (["--common", "--steps 'x"], "--common: No closing quotation"),
+    ],
+)
 def test_bad_spec_is_one_line_and_exit_2(tmp_path, capsys, fake_train, extra, message):
     assert sweep.main(sweep_argv(tmp_path, *extra)) == 2
     err = capsys.readouterr().err
@@ -251,12 +289,13 @@ def test_cli_bad_spec_exits_2_with_one_line(tmp_path):
     argv = [sys.executable, "-m", "tools.sweep", *sweep_argv(tmp_path, "--config", "x=--M 0")]
     result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.strip().splitlines() == [
-        "sweep.py: error: configuration 'x': --M must be >= 2, got 0"]
-    missing = subprocess.run([sys.executable, "-m", "tools.sweep"], cwd=ROOT, capture_output=True, text=True,
-                             timeout=60)
+    assert result.stderr.strip().splitlines() == ["sweep.py: error: configuration 'x': --M must be >= 2, got 0"]
+    missing = subprocess.run(
+        [sys.executable, "-m", "tools.sweep"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
-        "sweep.py: error: the following arguments are required: --out"]
+        "sweep.py: error: the following arguments are required: --out"
+    ]
 
 
 @pytest.mark.slow
@@ -273,13 +312,17 @@ def test_smoke_grid_end_to_end(tmp_path):
     assert (tmp_path / "smoke" / "curves.png").stat().st_size > 0 and (tmp_path / "smoke" / "summary.png").exists()
 
 
-@pytest.mark.parametrize("grids, seeds, runs", [
-    ([f"k{i}=" + ",".join(map(str, range(20))) for i in range(8)], "0-1", "102,400,000,000"),  # 20^8 x 2 x 2
-    (["tau=" + ",".join(map(str, range(2501)))], "0-1", "10,004"),  # one long axis: 2 configs x 2501 x 2 seeds
-    (["tau=0.1,0.3", "M=" + ",".join(map(str, range(2, 1252)))], "0-1", "10,000"),  # the limit itself: allowed
-])
-def test_a_grid_past_the_run_limit_is_refused_before_its_cross_product_is_made(grids, seeds, runs, tmp_path,
-                                                                                capsys, fake_train, monkeypatch):
+@pytest.mark.parametrize(
+    "grids, seeds, runs",
+    [
+        ([f"k{i}=" + ",".join(map(str, range(20))) for i in range(8)], "0-1", "102,400,000,000"),  # 20^8 x 2 x 2
+        (["tau=" + ",".join(map(str, range(2501)))], "0-1", "10,004"),  # one long axis: 2 configs x 2501 x 2 seeds
+        (["tau=0.1,0.3", "M=" + ",".join(map(str, range(2, 1252)))], "0-1", "10,000"),  # the limit itself: allowed
+    ],
+)
+def test_a_grid_past_the_run_limit_is_refused_before_its_cross_product_is_made(
+    grids, seeds, runs, tmp_path, capsys, fake_train, monkeypatch
+):
     """8 axes of 20 values took 2 GB in 21 s to build; the product of the axes' lengths is bounded first."""
     made = []
     args = {"task": "arith", "advantage": "softmax", "tau": 0.1, "M": 8, "reward": "exact"}
@@ -291,6 +334,8 @@ def test_a_grid_past_the_run_limit_is_refused_before_its_cross_product_is_made(g
         assert code == 0 and err == "" and len(made) == 10_000
         return
     assert code == 2 and made == [] and fake_train == []
-    assert err == (f"sweep.py: error: --grid makes {runs} train.py runs (axes of "
-                   f"{' x '.join(str(len(g.split('=')[1].split(','))) for g in grids)} values, times 4 (configuration, "
-                   f"seed) pairs), more than 10,000: narrow --grid or --seeds\n")
+    assert err == (
+        f"sweep.py: error: --grid makes {runs} train.py runs (axes of "
+        f"{' x '.join(str(len(g.split('=')[1].split(','))) for g in grids)} values, times 4 (configuration, "
+        f"seed) pairs), more than 10,000: narrow --grid or --seeds\n"
+    )

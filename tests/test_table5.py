@@ -1,6 +1,6 @@
 """tools/table5.py: pairing by seed against tau 0.1, mean |A| from the logged groups, and the counterfactual scale.
 
-    python -m pytest tests/test_table5.py -q
+python -m pytest tests/test_table5.py -q
 """
 
 import json
@@ -18,8 +18,17 @@ def make_run(root, name, tau, seed, after, pass_rates, groups, advantage="softma
     json.dump({"before": 0.4, "after": after}, open(f"{path}/eval.json", "w"))
     with open(f"{path}/metrics.jsonl", "w") as f:
         for rate in pass_rates:
-            f.write(json.dumps({"reward/mean": rate, "reward/pass_rate": rate, "response/len_mean": 10.0,
-                                "response/trunc_frac": 0.0}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "reward/mean": rate,
+                        "reward/pass_rate": rate,
+                        "response/len_mean": 10.0,
+                        "response/trunc_frac": 0.0,
+                    }
+                )
+                + "\n"
+            )
     with open(f"{path}/completions.jsonl", "w") as f:
         for step, (rewards, adv) in enumerate(groups, 1):
             for r, a in zip(rewards, adv):

@@ -21,8 +21,13 @@ HUB_FIXTURES = {  # hub id -> invented rows with that dataset's column names
     "jnb666/poems": "poems.jsonl",  # columns the user must supply (the hub has poems only)
     "microsoft/MeetingBank-LLMCompressed": "meetingbank.jsonl",
 }
-HUB_TASKS = {"gsm8k": "gsm8k.jsonl", "countdown": "countdown.jsonl", "deepmath": "deepmath.jsonl",
-             "poetry": "poems.jsonl", "meetingbank": "meetingbank.jsonl"}
+HUB_TASKS = {
+    "gsm8k": "gsm8k.jsonl",
+    "countdown": "countdown.jsonl",
+    "deepmath": "deepmath.jsonl",
+    "poetry": "poems.jsonl",
+    "meetingbank": "meetingbank.jsonl",
+}
 
 
 def rows(name):
@@ -46,8 +51,9 @@ def fake_hub(monkeypatch):
 
 
 def test_registry():
-    assert {"gsm8k", "countdown", "deepmath", "poetry", "meetingbank", "openthoughts", "arith",
-            "countdown24"} <= set(tasks.TASKS)  # the paper's tasks and the demos; a fork may add its own
+    assert {"gsm8k", "countdown", "deepmath", "poetry", "meetingbank", "openthoughts", "arith", "countdown24"} <= set(
+        tasks.TASKS
+    )  # the paper's tasks and the demos; a fork may add its own
     assert get_task("gsm8k").hub_id == "openai/gsm8k"
     with pytest.raises(ValueError, match="choose one of gsm8k, countdown"):
         get_task("mnist")
@@ -78,8 +84,9 @@ def test_gsm8k_uses_the_hub_test_split(fake_hub):
 def test_gsm8k_examples(fake_hub):
     examples = {e.prompt[-1]["content"].split("\n")[0]: e for e in get_task("gsm8k").load("train", limit=None)}
     examples |= {e.prompt[-1]["content"].split("\n")[0]: e for e in get_task("gsm8k").load("test")}
-    apples = examples["A shop sold 1,200 apples on Monday and twice as many on Tuesday. "
-                      "How many apples did it sell on both days?"]
+    apples = examples[
+        "A shop sold 1,200 apples on Monday and twice as many on Tuesday. How many apples did it sell on both days?"
+    ]
     assert apples.gold == "3600"  # "#### 3,600"
     assert apples.prompt[-1]["content"].endswith(BOXED)
     assert "<<" not in apples.reference and apples.reference.endswith("\\boxed{3600}.")
@@ -114,7 +121,8 @@ def test_countdown_examples_and_rewards(fake_hub, tmp_path):
     path = tmp_path / "countdown-{split}.jsonl"
     for split in ("train", "test"):
         Path(str(path).replace("{split}", split)).write_text(
-            json.dumps({"nums": [8, 3, 3, 8], "target": 24, "reference": "8 / (3 - 8 / 3)"}) + "\n")
+            json.dumps({"nums": [8, 3, 3, 8], "target": 24, "reference": "8 / (3 - 8 / 3)"}) + "\n"
+        )
     [example] = task.load("test", data_file=str(path))  # "{split}": the whole file is the split
     assert example.reference == "8 / (3 - 8 / 3)"
     assert task.reward("8 / (3 - 8 / 3)", example, kind="sim") == 1.0
@@ -231,25 +239,33 @@ def test_bad_rows_and_repeated_prompts(tmp_path):
     uids += [e.uid for e in get_task("countdown").load("test", data_file=str(path))]
     assert len(uids) == 3 and len(set(uids)) == 3  # same prompt, same split, distinct ids
     path.write_text(json.dumps({"nums": ["x"], "target": 3}) + "\n")
-    message = one_line_error(lambda: get_task("countdown").load("train", data_file=str(path))
-                             + get_task("countdown").load("test", data_file=str(path)))
+    message = one_line_error(
+        lambda: (
+            get_task("countdown").load("train", data_file=str(path))
+            + get_task("countdown").load("test", data_file=str(path))
+        )
+    )
     assert "line 1 has a 'nums' that is not list[int]: [\"x\"]" in message
 
 
-@pytest.mark.parametrize("row, message", [
-    ({"nums": [8, 3, 3, 8], "target": 24.5}, "has a 'target' that is not int: 24.5"),
-    ({"nums": [8, 3, 1.7, 8], "target": 24}, "has a 'nums' that is not list[int]: [8, 3, 1.7, 8]"),
-    ({"nums": [8, 3, 3, 8], "target": True}, "has a 'target' that is not int: true"),
-    ({"nums": [8, 3, False, 8], "target": 24}, "has a 'nums' that is not list[int]: [8, 3, false, 8]"),
-    ({"nums": [8, 3, 3, 8], "target": "24"}, "has a 'target' that is not int: \"24\""),
-    ({"nums": "8338", "target": 24}, "has a 'nums' that is not list[int]: \"8338\""),
-])  # NaN is not JSON: refused as its line is read (test_json_values_are_read_as_the_file_holds_them)
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ({"nums": [8, 3, 3, 8], "target": 24.5}, "has a 'target' that is not int: 24.5"),
+        ({"nums": [8, 3, 1.7, 8], "target": 24}, "has a 'nums' that is not list[int]: [8, 3, 1.7, 8]"),
+        ({"nums": [8, 3, 3, 8], "target": True}, "has a 'target' that is not int: true"),
+        ({"nums": [8, 3, False, 8], "target": 24}, "has a 'nums' that is not list[int]: [8, 3, false, 8]"),
+        ({"nums": [8, 3, 3, 8], "target": "24"}, "has a 'target' that is not int: \"24\""),
+        ({"nums": "8338", "target": 24}, "has a 'nums' that is not list[int]: \"8338\""),
+    ],
+)  # NaN is not JSON: refused as its line is read (test_json_values_are_read_as_the_file_holds_them)
 def test_countdown_values_that_are_not_integers_are_one_line_naming_the_row_and_column(tmp_path, row, message):
     """A target of 24.5 would be cut to 24 in the prompt and the gold answer, 1.7 to 1, true to 1."""
     path = write_jsonl(tmp_path / "countdown.jsonl", [row])
     text = one_line_error(lambda: load_both(get_task("countdown"), data_file=path))
-    assert text == f"--data-file {path}: line 1 {message}; 1 of 1 rows are bad (countdown needs nums, target in " \
-                   "every row)"
+    assert (
+        text == f"--data-file {path}: line 1 {message}; 1 of 1 rows are bad (countdown needs nums, target in every row)"
+    )
     # among integer rows, whose column datasets then reads as floats (6.0): only the bad row is refused
     if isinstance(row["target"], float) or any(isinstance(n, float) for n in row["nums"]):
         path = write_jsonl(tmp_path / "mixed.jsonl", [{"nums": [1, 2, 3], "target": 6}] * 2 + [row])
@@ -262,18 +278,30 @@ def test_countdown_whole_floats_are_read_as_integers(tmp_path):
     path = write_jsonl(tmp_path / "countdown.jsonl", [{"nums": [8.0, 3, 3, 8], "target": 24.0}])
     [example] = load_both(get_task("countdown"), data_file=path)
     assert example.meta == {"numbers": [8, 3, 3, 8], "target": 24} and example.gold == "24"
-    assert "Using the numbers [8, 3, 3, 8], write an arithmetic expression that equals 24." in \
-        example.prompt[-1]["content"]
+    assert (
+        "Using the numbers [8, 3, 3, 8], write an arithmetic expression that equals 24."
+        in example.prompt[-1]["content"]
+    )
 
 
 def test_task_is_built_with_keywords_and_one_entry_adds_one():
     from tasks import TASKS, Example, Task, get_task
+
     with pytest.raises(TypeError):
         Task("x", "hub/id")  # positional arguments are refused: every field is named where it is set
-    task = Task(name="parity", generate=lambda split, limit, seed: [
-                    Example(prompt=[{"role": "user", "content": f"Is {n} even? yes/no"}], gold="yes" if n % 2 == 0
-                            else "no", reference="", uid=f"parity-{n}") for n in range(limit)],
-                verifier=lambda completion, ex: float(completion.strip().lower() == ex.gold))
+    task = Task(
+        name="parity",
+        generate=lambda split, limit, seed: [
+            Example(
+                prompt=[{"role": "user", "content": f"Is {n} even? yes/no"}],
+                gold="yes" if n % 2 == 0 else "no",
+                reference="",
+                uid=f"parity-{n}",
+            )
+            for n in range(limit)
+        ],
+        verifier=lambda completion, ex: float(completion.strip().lower() == ex.gold),
+    )
     assert task.has_verifier and not Task(name="free", hub_id="a/b").has_verifier
     TASKS["parity"] = task
     try:
@@ -290,13 +318,19 @@ def turn(speaker, text):
 
 
 def openthoughts_row(question, answer, thinking="Let me think."):
-    return {"difficulty": 3, "source": "invented", "domain": "science",
-            "conversations": [turn("human", question), turn("gpt", f"<think>\n{thinking}\n</think>\n\n{answer}")]}
+    return {
+        "difficulty": 3,
+        "source": "invented",
+        "domain": "science",
+        "conversations": [turn("human", question), turn("gpt", f"<think>\n{thinking}\n</think>\n\n{answer}")],
+    }
 
 
 def openthoughts_rows():
-    rows = [openthoughts_row(f"Name the chemical symbol of element {n}.", f"Element {n} has symbol E{n}.")
-            for n in range(1, 25)]
+    rows = [
+        openthoughts_row(f"Name the chemical symbol of element {n}.", f"Element {n} has symbol E{n}.")
+        for n in range(1, 25)
+    ]
     rows.append(openthoughts_row("Name the chemical symbol of element 1.", "It is H.", thinking="Hydrogen."))
     return rows  # the last asks the first question again, with another answer
 
@@ -340,16 +374,23 @@ def test_openthoughts_examples_from_a_local_file_and_the_hub(tmp_path, monkeypat
     assert sorted((e.uid, e.reference) for e in hub) == sorted((e.uid, e.reference) for e in examples)
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"conversations": [turn("gpt", "<think>a</think> b")]},
-     "line 2 is not a valid openthoughts example (ValueError: its conversations has no human turn)"),
-    ({"conversations": [turn("human", "Why?"), turn("human", "Well?")]}, "has no gpt turn after the human one"),
-    ({"conversations": []}, "line 2 lacks a value for 'conversations'"),
-    ({"difficulty": 1}, "line 2 lacks a value for 'conversations'"),
-    ({"conversations": [turn("human", "Why?"), turn("gpt", "<think>cut off by the token limit")]},
-     "line 2 is not a valid openthoughts example (ValueError: its gpt turn has no answer"),
-    ("[1, 2]", "line 2 is not a JSON object"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (
+            {"conversations": [turn("gpt", "<think>a</think> b")]},
+            "line 2 is not a valid openthoughts example (ValueError: its conversations has no human turn)",
+        ),
+        ({"conversations": [turn("human", "Why?"), turn("human", "Well?")]}, "has no gpt turn after the human one"),
+        ({"conversations": []}, "line 2 lacks a value for 'conversations'"),
+        ({"difficulty": 1}, "line 2 lacks a value for 'conversations'"),
+        (
+            {"conversations": [turn("human", "Why?"), turn("gpt", "<think>cut off by the token limit")]},
+            "line 2 is not a valid openthoughts example (ValueError: its gpt turn has no answer",
+        ),
+        ("[1, 2]", "line 2 is not a JSON object"),
+    ],
+)
 def test_openthoughts_bad_rows_are_one_line_naming_their_line(tmp_path, bad, message):
     path = write_jsonl(tmp_path / "o.jsonl", [openthoughts_row("Why is the sky blue?", "Rayleigh scattering."), bad])
     task = get_task("openthoughts")
@@ -358,8 +399,10 @@ def test_openthoughts_bad_rows_are_one_line_naming_their_line(tmp_path, bad, mes
 
 def test_openthoughts_conversations_that_are_not_turns_are_refused(tmp_path):
     path = write_jsonl(tmp_path / "o.jsonl", [{"conversations": "Why is the sky blue?"}] * 2)
-    assert """line 1 has a 'conversations' that is not list[dict]: "Why is the sky blue?"; 2 of 2 rows""" in \
-        one_line_error(lambda: get_task("openthoughts").load("train", data_file=path))
+    assert (
+        """line 1 has a 'conversations' that is not list[dict]: "Why is the sky blue?"; 2 of 2 rows"""
+        in one_line_error(lambda: get_task("openthoughts").load("train", data_file=path))
+    )
 
 
 # ---------------------------------------------------------------- Countdown-Sim: demonstrations joined from GOLD
@@ -367,10 +410,15 @@ PUZZLES = [([8, 3, 3, 8], 24), ([1, 2, 3], 6), ([4, 7, 9], 19), ([2, 5, 10, 1], 
 
 
 def gold_row(nums, target, answer, thinking="Try products first."):
-    return {"nums": nums, "target": target, "messages": [
-        {"role": "system", "content": "You are a helpful assistant."},
-        {"role": "user", "content": f"Using the numbers {nums}, create an equation that equals {target}."},
-        {"role": "assistant", "content": f"<think>{thinking}</think>\n<answer>{answer}</answer>"}]}
+    return {
+        "nums": nums,
+        "target": target,
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": f"Using the numbers {nums}, create an equation that equals {target}."},
+            {"role": "assistant", "content": f"<think>{thinking}</think>\n<answer>{answer}</answer>"},
+        ],
+    }
 
 
 @pytest.fixture
@@ -378,13 +426,16 @@ def countdown_files(tmp_path):
     """A puzzles --data-file, and a GOLD-shaped --demo-file solving three of its five puzzles, two of them with
     their numbers in another order, one twice."""
     puzzles = write_jsonl(tmp_path / "puzzles.jsonl", [{"nums": n, "target": t} for n, t in PUZZLES])
-    demos = write_jsonl(tmp_path / "gold.jsonl", [
-        gold_row([3, 8, 8, 3], 24, "8 / (3 - 8 / 3)"),
-        gold_row([1, 2, 3], 6, "(1 + 2) * 3 - 3 + 3 - 1 * 1 + 1"),  # a longer second one for the same puzzle
-        gold_row([3, 2, 1], 6, "1 + 2 + 3"),
-        gold_row([9, 7, 4], 19, "9 + 7 + 4 - 1 + 0"),
-        gold_row([9, 9, 9], 999, "not a puzzle of the data file"),
-    ])
+    demos = write_jsonl(
+        tmp_path / "gold.jsonl",
+        [
+            gold_row([3, 8, 8, 3], 24, "8 / (3 - 8 / 3)"),
+            gold_row([1, 2, 3], 6, "(1 + 2) * 3 - 3 + 3 - 1 * 1 + 1"),  # a longer second one for the same puzzle
+            gold_row([3, 2, 1], 6, "1 + 2 + 3"),
+            gold_row([9, 7, 4], 19, "9 + 7 + 4 - 1 + 0"),
+            gold_row([9, 9, 9], 999, "not a puzzle of the data file"),
+        ],
+    )
     return puzzles, demos
 
 
@@ -400,14 +451,18 @@ def test_countdown_sim_joins_demonstrations_by_target_and_sorted_numbers(countdo
     assert set(by_puzzle) == {((8, 3, 3, 8), 24), ((1, 2, 3), 6), ((4, 7, 9), 19)}  # the numbers as the puzzle has them
     assert by_puzzle[(8, 3, 3, 8), 24].reference == "8 / (3 - 8 / 3)"  # the answer only: no thinking, no tags
     assert by_puzzle[(1, 2, 3), 6].reference == "1 + 2 + 3"  # several for one puzzle: the shortest
-    notes = re.findall(r"note: (\d+) of \d+ countdown (?:train|test) puzzles have no demonstration in --demo-file "
-                       r".*gold.jsonl: left out", capsys.readouterr().out)
+    notes = re.findall(
+        r"note: (\d+) of \d+ countdown (?:train|test) puzzles have no demonstration in --demo-file "
+        r".*gold.jsonl: left out",
+        capsys.readouterr().out,
+    )
     assert sum(map(int, notes)) == 2  # one line per split that leaves puzzles out
     example = by_puzzle[(8, 3, 3, 8), 24]
     assert task.reward("<think>hm</think> 8 / (3 - 8 / 3)", example, kind="sim") == 1.0
     assert task.reward("<think>hm</think> 8 / (3 - 8 / 3)", example, kind="exact") == 1.0  # the verifier is kept
-    assert [e.uid for e in joined] == [e.uid for e in load_both(task, data_file=puzzles) if e.uid in
-                                       {j.uid for j in joined}]  # same puzzles, same ids and order as without
+    assert [e.uid for e in joined] == [
+        e.uid for e in load_both(task, data_file=puzzles) if e.uid in {j.uid for j in joined}
+    ]  # same puzzles, same ids and order as without
     assert len(task.load("train", data_file=puzzles, demos=True, demo_file=demos, limit=1)) == 1
 
 
@@ -440,7 +495,8 @@ def test_countdown_sim_parquet_demo_file(countdown_files, tmp_path):
     task = get_task("countdown")
     from_parquet = load_both(task, data_file=puzzles, demos=True, demo_file=str(parquet))
     assert sorted(e.reference for e in from_parquet) == sorted(
-        e.reference for e in load_both(task, data_file=puzzles, demos=True, demo_file=demos))
+        e.reference for e in load_both(task, data_file=puzzles, demos=True, demo_file=demos)
+    )
 
 
 def test_countdown_sim_without_any_match_or_with_bad_demonstrations_is_one_line(countdown_files, tmp_path):
@@ -455,16 +511,16 @@ def test_countdown_sim_without_any_match_or_with_bad_demonstrations_is_one_line(
     assert "none of the" in message and "has a demonstration in --demo-file" in message
     no_answer = gold_row([1, 2, 3], 6, "x")
     no_answer["messages"] = no_answer["messages"][:2]
-    assert ("--demo-file " + str(tmp_path / "demos.jsonl") + ": line 2 is not a valid countdown demonstration "
-            "(ValueError: its messages have no assistant turn)") in load([gold_row([1, 2, 3], 6, "1+2+3"), no_answer])
+    assert (
+        "--demo-file " + str(tmp_path / "demos.jsonl") + ": line 2 is not a valid countdown demonstration "
+        "(ValueError: its messages have no assistant turn)"
+    ) in load([gold_row([1, 2, 3], 6, "1+2+3"), no_answer])
     cut = gold_row([1, 2, 3], 6, "x")
     cut["messages"][-1]["content"] = "<think>cut off by the token limit"
     assert "line 1 is not a valid countdown demonstration (ValueError: its assistant turn has no answer" in load([cut])
     assert "line 2 lacks a value for 'messages'" in load([gold_row([1, 2, 3], 6, "1+2+3"), {"nums": [1], "target": 1}])
-    assert """line 1 has a 'nums' that is not list[int]: ["x", 2, 3]""" in \
-        load([gold_row(["x", 2, 3], 6, "1+2+3")])
-    assert "line 1 has a 'target' that is not int: 6.5" in \
-        load([gold_row([1, 2, 3], 6.5, "1+2+3")])
+    assert """line 1 has a 'nums' that is not list[int]: ["x", 2, 3]""" in load([gold_row(["x", 2, 3], 6, "1+2+3")])
+    assert "line 1 has a 'target' that is not int: 6.5" in load([gold_row([1, 2, 3], 6.5, "1+2+3")])
     assert "line 1 is not valid JSON" in load(["{not json"])
     parquet = tmp_path / "no_messages.parquet"
     datasets.Dataset.from_list([{"nums": [1, 2, 3], "target": 6}]).to_parquet(str(parquet))
@@ -476,10 +532,12 @@ def test_demo_file_is_refused_where_it_would_not_be_read(countdown_files, tmp_pa
     puzzles, demos = countdown_files
     message = one_line_error(lambda: get_task("countdown").load("train", data_file=puzzles, demo_file=demos))
     assert "read only when the reward uses sim" in message  # demos=False: the reward is the verifier's
-    assert "takes no --demo-file" in one_line_error(lambda: get_task("gsm8k").load("train", demos=True,
-                                                                                   demo_file=demos))
-    assert "takes no --demo-file" in one_line_error(lambda: get_task("countdown24").load("train", demos=True,
-                                                                                         demo_file=demos))
+    assert "takes no --demo-file" in one_line_error(
+        lambda: get_task("gsm8k").load("train", demos=True, demo_file=demos)
+    )
+    assert "takes no --demo-file" in one_line_error(
+        lambda: get_task("countdown24").load("train", demos=True, demo_file=demos)
+    )
     # a --data-file with its own `reference` column is not joined (and needs no GOLD)
     own = write_jsonl(tmp_path / "own.jsonl", [{"nums": [1, 2, 3], "target": 6, "reference": "3 * 2 * 1"}] * 3)
     examples = load_both(get_task("countdown"), data_file=own, demos=True, demo_file=str(tmp_path / "absent.jsonl"))
@@ -498,19 +556,22 @@ def test_reward_weights_parse_and_default():
     assert reward_weights(gsm8k, "exact", "exact=1,sim=0") == {"exact": 1.0, "sim": 0.0}  # sim logged, not trained
 
 
-@pytest.mark.parametrize("task, text, message", [
-    ("gsm8k", "exact", "--reward-weights: 'exact' is not TERM=WEIGHT"),
-    ("gsm8k", "=1", "--reward-weights: '=1' is not TERM=WEIGHT"),
-    ("gsm8k", "exact=one", "--reward-weights: the weight of exact must be a finite number, not 'one'"),
-    ("gsm8k", "exact=nan", "must be a finite number, not 'nan'"),
-    ("gsm8k", "exact=1e999", "must be a finite number, not '1e999'"),
-    ("gsm8k", "exact=", "must be a finite number, not ''"),
-    ("gsm8k", "sim=1,sim=2", "--reward-weights: sim is given twice"),
-    ("gsm8k", "judge=1", "--reward-weights: unknown term 'judge': choose from exact, sim, format"),
-    ("poetry", "exact=1,sim=1", "--reward-weights: task poetry has no verifier, so no exact term"),
-    ("gsm8k", ",", "--reward-weights ',': no term has a nonzero weight"),
-    ("gsm8k", "exact=0,sim=0", "--reward-weights 'exact=0,sim=0': no term has a nonzero weight"),
-])
+@pytest.mark.parametrize(
+    "task, text, message",
+    [
+        ("gsm8k", "exact", "--reward-weights: 'exact' is not TERM=WEIGHT"),
+        ("gsm8k", "=1", "--reward-weights: '=1' is not TERM=WEIGHT"),
+        ("gsm8k", "exact=one", "--reward-weights: the weight of exact must be a finite number, not 'one'"),
+        ("gsm8k", "exact=nan", "must be a finite number, not 'nan'"),
+        ("gsm8k", "exact=1e999", "must be a finite number, not '1e999'"),
+        ("gsm8k", "exact=", "must be a finite number, not ''"),
+        ("gsm8k", "sim=1,sim=2", "--reward-weights: sim is given twice"),
+        ("gsm8k", "judge=1", "--reward-weights: unknown term 'judge': choose from exact, sim, format"),
+        ("poetry", "exact=1,sim=1", "--reward-weights: task poetry has no verifier, so no exact term"),
+        ("gsm8k", ",", "--reward-weights ',': no term has a nonzero weight"),
+        ("gsm8k", "exact=0,sim=0", "--reward-weights 'exact=0,sim=0': no term has a nonzero weight"),
+    ],
+)
 def test_reward_weights_errors_are_one_line(task, text, message):
     from tasks import reward_weights
 
@@ -549,8 +610,15 @@ def polaris_args(tmp_path, **overrides):
 
     aime25 = tmp_path / "aime25.jsonl"  # the AIME fixture's problems, as an AIME 2025 file
     aime25.write_text((FIXTURES / "aime24.jsonl").read_text())
-    return Args(**{"task": "polaris", "data_file": str(FIXTURES / "polaris.jsonl"), "eval_examples": 8,
-                   "eval_tasks": f"aime25={aime25},math500={FIXTURES / 'math500.jsonl'}", **overrides})
+    return Args(
+        **{
+            "task": "polaris",
+            "data_file": str(FIXTURES / "polaris.jsonl"),
+            "eval_examples": 8,
+            "eval_tasks": f"aime25={aime25},math500={FIXTURES / 'math500.jsonl'}",
+            **overrides,
+        }
+    )
 
 
 def test_polaris_rows_are_the_official_user_only_boxed_prompts_scored_by_the_math_verifier():
@@ -562,8 +630,10 @@ def test_polaris_rows_are_the_official_user_only_boxed_prompts_scored_by_the_mat
         [turn] = example.prompt  # no system message
         problem, _, instruction = turn["content"].rpartition("\n")
         assert turn["role"] == "user" and instruction == BOXED and example.gold == by_problem[problem]["answer"]
-        assert example.uid.startswith("polaris-") and example.revision == hashlib.sha256(
-            (FIXTURES / "polaris.jsonl").read_bytes()).hexdigest()  # the file's sha256, for RUN/data.json
+        assert (
+            example.uid.startswith("polaris-")
+            and example.revision == hashlib.sha256((FIXTURES / "polaris.jsonl").read_bytes()).hexdigest()
+        )  # the file's sha256, for RUN/data.json
         assert task.reward(f"<think>x</think> \\boxed{{{example.gold}}}", example) == 1.0
         assert task.reward("\\boxed{-1}", example) == 0.0
 
@@ -581,13 +651,17 @@ def test_polaris_training_drops_the_prompts_aime25_and_math500_hold_and_says_so_
     tasks.load_data(args, get_task("polaris"), {"exact": 1.0}, master=False)
     assert capsys.readouterr().out == ""  # rank 0 says it
     with pytest.raises(DataError, match="cannot reach the Hugging Face Hub to load MathArena/aime_2025"):
-        tasks.load_data(polaris_args(tmp_path, eval_tasks=f"math500={FIXTURES / 'math500.jsonl'}"),
-                        get_task("polaris"), {"exact": 1.0})  # an evaluation set it cannot read is not skipped
+        tasks.load_data(
+            polaris_args(tmp_path, eval_tasks=f"math500={FIXTURES / 'math500.jsonl'}"),
+            get_task("polaris"),
+            {"exact": 1.0},
+        )  # an evaluation set it cannot read is not skipped
     capsys.readouterr()
     gsm8k = str(FIXTURES / "gsm8k.jsonl")
     plain = tasks.load_data(polaris_args(tmp_path, task="gsm8k", data_file=gsm8k), get_task("gsm8k"), {"exact": 1.0})
     assert capsys.readouterr().out == "" and [ex.uid for ex in plain[0]] == [  # other tasks: no decontamination
-        ex.uid for ex in get_task("gsm8k").load("train", data_file=gsm8k)]
+        ex.uid for ex in get_task("gsm8k").load("train", data_file=gsm8k)
+    ]
 
 
 def test_polaris_from_the_hub_reads_its_train_split_and_records_the_commit(tmp_path, monkeypatch):
@@ -611,4 +685,5 @@ def test_polaris_from_the_hub_reads_its_train_split_and_records_the_commit(tmp_p
     path = str(FIXTURES / "polaris.jsonl")
     local = task.load("train", data_file=path) + task.load("test", data_file=path)
     assert sorted((ex.uid, ex.prompt[-1]["content"]) for ex in hub) == sorted(
-        (ex.uid, ex.prompt[-1]["content"]) for ex in local)
+        (ex.uid, ex.prompt[-1]["content"]) for ex in local
+    )

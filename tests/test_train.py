@@ -43,8 +43,20 @@ def digits(monkeypatch):
 
 
 def tiny_args(model_dir, out_dir, **overrides):
-    base = dict(task="digits", model=model_dir, M=4, rollout_batch=4, micro_batch=8, steps=2, max_tokens=4,
-                lr=3e-3, warmup_steps=0, eval_examples=0, dtype="float32", out_dir=str(out_dir))
+    base = dict(
+        task="digits",
+        model=model_dir,
+        M=4,
+        rollout_batch=4,
+        micro_batch=8,
+        steps=2,
+        max_tokens=4,
+        lr=3e-3,
+        warmup_steps=0,
+        eval_examples=0,
+        dtype="float32",
+        out_dir=str(out_dir),
+    )
     return train.Args(**{**base, **overrides})
 
 
@@ -59,19 +71,23 @@ def cli(*flags, env=None):
 
 # ---- flags, presets, checkpoints on disk (fast)
 
-@pytest.mark.parametrize("flags, message", [
-    (["--advantage", "nope"], "--advantage must be one of"),
-    (["--tau", "0"], "--tau must be"),
-    (["--M", "0"], "--M must be >= 2"),
-    (["--lr", "-1"], "--lr"),
-    (["--task", "no_such_task"], "no_such_task"),
-    (["--M", "eight"], "invalid int value"),
-    (["--rollout-batch", "6", "--minibatches", "4"], "must divide evenly"),
-    (["--sampler", "tpu"], "--sampler"),
-    (["--resume", "/no/such/run"], "no checkpoint there"),
-    (["--data-file", "/no/such/file.jsonl"], "does not exist"),
-    (["--no-such-flag"], "unrecognized arguments"),
-])
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--advantage", "nope"], "--advantage must be one of"),
+        (["--tau", "0"], "--tau must be"),
+        (["--M", "0"], "--M must be >= 2"),
+        (["--lr", "-1"], "--lr"),
+        (["--task", "no_such_task"], "no_such_task"),
+        (["--M", "eight"], "invalid int value"),
+        (["--rollout-batch", "6", "--minibatches", "4"], "must divide evenly"),
+        (["--sampler", "tpu"], "--sampler"),
+        (["--resume", "/no/such/run"], "no checkpoint there"),
+        (["--data-file", "/no/such/file.jsonl"], "does not exist"),
+        (["--no-such-flag"], "unrecognized arguments"),
+    ],
+)
 def test_bad_flags_exit_2_with_one_line(flags, message, tmp_path, capsys):
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as exit_info:
@@ -113,8 +129,15 @@ def test_a_bad_loss_agg_is_one_line(tmp_path, capsys):
 
 
 def test_an_unloadable_model_is_one_line_and_exit_2(tmp_path):
-    result = cli("--model", str(tmp_path / "no_such_model"), "--eval-examples", "0", "--out-dir", str(tmp_path / "run"),
-                 env={"HF_HUB_OFFLINE": "1"})
+    result = cli(
+        "--model",
+        str(tmp_path / "no_such_model"),
+        "--eval-examples",
+        "0",
+        "--out-dir",
+        str(tmp_path / "run"),
+        env={"HF_HUB_OFFLINE": "1"},
+    )
     assert result.returncode == 2, result.stderr[-3000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("train.py: error: cannot load model ") and "--model" in lines[0]
@@ -156,7 +179,8 @@ def test_cli_bad_flag_prints_one_line_before_loading_anything():
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "train.py: error: --tau must be finite and > 0 (at least 1.2e-38, float32's smallest normal number: a "
-        "smaller value rounds to 0), got -0.5"]
+        "smaller value rounds to 0), got -0.5"
+    ]
 
 
 def test_preset_then_explicit_flags_win(tmp_path):
@@ -172,8 +196,9 @@ def test_preset_then_explicit_flags_win(tmp_path):
         preset = train.parse_args(["--task", task, "--out-dir", str(tmp_path / task)])
         assert (preset.top_p, preset.eval_every, preset.grad_checkpointing) == (0.999, 25, True), task
     assert (demo.top_p, demo.eval_every, demo.grad_checkpointing) == (1.0, 0, False)
-    off = train.parse_args(["--task", "gsm8k", "--no-grad-checkpointing", "--eval-every", "0", "--out-dir",
-                            str(tmp_path / "off")])
+    off = train.parse_args(
+        ["--task", "gsm8k", "--no-grad-checkpointing", "--eval-every", "0", "--out-dir", str(tmp_path / "off")]
+    )
     assert (off.grad_checkpointing, off.eval_every) == (False, 0)
 
 
@@ -182,8 +207,15 @@ def test_help_lists_the_plan_eval_and_checkpointing_flags(capsys):
         train.parse_args(["--help"])
     out = capsys.readouterr().out
     assert exit_info.value.code == 0
-    for flag in ("--grad-checkpointing", "--no-grad-checkpointing", "--eval-every", "--plan", "--plan-gpus",
-                 "--plan-gpu-gb", "--top-p"):
+    for flag in (
+        "--grad-checkpointing",
+        "--no-grad-checkpointing",
+        "--eval-every",
+        "--plan",
+        "--plan-gpus",
+        "--plan-gpu-gb",
+        "--top-p",
+    ):
         assert f"  {flag} " in out or f"  {flag}," in out or f" {flag}\n" in out, flag
 
 
@@ -191,8 +223,18 @@ def test_plan_prints_the_preset_and_exits_without_loading_or_refusing_a_taken_ru
     taken = tmp_path / "run"
     taken.mkdir()
     (taken / "metrics.jsonl").write_text("")  # a run folder training would refuse
-    result = cli("--task", "deepmath", "--plan", "--plan-gpus", "16", "--plan-gpu-gb", "80", "--out-dir", str(taken),
-                 env={"HF_HUB_OFFLINE": "1"})  # nothing to download: the shape is known without weights
+    result = cli(
+        "--task",
+        "deepmath",
+        "--plan",
+        "--plan-gpus",
+        "16",
+        "--plan-gpu-gb",
+        "80",
+        "--out-dir",
+        str(taken),
+        env={"HF_HUB_OFFLINE": "1"},
+    )  # nothing to download: the shape is known without weights
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.strip().splitlines()
     assert lines[0] == "deepmath (Qwen/Qwen2.5-1.5B) on 16 x 80 GiB, with gradient checkpointing"
@@ -200,8 +242,18 @@ def test_plan_prints_the_preset_and_exits_without_loading_or_refusing_a_taken_ru
     assert lines[-1].endswith(f"of 80 GiB per GPU ({peak / 80:.0%})") and peak < 80
     assert f"micro-batches of {config.PRESETS['deepmath']['micro_batch']}" in result.stdout
     assert (taken / "metrics.jsonl").read_text() == ""
-    without = cli("--task", "deepmath", "--plan", "--plan-gpus", "16", "--plan-gpu-gb", "80",
-                  "--no-grad-checkpointing", "--out-dir", str(taken))
+    without = cli(
+        "--task",
+        "deepmath",
+        "--plan",
+        "--plan-gpus",
+        "16",
+        "--plan-gpu-gb",
+        "80",
+        "--no-grad-checkpointing",
+        "--out-dir",
+        str(taken),
+    )
     assert without.returncode == 0 and "without gradient checkpointing" in without.stdout
     assert "every layer's saved tensors" in without.stdout and without.stdout != result.stdout
     bad = cli("--task", "deepmath", "--plan", "--plan-gpus", "0")
@@ -265,8 +317,9 @@ def test_missing_dataset_is_one_line_and_writes_nothing(tiny_model_dir, tmp_path
     bad_file = tmp_path / "bad.jsonl"
     bad_file.write_text('{"foo": 1}\n')
     for extra in ([], ["--data-file", str(bad_file)]):  # hub dataset unreachable; a file without its columns
-        result = cli("--task", "gsm8k", "--model", tiny_model_dir, "--out-dir", str(tmp_path / "run"), *extra,
-                     env=offline)
+        result = cli(
+            "--task", "gsm8k", "--model", tiny_model_dir, "--out-dir", str(tmp_path / "run"), *extra, env=offline
+        )
         last = result.stderr.strip().splitlines()[-1]
         assert result.returncode == 1 and last.startswith("train.py: error: ") and "gsm8k" in last
         assert "Traceback" not in result.stderr
@@ -282,14 +335,27 @@ def test_a_diverged_policy_stops_with_one_line(tiny_model_dir, tmp_path):
         model.model.norm.weight.fill_(float("nan"))
     model.save_pretrained(tmp_path / "nan")
     AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(tmp_path / "nan")
-    result = cli("--task", "arith", "--model", str(tmp_path / "nan"), "--steps", "1", "--eval-examples", "0",
-                 "--max-tokens", "2", "--out-dir", str(tmp_path / "run"))
+    result = cli(
+        "--task",
+        "arith",
+        "--model",
+        str(tmp_path / "nan"),
+        "--steps",
+        "1",
+        "--eval-examples",
+        "0",
+        "--max-tokens",
+        "2",
+        "--out-dir",
+        str(tmp_path / "run"),
+    )
     last = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 1 and last.startswith("train.py: error: ") and "not finite" in last
     assert "Traceback" not in result.stderr
 
 
 # ---- the loop on the tiny model
+
 
 @pytest.mark.curves
 def test_end_to_end_writes_metrics_and_a_loadable_checkpoint(tiny_model_dir, tmp_path, digits):
@@ -298,8 +364,20 @@ def test_end_to_end_writes_metrics_and_a_loadable_checkpoint(tiny_model_dir, tmp
     final = train.main(tiny_args(tiny_model_dir, tmp_path, steps=2, beta=1e-3))
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2] and final["step"] == 2
-    for key in ("reward/mean", "reward/pass_rate", "adv/zero_group_frac", "response/len_max", "loss/pg", "loss/kl",
-                "loss/clip_frac_high", "grad/norm", "lr", "sync/logprob_diff", "time/rollout", "perf/tokens_per_s"):
+    for key in (
+        "reward/mean",
+        "reward/pass_rate",
+        "adv/zero_group_frac",
+        "response/len_max",
+        "loss/pg",
+        "loss/kl",
+        "loss/clip_frac_high",
+        "grad/norm",
+        "lr",
+        "sync/logprob_diff",
+        "time/rollout",
+        "perf/tokens_per_s",
+    ):
         assert all(math.isfinite(r[key]) for r in rows), key
     assert all(r["sync/logprob_diff"] < 1e-4 for r in rows)  # float32 sampler holds the trainer's weights
     assert all(r["reward/errors"] == 0 for r in rows)  # a healthy reward: nothing caught
@@ -308,12 +386,26 @@ def test_end_to_end_writes_metrics_and_a_loadable_checkpoint(tiny_model_dir, tmp
     assert all(0 < r["policy/entropy"] <= math.log(vocab) for r in rows)
     assert not any(key.startswith("loss/is_") for key in rows[0])  # --is-correction none: nothing to report
     ckpt = tmp_path / "checkpoint-000002"
-    assert sorted(os.listdir(tmp_path)) == [".lock", "checkpoint-000002", "completions.jsonl", "curves.png",
-                                            "metrics.jsonl"]  # .lock: the run folder's lock file, released
+    assert sorted(os.listdir(tmp_path)) == [
+        ".lock",
+        "checkpoint-000002",
+        "completions.jsonl",
+        "curves.png",
+        "metrics.jsonl",
+    ]  # .lock: the run folder's lock file, released
     samples = read_metrics(tmp_path / "completions.jsonl")  # --log-completions 8: 8 of each step's 16 samples
     assert [r["step"] for r in samples] == [1] * 8 + [2] * 8
-    assert set(samples[0]) == {"step", "uid", "prompt", "completion", "reward", "passed", "advantage", "length",
-                               "finish_reason"}
+    assert set(samples[0]) == {
+        "step",
+        "uid",
+        "prompt",
+        "completion",
+        "reward",
+        "passed",
+        "advantage",
+        "length",
+        "finish_reason",
+    }
     first_group = samples[:4]  # M = 4: one prompt, its four samples, advantages summing to 0 (softmax: M w - 1)
     assert len({r["uid"] for r in first_group}) == 1 and abs(sum(r["advantage"] for r in first_group)) < 1e-5
     assert all(r["passed"] == (r["reward"] >= 0.5) and r["finish_reason"] in ("stop", "length") for r in samples)
@@ -380,10 +472,14 @@ def test_the_cosine_schedule_keeps_the_warmup_then_falls_to_its_floor_at_the_las
     assert scheduled_lrs(steps=3, warmup_steps=0) == [1.0, 1.0, 1.0]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--min-lr-ratio", "0.1"], "--min-lr-ratio is read by --lr-schedule cosine only"),
-    (["--lr-schedule", "cosine", "--min-lr-ratio", "1.5"], "--min-lr-ratio must be in [0, 1]"),
-    (["--lr-schedule", "linear"], "--lr-schedule must be one of constant, cosine")])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--min-lr-ratio", "0.1"], "--min-lr-ratio is read by --lr-schedule cosine only"),
+        (["--lr-schedule", "cosine", "--min-lr-ratio", "1.5"], "--min-lr-ratio must be in [0, 1]"),
+        (["--lr-schedule", "linear"], "--lr-schedule must be one of constant, cosine"),
+    ],
+)
 def test_the_schedule_flags_refuse_what_they_cannot_mean(argv, message, capsys, tmp_path):
     from tests.test_nothing_silent import train_refuses
 
@@ -413,8 +509,9 @@ def test_resume_restores_the_rng_after_an_engine_reseeds_it(tiny_model_dir, tmp_
 
     make_sampler, check_probe = rollout.make_sampler, train.check_probe
     seen = []  # the RNG states when the run starts its first sync check, right after the sampler is built
-    monkeypatch.setattr(train, "check_probe", lambda probe, before, *a: seen.append(rng_state()) or check_probe(
-        probe, before, *a))
+    monkeypatch.setattr(
+        train, "check_probe", lambda probe, before, *a: seen.append(rng_state()) or check_probe(probe, before, *a)
+    )
     train.main(tiny_args(tiny_model_dir, tmp_path, steps=2))
     saved = read_trainer_state(tmp_path / "checkpoint-000002")["rng"][0]
     monkeypatch.setattr(train, "make_sampler", reseeding_sampler)
@@ -493,8 +590,16 @@ def test_token_tis_and_mask_truncated_reach_the_run(tiny_model_dir, tmp_path, di
 
     final = train.main(tiny_args(tiny_model_dir, tmp_path / "tis", steps=1, is_correction="token-tis", is_cap=2.0))
     assert final["loss/is_ratio_mean"] == pytest.approx(1.0, abs=1e-4) and final["loss/is_clip_frac"] == 0.0
-    args = tiny_args(tiny_model_dir, tmp_path / "cut", steps=1, max_tokens=2, mask_truncated=True, beta=0.0,
-                     weight_decay=0.0, log_completions=16)
+    args = tiny_args(
+        tiny_model_dir,
+        tmp_path / "cut",
+        steps=1,
+        max_tokens=2,
+        mask_truncated=True,
+        beta=0.0,
+        weight_decay=0.0,
+        log_completions=16,
+    )
     cut = train.main(args)
     samples = read_metrics(tmp_path / "cut" / "completions.jsonl")
     assert cut["response/trunc_frac"] == 1.0 and all(r["finish_reason"] == "length" for r in samples)
@@ -502,8 +607,10 @@ def test_token_tis_and_mask_truncated_reach_the_run(tiny_model_dir, tmp_path, di
     rewards = torch.tensor([r["reward"] for r in samples]).view(4, 4)  # the groups, in order
     expected = compute_advantages("softmax", rewards, **config.estimator_hparams(args))
     assert torch.allclose(torch.tensor([r["advantage"] for r in samples]).view(4, 4), expected)
-    before, after = load_file(f"{tiny_model_dir}/model.safetensors"), load_file(
-        tmp_path / "cut" / "checkpoint-000001" / "model.safetensors")
+    before, after = (
+        load_file(f"{tiny_model_dir}/model.safetensors"),
+        load_file(tmp_path / "cut" / "checkpoint-000001" / "model.safetensors"),
+    )
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
@@ -512,17 +619,35 @@ def test_weighted_reward_terms_and_joined_demonstrations_reach_the_run(tiny_mode
     demonstrations file trains on 0.5 exact + 0.5 sim, logs each term, and the reward is their weighted sum."""
     rows = [{"nums": [a, b, c], "target": a * b + c} for a in range(2, 6) for b in range(2, 6) for c in (1, 2)]
     (tmp_path / "puzzles.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    gold = [{"nums": r["nums"][::-1], "target": r["target"], "messages": [  # numbers in another order: still joined
-        {"role": "assistant", "content": f"<think>t</think>\n<answer>{r['nums'][0]} * {r['nums'][1]} + "
-                                         f"{r['nums'][2]}</answer>"}]} for r in rows]
+    gold = [
+        {
+            "nums": r["nums"][::-1],
+            "target": r["target"],
+            "messages": [  # numbers in another order: still joined
+                {
+                    "role": "assistant",
+                    "content": f"<think>t</think>\n<answer>{r['nums'][0]} * {r['nums'][1]} + {r['nums'][2]}</answer>",
+                }
+            ],
+        }
+        for r in rows
+    ]
     (tmp_path / "gold.jsonl").write_text("".join(json.dumps(r) + "\n" for r in gold))
-    args = tiny_args(tiny_model_dir, tmp_path / "run", task="countdown", data_file=str(tmp_path / "puzzles.jsonl"),
-                     demo_file=str(tmp_path / "gold.jsonl"), reward_weights="exact=0.5,sim=0.5", max_tokens=8)
+    args = tiny_args(
+        tiny_model_dir,
+        tmp_path / "run",
+        task="countdown",
+        data_file=str(tmp_path / "puzzles.jsonl"),
+        demo_file=str(tmp_path / "gold.jsonl"),
+        reward_weights="exact=0.5,sim=0.5",
+        max_tokens=8,
+    )
     assert train.check_args(args) is None
     final = train.main(args)
     assert final["reward/mean"] == pytest.approx(0.5 * final["reward/exact"] + 0.5 * final["reward/sim"], abs=1e-6)
     assert json.loads((tmp_path / "run" / "data.json").read_text()) == {  # the data it read: the file's sha256
-        "train": hashlib.sha256((tmp_path / "puzzles.jsonl").read_bytes()).hexdigest()}
+        "train": hashlib.sha256((tmp_path / "puzzles.jsonl").read_bytes()).hexdigest()
+    }
     assert final["reward/pass_rate"] == final["reward/exact"]  # 0/1 verifier
     assert "--demo-file is read only" in train.check_args(replace(args, reward_weights="exact=1"))
 
@@ -573,8 +698,11 @@ def assert_same_moves(a, b, initial, move_rel):
     scale = max((a[k].float() - initial[k].float()).abs().max().item() for k in a)
     assert scale > 0  # the weights moved: there is an update to compare
     for k in a:
-        assert torch.allclose(a[k], b[k], rtol=1e-6, atol=move_rel * scale), \
-            (k, (a[k] - b[k]).abs().max().item(), scale)
+        assert torch.allclose(a[k], b[k], rtol=1e-6, atol=move_rel * scale), (
+            k,
+            (a[k] - b[k]).abs().max().item(),
+            scale,
+        )
 
 
 @pytest.mark.slow
@@ -601,10 +729,24 @@ def test_tiny_model_learns_the_bandit_task(tiny_model_dir, tmp_path, digits):
 
 # ---- torchrun, FSDP2 over gloo
 
+
 def torchrun(*job):
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           os.path.join(ROOT, "tests", "dist_train.py"), *job],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            os.path.join(ROOT, "tests", "dist_train.py"),
+            *job,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.slow
@@ -615,9 +757,19 @@ def test_one_update_under_torchrun_2_equals_one_process(tiny_model_dir, tmp_path
     from tools.tiny_model import build_tiny_model
 
     ref_dir = build_tiny_model(tmp_path / "ref", seed=1)  # a different reference: the KL term has a gradient
-    single = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "dist_train.py"), "parity",
-                             str(tmp_path / "one.pt"), tiny_model_dir, ref_dir, loss_agg], capture_output=True,
-                            text=True)
+    single = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "tests", "dist_train.py"),
+            "parity",
+            str(tmp_path / "one.pt"),
+            tiny_model_dir,
+            ref_dir,
+            loss_agg,
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert single.returncode == 0, single.stderr[-3000:]
     double = torchrun("parity", str(tmp_path / "two.pt"), tiny_model_dir, ref_dir, loss_agg)
     assert double.returncode == 0, double.stderr[-3000:]
@@ -642,8 +794,9 @@ def test_recast_and_recompute_under_fsdp2_are_bit_identical(tiny_model_dir, tmp_
     ref_dir = build_tiny_model(tmp_path / "ref", seed=1)
     runs = {}
     for recast in ("no", "yes"):
-        result = torchrun("parity", str(tmp_path / f"{recast}.pt"), tiny_model_dir, ref_dir, "token-mean",
-                          "bfloat16", recast)
+        result = torchrun(
+            "parity", str(tmp_path / f"{recast}.pt"), tiny_model_dir, ref_dir, "token-mean", "bfloat16", recast
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         runs[recast] = torch.load(tmp_path / f"{recast}.pt")
     for name, want in runs["no"]["state"].items():
@@ -652,8 +805,13 @@ def test_recast_and_recompute_under_fsdp2_are_bit_identical(tiny_model_dir, tmp_
 
 
 def test_the_sync_gathers_in_the_engines_bf16_and_the_weight_check_stays_exact(tiny_model_dir):
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "dist_train.py"), "bf16-sync",
-                             tiny_model_dir], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tests", "dist_train.py"), "bf16-sync", tiny_model_dir],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report == {"gathered": ["torch.bfloat16"], "sync/weight_diff": 0.0}
@@ -667,8 +825,9 @@ def test_end_to_end_under_torchrun_2(tiny_model_dir, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
-    assert all(math.isfinite(r["loss/pg"]) and math.isfinite(r["loss/kl"]) and math.isfinite(r["grad/norm"])
-               for r in rows)
+    assert all(
+        math.isfinite(r["loss/pg"]) and math.isfinite(r["loss/kl"]) and math.isfinite(r["grad/norm"]) for r in rows
+    )
     assert all(r["sync/logprob_diff"] < 1e-4 for r in rows)  # every rank's sampler got the gathered weights
     assert all(r["sync/weight_diff"] == 0.0 for r in rows)  # all of them (--weight-check-every 1)
     assert set(json.loads((tmp_path / "eval.json").read_text())) == {"before", "after"}
@@ -678,7 +837,7 @@ def test_end_to_end_under_torchrun_2(tiny_model_dir, tmp_path):
     samples = read_metrics(tmp_path / "completions.jsonl")  # all 16 samples of each step, rank 0's 8 first
     assert [r["step"] for r in samples] == [s for s in (1, 2, 3) for _ in range(16)]
     for step, row in zip((1, 2, 3), rows):  # each row's reward is its own completion's, wherever it was sampled
-        mine = samples[16 * (step - 1):16 * step]
+        mine = samples[16 * (step - 1) : 16 * step]
         assert all(r["reward"] == DigitTask().reward(r["completion"], None) for r in mine)
         assert sum(r["reward"] for r in mine) / 16 == pytest.approx(row["reward/mean"])
         assert len({r["uid"] for r in mine[:8]} & {r["uid"] for r in mine[8:]}) == 0  # two ranks' prompts
@@ -691,11 +850,15 @@ def test_end_to_end_under_torchrun_2(tiny_model_dir, tmp_path):
 def ppo_batch(n_prompts=4, M=4, seed=0):
     """Prompts (repeated M times), completions of mixed lengths, advantages: one rank's flat PPO batch."""
     g = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(4, 90, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
-               for _ in range(n_prompts)]
+    prompts = [
+        torch.randint(4, 90, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(n_prompts)
+    ]
     flat_prompts = [p for p in prompts for _ in range(M)]
-    completions = [torch.randint(4, 90, (int(torch.randint(1, 14, (1,), generator=g)),), generator=g).tolist()
-                   for _ in flat_prompts]
+    completions = [
+        torch.randint(4, 90, (int(torch.randint(1, 14, (1,), generator=g)),), generator=g).tolist()
+        for _ in flat_prompts
+    ]
     return flat_prompts, completions, torch.randn(len(flat_prompts), generator=g)
 
 
@@ -713,15 +876,38 @@ def test_micro_batch_grouping_sorts_longest_first_and_cuts_padding():
     assert padded_tokens(prompts, completions, groups) < padded_tokens(prompts, completions, in_order)
 
 
-def one_update(model_dir, ref_dir, micro_batch, fused=False, ref_bf16=False, dtype="float32", epochs=2,
-               minibatches=2, loss_agg="token-mean", recast=False, recompute=False, compiled=False, optimizer="sgd"):
+def one_update(
+    model_dir,
+    ref_dir,
+    micro_batch,
+    fused=False,
+    ref_bf16=False,
+    dtype="float32",
+    epochs=2,
+    minibatches=2,
+    loss_agg="token-mean",
+    recast=False,
+    recompute=False,
+    compiled=False,
+    optimizer="sgd",
+):
     """train.ppo_update on ppo_batch(): (weights after, metrics, weights before). Plain SGD unless `optimizer` is
     "adamw", so that two updates whose gradients differ by rounding differ by rounding (see the `sgd` fixture)."""
     from transformers import AutoModelForCausalLM
 
-    args = train.Args(M=4, rollout_batch=4, micro_batch=micro_batch, minibatches=minibatches, ppo_epochs=epochs,
-                      beta=0.1, lr=1e-3 if optimizer == "adamw" else SGD_LR, warmup_steps=0, max_grad_norm=0.5,
-                      dtype=dtype, loss_agg=loss_agg)
+    args = train.Args(
+        M=4,
+        rollout_batch=4,
+        micro_batch=micro_batch,
+        minibatches=minibatches,
+        ppo_epochs=epochs,
+        beta=0.1,
+        lr=1e-3 if optimizer == "adamw" else SGD_LR,
+        warmup_steps=0,
+        max_grad_norm=0.5,
+        dtype=dtype,
+        loss_agg=loss_agg,
+    )
     prompts, completions, adv = ppo_batch()
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
@@ -735,11 +921,24 @@ def one_update(model_dir, ref_dir, micro_batch, fused=False, ref_bf16=False, dty
     if compiled:
         speed.compile.compile_layers(model)
         speed.compile.compile_layers(ref)
-    optimizer = (torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, fused=fused)
-                 if optimizer == "adamw" else torch.optim.SGD(model.parameters(), lr=args.lr))
+    optimizer = (
+        torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, fused=fused)
+        if optimizer == "adamw"
+        else torch.optim.SGD(model.parameters(), lr=args.lr)
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    metrics = train.ppo_update(model, ref, optimizer, scheduler, prompts, completions,
-                               [[0.0] * len(c) for c in completions], adv, args, pad_id=0)
+    metrics = train.ppo_update(
+        model,
+        ref,
+        optimizer,
+        scheduler,
+        prompts,
+        completions,
+        [[0.0] * len(c) for c in completions],
+        adv,
+        args,
+        pad_id=0,
+    )
     return model.state_dict(), metrics, initial
 
 
@@ -754,16 +953,34 @@ def test_mask_truncated_trains_as_the_batch_without_the_cut_rows(tiny_model_dir,
     keep = [i for i, c in enumerate(cut) if not c]
 
     def update(rows, mask_truncated, micro_batch):
-        args = train.Args(M=4, rollout_batch=4, micro_batch=micro_batch, beta=0.1, lr=SGD_LR, warmup_steps=0,
-                          dtype="float32", loss_agg=loss_agg, mask_truncated=mask_truncated)
+        args = train.Args(
+            M=4,
+            rollout_batch=4,
+            micro_batch=micro_batch,
+            beta=0.1,
+            lr=SGD_LR,
+            warmup_steps=0,
+            dtype="float32",
+            loss_agg=loss_agg,
+            mask_truncated=mask_truncated,
+        )
         model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
         ref = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval().requires_grad_(False)
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)  # rounding stays rounding (the `sgd` fixture)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-        metrics = train.ppo_update(model, ref, optimizer, scheduler, [prompts[i] for i in rows],
-                                   [completions[i] for i in rows], [[0.0] * len(completions[i]) for i in rows],
-                                   adv[rows], args, pad_id=0,
-                                   keep=torch.tensor([not cut[i] for i in rows]) if mask_truncated else None)
+        metrics = train.ppo_update(
+            model,
+            ref,
+            optimizer,
+            scheduler,
+            [prompts[i] for i in rows],
+            [completions[i] for i in rows],
+            [[0.0] * len(completions[i]) for i in rows],
+            adv[rows],
+            args,
+            pad_id=0,
+            keep=torch.tensor([not cut[i] for i in rows]) if mask_truncated else None,
+        )
         return model.state_dict(), metrics
 
     everything = list(range(len(prompts)))
@@ -802,8 +1019,9 @@ def assert_same_update(a, b, tol, move_rel=1e-4):
 
 def test_micro_batch_grouping_keeps_the_update(tiny_model_dir, ref_dir):
     """Micro-batches of 3 (sorted, padded per group) vs the whole minibatch in one pass: the same update."""
-    assert_same_update(one_update(tiny_model_dir, ref_dir, micro_batch=3),
-                       one_update(tiny_model_dir, ref_dir, micro_batch=8), tol=1e-5)
+    assert_same_update(
+        one_update(tiny_model_dir, ref_dir, micro_batch=3), one_update(tiny_model_dir, ref_dir, micro_batch=8), tol=1e-5
+    )
 
 
 @pytest.mark.parametrize("loss_agg", [agg for agg in AGGREGATIONS if agg != "token-mean"])
@@ -820,8 +1038,12 @@ def test_fused_adamw_matches_default(tiny_model_dir, ref_dir):
     """One AdamW step on the same gradients (one epoch, one minibatch: a second step would see gradients that
     differ by rounding, which AdamW amplifies up to lr): fused and foreach agree to a few ulps of the step."""
     one_step = dict(micro_batch=8, optimizer="adamw", epochs=1, minibatches=1)
-    assert_same_update(one_update(tiny_model_dir, ref_dir, fused=True, **one_step),
-                       one_update(tiny_model_dir, ref_dir, fused=False, **one_step), tol=1e-6, move_rel=1e-5)
+    assert_same_update(
+        one_update(tiny_model_dir, ref_dir, fused=True, **one_step),
+        one_update(tiny_model_dir, ref_dir, fused=False, **one_step),
+        tol=1e-6,
+        move_rel=1e-5,
+    )
 
 
 def test_bf16_reference_is_exact(tiny_model_dir, ref_dir):
@@ -833,8 +1055,11 @@ def test_bf16_reference_is_exact(tiny_model_dir, ref_dir):
     ref = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval()
     small = speed.backward.store_linears_bf16(AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval())
     dtypes = {name: p.dtype for name, p in small.named_parameters()}
-    assert dtypes["model.layers.0.self_attn.q_proj.weight"] == dtypes["model.layers.1.mlp.down_proj.weight"] \
+    assert (
+        dtypes["model.layers.0.self_attn.q_proj.weight"]
+        == dtypes["model.layers.1.mlp.down_proj.weight"]
         == torch.bfloat16
+    )
     assert dtypes["model.embed_tokens.weight"] == dtypes["model.norm.weight"] == torch.float32  # tied lm_head too
     prompts, completions, _ = ppo_batch()
     ids, attn, mask = pad_batch(prompts, completions, 0)
@@ -843,8 +1068,11 @@ def test_bf16_reference_is_exact(tiny_model_dir, ref_dir):
         got = sequence_logprobs(small, ids, attn, mask.shape[1])
     assert torch.equal(got, want)
     # and the whole bf16 update with it matches the one with a float32 reference
-    assert_same_update(one_update(tiny_model_dir, ref_dir, micro_batch=8, ref_bf16=True, dtype="bfloat16"),
-                       one_update(tiny_model_dir, ref_dir, micro_batch=8, dtype="bfloat16"), tol=0)
+    assert_same_update(
+        one_update(tiny_model_dir, ref_dir, micro_batch=8, ref_bf16=True, dtype="bfloat16"),
+        one_update(tiny_model_dir, ref_dir, micro_batch=8, dtype="bfloat16"),
+        tol=0,
+    )
 
 
 @pytest.mark.slow
@@ -852,16 +1080,24 @@ def test_compiled_bf16_update_is_as_close_to_float32_as_the_eager_one(tiny_model
     """train.py --compile under bf16 autocast is not bit-identical to the eager layers (their recast and recompute
     tricks included, as train.py runs them), but its update is no further from the float32 update than theirs,
     and no nearer than a fraction of it: autocast still rounds inside the compiled graph."""
+
     def moves(weights, _, initial):
         return {k: v - initial[k] for k, v in weights.items()}
 
-    updates = {name: moves(*one_update(tiny_model_dir, ref_dir, micro_batch=3, **kw))
-               for name, kw in [("float32", {}),
-                                ("eager bf16", dict(dtype="bfloat16", ref_bf16=True, recast=True, recompute=True)),
-                                ("compiled bf16", dict(dtype="bfloat16", ref_bf16=True, compiled=True))]}
+    updates = {
+        name: moves(*one_update(tiny_model_dir, ref_dir, micro_batch=3, **kw))
+        for name, kw in [
+            ("float32", {}),
+            ("eager bf16", dict(dtype="bfloat16", ref_bf16=True, recast=True, recompute=True)),
+            ("compiled bf16", dict(dtype="bfloat16", ref_bf16=True, compiled=True)),
+        ]
+    }
     exact = torch.cat([v.flatten() for v in updates["float32"].values()])
-    error = {name: (torch.cat([v.flatten() for v in u.values()]) - exact).norm().item() / exact.norm().item()
-             for name, u in updates.items() if name != "float32"}
+    error = {
+        name: (torch.cat([v.flatten() for v in u.values()]) - exact).norm().item() / exact.norm().item()
+        for name, u in updates.items()
+        if name != "float32"
+    }
     # bf16 rounds at 2^-8 where float32 rounds at 2^-24: an update computed in bf16 is off by far more than 1e-4
     # on any CPU, one computed in float32 by far less. Compiled bf16 must be in bf16 (above it) and no worse than
     # the eager layers (the bound is on the eager error, whatever this CPU's bf16 kernels round to).
@@ -883,8 +1119,11 @@ def test_recast_linears_in_backward_is_bit_identical(tiny_model_dir, bias_model_
     lm_head and biases included), and under bf16 autocast no bf16 copy of a weight is kept from forward to
     backward."""
     model_dir = bias_model_dir if bias else tiny_model_dir
-    assert_same_update(one_update(model_dir, ref_dir, micro_batch=3, dtype=dtype, recast=True),
-                       one_update(model_dir, ref_dir, micro_batch=3, dtype=dtype), tol=0)
+    assert_same_update(
+        one_update(model_dir, ref_dir, micro_batch=3, dtype=dtype, recast=True),
+        one_update(model_dir, ref_dir, micro_batch=3, dtype=dtype),
+        tol=0,
+    )
     if dtype != "bfloat16":
         return
     from transformers import AutoModelForCausalLM
@@ -901,8 +1140,7 @@ def test_recast_linears_in_backward_is_bit_identical(tiny_model_dir, bias_model_
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_backward_keeps_one_cast_per_input_and_reruns_down_projs_input(tiny_model_dir, bias_model_dir, ref_dir,
-                                                                        bias):
+def test_backward_keeps_one_cast_per_input_and_reruns_down_projs_input(tiny_model_dir, bias_model_dir, ref_dir, bias):
     """train.py's bf16 backward (speed.backward.configure_backward) against the norm/gate rerun alone: no weight
     cast saved, one bf16 cast of each norm's output where q/k/v and gate/up each kept their own (3 x 2 B x
     hidden per token per layer less), and no down_proj input (2 B x intermediate); the same update."""
@@ -920,8 +1158,11 @@ def test_backward_keeps_one_cast_per_input_and_reruns_down_projs_input(tiny_mode
     weight_casts = sum(2 * m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     per_layer = 3 * 2 * cfg.hidden_size + 2 * cfg.intermediate_size
     assert rerun - lean == weight_casts + cfg.num_hidden_layers * per_layer * tokens
-    assert_same_update(one_update(model_dir, ref_dir, micro_batch=3, dtype="bfloat16", recompute=True, recast=True),
-                       one_update(model_dir, ref_dir, micro_batch=3, dtype="bfloat16"), tol=0)
+    assert_same_update(
+        one_update(model_dir, ref_dir, micro_batch=3, dtype="bfloat16", recompute=True, recast=True),
+        one_update(model_dir, ref_dir, micro_batch=3, dtype="bfloat16"),
+        tol=0,
+    )
 
 
 def saved_bytes(model, dtype, keep=lambda t: True) -> int:
@@ -952,8 +1193,9 @@ def test_recompute_norms_and_gates_is_bit_identical(tiny_model_dir, ref_dir, dty
 
     plain = one_update(tiny_model_dir, ref_dir, micro_batch=3, dtype=dtype)
     assert_same_update(one_update(tiny_model_dir, ref_dir, micro_batch=3, dtype=dtype, recompute=True), plain, tol=0)
-    assert_same_update(one_update(tiny_model_dir, ref_dir, micro_batch=3, dtype=dtype, recompute=True, recast=True),
-                       plain, tol=0)
+    assert_same_update(
+        one_update(tiny_model_dir, ref_dir, micro_batch=3, dtype=dtype, recompute=True, recast=True), plain, tol=0
+    )
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     before = saved_bytes(model, getattr(torch, dtype))
     after = saved_bytes(speed.backward.recompute_norms_and_gates_in_backward(model), getattr(torch, dtype))
@@ -1047,9 +1289,11 @@ def test_on_policy_shortcut_equals_recomputing_old_logprobs(tiny_model_dir, ref_
 
 # ---- the sync check: a sampler that misses an update stops the run
 
+
 @pytest.mark.parametrize("lr", [3e-2, 1e-6])  # a step that moves the probe past the tolerance, and one far below it
-def test_a_sampler_that_never_updates_stops_the_run_at_the_first_step(tiny_model_dir, tmp_path, digits,
-                                                                      monkeypatch, lr):
+def test_a_sampler_that_never_updates_stops_the_run_at_the_first_step(
+    tiny_model_dir, tmp_path, digits, monkeypatch, lr
+):
     from rollout import HFSampler
 
     # A stale sampler: it keeps its weights through training (no sleep, which would free them) and the sync
@@ -1064,12 +1308,36 @@ def test_a_sampler_that_never_updates_stops_the_run_at_the_first_step(tiny_model
 
 
 def test_a_stale_sampler_is_one_line_and_exit_1_from_the_command_line(tiny_model_dir, tmp_path):
-    script = ("import runpy, sys, rollout; rollout.HFSampler.update_weights = lambda self, named_tensors: None; "
-              "rollout.HFSampler.sleep = lambda self: 0; "
-              "sys.argv = ['train.py'] + sys.argv[1:]; runpy.run_path('train.py', run_name='__main__')")
-    result = subprocess.run([sys.executable, "-c", script, "--task", "arith", "--model", tiny_model_dir, "--steps",
-                             "2", "--eval-examples", "0", "--max-tokens", "4", "--dtype", "float32", "--out-dir",
-                             str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    script = (
+        "import runpy, sys, rollout; rollout.HFSampler.update_weights = lambda self, named_tensors: None; "
+        "rollout.HFSampler.sleep = lambda self: 0; "
+        "sys.argv = ['train.py'] + sys.argv[1:]; runpy.run_path('train.py', run_name='__main__')"
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            script,
+            "--task",
+            "arith",
+            "--model",
+            tiny_model_dir,
+            "--steps",
+            "2",
+            "--eval-examples",
+            "0",
+            "--max-tokens",
+            "4",
+            "--dtype",
+            "float32",
+            "--out-dir",
+            str(tmp_path / "run"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 1, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("train.py: error: step 1: ") and "sampler" in last
@@ -1091,8 +1359,11 @@ def test_a_sync_that_skips_the_norms_stops_the_run_naming_them(tiny_model_dir, t
 
     full_sync = HFSampler.update_weights
     monkeypatch.setattr(HFSampler, "sleep", lambda self: 0)  # it keeps its weights: the skipped ones stay stale
-    monkeypatch.setattr(HFSampler, "update_weights", lambda self, named_tensors: full_sync(
-        self, ((name, t) for name, t in named_tensors if "norm" not in name)))
+    monkeypatch.setattr(
+        HFSampler,
+        "update_weights",
+        lambda self, named_tensors: full_sync(self, ((name, t) for name, t in named_tensors if "norm" not in name)),
+    )
     with pytest.raises(train.SyncError, match="^the engine's norms differ from the trainer's after the step-2 sync"):
         train.main(tiny_args(tiny_model_dir, tmp_path, steps=3, lr=1e-6, weight_check_every=2))
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]  # step 1 was not checked
@@ -1139,12 +1410,28 @@ def test_fsdp2_bf16_mixed_precision_update_is_as_close_to_float32_as_autocast(ti
     ref_dir = build_tiny_model(tmp_path / "ref", seed=1)
     initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
     runs = {}
-    for name, launch, dtype in [("float32", "one", "float32"), ("autocast", "one", "bfloat16"),
-                                ("fsdp2 float32", "two", "float32"), ("fsdp2 bf16", "two", "bfloat16")]:
-        job = ("parity", str(tmp_path / f"{name}.pt"), tiny_model_dir, ref_dir, "token-mean", dtype,
-               "yes" if dtype == "bfloat16" else "no")  # recast: as train.load_models under bf16
-        result = torchrun(*job) if launch == "two" else subprocess.run(
-            [sys.executable, os.path.join(ROOT, "tests", "dist_train.py"), *job], capture_output=True, text=True)
+    for name, launch, dtype in [
+        ("float32", "one", "float32"),
+        ("autocast", "one", "bfloat16"),
+        ("fsdp2 float32", "two", "float32"),
+        ("fsdp2 bf16", "two", "bfloat16"),
+    ]:
+        job = (
+            "parity",
+            str(tmp_path / f"{name}.pt"),
+            tiny_model_dir,
+            ref_dir,
+            "token-mean",
+            dtype,
+            "yes" if dtype == "bfloat16" else "no",
+        )  # recast: as train.load_models under bf16
+        result = (
+            torchrun(*job)
+            if launch == "two"
+            else subprocess.run(
+                [sys.executable, os.path.join(ROOT, "tests", "dist_train.py"), *job], capture_output=True, text=True
+            )
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         runs[name] = torch.load(tmp_path / f"{name}.pt")["state"]
     assert all(v.dtype == torch.float32 for v in runs["fsdp2 bf16"].values())  # the master weights

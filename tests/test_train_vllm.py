@@ -21,8 +21,10 @@ TOLERANCE = 1e-4  # float32 on both sides: vLLM's CPU kernels differ from torch'
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not os.path.exists(VLLM_PYTHON), reason="vLLM not available: run "
-                       "scripts/setup_vllm_cpu.sh (or set SOFTMAX_GRPO_VLLM_PYTHON)"),
+    pytest.mark.skipif(
+        not os.path.exists(VLLM_PYTHON),
+        reason="vLLM not available: run scripts/setup_vllm_cpu.sh (or set SOFTMAX_GRPO_VLLM_PYTHON)",
+    ),
 ]
 
 # The saved checkpoint, loaded into a fresh vLLM engine, must sample with the trainer's log-probs.
@@ -44,22 +46,32 @@ print("DIFF", probe.diff, sum(map(len, probe.token_ids)))
 
 def run(args, tmp_path, torchrun=0):
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(torchrun)] if torchrun else []
-    result = subprocess.run([VLLM_PYTHON, *launcher, os.path.join(ROOT, "tests", "dist_train.py"), *args],
-                            cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [VLLM_PYTHON, *launcher, os.path.join(ROOT, "tests", "dist_train.py"), *args],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-5000:])
     return result
 
 
 def checkpoint_reproduces_trainer_logprobs(ckpt):
-    result = subprocess.run([VLLM_PYTHON, "-c", CHECKPOINT_PROBE, str(ckpt)], cwd=ROOT, env=ENV,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [VLLM_PYTHON, "-c", CHECKPOINT_PROBE, str(ckpt)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stderr[-5000:]
     diff, tokens = next(line.split()[1:] for line in result.stdout.splitlines() if line.startswith("DIFF "))
     assert int(tokens) > 3 and float(diff) < TOLERANCE
 
 
-@pytest.mark.parametrize("ranks,torchrun,lora", [(1, False, 0), (1, True, 0), (2, True, 0), (1, False, 4)],
-                         ids=["one process", "torchrun 1", "torchrun 2", "LoRA"])  # torchrun 1: the external launcher
+@pytest.mark.parametrize(
+    "ranks,torchrun,lora",
+    [(1, False, 0), (1, True, 0), (2, True, 0), (1, False, 4)],
+    ids=["one process", "torchrun 1", "torchrun 2", "LoRA"],
+)  # torchrun 1: the external launcher
 def test_train_with_the_vllm_sampler(tiny_model_dir, tmp_path, ranks, torchrun, lora):
     """LoRA: the engine gets the merged weights under the base model's names, and checkpoint-STEP/ is that policy."""
     from transformers import AutoModelForCausalLM

@@ -18,13 +18,19 @@ from rollout import make_sampler
 
 
 def as_lists(groups):
-    return [[{"token_ids": c.token_ids, "logprobs": c.logprobs, "text": c.text,
-              "finish_reason": c.finish_reason} for c in group] for group in groups]
+    return [
+        [
+            {"token_ids": c.token_ids, "logprobs": c.logprobs, "text": c.text, "finish_reason": c.finish_reason}
+            for c in group
+        ]
+        for group in groups
+    ]
 
 
 def weight_checks(sampler, old, new):
     """plumbing/sync.py's weight check after a full sync, after syncs that skip one family each, and after a reload
     without the tied lm_head's repack (VLLMSampler.update_weights does it on CPU): {case: metrics or error}."""
+
     def check():
         try:
             return check_weights(weight_checksums(sampler, new), 3, torch.device("cpu"))
@@ -38,8 +44,9 @@ def weight_checks(sampler, old, new):
         sampler.update_weights((name, p) for name, p in new.named_parameters() if skipped not in name)
         checks[skipped] = check()
     sampler.update_weights(old.named_parameters())
-    sampler.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": new.named_parameters(),
-                                                         "is_checkpoint_format": True})
+    sampler.llm.collective_rpc(
+        "reload_weights", kwargs={"weights_iterator": new.named_parameters(), "is_checkpoint_format": True}
+    )
     checks["no repack"] = check()
     return checks
 
@@ -55,9 +62,12 @@ def main(job_path, result_path):
 
     old = AutoModelForCausalLM.from_pretrained(job["model"], dtype=torch.float32)
     new = AutoModelForCausalLM.from_pretrained(job["perturbed"], dtype=torch.float32)
-    result = {"base": sample(), "again": sample(),
-              "greedy": as_lists(sampler.generate(prompts, n=1, max_tokens=max_tokens, temperature=0)),
-              "sync_before": probe_sync(sampler, old, prompts).diff}
+    result = {
+        "base": sample(),
+        "again": sample(),
+        "greedy": as_lists(sampler.generate(prompts, n=1, max_tokens=max_tokens, temperature=0)),
+        "sync_before": probe_sync(sampler, old, prompts).diff,
+    }
     try:
         sampler.update_weights([])
         result["empty_update_raises"] = False
@@ -65,12 +75,15 @@ def main(job_path, result_path):
         result["empty_update_raises"] = True
     # As train.py does: the trainer's named_parameters, where the tied lm_head.weight is not listed.
     sampler.update_weights(new.named_parameters())
-    result.update(after=sample(), sync_new=probe_sync(sampler, new, prompts).diff,
-                  sync_old=probe_sync(sampler, old, prompts).diff)
+    result.update(
+        after=sample(), sync_new=probe_sync(sampler, new, prompts).diff, sync_old=probe_sync(sampler, old, prompts).diff
+    )
     sampler.update_weights(old.named_parameters())
     result["restored"] = sample()
-    result["filtered"] = [as_lists(sampler.generate(prompts, n=n, max_tokens=max_tokens, temperature=temperature,
-                                                    seed=0, **filters)) for filters in job["filters"]]
+    result["filtered"] = [
+        as_lists(sampler.generate(prompts, n=n, max_tokens=max_tokens, temperature=temperature, seed=0, **filters))
+        for filters in job["filters"]
+    ]
     result["device"] = str(sampler.device())  # as the engine reports it (scripts/gpu_check.sh's device gate)
     result["weight_checks"] = weight_checks(sampler, old, new)
     sampler.close()

@@ -64,11 +64,23 @@ def run_script(script, *flags, timeout=300, env=None) -> subprocess.CompletedPro
     (started on first use); a plain subprocess when `env` sets more than ENV, which the server cannot change."""
     global _server
     if not (env or {}).items() <= ENV.items():
-        return subprocess.run([sys.executable, script, *map(str, flags)], cwd=ROOT, capture_output=True, text=True,
-                              timeout=timeout, env={**os.environ, **ENV, **env})
+        return subprocess.run(
+            [sys.executable, script, *map(str, flags)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, **ENV, **env},
+        )
     if _server is None or _server.poll() is not None:
-        _server = subprocess.Popen([sys.executable, __file__], cwd=ROOT, stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, text=True, env={**os.environ, **ENV})
+        _server = subprocess.Popen(
+            [sys.executable, __file__],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **ENV},
+        )
     with tempfile.TemporaryDirectory() as tmp:
         out, err = os.path.join(tmp, "out"), os.path.join(tmp, "err")
         argv = [script, *map(str, flags)]

@@ -47,8 +47,16 @@ PROBLEM_SEED = 1234  # the teacher and the data are one fixed problem; --seeds v
 
 # ---------------------------------------------------------------- problem and student
 
-def make_problem(*, n_classes: int = 100, dim: int = 32, teacher_hidden: int = 64, n_train: int = 50_000,
-                 n_test: int = 10_000, seed: int = PROBLEM_SEED) -> dict:
+
+def make_problem(
+    *,
+    n_classes: int = 100,
+    dim: int = 32,
+    teacher_hidden: int = 64,
+    n_train: int = 50_000,
+    n_test: int = 10_000,
+    seed: int = PROBLEM_SEED,
+) -> dict:
     """Gaussian inputs labelled by a fixed random 2-layer teacher; returns tensors and the label entropy."""
     g = torch.Generator().manual_seed(seed)
     W1 = torch.randn(dim, teacher_hidden, generator=g) / math.sqrt(dim)  # (dim, H)
@@ -71,9 +79,17 @@ def make_problem(*, n_classes: int = 100, dim: int = 32, teacher_hidden: int = 6
     freq = torch.bincount(y_train, minlength=n_classes).double() / n_train  # (K,)
     nz = freq[freq > 0]
     entropy_bits = float(-(nz * nz.log2()).sum())
-    return {"x_train": x_train, "y_train": y_train, "x_test": x_test, "y_test": y_test,
-            "n_classes": n_classes, "entropy_bits": entropy_bits, "max_entropy_bits": math.log2(n_classes),
-            "min_class_frac": float(freq.min()), "max_class_frac": float(freq.max())}
+    return {
+        "x_train": x_train,
+        "y_train": y_train,
+        "x_test": x_test,
+        "y_test": y_test,
+        "n_classes": n_classes,
+        "entropy_bits": entropy_bits,
+        "max_entropy_bits": math.log2(n_classes),
+        "min_class_frac": float(freq.min()),
+        "max_class_frac": float(freq.max()),
+    }
 
 
 def make_student(dim: int, n_classes: int, hidden: int, seed: int) -> torch.nn.Module:
@@ -82,6 +98,7 @@ def make_student(dim: int, n_classes: int, hidden: int, seed: int) -> torch.nn.M
 
 
 # ---------------------------------------------------------------- losses
+
 
 def ml_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Exact maximum likelihood: mean over examples of -log pi(y | x) (cross-entropy)."""
@@ -94,8 +111,9 @@ def sample_rollouts(logits: torch.Tensor, n_rollouts: int, generator: torch.Gene
     return torch.multinomial(probs, n_rollouts, replacement=True, generator=generator)  # (B, n)
 
 
-def pg_loss(logits: torch.Tensor, labels: torch.Tensor, actions: torch.Tensor, estimator: str,
-            tau: float = 0.1) -> torch.Tensor:
+def pg_loss(
+    logits: torch.Tensor, labels: torch.Tensor, actions: torch.Tensor, estimator: str, tau: float = 0.1
+) -> torch.Tensor:
     """One-step policy-gradient loss for given sampled classes `actions` (B, n).
 
     Each example is one group of n rollouts. Denominator: the mean over all B * n rollouts.
@@ -106,13 +124,20 @@ def pg_loss(logits: torch.Tensor, labels: torch.Tensor, actions: torch.Tensor, e
     return -(adv * logp).mean()
 
 
-def rl_loss(logits: torch.Tensor, labels: torch.Tensor, n_rollouts: int, estimator: str, tau: float = 0.1,
-            generator: torch.Generator | None = None) -> torch.Tensor:
+def rl_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    n_rollouts: int,
+    estimator: str,
+    tau: float = 0.1,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """Sample n rollouts per example from softmax(logits) and return the policy-gradient loss."""
     return pg_loss(logits, labels, sample_rollouts(logits, n_rollouts, generator), estimator, tau)
 
 
 # ---------------------------------------------------------------- training
+
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
@@ -123,8 +148,19 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[
     return float(acc), float(pass1)
 
 
-def train(method: str, n_rollouts: int, problem: dict, *, tau: float = 0.1, seed: int = 0, steps: int = 1500,
-          batch_size: int = 256, lr: float = 1e-3, hidden: int = 256, eval_every: int = 100) -> dict:
+def train(
+    method: str,
+    n_rollouts: int,
+    problem: dict,
+    *,
+    tau: float = 0.1,
+    seed: int = 0,
+    steps: int = 1500,
+    batch_size: int = 256,
+    lr: float = 1e-3,
+    hidden: int = 256,
+    eval_every: int = 100,
+) -> dict:
     """Train one student with `method` ("ml" or an advantage estimator name); returns final and curve metrics."""
     x_train, y_train = problem["x_train"], problem["y_train"]
     model = make_student(x_train.shape[1], problem["n_classes"], hidden, seed)
@@ -138,7 +174,7 @@ def train(method: str, n_rollouts: int, problem: dict, *, tau: float = 0.1, seed
     for step in range(1, steps + 1):
         if pos + batch_size > len(order):  # next epoch
             order, pos = torch.randperm(len(x_train), generator=data_gen), 0
-        idx = order[pos:pos + batch_size]
+        idx = order[pos : pos + batch_size]
         pos += batch_size
         logits = model(x_train[idx])  # (B, K)
         if method == "ml":
@@ -155,12 +191,21 @@ def train(method: str, n_rollouts: int, problem: dict, *, tau: float = 0.1, seed
             curve["step"].append(step)
             curve["acc"].append(acc)
             curve["pass1"].append(pass1)
-    return {"method": method, "n_rollouts": n_rollouts, "tau": tau, "seed": seed, "acc": curve["acc"][-1],
-            "pass1": curve["pass1"][-1], "curve": curve, "train_reward": train_reward,
-            "seconds": time.time() - start}
+    return {
+        "method": method,
+        "n_rollouts": n_rollouts,
+        "tau": tau,
+        "seed": seed,
+        "acc": curve["acc"][-1],
+        "pass1": curve["pass1"][-1],
+        "curve": curve,
+        "train_reward": train_reward,
+        "seconds": time.time() - start,
+    }
 
 
 # ---------------------------------------------------------------- sweep, table, plot
+
 
 def method_label(method: str, tau: float) -> str:
     names = {"ml": "ML (cross-entropy)", "reinforce": "REINFORCE", "grpo": "GRPO"}
@@ -192,8 +237,12 @@ def format_table(results: list[dict], rollouts: list[int]) -> str:
         cells = []
         for n in rollouts:
             s = summary.get((label, 0 if label.startswith("ML") else n))
-            cells.append(f"{s['acc'][0] * 100:5.1f}+-{s['acc'][1] * 100:3.1f} / {s['pass1'][0] * 100:5.1f}+-"
-                         f"{s['pass1'][1] * 100:3.1f}" if s else "-")
+            cells.append(
+                f"{s['acc'][0] * 100:5.1f}+-{s['acc'][1] * 100:3.1f} / {s['pass1'][0] * 100:5.1f}+-"
+                f"{s['pass1'][1] * 100:3.1f}"
+                if s
+                else "-"
+            )
         lines.append(f"{label:<22}" + "".join(f"{c:>30}" for c in cells))
     return "\n".join(lines)
 
@@ -253,8 +302,12 @@ def plot_results(results: list[dict], rollouts: list[int], out_path: str) -> str
 
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description="Section 6.1: classification as one-step RL vs exact ML")
-    parser.add_argument("--methods", nargs="+", default=["ml", "reinforce", "grpo", "softmax"],
-                        help="ml and/or advantage estimators from advantage.py")
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=["ml", "reinforce", "grpo", "softmax"],
+        help="ml and/or advantage estimators from advantage.py",
+    )
     parser.add_argument("--taus", type=float, nargs="+", default=[0.1, 0.3], help="SoftmaxGRPO temperatures")
     parser.add_argument("--rollouts", type=int, nargs="+", default=[8, 64, 512], help="rollouts per example")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="student init / data order / rollouts")
@@ -272,10 +325,12 @@ def main(argv=None) -> list[dict]:
 
     # ---- derived: the problem and the list of runs
     problem = make_problem(n_classes=args.classes, dim=args.dim)
-    print(f"problem: K={args.classes} classes, dim={args.dim}, {len(problem['y_train'])} train / "
-          f"{len(problem['y_test'])} test, label entropy {problem['entropy_bits']:.3f} bits "
-          f"(max {problem['max_entropy_bits']:.3f}), class freq {problem['min_class_frac']:.4f}.."
-          f"{problem['max_class_frac']:.4f}, chance {100 / args.classes:.1f}%")
+    print(
+        f"problem: K={args.classes} classes, dim={args.dim}, {len(problem['y_train'])} train / "
+        f"{len(problem['y_test'])} test, label entropy {problem['entropy_bits']:.3f} bits "
+        f"(max {problem['max_entropy_bits']:.3f}), class freq {problem['min_class_frac']:.4f}.."
+        f"{problem['max_class_frac']:.4f}, chance {100 / args.classes:.1f}%"
+    )
     runs = []  # (method, n_rollouts, tau); ML does not sample, so it runs once per seed (n_rollouts = 0)
     for method in args.methods:
         if method == "ml":
@@ -287,19 +342,39 @@ def main(argv=None) -> list[dict]:
     results, start = [], time.time()
     for seed in args.seeds:
         for method, n, tau in runs:
-            r = train(method, n, problem, tau=tau, seed=seed, steps=args.steps, batch_size=args.batch_size,
-                      lr=args.lr, hidden=args.hidden)
+            r = train(
+                method,
+                n,
+                problem,
+                tau=tau,
+                seed=seed,
+                steps=args.steps,
+                batch_size=args.batch_size,
+                lr=args.lr,
+                hidden=args.hidden,
+            )
             results.append(r)
-            print(f"seed {seed} {method_label(method, tau):<22} n={n:<4} acc {r['acc'] * 100:5.1f}%  "
-                  f"pass@1 {r['pass1'] * 100:5.1f}%  ({r['seconds']:.1f} s)", flush=True)
-    print(f"\nheld-out accuracy / pass@1 after {args.steps} steps, mean +- std over seeds {args.seeds} "
-          f"(lr {args.lr:g}, batch {args.batch_size}); total {time.time() - start:.0f} s")
+            print(
+                f"seed {seed} {method_label(method, tau):<22} n={n:<4} acc {r['acc'] * 100:5.1f}%  "
+                f"pass@1 {r['pass1'] * 100:5.1f}%  ({r['seconds']:.1f} s)",
+                flush=True,
+            )
+    print(
+        f"\nheld-out accuracy / pass@1 after {args.steps} steps, mean +- std over seeds {args.seeds} "
+        f"(lr {args.lr:g}, batch {args.batch_size}); total {time.time() - start:.0f} s"
+    )
     print(format_table(results, args.rollouts))
     print(f"wrote {plot_results(results, args.rollouts, args.out)}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "problem": {k: v for k, v in problem.items() if not torch.is_tensor(v)},
-                       "results": results}, f)
+            json.dump(
+                {
+                    "args": vars(args),
+                    "problem": {k: v for k, v in problem.items() if not torch.is_tensor(v)},
+                    "results": results,
+                },
+                f,
+            )
     return results
 
 

@@ -162,7 +162,7 @@ def plot_training_curves(metrics_paths: list[str], out_path: str, labels: list[s
         for label, rows in runs:
             xs, ys = _series(rows, key)
             if ys:
-                line, = ax.plot(xs, ys, label=label, marker="." if len(ys) < 30 or key.startswith("eval/") else None)
+                (line,) = ax.plot(xs, ys, label=label, marker="." if len(ys) < 30 or key.startswith("eval/") else None)
             if ys and key in sampled:  # --eval-samples: its 95% interval over prompts as a band, the greedy score
                 _, low = _series(rows, f"{key}_ci95_low")
                 _, high = _series(rows, f"{key}_ci95_high")
@@ -178,7 +178,7 @@ def plot_training_curves(metrics_paths: list[str], out_path: str, labels: list[s
         ax.set_xlabel("step")
         ax.set_ylabel(key)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(keys):]:
+    for ax in list(axes.flat)[len(keys) :]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=8)
     return _save(fig, out_path)
@@ -200,16 +200,24 @@ def plot_table3(tables: dict[str, list[float]], out_path: str, title: str | None
         bars = ax.bar(names, heights, bottom=bottom, color=color, label=f"p in {bin_label}", width=0.6)
         for bar, h in zip(bars, heights):
             if h >= 4:  # label segments that have room for the text
-                ax.text(bar.get_x() + bar.get_width() / 2, bar.get_y() + h / 2, f"{h:.1f}%",
-                        ha="center", va="center", fontsize=8, color="white" if b < 3 else "black")
+                ax.text(
+                    bar.get_x() + bar.get_width() / 2,
+                    bar.get_y() + h / 2,
+                    f"{h:.1f}%",
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="white" if b < 3 else "black",
+                )
         bottom = [lo + h for lo, h in zip(bottom, heights)]
     ax.set_ylabel("share of gradient budget (%)")
     ax.set_xlabel("advantage estimator")
     ax.set_ylim(0, max(100.0, max(bottom)) * 1.02)
     ax.set_title(title or "Gradient allocation by prompt pass rate (Table 3)")
     handles, names_ = ax.get_legend_handles_labels()
-    ax.legend(handles[::-1], names_[::-1], fontsize=8, bbox_to_anchor=(1.02, 1), loc="upper left",
-              title="pass-rate bin")  # top-to-bottom, as the bars stack
+    ax.legend(
+        handles[::-1], names_[::-1], fontsize=8, bbox_to_anchor=(1.02, 1), loc="upper left", title="pass-rate bin"
+    )  # top-to-bottom, as the bars stack
     return _save(fig, out_path)
 
 
@@ -227,8 +235,14 @@ def run_table3(metrics_path: str, estimators=("grpo", "softmax")) -> dict[str, l
     rows = _read_metrics(metrics_path)
     table = {}
     for name in estimators:
-        keys = sorted((k for k in rows[0] if k.startswith(f"alloc/{name}/")),
-                      key=lambda k: float(k.rsplit("/", 1)[1].split("-")[0])) if rows else []
+        keys = (
+            sorted(
+                (k for k in rows[0] if k.startswith(f"alloc/{name}/")),
+                key=lambda k: float(k.rsplit("/", 1)[1].split("-")[0]),
+            )
+            if rows
+            else []
+        )
         steps = [[r[k] for k in keys] for r in rows if all(k in r for k in keys) and sum(r[k] for k in keys) > 0]
         if len(keys) != 5 or not steps:
             raise ValueError(f"{metrics_path} has no alloc/{name}/* shares")

@@ -82,8 +82,10 @@ def sync_gate(rows: list[dict], tolerance: float, lr_step: float) -> tuple[str, 
     if not diffs:
         return "FAIL", "no sync/logprob_diff in metrics.jsonl"
     worst, moved = max(diffs), rows[-1].get("sync/sampler_moved", 0.0)
-    detail = (f"probe difference max {worst:.2e} nats (tolerance {tolerance:g}); after the lr {lr_step:g} step "
-              f"{diffs[-1]:.2e}, which moved the engine's probe {moved:.2e}")
+    detail = (
+        f"probe difference max {worst:.2e} nats (tolerance {tolerance:g}); after the lr {lr_step:g} step "
+        f"{diffs[-1]:.2e}, which moved the engine's probe {moved:.2e}"
+    )
     if worst > tolerance:
         return "FAIL", detail
     if moved <= diffs[-1]:
@@ -97,15 +99,20 @@ def update_gate(rows: list[dict], lr_step: float) -> tuple[str, str]:
     if not rows:
         return "FAIL", "no metrics"
     if any("sync/sampler_moved" not in r for r in rows):
-        return "FAIL", "metrics.jsonl has no sync/sampler_moved at some step: this train.py does not record how far " \
-                       "the engine moved"
+        return (
+            "FAIL",
+            "metrics.jsonl has no sync/sampler_moved at some step: this train.py does not record how far "
+            "the engine moved",
+        )
     at_lr = [(r.get("lr", 0.0), r["sync/sampler_moved"]) for r in rows]
     large = [moved for lr, moved in at_lr if math.isclose(lr, lr_step)]
     small = [moved for lr, moved in at_lr if lr < lr_step and not math.isclose(lr, lr_step)]
     if not large or not small:
         return "FAIL", f"no step at lr {lr_step:g} and a smaller one to compare: the resume did not run its step"
-    detail = f"the engine's probe log-probs moved {min(large):.2e} nats after the lr {lr_step:g} step, " \
-             f"at most {max(small):.2e} after a smaller step"
+    detail = (
+        f"the engine's probe log-probs moved {min(large):.2e} nats after the lr {lr_step:g} step, "
+        f"at most {max(small):.2e} after a smaller step"
+    )
     if min(large) <= max(small):
         return "FAIL", f"the engine did not take the update: {detail}"
     return "PASS", detail
@@ -122,8 +129,11 @@ def weight_gate(enabled: bool, rows: list[dict], errors: list[str], runs_ok: boo
     diffs = [r["sync/weight_diff"] for r in rows if "sync/weight_diff" in r]
     if len(diffs) < len(rows) or not rows:
         return "FAIL", f"sync/weight_diff logged at {len(diffs)} of {len(rows)} steps: the check did not run at each"
-    return "PASS", f"every family of the engine's weights equals the trainer's after every sync (largest relative " \
-                   f"difference {max(diffs):.1e})"
+    return (
+        "PASS",
+        f"every family of the engine's weights equals the trainer's after every sync (largest relative "
+        f"difference {max(diffs):.1e})",
+    )
 
 
 def device_gate(rows: list[dict], ranks: int) -> tuple[str, str]:
@@ -153,8 +163,9 @@ def sleep_gate(rows: list[dict], ranks: int, share_gb: float) -> tuple[str, str]
         asleep = max(row[f"mem/used_after_sleep_gb/rank{r}"] for row in rows)
         freed.append(awake - asleep)
         if awake - asleep < 0.5 * share_gb:
-            short.append(f"rank {r}'s sleep freed {awake - asleep:.1f} GB, under half of its engine's "
-                         f"{share_gb:.1f} GB")
+            short.append(
+                f"rank {r}'s sleep freed {awake - asleep:.1f} GB, under half of its engine's {share_gb:.1f} GB"
+            )
     if short:
         return "FAIL", "; ".join(short)
     return "PASS", f"sleep freed {min(freed):.1f}-{max(freed):.1f} GB per rank (share {share_gb:.1f} GB)"
@@ -182,8 +193,11 @@ def disk_gate(work: str, runs: list[str], need_gb: float, save_step: int) -> tup
     if not os.path.exists(peak_path):
         return "FAIL", "no measurement of the work folder's size (logs/disk_peak_gb)"
     peak = float(open(peak_path).read())
-    problems = [f"the work folder peaked at {peak:.1f} GB, over the {need_gb:g} GB the check asked for"] \
-        if peak > need_gb else []
+    problems = (
+        [f"the work folder peaked at {peak:.1f} GB, over the {need_gb:g} GB the check asked for"]
+        if peak > need_gb
+        else []
+    )
     read = f"checkpoint-{save_step:06d}"
     for ranks in runs:
         listed = os.path.join(work, "logs", f"run-{ranks}-checkpoints")
@@ -191,18 +205,24 @@ def disk_gate(work: str, runs: list[str], need_gb: float, save_step: int) -> tup
         if extra := [name for name in held if name != read]:
             why = "a save cut off" if any(n.startswith(".tmp") for n in extra) else "a save nothing reads"
             problems.append(f"run-{ranks} held {', '.join(extra)} beside {read}, which its resume read: {why}")
-    left = sorted(glob.glob(os.path.join(work, "run-*", "checkpoint-*")) +
-                  glob.glob(os.path.join(work, "run-*", ".tmp-checkpoint-*")))
+    left = sorted(
+        glob.glob(os.path.join(work, "run-*", "checkpoint-*"))
+        + glob.glob(os.path.join(work, "run-*", ".tmp-checkpoint-*"))
+    )
     if left:
         problems.append(f"{len(left)} checkpoint folder(s) left after the cleanup, e.g. {left[0]}")
     if problems:
         return "FAIL", "; ".join(problems)
-    return "PASS", f"the work folder peaked at {peak:.2f} GB of the {need_gb:g} GB asked for; one checkpoint per N, " \
-                   f"{read}, read by its resume; none left"
+    return (
+        "PASS",
+        f"the work folder peaked at {peak:.2f} GB of the {need_gb:g} GB asked for; one checkpoint per N, "
+        f"{read}, read by its resume; none left",
+    )
 
 
-def needs(sampler: str, dry: bool, work: str, need_gb: float, run_args: dict,
-          save_gb: float = 0.0) -> list[tuple[bool, str]]:
+def needs(
+    sampler: str, dry: bool, work: str, need_gb: float, run_args: dict, save_gb: float = 0.0
+) -> list[tuple[bool, str]]:
     """What the check needs before its first run, one (ok, line) each: the path's packages, a C compiler where
     the path compiles (vLLM's CUDA graphs and compiled kernels; the HF sampler's path compiles nothing), the work
     folder's free disk, and each GPU's free memory against the plan's peak for one rank."""
@@ -218,16 +238,29 @@ def needs(sampler: str, dry: bool, work: str, need_gb: float, run_args: dict,
             missing.append(name)
         except Exception as err:  # noqa: BLE001 - whatever stops the import is the line's news
             missing.append(f"{name} ({type(err).__name__})")
-    found = [(not missing, f"packages: {', '.join(wanted)} importable" if not missing else
-              f"packages: missing or broken: {', '.join(missing)} (pip install -r requirements.txt"
-              + (" -r requirements-vllm.txt" if sampler == "vllm" else "") + ")")]
+    found = [
+        (
+            not missing,
+            f"packages: {', '.join(wanted)} importable"
+            if not missing
+            else f"packages: missing or broken: {', '.join(missing)} (pip install -r requirements.txt"
+            + (" -r requirements-vllm.txt" if sampler == "vllm" else "")
+            + ")",
+        )
+    ]
     plots = importlib.util.find_spec("matplotlib") is not None
     found.append((True, "plots: matplotlib " + ("importable" if plots else "missing: the run skips its curves")))
     compiler = shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")
     if sampler == "vllm" and not dry:
-        found.append((compiler is not None, f"compiler: {compiler} (vLLM compiles kernels at run time)" if compiler
-                      else "compiler: no cc or gcc on PATH, and vLLM compiles kernels at run time (SAMPLER=hf "
-                           "checks the path that compiles nothing)"))
+        found.append(
+            (
+                compiler is not None,
+                f"compiler: {compiler} (vLLM compiles kernels at run time)"
+                if compiler
+                else "compiler: no cc or gcc on PATH, and vLLM compiles kernels at run time (SAMPLER=hf "
+                "checks the path that compiles nothing)",
+            )
+        )
     else:
         found.append((True, "compiler: none needed (the HF sampler's path compiles nothing)"))
     if sampler == "vllm" and not dry and not missing:  # vLLM's sleep mode asserts on expandable segments
@@ -236,8 +269,13 @@ def needs(sampler: str, dry: bool, work: str, need_gb: float, run_args: dict,
         error = allocator_conf_error(os.environ)
         found.append((error is None, f"allocator: {error}" if error else "allocator: no expandable segments"))
     free = shutil.disk_usage(work).free / 1e9
-    found.append((free >= need_gb, f"disk: {work} has {free:.0f} GB free, the check needs about {need_gb:g} GB"
-                  + ("" if free >= need_gb else ": pass a work folder with more room")))
+    found.append(
+        (
+            free >= need_gb,
+            f"disk: {work} has {free:.0f} GB free, the check needs about {need_gb:g} GB"
+            + ("" if free >= need_gb else ": pass a work folder with more room"),
+        )
+    )
     if save_gb:
         found.append(disk_speed_need(work, save_gb, 64 if dry else 1024))
     if dry:
@@ -290,13 +328,16 @@ def gpu_memory_need(run_args: dict) -> tuple[bool, str]:
         return False, "GPU memory: no GPU visible to torch (use --dry-run on a CPU)"
     frees = [torch.cuda.mem_get_info(i) for i in range(torch.cuda.device_count())]  # (free, total) bytes
     total = min(t for _, t in frees)
-    need = plan({**run_args}, gpus=1, gpu_gb=total / 2**30, grad_checkpointing=True, prompt_tokens=128,
-                torchrun=True).peak
+    need = plan(
+        {**run_args}, gpus=1, gpu_gb=total / 2**30, grad_checkpointing=True, prompt_tokens=128, torchrun=True
+    ).peak
     short = [f"cuda:{i} {f / 1e9:.1f}" for i, (f, _) in enumerate(frees) if f < need]
     line = f"GPU memory: the plan's peak for one rank is {need / 1e9:.1f} GB; free " + ", ".join(
-        f"cuda:{i} {f / 1e9:.1f} of {t / 1e9:.1f} GB" for i, (f, t) in enumerate(frees))
-    return not short, line + (f" - too little on {', '.join(short)} GB: free it, or pick others with "
-                              "CUDA_VISIBLE_DEVICES" if short else "")
+        f"cuda:{i} {f / 1e9:.1f} of {t / 1e9:.1f} GB" for i, (f, t) in enumerate(frees)
+    )
+    return not short, line + (
+        f" - too little on {', '.join(short)} GB: free it, or pick others with CUDA_VISIBLE_DEVICES" if short else ""
+    )
 
 
 def error_lines(work: str, ranks: str) -> list[str]:
@@ -328,11 +369,16 @@ def report(rows: list[dict], ranks: int, device_name: str, peak_tflops: float):
         return sum(r[key] for r in steady) / len(steady)
 
     print(f"-- {ranks} rank(s) on {device_name}: steps measured {len(steady)} of {len(rows)}, the last one resumed")
-    print(f"   step {mean('time/step'):.2f} s (rollout {mean('time/rollout'):.2f}, train {mean('time/train'):.2f}, "
-          f"sync + check {mean('time/sync'):.2f}); {mean('response/len_mean'):.0f} tokens a response, "
-          f"{mean('perf/tokens_per_s'):.0f} response tokens/s")
-    mfu = (f"MFU {100 * mean('perf/tflops') / (peak_tflops * ranks):.1f}% of {peak_tflops:.0f} TFLOP/s bf16 dense "
-           "per GPU" if peak_tflops else "MFU unknown: set PEAK_TFLOPS")
+    print(
+        f"   step {mean('time/step'):.2f} s (rollout {mean('time/rollout'):.2f}, train {mean('time/train'):.2f}, "
+        f"sync + check {mean('time/sync'):.2f}); {mean('response/len_mean'):.0f} tokens a response, "
+        f"{mean('perf/tokens_per_s'):.0f} response tokens/s"
+    )
+    mfu = (
+        f"MFU {100 * mean('perf/tflops') / (peak_tflops * ranks):.1f}% of {peak_tflops:.0f} TFLOP/s bf16 dense per GPU"
+        if peak_tflops
+        else "MFU unknown: set PEAK_TFLOPS"
+    )
     scores = [round(r["eval/score"], 3) for r in rows if "eval/score" in r]
     print(f"   model {mean('perf/tflops'):.1f} TFLOP/s, {mfu}; held-out scores {scores}")
 
@@ -344,14 +390,20 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", nargs="+", default=[], help="the N of each torchrun --nproc_per_node N")
     parser.add_argument("--sampler", choices=("hf", "vllm"), required=True)
     parser.add_argument("--steps", type=int, default=0)
-    parser.add_argument("--save-step", type=int, default=0, help="the step of the checkpoint each resume read "
-                        "(default: steps - 1)")
+    parser.add_argument(
+        "--save-step", type=int, default=0, help="the step of the checkpoint each resume read (default: steps - 1)"
+    )
     parser.add_argument("--disk-need-gb", type=float, default=30.0, help="the room the check asked for")
     parser.add_argument("--dry-run", action="store_true", help="CPU: no device, sleep or memory gate")
     parser.add_argument("--weight-check", action="store_true", help="train.py ran --weight-check-every 1")
     parser.add_argument("--lr-step", type=float, default=1e-3, help="the resumed step's learning rate")
-    parser.add_argument("--timeout", type=int, default=0, help="each launch's timeout, s (with --needs: before the "
-                        "save's write time is added; it writes WORK/logs/run_timeout_s)")
+    parser.add_argument(
+        "--timeout",
+        type=int,
+        default=0,
+        help="each launch's timeout, s (with --needs: before the "
+        "save's write time is added; it writes WORK/logs/run_timeout_s)",
+    )
     parser.add_argument("--save-gb", type=float, default=0.0, help="with --needs: the save run's checkpoint, GB")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     parser.add_argument("--run-args", default="{}", help="train.py's flags for the plan, as JSON")
@@ -394,11 +446,16 @@ def main(argv=None) -> int:
             gates.update({g: ("skip" if cli.dry_run else "FAIL", why) for g in ("devices", "sleep", "memory")})
         else:
             gates["devices"] = device_gate(rows, n)
-            gates["sleep"] = sleep_gate(rows, n, cli.gpu_memory_utilization * total_gb) if cli.sampler == "vllm" \
+            gates["sleep"] = (
+                sleep_gate(rows, n, cli.gpu_memory_utilization * total_gb)
+                if cli.sampler == "vllm"
                 else ("skip", "the HF sampler's sleep frees its weights into torch's cache, which training reuses")
+            )
             status, detail = memory_gate(rows, n, planned_gb(cli, n, total_gb), ("train",))
-            gates["memory"] = (status, detail + " (rollout and sync not gated: they hold the engine's transient "
-                                                "buffers)")
+            gates["memory"] = (
+                status,
+                detail + " (rollout and sync not gated: they hold the engine's transient buffers)",
+            )
         verdict += [(ranks, gate, *result) for gate, result in gates.items()]
     verdict.append(("all", "disk", *disk_gate(cli.work, cli.runs, cli.disk_need_gb, cli.save_step or cli.steps - 1)))
     failed = [v for v in verdict if v[2] == "FAIL"]
@@ -415,8 +472,9 @@ def planned_gb(cli, ranks: int, total_gb: float) -> dict:
     from tools.memory_plan import GiB, plan, trainer_allocated
 
     run_args = {**json.loads(cli.run_args), "rollout_batch": json.loads(cli.run_args)["rollout_batch"] * ranks}
-    p = plan(run_args, gpus=ranks, gpu_gb=total_gb * 1e9 / GiB, grad_checkpointing=True, prompt_tokens=128,
-             torchrun=True)
+    p = plan(
+        run_args, gpus=ranks, gpu_gb=total_gb * 1e9 / GiB, grad_checkpointing=True, prompt_tokens=128, torchrun=True
+    )
     return {phase: size / 1e9 for phase, size in trainer_allocated(p).items()}
 
 

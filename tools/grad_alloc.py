@@ -8,7 +8,6 @@ pass-rate bin (grad_alloc.py computes the allocation; this is its command line).
 Pearson and Spearman agreement with the cheap budget sum_i |A_i| len_i.
 """
 
-
 import sys
 
 import torch
@@ -59,16 +58,21 @@ def format_table(rows: dict[str, list[float]], counts: list[int] | None = None) 
 
 
 def main(argv=None):
-    parser = OneLineParser("grad_alloc.py", description="Table 3: gradient budget share per pass-rate bin, on fresh "
-                           "rollouts.")
+    parser = OneLineParser(
+        "grad_alloc.py", description="Table 3: gradient budget share per pass-rate bin, on fresh rollouts."
+    )
     parser.add_argument("--model", required=True, help="HF folder, checkpoint folder or alias")
     parser.add_argument("--task", required=True)
     parser.add_argument("--data-file", default=None)
     parser.add_argument("--prompts", type=int, default=32, help="number of prompts G")
     parser.add_argument("--M", type=int, default=8, help="rollouts per prompt")
     for name, (default, kind) in estimator_params().items():  # --tau, --eps, ...: whatever the estimators declare
-        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default,
-                            help=f"estimator hyperparameter (advantage.py), default {default}")
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=kind,
+            default=default,
+            help=f"estimator hyperparameter (advantage.py), default {default}",
+        )
     parser.add_argument("--estimators", default="grpo,softmax", help="comma-separated names from advantage.py")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--sampler", default="hf", choices=["hf", "vllm"])
@@ -86,22 +90,27 @@ def main(argv=None):
     task = get_task(args.task)
     kind = "exact" if task.has_verifier else "sim"  # no verifier: similarity reward (Appendix B.5)
     examples = task.load("train", data_file=args.data_file, limit=args.prompts, seed=args.seed)
-    sampler = make_sampler(args.sampler, args.model, dtype="bfloat16" if args.sampler == "hf" else "auto",
-                           seed=args.seed)
+    sampler = make_sampler(
+        args.sampler, args.model, dtype="bfloat16" if args.sampler == "hf" else "auto", seed=args.seed
+    )
     prompts = encode_prompts(sampler.tokenizer, examples)
     groups = sampler.generate(prompts, n=args.M, max_tokens=args.max_tokens, temperature=1.0, seed=args.seed)
     pad_id = sampler.tokenizer.pad_token_id or 0
     sampler.close()
-    rewards = torch.tensor([[task.reward(c.text, ex, kind=kind) for c in group]
-                            for ex, group in zip(examples, groups)])  # (G, M)
+    rewards = torch.tensor(
+        [[task.reward(c.text, ex, kind=kind) for c in group] for ex, group in zip(examples, groups)]
+    )  # (G, M)
     lengths = torch.tensor([[len(c.token_ids) for c in group] for group in groups])  # (G, M)
     p = pass_rates_of(rewards)
     counts = [sum(bin_index(x) == b for x in p.tolist()) for b in range(len(BINS))]
-    print(f"{args.task}: {len(examples)} prompts x {args.M} rollouts, mean reward {rewards.mean():.3f}, "
-          f"{hparams}\ncheap budget sum_i |A_i| len_i:")
+    print(
+        f"{args.task}: {len(examples)} prompts x {args.M} rollouts, mean reward {rewards.mean():.3f}, "
+        f"{hparams}\ncheap budget sum_i |A_i| len_i:"
+    )
     print(format_table(allocation_by_estimator(rewards, lengths, names, **hparams), counts))
     if args.exact:
         from transformers import AutoModelForCausalLM
+
         model = AutoModelForCausalLM.from_pretrained(resolve_model(args.model), dtype=torch.float32).eval()
         completions = [[c.token_ids for c in group] for group in groups]
         exact_rows = {}
@@ -111,8 +120,10 @@ def main(argv=None):
             norms = exact_prompt_grad_norms(model, prompts, completions, adv, pad_id)
             exact_rows[name] = shares_by_bin(p, norms)
             a = agreement(prompt_budgets(adv, lengths), norms)
-            print(f"  {name}: pearson {a['pearson']:.3f}, spearman {a['spearman']:.3f} over {a['prompts']} prompts",
-                  flush=True)
+            print(
+                f"  {name}: pearson {a['pearson']:.3f}, spearman {a['spearman']:.3f} over {a['prompts']} prompts",
+                flush=True,
+            )
         print("exact per-prompt gradient norms:\n" + format_table(exact_rows, counts))
 
 

@@ -121,7 +121,7 @@ _NUMBER = r"[-+]?\d+(?:\.\d+)?"
 def verdict_text(raw: str) -> str:
     """The judge's answer after any reasoning: text after the last </think>."""
     end = raw.rfind("</think>")
-    return raw[end + len("</think>"):] if end >= 0 else raw
+    return raw[end + len("</think>") :] if end >= 0 else raw
 
 
 def _verdict_lines(raw: str, label: str) -> list[str]:
@@ -181,9 +181,38 @@ def parse_criteria(raw: str) -> tuple[dict, str]:
 
 # ---------------------------------------------------------------- statistics
 # Student t 0.975 quantiles for 1..30 degrees of freedom; beyond, z + (z^3 + z) / (4 df) is within 1e-3
-_T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-         2.045, 2.042]
+_T975 = [
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+]
 
 
 def mean_ci95(values) -> tuple[float | None, float | None, float | None]:
@@ -197,7 +226,7 @@ def mean_ci95(values) -> tuple[float | None, float | None, float | None]:
         return mean, None, None
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     df, z = n - 1, 1.959964
-    t = _T975[df - 1] if df <= 30 else z + (z ** 3 + z) / (4 * df)
+    t = _T975[df - 1] if df <= 30 else z + (z**3 + z) / (4 * df)
     half = t * sd / math.sqrt(n)
     return mean, mean - half, mean + half
 
@@ -235,8 +264,17 @@ class Judge:
     """One judge model behind an OpenAI-compatible endpoint. The openai client retries connection
     errors, timeouts, 429 and 5xx answers with exponential backoff (0.5 s doubling, at most 8 s)."""
 
-    def __init__(self, url: str, model: str, *, api_key: str | None = None, timeout: float = 600.0,
-                 retries: int = 4, temperature: float = 0.6, max_tokens: int | None = None):
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = 600.0,
+        retries: int = 4,
+        temperature: float = 0.6,
+        max_tokens: int | None = None,
+    ):
         from openai import OpenAI  # imported here so `import judge` stays cheap for eval.py's flag errors
 
         self.url, self.model, self.name = url, model, model
@@ -250,30 +288,38 @@ class Judge:
         try:
             served = [m.id for m in self.client.with_options(timeout=10.0, max_retries=1).models.list()]
         except (openai.APIConnectionError, openai.APITimeoutError) as err:
-            raise JudgeError(f"cannot reach the judge server at {self.url} ({type(err).__name__}: "
-                             f"{first_line(err)})") from None
+            raise JudgeError(
+                f"cannot reach the judge server at {self.url} ({type(err).__name__}: {first_line(err)})"
+            ) from None
         except openai.NotFoundError:
             return  # some OpenAI-compatible servers have no /models listing: the first request will tell
         except openai.APIError as err:
             raise JudgeError(f"judge server at {self.url} refused the model listing ({first_line(err)})") from None
         except (ValueError, TypeError, AttributeError) as err:  # an answer that is no JSON model list (a web page)
-            raise JudgeError(f"the judge server at {self.url} answered GET /models with no OpenAI model list "
-                             f"({type(err).__name__}: {first_line(err)}); is --judge-url an OpenAI-compatible "
-                             "/v1 endpoint?") from None
+            raise JudgeError(
+                f"the judge server at {self.url} answered GET /models with no OpenAI model list "
+                f"({type(err).__name__}: {first_line(err)}); is --judge-url an OpenAI-compatible "
+                "/v1 endpoint?"
+            ) from None
         if self.model not in served:
-            raise JudgeError(f"the judge server at {self.url} does not serve {self.model!r} "
-                             f"(it serves: {', '.join(served) or 'nothing'})")
+            raise JudgeError(
+                f"the judge server at {self.url} does not serve {self.model!r} "
+                f"(it serves: {', '.join(served) or 'nothing'})"
+            )
 
     def ask(self, messages: list[dict]) -> dict:
         """The judge's answer: {"raw", "finish_reason"} (+ "reasoning" when the server splits it off)."""
-        response = self.client.chat.completions.create(model=self.model, messages=messages,
-                                                       temperature=self.temperature, max_tokens=self.max_tokens)
+        response = self.client.chat.completions.create(
+            model=self.model, messages=messages, temperature=self.temperature, max_tokens=self.max_tokens
+        )
         choice = response.choices[0]
         content = choice.message.content
         if isinstance(content, list):  # content parts, [{"type": "text", "text": ...}]: their text, in order
             content = "".join(str(part.get("text") or "") if isinstance(part, dict) else str(part) for part in content)
-        answer = {"raw": content if isinstance(content, str) else "" if content is None else str(content),
-                  "finish_reason": choice.finish_reason}
+        answer = {
+            "raw": content if isinstance(content, str) else "" if content is None else str(content),
+            "finish_reason": choice.finish_reason,
+        }
         reasoning = getattr(choice.message, "reasoning_content", None) or getattr(choice.message, "reasoning", None)
         if reasoning:
             answer["reasoning"] = reasoning
@@ -291,14 +337,20 @@ def _candidate_first(uid: str) -> bool:
 
 def judge_prompt(task: str, kind: str, record: dict) -> list[dict]:
     """The chat messages sent to the judge for one example (task, judgment kind)."""
-    fields = {"request": _user_request(record), "candidate": final_answer(record["completion"]),
-              "reference": record.get("reference", "")}
+    fields = {
+        "request": _user_request(record),
+        "candidate": final_answer(record["completion"]),
+        "reference": record.get("reference", ""),
+    }
     if kind == "pairwise":
         first = _candidate_first(record["uid"])
-        fields["poem_a"], fields["poem_b"] = ((fields["candidate"], fields["reference"]) if first
-                                              else (fields["reference"], fields["candidate"]))
-    return [{"role": "system", "content": JUDGE_SYSTEM},
-            {"role": "user", "content": RUBRICS[task][kind].format(**fields)}]
+        fields["poem_a"], fields["poem_b"] = (
+            (fields["candidate"], fields["reference"]) if first else (fields["reference"], fields["candidate"])
+        )
+    return [
+        {"role": "system", "content": JUDGE_SYSTEM},
+        {"role": "user", "content": RUBRICS[task][kind].format(**fields)},
+    ]
 
 
 def parse_judgment(task: str, kind: str, record: dict, raw: str) -> tuple[dict, str]:
@@ -311,8 +363,9 @@ def parse_judgment(task: str, kind: str, record: dict, raw: str) -> tuple[dict, 
         return {**scores, "score": scores["overall"] if status == "ok" else None}, status
     preference, status = parse_preference(raw)
     candidate = "A" if _candidate_first(record["uid"]) else "B"
-    outcome = None if preference is None else "tie" if preference == "tie" else \
-        "win" if preference == candidate else "loss"
+    outcome = (
+        None if preference is None else "tie" if preference == "tie" else "win" if preference == candidate else "loss"
+    )
     return {"preference": preference, "candidate": candidate, "outcome": outcome}, status
 
 
@@ -328,13 +381,23 @@ def load_previous(*paths: str) -> dict:
                 for name, kinds in r.get("judge", {}).items():
                     previous.setdefault(r["uid"], {}).setdefault(name, {}).update(kinds)
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-            raise JudgeError(f"cannot resume from {path}: not an eval.py output ({first_line(err)}); "
-                             "move it away or pass another --out") from None
+            raise JudgeError(
+                f"cannot resume from {path}: not an eval.py output ({first_line(err)}); "
+                "move it away or pass another --out"
+            ) from None
     return previous
 
 
-def judge_result(result: dict, judges: list[Judge], path: str, *, save_to: str | None = None, concurrency: int = 8,
-                 save_every: float = 5.0, progress: bool = True) -> dict:
+def judge_result(
+    result: dict,
+    judges: list[Judge],
+    path: str,
+    *,
+    save_to: str | None = None,
+    concurrency: int = 8,
+    save_every: float = 5.0,
+    progress: bool = True,
+) -> dict:
     """Judge every example of an eval result with every judge; keep judgments in `save_to` (default: `path`) as
     they arrive.
 
@@ -353,8 +416,10 @@ def judge_result(result: dict, judges: list[Judge], path: str, *, save_to: str |
     for record in result["examples"]:
         prompts = {kind: judge_prompt(task, kind, record) for kind in RUBRICS[task]}
         # every judge's earlier judgments stay (a second judge is often run later), if the prompt is unchanged
-        record["judge"] = {name: {kind: j for kind, j in kinds.items() if j.get("prompt") == prompts.get(kind)}
-                           for name, kinds in previous.get(record["uid"], {}).items()}
+        record["judge"] = {
+            name: {kind: j for kind, j in kinds.items() if j.get("prompt") == prompts.get(kind)}
+            for name, kinds in previous.get(record["uid"], {}).items()
+        }
         for judge in judges:
             kept = record["judge"].setdefault(judge.name, {})
             jobs += [(record, judge, kind) for kind in RUBRICS[task] if kind not in kept]
@@ -375,8 +440,12 @@ def judge_result(result: dict, judges: list[Judge], path: str, *, save_to: str |
             import openai
 
             if isinstance(err, openai.BadRequestError):  # e.g. prompt over the judge's context: final
-                return {"prompt": messages, "raw": None, "parsed": parse_judgment(task, kind, record, "")[0],
-                        "status": f"rejected: {first_line(err)}"}
+                return {
+                    "prompt": messages,
+                    "raw": None,
+                    "parsed": parse_judgment(task, kind, record, "")[0],
+                    "status": f"rejected: {first_line(err)}",
+                }
             stop.set()
             raise
         parsed, status = parse_judgment(task, kind, record, answer["raw"])
@@ -408,18 +477,27 @@ def judge_result(result: dict, judges: list[Judge], path: str, *, save_to: str |
 
         # a server or network failure may pass; an answer this code cannot read comes back the same on a rerun
         transient = all(isinstance(err, (openai.APIError, OSError)) for err in failures)
-        advice = ("rerun the same command to finish" if transient else "rerunning asks again and fails the same way: "
-                  "the judge's answers are not what judge.py reads (see the error)")
-        raise JudgeError(f"{len(failures)} judge request(s) failed after retries (last: {type(failures[-1]).__name__}: "
-                         f"{first_line(failures[-1])}); the {answered} answered are saved in {save_to}: {advice}")
+        advice = (
+            "rerun the same command to finish"
+            if transient
+            else "rerunning asks again and fails the same way: "
+            "the judge's answers are not what judge.py reads (see the error)"
+        )
+        raise JudgeError(
+            f"{len(failures)} judge request(s) failed after retries (last: {type(failures[-1]).__name__}: "
+            f"{first_line(failures[-1])}); the {answered} answered are saved in {save_to}: {advice}"
+        )
     return result["judge_summary"]
 
 
 def scores_of(result: dict, judge_name: str) -> dict:
     """{uid: main score} for the examples whose main judgment parsed."""
     kind = MAIN_KIND[result["summary"]["task"]]
-    return {r["uid"]: j["parsed"]["score"] for r in result["examples"]
-            if (j := r.get("judge", {}).get(judge_name, {}).get(kind)) and j["status"] == "ok"}
+    return {
+        r["uid"]: j["parsed"]["score"]
+        for r in result["examples"]
+        if (j := r.get("judge", {}).get(judge_name, {}).get(kind)) and j["status"] == "ok"
+    }
 
 
 def summarize(result: dict, judges: list[Judge]) -> dict:
@@ -431,8 +509,13 @@ def summarize(result: dict, judges: list[Judge]) -> dict:
         judgments = [r["judge"][judge.name] for r in result["examples"] if judge.name in r.get("judge", {})]
         scores = list(scores_of(result, judge.name).values())
         mean, low, high = mean_ci95(scores)
-        row = {"url": judge.url, "model": judge.model, "score_mean": mean, "score_ci95": [low, high],
-               "n_scored": len(scores)}
+        row = {
+            "url": judge.url,
+            "model": judge.model,
+            "score_mean": mean,
+            "score_ci95": [low, high],
+            "n_scored": len(scores),
+        }
         for kind in RUBRICS[task]:
             asked = [j[kind] for j in judgments if kind in j]
             rejected = [j for j in asked if j["status"].startswith("rejected")]
@@ -441,8 +524,11 @@ def summarize(result: dict, judges: list[Judge]) -> dict:
             row[f"{kind}/parse_failures"], answers = len(failed), len(asked) - len(rejected)
             row[f"{kind}/parse_failure_rate"] = len(failed) / answers if answers else None
         if "pairwise" in RUBRICS[task]:
-            outcomes = [j["pairwise"]["parsed"]["outcome"] for j in judgments
-                        if "pairwise" in j and j["pairwise"]["status"] == "ok"]
+            outcomes = [
+                j["pairwise"]["parsed"]["outcome"]
+                for j in judgments
+                if "pairwise" in j and j["pairwise"]["status"] == "ok"
+            ]
             wins = sum(o == "win" for o in outcomes) + 0.5 * sum(o == "tie" for o in outcomes)
             row["win_rate"] = wins / len(outcomes) if outcomes else None  # ties count half
             row["n_pairwise"] = len(outcomes)
@@ -452,7 +538,7 @@ def summarize(result: dict, judges: list[Judge]) -> dict:
                 row[f"{criterion}_mean"] = mean_ci95([p[criterion] for p in ok])[0]
         summary["judges"][judge.name] = row
     for i, first in enumerate(judges):
-        for second in judges[i + 1:]:
+        for second in judges[i + 1 :]:
             a, b = scores_of(result, first.name), scores_of(result, second.name)
             both = sorted(set(a) & set(b))
             summary[f"spearman/{first.name} vs {second.name}"] = spearman([a[u] for u in both], [b[u] for u in both])
@@ -463,29 +549,44 @@ def summarize(result: dict, judges: list[Judge]) -> dict:
 def compare_methods(results: dict[str, dict], judges: list[Judge]) -> dict:
     """Table B.4's cross-judge check: each method's mean score under each judge, and for each pair of
     judges the Spearman correlation of the two method rankings. `results`: {method label: eval result}."""
-    means = {label: {j.name: result["judge_summary"]["judges"][j.name]["score_mean"] for j in judges}
-             for label, result in results.items()}
+    means = {
+        label: {j.name: result["judge_summary"]["judges"][j.name]["score_mean"] for j in judges}
+        for label, result in results.items()
+    }
     table = {"methods": means}
     for i, first in enumerate(judges):
-        for second in judges[i + 1:]:
+        for second in judges[i + 1 :]:
             rows = [m for m in means.values() if m[first.name] is not None and m[second.name] is not None]
-            table[f"spearman/{first.name} vs {second.name}"] = spearman([m[first.name] for m in rows],
-                                                                        [m[second.name] for m in rows])
+            table[f"spearman/{first.name} vs {second.name}"] = spearman(
+                [m[first.name] for m in rows], [m[second.name] for m in rows]
+            )
     return table
 
 
 # ---------------------------------------------------------------- flags shared with eval.py
 def add_judge_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("LLM judge (poetry, meetingbank)")
-    group.add_argument("--judge-url", action="append", default=[],
-                       help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1; twice for two servers")
-    group.add_argument("--judge-model", action="append", default=[],
-                       help="judge model name as the server knows it; twice for a second judge")
+    group.add_argument(
+        "--judge-url",
+        action="append",
+        default=[],
+        help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1; twice for two servers",
+    )
+    group.add_argument(
+        "--judge-model",
+        action="append",
+        default=[],
+        help="judge model name as the server knows it; twice for a second judge",
+    )
     group.add_argument("--judge-key-env", default=None, help="environment variable holding the API key")
     group.add_argument("--judge-concurrency", type=int, default=8, help="requests in flight at most")
     group.add_argument("--judge-max-tokens", type=int, default=None, help="answer length cap (default: server's)")
-    group.add_argument("--judge-temperature", type=number, default=0.6,
-                       help="0.6: Qwen3 thinking models' recommended setting (greedy decoding can loop)")
+    group.add_argument(
+        "--judge-temperature",
+        type=number,
+        default=0.6,
+        help="0.6: Qwen3 thinking models' recommended setting (greedy decoding can loop)",
+    )
     group.add_argument("--judge-timeout", type=number, default=600.0, help="seconds per request before a retry")
     group.add_argument("--judge-retries", type=int, default=4, help="retries per request, with backoff")
 
@@ -516,8 +617,18 @@ def connect_judges(args) -> list[Judge]:
     count = max(len(urls), len(models))
     pairs = [(urls[min(i, len(urls) - 1)], models[min(i, len(models) - 1)]) for i in range(count)]
     key = os.environ.get(args.judge_key_env) if args.judge_key_env else None
-    judges = [Judge(url, model, api_key=key, timeout=args.judge_timeout, retries=args.judge_retries,
-                    temperature=args.judge_temperature, max_tokens=args.judge_max_tokens) for url, model in pairs]
+    judges = [
+        Judge(
+            url,
+            model,
+            api_key=key,
+            timeout=args.judge_timeout,
+            retries=args.judge_retries,
+            temperature=args.judge_temperature,
+            max_tokens=args.judge_max_tokens,
+        )
+        for url, model in pairs
+    ]
     if len({j.model for j in judges}) < len(judges):  # same model on two servers: tell them apart
         for judge in judges:
             judge.name = f"{judge.model}@{judge.url}"
@@ -535,8 +646,9 @@ def format_judge_summary(summary: dict) -> str:
         for key, value in row.items():
             if key.endswith(("parse_failures", "rejected", "win_rate", "_mean")) and key != "score_mean":
                 lines.append(f"  {key:<28}{'n/a' if value is None else f'{value:.3g}'}")
-    lines += [f"{key:<40}{'n/a' if v is None else f'{v:.3f}'}" for key, v in summary.items()
-              if key.startswith("spearman/")]
+    lines += [
+        f"{key:<40}{'n/a' if v is None else f'{v:.3f}'}" for key, v in summary.items() if key.startswith("spearman/")
+    ]
     return "\n".join(lines)
 
 

@@ -49,8 +49,10 @@ def main():
     print(f"math_reward agrees with math-verify's expected verdict on {len(rows) - len(misses)} of {len(rows)}")
     for c in misses:
         settings = {k: v for k, v in c.items() if k not in ("gold", "pred", "expected", "result", "test")}
-        print(f"  {c['test']}: expected {int(c['expected'])}, gold {json.dumps(c['gold'][:80])}, "
-              f"pred {json.dumps(c['pred'][:80])}{', ' + str(settings) if settings else ''}")
+        print(
+            f"  {c['test']}: expected {int(c['expected'])}, gold {json.dumps(c['gold'][:80])}, "
+            f"pred {json.dumps(c['pred'][:80])}{', ' + str(settings) if settings else ''}"
+        )
 
 
 if __name__ == "__main__":

@@ -86,17 +86,46 @@ ROOT_RESHARDED_AFTER_FORWARD = True
 # docs/gpu.md. CPU_CHECKED rows were measured against CPU peaks in one process (bench/plan_check.py,
 # docs/memory_plan.md); on a GPU they are estimates too. ESTIMATED rows are arithmetic or assumed constants.
 GPU_CALIBRATED: dict[str, str] = {}  # row -> the docs/gpu.md run that calibrated it
-CPU_CHECKED = frozenset({"params", "adamw", "grads", "activations", "bf16 weight cast", "layer backward", "final norm",
-                         "logits + chunks", "lm_head gradient"})
-ESTIMATED = frozenset({"reference", "fsdp2 roots gathered", "cuda overhead", "vllm awake", "vllm asleep",
-                       "lora frozen casts", "fsdp2 gathered", "adamw temporary", "vllm weights", "one full parameter"})
+CPU_CHECKED = frozenset(
+    {
+        "params",
+        "adamw",
+        "grads",
+        "activations",
+        "bf16 weight cast",
+        "layer backward",
+        "final norm",
+        "logits + chunks",
+        "lm_head gradient",
+    }
+)
+ESTIMATED = frozenset(
+    {
+        "reference",
+        "fsdp2 roots gathered",
+        "cuda overhead",
+        "vllm awake",
+        "vllm asleep",
+        "lora frozen casts",
+        "fsdp2 gathered",
+        "adamw temporary",
+        "vllm weights",
+        "one full parameter",
+    }
+)
 ENGINE_ROWS = frozenset({"vllm awake", "vllm asleep", "vllm weights"})  # the engine's, not the trainer's
 OUTSIDE_ALLOCATOR = frozenset({"cuda overhead"})  # device memory torch's allocator never counts
 
 # Tables B.1 and B.2: GPUs per run. GiB as the cards report it: A100 80 GB has 80 GiB; the H200 this
 # project is lent reports about 139 GiB.
-PAPER_HARDWARE = {"gsm8k": (8, "A100", 80), "countdown": (8, "H200", 139), "deepmath": (16, "H200", 139),
-                  "poetry": (8, "A100", 80), "meetingbank": (16, "H200", 139), "openthoughts": (16, "H200", 139)}
+PAPER_HARDWARE = {
+    "gsm8k": (8, "A100", 80),
+    "countdown": (8, "H200", 139),
+    "deepmath": (16, "H200", 139),
+    "poetry": (8, "A100", 80),
+    "meetingbank": (16, "H200", 139),
+    "openthoughts": (16, "H200", 139),
+}
 
 
 @dataclass(frozen=True)
@@ -122,8 +151,15 @@ class Shape:
     def lora_params(self, rank: int, targets: str) -> int:
         """Parameters of rank-`rank` adapters on the comma list `targets` of each decoder layer's linears."""
         q, kv, h, f = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.hidden, self.intermediate
-        sizes = {"q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h, "gate_proj": h + f,
-                 "up_proj": h + f, "down_proj": f + h}  # in + out
+        sizes = {
+            "q_proj": h + q,
+            "k_proj": h + kv,
+            "v_proj": h + kv,
+            "o_proj": q + h,
+            "gate_proj": h + f,
+            "up_proj": h + f,
+            "down_proj": f + h,
+        }  # in + out
         if unknown := [t for t in targets.split(",") if t not in sizes]:
             raise ValueError(f"--lora-targets {unknown[0]}: the plan knows a Llama/Qwen2 layer's {', '.join(sizes)}")
         return self.layers * rank * sum(sizes[t] for t in targets.split(","))
@@ -138,21 +174,37 @@ class Shape:
 
 
 SHAPES = {  # the models the presets name; anything else is read from its folder's config.json
-    "Qwen/Qwen2.5-1.5B": Shape(hidden=1536, layers=28, heads=12, kv_heads=2, intermediate=8960, vocab=151936,
-                               head_dim=128, tied=True, qkv_bias=True),  # 1,543,714,304 parameters
-    "Qwen/Qwen3-1.7B-Base": Shape(hidden=2048, layers=28, heads=16, kv_heads=8, intermediate=6144, vocab=151936,
-                                  head_dim=128, tied=True),  # + q/k RMSNorms, 7,168 parameters not counted
+    "Qwen/Qwen2.5-1.5B": Shape(
+        hidden=1536,
+        layers=28,
+        heads=12,
+        kv_heads=2,
+        intermediate=8960,
+        vocab=151936,
+        head_dim=128,
+        tied=True,
+        qkv_bias=True,
+    ),  # 1,543,714,304 parameters
+    "Qwen/Qwen3-1.7B-Base": Shape(
+        hidden=2048, layers=28, heads=16, kv_heads=8, intermediate=6144, vocab=151936, head_dim=128, tied=True
+    ),  # + q/k RMSNorms, 7,168 parameters not counted
     "smollm2-135m": Shape(hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, vocab=49152, head_dim=64),
 }
 
 
 def shape_from_config(config: dict) -> Shape:
     heads = config["num_attention_heads"]
-    return Shape(hidden=config["hidden_size"], layers=config["num_hidden_layers"], heads=heads,
-                 kv_heads=config.get("num_key_value_heads") or heads, intermediate=config["intermediate_size"],
-                 vocab=config["vocab_size"], head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-                 tied=config.get("tie_word_embeddings", False),
-                 qkv_bias=config.get("attention_bias", config.get("model_type") == "qwen2"))
+    return Shape(
+        hidden=config["hidden_size"],
+        layers=config["num_hidden_layers"],
+        heads=heads,
+        kv_heads=config.get("num_key_value_heads") or heads,
+        intermediate=config["intermediate_size"],
+        vocab=config["vocab_size"],
+        head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+        tied=config.get("tie_word_embeddings", False),
+        qkv_bias=config.get("attention_bias", config.get("model_type") == "qwen2"),
+    )
 
 
 def model_shape(model: str) -> Shape:
@@ -173,13 +225,25 @@ def training_state(shape: Shape, *, ranks: int, unsharded_grads: bool, lora: int
     """Bytes of float32 parameters, gradients and AdamW moments on one rank (note 1 of the docstring); `lora`: the
     adapters' parameter count, then the only trained ones, beside the frozen base."""
     n, trained = shape.params + lora, lora or shape.params
-    return {"params": 4 * n / ranks, "grads": 4 * trained if unsharded_grads else 4 * trained / ranks,
-            "adam": 8 * trained / ranks}
+    return {
+        "params": 4 * n / ranks,
+        "grads": 4 * trained if unsharded_grads else 4 * trained / ranks,
+        "adam": 8 * trained / ranks,
+    }
 
 
-def activations(shape: Shape, *, batch: int, prompt: int, completion: int, compute_bytes: int,
-                checkpointing: bool, attention: str, chunk_elements: int = CHUNK_ELEMENTS,
-                frozen_head: bool = False) -> dict:
+def activations(
+    shape: Shape,
+    *,
+    batch: int,
+    prompt: int,
+    completion: int,
+    compute_bytes: int,
+    checkpointing: bool,
+    attention: str,
+    chunk_elements: int = CHUNK_ELEMENTS,
+    frozen_head: bool = False,
+) -> dict:
     """Peak bytes of one micro-batch's forward + backward beyond the training state, by part.
 
     `saved`: what the layers keep from forward to backward (and RoPE's cos/sin); `recompute`: one layer's
@@ -227,27 +291,56 @@ def activations(shape: Shape, *, batch: int, prompt: int, completion: int, compu
     embedding = {"head_grad": 0 if frozen_head else 4 * head + 2 * waiting}
     if not checkpointing:  # backward's first steps (logits' gradient twice, then the lm_head's), the last layer's
         saved = shape.layers * lean_layer + shared
-        moments = {"backward (logits)": {"saved": saved, "weights_bf16": bf16_head, "final_norm": final_norm,
-                                         "logits": 2 * logits + chunk},
-                   "backward (lm_head)": {"saved": saved, **lm_head},
-                   "backward (last layer)": {"saved": saved, "weights_bf16": bf16_layer, "recompute": backward_extra,
-                                             "head_grad": waiting},
-                   "backward (embedding)": embedding}
+        moments = {
+            "backward (logits)": {
+                "saved": saved,
+                "weights_bf16": bf16_head,
+                "final_norm": final_norm,
+                "logits": 2 * logits + chunk,
+            },
+            "backward (lm_head)": {"saved": saved, **lm_head},
+            "backward (last layer)": {
+                "saved": saved,
+                "weights_bf16": bf16_layer,
+                "recompute": backward_extra,
+                "head_grad": waiting,
+            },
+            "backward (embedding)": embedding,
+        }
     else:
         saved = shape.layers * 4 * h * tokens + shared  # each layer's float32 input
         moments = {
-            "forward end": {"saved": saved, "weights_bf16": bf16_head, "final_norm": final_norm,
-                            "logits": logits + chunk},
-            "backward (logits)": {"saved": saved, "weights_bf16": bf16_head, "final_norm": final_norm,
-                                  "logits": 2 * logits + chunk},
+            "forward end": {
+                "saved": saved,
+                "weights_bf16": bf16_head,
+                "final_norm": final_norm,
+                "logits": logits + chunk,
+            },
+            "backward (logits)": {
+                "saved": saved,
+                "weights_bf16": bf16_head,
+                "final_norm": final_norm,
+                "logits": 2 * logits + chunk,
+            },
             "backward (lm_head)": {"saved": saved, **lm_head},
-            "backward (a layer)": {"saved": saved, "weights_bf16": bf16_layer,
-                                   "recompute": layer + backward_extra, "head_grad": waiting},
+            "backward (a layer)": {
+                "saved": saved,
+                "weights_bf16": bf16_layer,
+                "recompute": layer + backward_extra,
+                "head_grad": waiting,
+            },
             "backward (embedding)": embedding,
         }
     when = max(moments, key=lambda m: sum(moments[m].values()))
-    parts = {"saved": 0, "weights_bf16": 0, "final_norm": 0, "logits": 0, "recompute": 0, "head_grad": 0,
-             **moments[when]}
+    parts = {
+        "saved": 0,
+        "weights_bf16": 0,
+        "final_norm": 0,
+        "logits": 0,
+        "recompute": 0,
+        "head_grad": 0,
+        **moments[when],
+    }
     return {**parts, "peak": sum(parts.values()), "when": when, "moments": moments}
 
 
@@ -264,8 +357,10 @@ class Plan:
     @property
     def verdict(self) -> str:
         word = "fits" if self.fits else "does NOT fit"
-        return (f"{word}: peak {self.peak / GiB:.1f} GiB ({self.peak_phase}) of {self.gpu_bytes / GiB:.0f} GiB "
-                f"per GPU ({self.peak / self.gpu_bytes:.0%})")
+        return (
+            f"{word}: peak {self.peak / GiB:.1f} GiB ({self.peak_phase}) of {self.gpu_bytes / GiB:.0f} GiB "
+            f"per GPU ({self.peak / self.gpu_bytes:.0%})"
+        )
 
 
 def task_prompt_tokens(task: str) -> int:
@@ -278,8 +373,15 @@ def task_prompt_tokens(task: str) -> int:
     return tokens
 
 
-def plan(args: dict, *, gpus: int, gpu_gb: float, grad_checkpointing: bool, prompt_tokens: int | None = None,
-         torchrun: bool | None = None) -> Plan:
+def plan(
+    args: dict,
+    *,
+    gpus: int,
+    gpu_gb: float,
+    grad_checkpointing: bool,
+    prompt_tokens: int | None = None,
+    torchrun: bool | None = None,
+) -> Plan:
     """One rank's peak GPU memory for train.py's `args` (a dict of its Args fields) on `gpus` GPUs of
     `gpu_gb` GiB each. `prompt_tokens`: the longest prompt (default: the task's, task_prompt_tokens). `torchrun`:
     whether train.py runs under torchrun, and so FSDP2 (default: when gpus > 1; one GPU under torchrun, as
@@ -300,62 +402,146 @@ def plan(args: dict, *, gpus: int, gpu_gb: float, grad_checkpointing: bool, prom
     state = training_state(shape, ranks=ranks, unsharded_grads=fsdp and accumulates, lora=lora)
     n, trained = shape.params, lora or shape.params
     beta = args.get("beta", 1e-3)
-    reference = 0 if beta == 0 or lora else (4 * n / ranks if fsdp or not bf16 else
-                                     2 * (n - shape.embedding - (2 * shape.layers + 1) * shape.hidden)
-                                     + 4 * (shape.embedding + (2 * shape.layers + 1) * shape.hidden))
+    reference = (
+        0
+        if beta == 0 or lora
+        else (
+            4 * n / ranks
+            if fsdp or not bf16
+            else 2 * (n - shape.embedding - (2 * shape.layers + 1) * shape.hidden)
+            + 4 * (shape.embedding + (2 * shape.layers + 1) * shape.hidden)
+        )
+    )
     vllm = args.get("gpu_memory_utilization", 0.3) * gpu
-    act = activations(shape, batch=batch, prompt=prompt, completion=K, compute_bytes=c,
-                      checkpointing=grad_checkpointing, attention="sdpa", frozen_head=bool(lora))
+    act = activations(
+        shape,
+        batch=batch,
+        prompt=prompt,
+        completion=K,
+        compute_bytes=c,
+        checkpointing=grad_checkpointing,
+        attention="sdpa",
+        frozen_head=bool(lora),
+    )
     root = c * (shape.embedding * (1 if shape.tied else 2) + shape.hidden)  # gathered: bf16 under mixed precision
     roots_left = 0 if not fsdp or ROOT_RESHARDED_AFTER_FORWARD else root * (1 + (beta > 0))  # policy + reference
     gathered = (0 if roots_left else root) + 2 * c * shape.layer_params if fsdp else 0
-    grads_how = (("the adapters'" if lora else "whole model") + ", float32: FSDP2 keeps unsharded gradients between "
-                 "micro-batches" if fsdp and accumulates else f"float32 / {ranks}" + (", the adapters'" * bool(lora)))
+    grads_how = (
+        ("the adapters'" if lora else "whole model") + ", float32: FSDP2 keeps unsharded gradients between "
+        "micro-batches"
+        if fsdp and accumulates
+        else f"float32 / {ranks}" + (", the adapters'" * bool(lora))
+    )
     frozen_casts = 2 * shape.layers * (shape.layer_params - 2 * shape.hidden) if lora and bf16 and not fsdp else 0
-    resident = [("params", state["params"], f"float32 / {ranks}" + (f" (+ {lora:,} adapter parameters)" if lora
-                                                                      else "")),
-                ("adamw", state["adam"], f"2 moments, float32 / {ranks}" + (", the adapters'" if lora else "")),
-                ("reference", reference, "beta = 0: none" if beta == 0 else "LoRA: the base (adapters off)" if lora else
-                 (f"float32 / {ranks} (FSDP2)" if fsdp else "bf16 linears" if bf16 else "float32")),
-                ("fsdp2 roots gathered", roots_left, "one process: none" if not fsdp else "resharded after forward: "
-                 "none" if not roots_left else f"{'policy + reference' if beta > 0 else 'policy'}: embedding + "
-                 "final norm, left gathered after a forward"),
-                ("cuda overhead", CUDA_OVERHEAD, "context, NCCL, cuBLAS, slack (a constant)")]
+    resident = [
+        ("params", state["params"], f"float32 / {ranks}" + (f" (+ {lora:,} adapter parameters)" if lora else "")),
+        ("adamw", state["adam"], f"2 moments, float32 / {ranks}" + (", the adapters'" if lora else "")),
+        (
+            "reference",
+            reference,
+            "beta = 0: none"
+            if beta == 0
+            else "LoRA: the base (adapters off)"
+            if lora
+            else (f"float32 / {ranks} (FSDP2)" if fsdp else "bf16 linears" if bf16 else "float32"),
+        ),
+        (
+            "fsdp2 roots gathered",
+            roots_left,
+            "one process: none"
+            if not fsdp
+            else "resharded after forward: none"
+            if not roots_left
+            else f"{'policy + reference' if beta > 0 else 'policy'}: embedding + "
+            "final norm, left gathered after a forward",
+        ),
+        ("cuda overhead", CUDA_OVERHEAD, "context, NCCL, cuBLAS, slack (a constant)"),
+    ]
     phases = {
         "rollout": resident + [("vllm awake", vllm, f"gpu_memory_utilization {vllm / gpu:.2f} x GPU")],
-        "train": resident + [
+        "train": resident
+        + [
             ("vllm asleep", VLLM_ASLEEP, "level 2: KV cache and weights dropped (a constant)"),
             ("grads", state["grads"], grads_how),
-            ("fsdp2 gathered", gathered,
-             f"{'' if roots_left else 'root (embedding) + '}2 decoder layers, {'bf16' if c < 4 else 'float32'}"
-             if fsdp else "one process: none"),
-            ("activations", act["saved"], f"{batch} x ({prompt} + {K}) tokens, "
-             + ("layer inputs only (checkpointing)" if grad_checkpointing else "every layer's saved tensors")),
-            *([("lora frozen casts", frozen_casts, "frozen decoder linears' bf16 casts kept for backward, at most")]
-              if frozen_casts else []),
-            ("bf16 weight cast", act["weights_bf16"] if not fsdp else 0, "float32: none" if c == 4 else
-             "FSDP2 gathers bf16 weights: none" if fsdp else "the one weight being cast at " + act["when"]),
-            ("layer backward", act["recompute"], ("one layer's recomputed activations + " if grad_checkpointing
-                                                  else "") + "its backward's largest gradient"),
+            (
+                "fsdp2 gathered",
+                gathered,
+                f"{'' if roots_left else 'root (embedding) + '}2 decoder layers, {'bf16' if c < 4 else 'float32'}"
+                if fsdp
+                else "one process: none",
+            ),
+            (
+                "activations",
+                act["saved"],
+                f"{batch} x ({prompt} + {K}) tokens, "
+                + ("layer inputs only (checkpointing)" if grad_checkpointing else "every layer's saved tensors"),
+            ),
+            *(
+                [("lora frozen casts", frozen_casts, "frozen decoder linears' bf16 casts kept for backward, at most")]
+                if frozen_casts
+                else []
+            ),
+            (
+                "bf16 weight cast",
+                act["weights_bf16"] if not fsdp else 0,
+                "float32: none"
+                if c == 4
+                else "FSDP2 gathers bf16 weights: none"
+                if fsdp
+                else "the one weight being cast at " + act["when"],
+            ),
+            (
+                "layer backward",
+                act["recompute"],
+                ("one layer's recomputed activations + " if grad_checkpointing else "")
+                + "its backward's largest gradient",
+            ),
             ("final norm", act["final_norm"], "float32 on all positions; lm_head input on the kept rows"),
-            ("logits + chunks", act["logits"], f"{'2 x ' if 'logits' in act['when'] else ''}({batch} x {K + 1} x "
-             f"{shape.vocab}) {'bf16' if c < 4 else 'float32'}"
-             f"{' + float32 row chunks' if 'logits' in act['when'] or 'forward' in act['when'] else ''}"),
-            ("lm_head gradient", act["head_grad"], "float32 (+ bf16 as its matmul made it)" if "lm_head" in act["when"]
-             else "the embedding's, float32 (+ a tied lm_head's, and their sum)" if "embedding" in act["when"]
-             else "a tied weight's, waiting for the embedding's" if act["head_grad"] else "none at " + act["when"]),
+            (
+                "logits + chunks",
+                act["logits"],
+                f"{'2 x ' if 'logits' in act['when'] else ''}({batch} x {K + 1} x "
+                f"{shape.vocab}) {'bf16' if c < 4 else 'float32'}"
+                f"{' + float32 row chunks' if 'logits' in act['when'] or 'forward' in act['when'] else ''}",
+            ),
+            (
+                "lm_head gradient",
+                act["head_grad"],
+                "float32 (+ bf16 as its matmul made it)"
+                if "lm_head" in act["when"]
+                else "the embedding's, float32 (+ a tied lm_head's, and their sum)"
+                if "embedding" in act["when"]
+                else "a tied weight's, waiting for the embedding's"
+                if act["head_grad"]
+                else "none at " + act["when"],
+            ),
         ],
-        "optimizer": resident + [
+        "optimizer": resident
+        + [
             ("vllm asleep", VLLM_ASLEEP, "level 2: KV cache and weights dropped (a constant)"),
-            ("grads", state["grads"] if not fsdp else 4 * trained / ranks, f"float32 / {ranks}" if not fsdp else
-             f"float32 / {ranks}: reduce-scattered by the last micro-batch"),
-            ("adamw temporary", 4 * trained / ranks if fsdp else 0, f"foreach AdamW on FSDP2's shards: sqrt of the "
-             f"second moment, float32 / {ranks}" if fsdp else "fused AdamW (one process): none"),
+            (
+                "grads",
+                state["grads"] if not fsdp else 4 * trained / ranks,
+                f"float32 / {ranks}" if not fsdp else f"float32 / {ranks}: reduce-scattered by the last micro-batch",
+            ),
+            (
+                "adamw temporary",
+                4 * trained / ranks if fsdp else 0,
+                f"foreach AdamW on FSDP2's shards: sqrt of the second moment, float32 / {ranks}"
+                if fsdp
+                else "fused AdamW (one process): none",
+            ),
         ],
-        "sync": resident + [("vllm weights", 2 * n, "woken alone for the reload; its KV cache wakes after"),
-                            ("one full parameter", (4 if bf16 else 8) * shape.embedding,
-                             "full_weights, streamed in the engine's dtype: the largest, the embedding, gathered + "
-                             "vLLM's build of it")],
+        "sync": resident
+        + [
+            ("vllm weights", 2 * n, "woken alone for the reload; its KV cache wakes after"),
+            (
+                "one full parameter",
+                (4 if bf16 else 8) * shape.embedding,
+                "full_weights, streamed in the engine's dtype: the largest, the embedding, gathered + "
+                "vLLM's build of it",
+            ),
+        ],
     }
     rows = [(phase, item, size, how) for phase, items in phases.items() for item, size, how in items]
     totals = {phase: sum(size for _, size, _ in items) for phase, items in phases.items()}
@@ -381,8 +567,14 @@ def trainer_allocated(p: Plan) -> dict:
     """Bytes per phase as train.py measures them (plumbing/run_log.py: Phases's mem/peak_gb/PHASE, torch's
     allocated peak less the engine's): the plan's rows without the engine's and without what torch's allocator never
     counts (CUDA_OVERHEAD). The measured train phase holds the optimizer step, so it is the larger of the two."""
-    totals = {phase: sum(size for ph, item, size, _ in p.rows if ph == phase and item not in ENGINE_ROWS
-                         and item not in OUTSIDE_ALLOCATOR) for phase in p.phases}
+    totals = {
+        phase: sum(
+            size
+            for ph, item, size, _ in p.rows
+            if ph == phase and item not in ENGINE_ROWS and item not in OUTSIDE_ALLOCATOR
+        )
+        for phase in p.phases
+    }
     return {"rollout": totals["rollout"], "train": max(totals["train"], totals["optimizer"]), "sync": totals["sync"]}
 
 
@@ -391,29 +583,41 @@ def format_plan(p: Plan, title: str = "") -> str:
     tag = {"gpu": "[gpu]", "cpu": "[cpu]", "estimate": "[est]"}
     for phase, total in p.phases.items():
         lines.append(f"{phase:<9} {total / GiB:8.2f} GiB")
-        lines += [f"  {item:<20} {size / GiB:8.2f}  {tag[calibration(item)]} {how}" for ph, item, size, how in p.rows
-                  if ph == phase]
+        lines += [
+            f"  {item:<20} {size / GiB:8.2f}  {tag[calibration(item)]} {how}"
+            for ph, item, size, how in p.rows
+            if ph == phase
+        ]
     lines += [f"assumes: {a}" for a in p.assumptions]
-    lines.append("[gpu] calibrated on a GPU (docs/gpu.md); [cpu] checked against CPU peaks in one process, on a GPU "
-                 "an estimate; [est] arithmetic or an assumed constant. " + (
-                     f"GPU-calibrated rows: {', '.join(sorted(GPU_CALIBRATED))}" if GPU_CALIBRATED else
-                     "No row has been calibrated on a GPU yet: every figure is an estimate."))
+    lines.append(
+        "[gpu] calibrated on a GPU (docs/gpu.md); [cpu] checked against CPU peaks in one process, on a GPU "
+        "an estimate; [est] arithmetic or an assumed constant. "
+        + (
+            f"GPU-calibrated rows: {', '.join(sorted(GPU_CALIBRATED))}"
+            if GPU_CALIBRATED
+            else "No row has been calibrated on a GPU yet: every figure is an estimate."
+        )
+    )
     lines.append(p.verdict)
     return "\n".join(lines)
 
 
 def paper_table(presets: dict, defaults: dict) -> str:
     """A markdown table: every paper preset on its Table B.1/B.2 hardware, with and without checkpointing."""
-    lines = ["| preset | GPUs | micro-batch x (prompt + response) | peak, checkpointing | peak, none |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = [
+        "| preset | GPUs | micro-batch x (prompt + response) | peak, checkpointing | peak, none |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for task, (gpus, card, gb) in PAPER_HARDWARE.items():
         args = {**defaults, **presets[task], "task": task}
         cells = []
         for ckpt in (True, False):
             p = plan(args, gpus=gpus, gpu_gb=gb, grad_checkpointing=ckpt)
             cells.append(f"{p.peak / GiB:.1f} GiB ({p.peak_phase}): {'fits' if p.fits else '**does not fit**'}")
-        lines.append(f"| {task} | {gpus} x {card} ({gb} GiB) | {args['micro_batch']} x ({task_prompt_tokens(task)} + "
-                     f"{args['max_tokens']}) | {cells[0]} | {cells[1]} |")
+        lines.append(
+            f"| {task} | {gpus} x {card} ({gb} GiB) | {args['micro_batch']} x ({task_prompt_tokens(task)} + "
+            f"{args['max_tokens']}) | {cells[0]} | {cells[1]} |"
+        )
     return "\n".join(lines)
 
 
@@ -440,8 +644,13 @@ def main(argv=None) -> int:
     if error := check_args(Args(**{**args, "plan": True, "plan_gpus": cli.gpus, "plan_gpu_gb": cli.gpu_gb})):
         parser.error(error.replace("--plan-gpu-gb", "--gpu-gb").replace("--plan-gpus", "--gpus"))
     try:
-        p = plan(args, gpus=cli.gpus, gpu_gb=cli.gpu_gb, grad_checkpointing=cli.grad_checkpointing,
-                 prompt_tokens=cli.prompt_tokens)
+        p = plan(
+            args,
+            gpus=cli.gpus,
+            gpu_gb=cli.gpu_gb,
+            grad_checkpointing=cli.grad_checkpointing,
+            prompt_tokens=cli.prompt_tokens,
+        )
     except ValueError as err:
         print(f"memory_plan.py: error: {err}", file=sys.stderr)
         return 2
@@ -458,8 +667,12 @@ def print_plan(args) -> int:
         print(f"train.py: error: --plan: {err}", file=sys.stderr)
         return 2
     ckpt = "with" if args.grad_checkpointing else "without"
-    print(format_plan(p, f"{args.task} ({args.model}) on {args.plan_gpus} x {args.plan_gpu_gb:g} GiB, {ckpt} "
-                         "gradient checkpointing"))
+    print(
+        format_plan(
+            p,
+            f"{args.task} ({args.model}) on {args.plan_gpus} x {args.plan_gpu_gb:g} GiB, {ckpt} gradient checkpointing",
+        )
+    )
     return 0
 
 

@@ -37,8 +37,9 @@ def finished_run(path: str) -> tuple[dict, dict] | None:
     except (OSError, KeyError, ValueError):
         return None
     wall = os.path.join(path, "wall_seconds.txt")
-    run.update(name=os.path.basename(path), cpu=_cpu(path),
-               wall=float(open(wall).read()) if os.path.exists(wall) else None)
+    run.update(
+        name=os.path.basename(path), cpu=_cpu(path), wall=float(open(wall).read()) if os.path.exists(wall) else None
+    )
     return args, run
 
 
@@ -53,8 +54,10 @@ def collect(runs_dir: str) -> dict:
         args, run = found
         seeds = out.setdefault(args.get("reward", "exact"), {}).setdefault(args["seed"], {})
         if args["advantage"] in seeds:
-            raise ValueError(f"{runs_dir}: two {args['advantage']} runs for reward {args.get('reward')} seed "
-                             f"{args['seed']}: {seeds[args['advantage']]['name']} and {name}")
+            raise ValueError(
+                f"{runs_dir}: two {args['advantage']} runs for reward {args.get('reward')} seed "
+                f"{args['seed']}: {seeds[args['advantage']]['name']} and {name}"
+            )
         seeds[args["advantage"]] = run
     return out
 
@@ -65,9 +68,14 @@ def analyse(runs: dict) -> dict:
     out = {}
     for reward, by_seed in sorted(runs.items()):
         seeds = sorted(s for s, arms in by_seed.items() if all(a in arms for a in ARMS))
-        entry = {"seeds": seeds, "unpaired": sorted(set(by_seed) - set(seeds)), "effect": EFFECTS.get(reward),
-                 "cpu_mismatch": [s for s in seeds if by_seed[s]["softmax"]["cpu"] != by_seed[s]["grpo"]["cpu"]],
-                 "diffs": {}, "outcomes": {}}
+        entry = {
+            "seeds": seeds,
+            "unpaired": sorted(set(by_seed) - set(seeds)),
+            "effect": EFFECTS.get(reward),
+            "cpu_mismatch": [s for s in seeds if by_seed[s]["softmax"]["cpu"] != by_seed[s]["grpo"]["cpu"]],
+            "diffs": {},
+            "outcomes": {},
+        }
         for key, _ in OUTCOMES:
             soft = [by_seed[s]["softmax"][key] for s in seeds]
             grpo = [by_seed[s]["grpo"][key] for s in seeds]
@@ -90,8 +98,10 @@ def verdict(d: dict) -> str:
     if d["hi"] < 0:
         return "GRPO higher"
     # here lo <= 0 <= hi; abs() also turns a -0.0 bound into 0.000
-    return (f"inconclusive: the interval allows SoftmaxGRPO up to {abs(d['hi']):.3f} higher and GRPO up to "
-            f"{abs(d['lo']):.3f} higher")
+    return (
+        f"inconclusive: the interval allows SoftmaxGRPO up to {abs(d['hi']):.3f} higher and GRPO up to "
+        f"{abs(d['lo']):.3f} higher"
+    )
 
 
 def _pairs(entry: dict) -> str:
@@ -110,25 +120,40 @@ def report(analysis: dict, runs: dict) -> str:
         if e["cpu_mismatch"]:
             lines += [f"Pairs whose arms ran on different CPUs: seeds {', '.join(map(str, e['cpu_mismatch']))}.", ""]
         if e["outcomes"]:
-            lines += ["| outcome | SoftmaxGRPO - GRPO, mean [95% paired t-interval] | SD of the difference | "
-                      "seeds softmax / grpo higher (ties) | power at the SD for "
-                      f"+{e['effect']} | pairs for 80% power | verdict |",
-                      "| --- | --- | --- | --- | --- | --- | --- |"]
+            lines += [
+                "| outcome | SoftmaxGRPO - GRPO, mean [95% paired t-interval] | SD of the difference | "
+                "seeds softmax / grpo higher (ties) | power at the SD for "
+                f"+{e['effect']} | pairs for 80% power | verdict |",
+                "| --- | --- | --- | --- | --- | --- | --- |",
+            ]
             for key, what in OUTCOMES:
                 d = e["outcomes"][key]
                 ties = len(e["seeds"]) - d["wins"] - d["losses"]
-                sized = (f"{d['power']:.2f} | {d['pairs_needed']:,}" if "power" in d else "- | -")  # SD 0: none
-                lines.append(f"| {what} | {d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] | {d['sd']:.3f} | "
-                             f"{d['wins']} / {d['losses']} ({ties}) | {sized} | {verdict(d)} |")
+                sized = f"{d['power']:.2f} | {d['pairs_needed']:,}" if "power" in d else "- | -"  # SD 0: none
+                lines.append(
+                    f"| {what} | {d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] | {d['sd']:.3f} | "
+                    f"{d['wins']} / {d['losses']} ({ties}) | {sized} | {verdict(d)} |"
+                )
             lines.append("")
-        lines += ["| seed | softmax: before -> after, train pass | grpo: before -> after, train pass | "
-                  "difference: after, train pass | wall s softmax / grpo |", "| --- | --- | --- | --- | --- |"]
+        lines += [
+            "| seed | softmax: before -> after, train pass | grpo: before -> after, train pass | "
+            "difference: after, train pass | wall s softmax / grpo |",
+            "| --- | --- | --- | --- | --- |",
+        ]
         for s in sorted(runs[reward]):
             arms = runs[reward][s]
-            cells = [f"{arms[a]['before']:.3f} -> {arms[a]['after']:.3f}, {arms[a]['auc']:.3f}" if a in arms else "-"
-                     for a in ARMS]
-            diff = (f"{arms['softmax']['after'] - arms['grpo']['after']:+.3f}, "
-                    f"{arms['softmax']['auc'] - arms['grpo']['auc']:+.3f}") if s in e["seeds"] else "-"
+            cells = [
+                f"{arms[a]['before']:.3f} -> {arms[a]['after']:.3f}, {arms[a]['auc']:.3f}" if a in arms else "-"
+                for a in ARMS
+            ]
+            diff = (
+                (
+                    f"{arms['softmax']['after'] - arms['grpo']['after']:+.3f}, "
+                    f"{arms['softmax']['auc'] - arms['grpo']['auc']:+.3f}"
+                )
+                if s in e["seeds"]
+                else "-"
+            )
             wall = " / ".join(f"{arms[a]['wall']:.0f}" if a in arms and arms[a]["wall"] else "-" for a in ARMS)
             lines.append(f"| {s} | {cells[0]} | {cells[1]} | {diff} | {wall} |")
         lines.append("")
@@ -148,18 +173,41 @@ def plot_pairs(analysis: dict, out: str) -> str:
     for ax, (key, what) in zip(axes[0], OUTCOMES):
         for y, reward in enumerate(rewards):
             e = analysis[reward]
-            ax.scatter(e["diffs"][key], [y + 0.15] * len(e["diffs"][key]), s=18, color="gray", zorder=3,
-                       label="one pair (seed)" if y == 0 else None)
+            ax.scatter(
+                e["diffs"][key],
+                [y + 0.15] * len(e["diffs"][key]),
+                s=18,
+                color="gray",
+                zorder=3,
+                label="one pair (seed)" if y == 0 else None,
+            )
             d = e["outcomes"].get(key)
             if d:
-                ax.errorbar(d["mean"], y - 0.15, xerr=[[d["mean"] - d["lo"]], [d["hi"] - d["mean"]]], fmt="o",
-                            color="C0", capsize=4, label="mean, 95% paired t-interval" if y == 0 else None)
+                ax.errorbar(
+                    d["mean"],
+                    y - 0.15,
+                    xerr=[[d["mean"] - d["lo"]], [d["hi"] - d["mean"]]],
+                    fmt="o",
+                    color="C0",
+                    capsize=4,
+                    label="mean, 95% paired t-interval" if y == 0 else None,
+                )
             if e["effect"] is not None:
-                ax.plot([e["effect"]] * 2, [y - 0.4, y + 0.4], color="C3", lw=1.5,
-                        label="paper's gain (Table 2)" if y == 0 else None)
+                ax.plot(
+                    [e["effect"]] * 2,
+                    [y - 0.4, y + 0.4],
+                    color="C3",
+                    lw=1.5,
+                    label="paper's gain (Table 2)" if y == 0 else None,
+                )
         ax.axvline(0, color="black", lw=0.8)
-        ax.set(title=what, xlabel="SoftmaxGRPO - GRPO", yticks=range(len(rewards)), ylim=(-0.6, len(rewards) - 0.4),
-               yticklabels=[f"{r} ({_pairs(analysis[r])})" for r in rewards])
+        ax.set(
+            title=what,
+            xlabel="SoftmaxGRPO - GRPO",
+            yticks=range(len(rewards)),
+            ylim=(-0.6, len(rewards) - 0.4),
+            yticklabels=[f"{r} ({_pairs(analysis[r])})" for r in rewards],
+        )
         ax.legend(fontsize=7, loc="best")
     fig.suptitle("SmolLM2-135M, arith, 20 steps, float32: per-pair differences")
     fig.tight_layout()

@@ -65,6 +65,7 @@ class SpecError(ValueError):
 
 # ---- statistics: t-intervals and a paired bootstrap, no scipy needed
 
+
 def t_quantile(q: float, df: int) -> float:
     """The q-quantile of Student's t with df degrees of freedom (q > 0.5), by bisection on its CDF.
 
@@ -98,8 +99,9 @@ def mean_interval(values: list[float], level: float = 0.95) -> dict:
     return {"n": n, "mean": mean, "sd": sd, "lo": mean - half, "hi": mean + half}
 
 
-def paired_difference(values: list[float], baseline: list[float], level: float = 0.95, resamples: int = 10_000,
-                      seed: int = 0) -> dict:
+def paired_difference(
+    values: list[float], baseline: list[float], level: float = 0.95, resamples: int = 10_000, seed: int = 0
+) -> dict:
     """Seed-by-seed differences d_s = values_s - baseline_s: mean, paired t-interval (mean_interval of d) and a
     percentile bootstrap over seeds (resampling whole seeds keeps each pair together)."""
     diffs = [v - b for v, b in zip(values, baseline)]
@@ -160,15 +162,24 @@ def expand_grid(configs: list[str], grids: list[str], seeds: list[int]) -> list[
     sizes = [len(axis.partition("=")[2].split(",")) for axis in grids or []]
     pairs = sum(len(c["seeds"]) for c in base)  # (configuration, seed) pairs before the grid
     if (runs := math.prod(sizes) * pairs) > MAX_RUNS:  # counted before the cross product is made
-        raise SpecError(f"--grid makes {runs:,} train.py runs (axes of {' x '.join(map(str, sizes))} values, times "
-                        f"{pairs:,} (configuration, seed) pairs), more than {MAX_RUNS:,}: narrow --grid or --seeds")
+        raise SpecError(
+            f"--grid makes {runs:,} train.py runs (axes of {' x '.join(map(str, sizes))} values, times "
+            f"{pairs:,} (configuration, seed) pairs), more than {MAX_RUNS:,}: narrow --grid or --seeds"
+        )
     for axis in grids or []:
         key, sep, values = axis.partition("=")
         if not sep or not key.strip() or not values.strip():
             raise SpecError(f"--grid '{axis}': write KEY=V1,V2 (KEY a train.py flag without --, e.g. tau=0.1,0.3)")
         key = key.strip()
-        base = [{"name": f"{c['name']} {key}={v}".strip(), "flags": c["flags"] + [f"--{key.replace('_', '-')}", v],
-                 "seeds": c["seeds"]} for c in base for v in values.split(",")]
+        base = [
+            {
+                "name": f"{c['name']} {key}={v}".strip(),
+                "flags": c["flags"] + [f"--{key.replace('_', '-')}", v],
+                "seeds": c["seeds"],
+            }
+            for c in base
+            for v in values.split(",")
+        ]
     names = [c["name"] for c in base]
     duplicate = next((n for n in names if names.count(n) > 1), None)
     if duplicate is not None:
@@ -181,8 +192,7 @@ def resolve(config: dict, common: list[str], seed: int) -> dict:
     import train
 
     flags = common + config["flags"]
-    owned = next((f for f in flags if f.startswith("--") and f[2:].replace("-", "_").split("=")[0] in SWEEP_OWNS),
-                 None)
+    owned = next((f for f in flags if f.startswith("--") and f[2:].replace("-", "_").split("=")[0] in SWEEP_OWNS), None)
     if owned is not None:
         raise SpecError(f"configuration '{config['name']}': {owned} is set by the sweep, per run")
     err = io.StringIO()
@@ -204,6 +214,7 @@ def run_name(args: dict, seed: int) -> str:
 
 
 # ---- running: one fresh train.py process per run, resumable
+
 
 def run_state(path: str) -> str:
     """'done' (eval.json has "after"), 'checkpoint' (resumable), 'partial' (killed before a checkpoint), 'new'."""
@@ -316,6 +327,7 @@ def _last_line(path: str) -> str:
 
 # ---- the summary
 
+
 def read_run(path: str) -> dict:
     """One finished run's numbers: eval.json's scores, metrics.jsonl's per-step means and its pass-rate curve."""
     with open(os.path.join(path, "eval.json")) as f:
@@ -327,9 +339,15 @@ def read_run(path: str) -> dict:
     def over_steps(key):
         return sum(row[key] for row in rows) / len(rows)
 
-    return {"before": evals["before"], "after": evals["after"], "gain": evals["after"] - evals["before"],
-            "auc": sum(curve) / len(curve), "len_mean": over_steps("response/len_mean"),
-            "trunc_frac": over_steps("response/trunc_frac"), "curve": curve}
+    return {
+        "before": evals["before"],
+        "after": evals["after"],
+        "gain": evals["after"] - evals["before"],
+        "auc": sum(curve) / len(curve),
+        "len_mean": over_steps("response/len_mean"),
+        "trunc_frac": over_steps("response/trunc_frac"),
+        "curve": curve,
+    }
 
 
 def summarize(configs: list[dict], runs: list[dict], baseline: str | None) -> dict:
@@ -347,9 +365,12 @@ def summarize(configs: list[dict], runs: list[dict], baseline: str | None) -> di
         if baseline is not None and c["name"] != baseline:
             both = [s for s in seeds if (baseline, s) in done]
             if both:
-                entry["vs_baseline"] = {key: paired_difference([done[c["name"], s][key] for s in both],
-                                                               [done[baseline, s][key] for s in both])
-                                        for key in ("after", "gain", "auc", "len_mean", "trunc_frac")}
+                entry["vs_baseline"] = {
+                    key: paired_difference(
+                        [done[c["name"], s][key] for s in both], [done[baseline, s][key] for s in both]
+                    )
+                    for key in ("after", "gain", "auc", "len_mean", "trunc_frac")
+                }
                 entry["vs_baseline"]["seeds"] = both
         out["configs"][c["name"]] = entry
     return out
@@ -363,26 +384,33 @@ def _fmt(stat: dict, digits: int = 3) -> str:
 
 def table(summary: dict) -> str:
     """Markdown: one row per configuration, mean [95% t-interval]; then the paired differences."""
-    lines = ["| configuration | seeds | " + " | ".join(what for _, what in METRICS) + " |",
-             "| --- | --- |" + " --- |" * len(METRICS)]
+    lines = [
+        "| configuration | seeds | " + " | ".join(what for _, what in METRICS) + " |",
+        "| --- | --- |" + " --- |" * len(METRICS),
+    ]
     for name, c in summary["configs"].items():
         if c["seeds"]:
             digits = {"len_mean": 1}
             cells = [_fmt(c[key], digits.get(key, 3)) for key, _ in METRICS]
             lines.append(f"| {name} | {len(c['seeds'])} | " + " | ".join(cells) + " |")
     if summary["baseline"]:
-        lines += ["", f"Paired differences vs {summary['baseline']} (same seeds): mean [95% paired t-interval] "
-                      "[95% paired bootstrap], wins/losses over seeds", "",
-                  "| configuration | seeds | after | gain | training pass rate | response length |",
-                  "| --- | --- | --- | --- | --- | --- |"]
+        lines += [
+            "",
+            f"Paired differences vs {summary['baseline']} (same seeds): mean [95% paired t-interval] "
+            "[95% paired bootstrap], wins/losses over seeds",
+            "",
+            "| configuration | seeds | after | gain | training pass rate | response length |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
         for name, c in summary["configs"].items():
             vs = c.get("vs_baseline")
             if vs:
                 cells = []
                 for key, digits in (("after", 3), ("gain", 3), ("auc", 3), ("len_mean", 1)):
                     d = vs[key]
-                    boot = (f" [{d['boot_lo']:+.{digits}f}, {d['boot_hi']:+.{digits}f}]"
-                            if d["boot_lo"] is not None else "")
+                    boot = (
+                        f" [{d['boot_lo']:+.{digits}f}, {d['boot_hi']:+.{digits}f}]" if d["boot_lo"] is not None else ""
+                    )
                     ci = f" [{d['lo']:+.{digits}f}, {d['hi']:+.{digits}f}]" if d["lo"] is not None else ""
                     cells.append(f"{d['mean']:+.{digits}f}{ci}{boot} {d['wins']}/{d['losses']}")
                 lines.append(f"| {name} | {len(vs['seeds'])} | " + " | ".join(cells) + " |")
@@ -401,10 +429,11 @@ def plot(summary: dict, out: str) -> list[str]:
     for name, c in named:
         steps = range(1, len(c["curve"]) + 1)
         mean = [p["mean"] for p in c["curve"]]
-        line, = ax.plot(steps, mean, label=f"{name} (n={len(c['seeds'])})")
+        (line,) = ax.plot(steps, mean, label=f"{name} (n={len(c['seeds'])})")
         if c["curve"][0]["lo"] is not None:
-            ax.fill_between(steps, [p["lo"] for p in c["curve"]], [p["hi"] for p in c["curve"]],
-                            color=line.get_color(), alpha=0.15)
+            ax.fill_between(
+                steps, [p["lo"] for p in c["curve"]], [p["hi"] for p in c["curve"]], color=line.get_color(), alpha=0.15
+            )
     ax.set(xlabel="step", ylabel="training pass rate", title="mean over seeds, 95% t-band")
     ax.legend(fontsize=7)
     paths = [os.path.join(out, "curves.png")]
@@ -440,6 +469,7 @@ def plot(summary: dict, out: str) -> list[str]:
 
 # ---- the whole sweep
 
+
 def plan(opts) -> tuple[list[dict], list[dict]]:
     """(configs, runs), runs seed-major (every configuration of seed 0, then seed 1, ...) so that an
     interrupted sweep leaves complete pairs behind. Raises SpecError on any bad part of the spec."""
@@ -457,8 +487,14 @@ def plan(opts) -> tuple[list[dict], list[dict]]:
         for c in configs:
             if seed in c["seeds"]:
                 args = resolve(c, common, seed)
-                runs.append({"config": c["name"], "seed": seed, "args": args,
-                             "path": os.path.join(runs_dir, run_name(args, seed))})
+                runs.append(
+                    {
+                        "config": c["name"],
+                        "seed": seed,
+                        "args": args,
+                        "path": os.path.join(runs_dir, run_name(args, seed)),
+                    }
+                )
     return configs, runs
 
 
@@ -468,14 +504,23 @@ def sweep(opts) -> dict:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     t0 = time.time()
     if opts.report_only:
-        counts = {"launched": 0, "skipped": sum(run_state(r["path"]) == "done" for r in runs), "failed": 0,
-                  "seconds": 0.0}
+        counts = {
+            "launched": 0,
+            "skipped": sum(run_state(r["path"]) == "done" for r in runs),
+            "failed": 0,
+            "seconds": 0.0,
+        }
     else:
         counts = run_all(runs, keep_checkpoints=opts.keep_checkpoints, min_free_gb=opts.min_free_gb)
     summary = summarize(configs, runs, opts.baseline)
-    summary.update(command=" ".join(shlex.quote(a) for a in sys.argv), commit=commit, runs=counts,
-                   sweep_seconds=time.time() - t0, run_seconds_total=sum(map(_wall_seconds, runs)),
-                   run_dirs={f"{r['config']} s{r['seed']}": r["path"] for r in runs})
+    summary.update(
+        command=" ".join(shlex.quote(a) for a in sys.argv),
+        commit=commit,
+        runs=counts,
+        sweep_seconds=time.time() - t0,
+        run_seconds_total=sum(map(_wall_seconds, runs)),
+        run_dirs={f"{r['config']} s{r['seed']}": r["path"] for r in runs},
+    )
     with open(os.path.join(opts.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     text = table(summary)
@@ -484,9 +529,11 @@ def sweep(opts) -> dict:
     print(text)
     if any(c["seeds"] for c in summary["configs"].values()):
         print("figures:", ", ".join(plot(summary, opts.out)))
-    print(f"runs: {counts['launched']} launched ({counts['seconds']:.0f} s), {counts['skipped']} already done, "
-          f"{counts['failed']} failed, {len(runs) - counts['launched'] - counts['skipped']} not run; "
-          f"train.py ran {summary['run_seconds_total']:.0f} s over all launches of these runs")
+    print(
+        f"runs: {counts['launched']} launched ({counts['seconds']:.0f} s), {counts['skipped']} already done, "
+        f"{counts['failed']} failed, {len(runs) - counts['launched'] - counts['skipped']} not run; "
+        f"train.py ran {summary['run_seconds_total']:.0f} s over all launches of these runs"
+    )
     return summary
 
 
@@ -522,8 +569,9 @@ def smoke(opts) -> int:
             shutil.rmtree(os.path.join(restarted, d))
     third = sweep(opts)
     if third["runs"]["launched"] != 2 or third["runs"]["failed"]:
-        problems.append(f"after two kills the sweep launched {third['runs']['launched']} (want 2), "
-                        f"{third['runs']['failed']} failed")
+        problems.append(
+            f"after two kills the sweep launched {third['runs']['launched']} (want 2), {third['runs']['failed']} failed"
+        )
     for path in (resumed, restarted):
         now = json.load(open(os.path.join(path, "eval.json"))).get("after")
         if now != after[path]:
@@ -560,11 +608,18 @@ def main(argv=None) -> int:
     parser.add_argument("--baseline", help="configuration name the paired differences are taken against")
     parser.add_argument("--runs-dir", default="", help="run folders (default OUT/../sweep-runs, shared between sweeps)")
     parser.add_argument("--keep-checkpoints", action="store_true", help="keep finished runs' checkpoints")
-    parser.add_argument("--min-free-gb", type=float, default=0.0,
-                        help="before each run, wait until this much memory is available (a SmolLM2 run: ~7)")
+    parser.add_argument(
+        "--min-free-gb",
+        type=float,
+        default=0.0,
+        help="before each run, wait until this much memory is available (a SmolLM2 run: ~7)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the runs and their state, launch nothing")
-    parser.add_argument("--report-only", action="store_true",
-                        help="summarise the runs finished so far (e.g. while the sweep still runs), launch nothing")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="summarise the runs finished so far (e.g. while the sweep still runs), launch nothing",
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny-model grid with resume and arithmetic checks")
     parser.error = lambda message: (print(f"sweep.py: error: {message}", file=sys.stderr), sys.exit(2))
     opts = parser.parse_args(argv)
@@ -582,8 +637,11 @@ def main(argv=None) -> int:
         print(f"sweep.py: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # the run under way got the Ctrl-C too, and kept its newest checkpoint
-        print("sweep.py: interrupted; finished runs are kept, and the same command continues the rest (a run with a "
-              "checkpoint resumes from it)", file=sys.stderr)
+        print(
+            "sweep.py: interrupted; finished runs are kept, and the same command continues the rest (a run with a "
+            "checkpoint resumes from it)",
+            file=sys.stderr,
+        )
         return 130
     return 1 if summary["runs"]["failed"] else 0
 

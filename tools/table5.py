@@ -27,8 +27,11 @@ from tools.sweep import mean_interval, paired_difference
 BASE_TAU = 0.1
 # The paper's Table 5(a), GSM8K, M = 8: pass@1 (%) by tau (Qwen2.5-1.5B, 1,000 steps). For the figure's shape only.
 PAPER_GSM8K_M8 = {0.1: 75.8, 0.3: 75.7, 0.5: 75.0, 1.0: 61.1, 1.3: 63.4, 1.5: 50.2, 10.0: 52.5}
-OUTCOMES = [("after", "held-out pass@1 after training"), ("auc", "training pass rate, mean over steps"),
-            ("adv_abs", "mean |A|, logged training groups")]
+OUTCOMES = [
+    ("after", "held-out pass@1 after training"),
+    ("auc", "training pass rate, mean over steps"),
+    ("adv_abs", "mean |A|, logged training groups"),
+]
 
 
 def logged_groups(path: str) -> list[tuple[list[float], list[float]]]:
@@ -72,8 +75,9 @@ def collect(*runs_dirs: str) -> dict:
             run.update(groups=groups, adv_abs=mean_abs_advantage(groups))
             seeds = out.setdefault(float(args["tau"]), {})
             if args["seed"] in seeds:
-                raise ValueError(f"two tau {args['tau']} runs for seed {args['seed']}: {seeds[args['seed']]['name']} "
-                                 f"and {name}")
+                raise ValueError(
+                    f"two tau {args['tau']} runs for seed {args['seed']}: {seeds[args['seed']]['name']} and {name}"
+                )
             seeds[args["seed"]] = run
     return out
 
@@ -86,15 +90,20 @@ def analyse(runs: dict) -> dict:
     out = {}
     for tau in sorted(runs):
         seeds = sorted(s for s in runs[tau] if s in base)
-        entry = {"seeds": sorted(runs[tau]), "paired": seeds, "means": {}, "diffs": {},
-                 "counterfactual_abs": mean_abs_advantage(base_groups, tau) if base_groups else None,
-                 "cpu_mismatch": [s for s in seeds if runs[tau][s]["cpu"].split("\n")[0] !=
-                                  base[s]["cpu"].split("\n")[0]]}
+        entry = {
+            "seeds": sorted(runs[tau]),
+            "paired": seeds,
+            "means": {},
+            "diffs": {},
+            "counterfactual_abs": mean_abs_advantage(base_groups, tau) if base_groups else None,
+            "cpu_mismatch": [s for s in seeds if runs[tau][s]["cpu"].split("\n")[0] != base[s]["cpu"].split("\n")[0]],
+        }
         for key, _ in OUTCOMES:
             entry["means"][key] = mean_interval([runs[tau][s][key] for s in sorted(runs[tau])])
             if tau != BASE_TAU and len(seeds) >= 2:
-                entry["diffs"][key] = paired_difference([runs[tau][s][key] for s in seeds],
-                                                        [base[s][key] for s in seeds])
+                entry["diffs"][key] = paired_difference(
+                    [runs[tau][s][key] for s in seeds], [base[s][key] for s in seeds]
+                )
         out[tau] = entry
     return out
 
@@ -107,31 +116,45 @@ def _interval(d: dict, sign: str = "") -> str:
 
 def report(analysis: dict, runs: dict) -> str:
     """Markdown: one row per tau (means, paired differences, |A|), then every run's row."""
-    lines = ["| tau | seeds | held-out pass@1 after | tau - 0.1, paired (better / worse) | training pass rate | "
-             "tau - 0.1, paired (better / worse) | mean abs A, logged | counterfactual abs A |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| tau | seeds | held-out pass@1 after | tau - 0.1, paired (better / worse) | training pass rate | "
+        "tau - 0.1, paired (better / worse) | mean abs A, logged | counterfactual abs A |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for tau, e in analysis.items():
         cells = []
         for key in ("after", "auc"):
             cells.append(_interval(e["means"][key]))
             d = e["diffs"].get(key)
-            cells.append(f"{_interval(d, '+')}, {d['wins']} / {d['losses']}" if d else "baseline" if tau == BASE_TAU
-                         else "-")
+            cells.append(
+                f"{_interval(d, '+')}, {d['wins']} / {d['losses']}" if d else "baseline" if tau == BASE_TAU else "-"
+            )
         cf = e["counterfactual_abs"]
-        lines.append(f"| {tau:g} | {len(e['seeds'])} | {' | '.join(cells)} | {_interval(e['means']['adv_abs'])} | "
-                     f"{'-' if cf is None else f'{cf:.3f}'} |")
+        lines.append(
+            f"| {tau:g} | {len(e['seeds'])} | {' | '.join(cells)} | {_interval(e['means']['adv_abs'])} | "
+            f"{'-' if cf is None else f'{cf:.3f}'} |"
+        )
     mismatched = {tau: e["cpu_mismatch"] for tau, e in analysis.items() if e["cpu_mismatch"]}
     if mismatched:
-        lines += ["", "Pairs whose two runs ran on different CPU models: " + "; ".join(
-            f"tau {tau:g} seeds {', '.join(map(str, s))}" for tau, s in mismatched.items()) + "."]
-    lines += ["", "| tau | seed | before -> after | training pass rate | mean abs A | wall s | CPU |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [
+            "",
+            "Pairs whose two runs ran on different CPU models: "
+            + "; ".join(f"tau {tau:g} seeds {', '.join(map(str, s))}" for tau, s in mismatched.items())
+            + ".",
+        ]
+    lines += [
+        "",
+        "| tau | seed | before -> after | training pass rate | mean abs A | wall s | CPU |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for tau in sorted(runs):
         for s, run in sorted(runs[tau].items()):
             cpu = run["cpu"].split("\n")[0].removeprefix("Model name:").strip()
             wall = f"{run['wall']:.0f}" if run["wall"] else "-"
-            lines.append(f"| {tau:g} | {s} | {run['before']:.3f} -> {run['after']:.3f} | {run['auc']:.3f} | "
-                         f"{run['adv_abs']:.3f} | {wall} | {cpu} |")
+            lines.append(
+                f"| {tau:g} | {s} | {run['before']:.3f} -> {run['after']:.3f} | {run['auc']:.3f} | "
+                f"{run['adv_abs']:.3f} | {wall} | {cpu} |"
+            )
     return "\n".join(lines)
 
 
@@ -147,16 +170,37 @@ def plot(analysis: dict, runs: dict, out: str) -> str:
     taus = sorted(analysis)
     for tau in taus:
         afters = [run["after"] for run in runs[tau].values()]
-        ax.scatter([tau * math.exp(0.06 * (i - 2)) for i in range(len(afters))], afters, s=14, color="gray", zorder=3,
-                   label="one run (seed)" if tau == taus[0] else None)
+        ax.scatter(
+            [tau * math.exp(0.06 * (i - 2)) for i in range(len(afters))],
+            afters,
+            s=14,
+            color="gray",
+            zorder=3,
+            label="one run (seed)" if tau == taus[0] else None,
+        )
     means = [analysis[t]["means"]["after"] for t in taus]
-    ax.errorbar(taus, [m["mean"] for m in means], fmt="o-", color="C0", capsize=4, label="mean, 95% t-interval",
-                yerr=[[m["mean"] - (m["lo"] if m["lo"] is not None else m["mean"]) for m in means],
-                      [(m["hi"] if m["hi"] is not None else m["mean"]) - m["mean"] for m in means]])
+    ax.errorbar(
+        taus,
+        [m["mean"] for m in means],
+        fmt="o-",
+        color="C0",
+        capsize=4,
+        label="mean, 95% t-interval",
+        yerr=[
+            [m["mean"] - (m["lo"] if m["lo"] is not None else m["mean"]) for m in means],
+            [(m["hi"] if m["hi"] is not None else m["mean"]) - m["mean"] for m in means],
+        ],
+    )
     ax.set(xscale="log", xlabel="tau", ylabel="held-out pass@1 after 20 steps (arith, 135M)")
     paper = ax.twinx()
-    paper.plot(list(PAPER_GSM8K_M8), list(PAPER_GSM8K_M8.values()), "s--", color="C3", alpha=0.7,
-               label="paper Table 5, GSM8K M=8 (right axis)")
+    paper.plot(
+        list(PAPER_GSM8K_M8),
+        list(PAPER_GSM8K_M8.values()),
+        "s--",
+        color="C3",
+        alpha=0.7,
+        label="paper Table 5, GSM8K M=8 (right axis)",
+    )
     paper.set_ylabel("paper: GSM8K pass@1 (%), Qwen2.5-1.5B", color="C3")
     handles = ax.get_legend_handles_labels()[0] + paper.get_legend_handles_labels()[0]
     ax.legend(handles, [h.get_label() for h in handles], fontsize=7, loc="lower left")

@@ -19,8 +19,9 @@ def population_weight(name: str, M: int, p, **kwargs) -> torch.Tensor:
     kwargs = {"baseline": 0.0, **kwargs} if name == "reinforce" else kwargs  # a constant baseline
     adv = compute_advantages(name, groups, **kwargs)[:, 0].double()  # own advantage, (2M,)
     gap = adv[:M] - adv[M:]  # A(1 | s) - A(0 | s), (M,)
-    log_binom = (torch.lgamma(torch.tensor(M, dtype=torch.float64)) - torch.lgamma(s + 1)
-                 - torch.lgamma(M - s))  # log C(M-1, s)
+    log_binom = (
+        torch.lgamma(torch.tensor(M, dtype=torch.float64)) - torch.lgamma(s + 1) - torch.lgamma(M - s)
+    )  # log C(M-1, s)
     # xlogy(0, 0) = 0 keeps p = 0 and p = 1 exact
     pmf = torch.exp(log_binom + torch.xlogy(s, p[..., None]) + torch.xlogy(M - 1 - s, 1 - p[..., None]))
     return (pmf * gap).sum(-1)  # (*p.shape,)

@@ -26,8 +26,12 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     core.decoder = decoders.Fuse()
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token="<pad>", unk_token="<unk>", eos_token="<|im_end|>",
-        bos_token=None, additional_special_tokens=["<|im_start|>"],
+        tokenizer_object=core,
+        pad_token="<pad>",
+        unk_token="<unk>",
+        eos_token="<|im_end|>",
+        bos_token=None,
+        additional_special_tokens=["<|im_start|>"],
     )
     tok.chat_template = CHAT_TEMPLATE
     return tok
@@ -38,10 +42,19 @@ def build_tiny_model(path, seed: int = 0, num_layers: int = 2, attention_bias: b
     biases on q/k/v/o, as Qwen2 has on q/k/v)."""
     tok = build_tokenizer()
     config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=num_layers,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
-        tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-        bos_token_id=None, torch_dtype="float32", attention_bias=attention_bias,
+        vocab_size=len(tok),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=num_layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
+        torch_dtype="float32",
+        attention_bias=attention_bias,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
