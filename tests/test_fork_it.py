@@ -38,8 +38,14 @@ def _qa(row: dict) -> Example:
     return Example(prompt=_chat(f"{row['problem']}\\n{BOXED}"), gold=str(row["answer"]), reference="")
 
 
-TASKS["qa"] = Task(name="qa", columns={"problem": str, "answer": str}, key=("problem",), make_example=_qa,
-                   verifier=lambda completion, ex: math_reward(completion, ex.gold), answer=_boxed_or_answer)
+TASKS["qa"] = Task(
+    name="qa",
+    columns={"problem": str, "answer": str},
+    key=("problem",),
+    make_example=_qa,
+    verifier=lambda completion, ex: math_reward(completion, ex.gold),
+    answer=_boxed_or_answer,
+)
 """
 
 AGGREGATION = '''\
@@ -76,8 +82,10 @@ def hardest_rollout(step: int, **run) -> Batch:
     rounds = [sample_round(step, r, batch_indices(step, args.rollout_batch, size, args.seed, r), **run) for r in (0, 1)]
     world, n = run["world"], len(rounds[0].groups)
     mean = torch.stack([b.scores["rewards"].mean(-1) for b in rounds]).view(2, world, n)  # (rounds, ranks, G_local)
-    picks = [sorted([(r, i) for r in (0, 1) for i in range(n)], key=lambda c: float(mean[c[0], q, c[1]]))[:n]
-             for q in range(world)]  # rank q's (round, group) pairs, hardest first
+    picks = [
+        sorted([(r, i) for r in (0, 1) for i in range(n)], key=lambda c: float(mean[c[0], q, c[1]]))[:n]
+        for q in range(world)
+    ]  # rank q's (round, group) pairs, hardest first
     return assemble(rounds, picks, run["rank"])
 
 
@@ -91,13 +99,18 @@ def mentions_keyword(completion, example) -> float:
 
 
 def _topic(row: dict) -> Example:
-    return Example(prompt=_chat(f"Write one sentence about {row['topic']}.", system=None), gold=None,
-                   reference=row["example"], meta={"keyword": row["keyword"]})
+    return Example(
+        prompt=_chat(f"Write one sentence about {row['topic']}.", system=None),
+        gold=None,
+        reference=row["example"],
+        meta={"keyword": row["keyword"]},
+    )
 
 
 REWARD_TERMS["mentions"] = mentions_keyword
-TASKS["topic"] = Task(name="topic", columns=dict.fromkeys(("topic", "keyword", "example"), str), key=("topic",),
-                      make_example=_topic)
+TASKS["topic"] = Task(
+    name="topic", columns=dict.fromkeys(("topic", "keyword", "example"), str), key=("topic",), make_example=_topic
+)
 '''
 
 KL_ESTIMATOR = '''\
