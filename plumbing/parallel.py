@@ -32,18 +32,18 @@ def gather_rows(t: torch.Tensor, device) -> torch.Tensor:
 
 
 def gather_objects(items: list) -> list:
-    """All ranks' items on rank 0 ([] elsewhere)."""
+    """All ranks' items, rank-major, on every rank."""
     if not dist.is_initialized():
         return list(items)
-    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(list(items), parts, dst=0)
-    return [item for part in parts for item in part] if parts else []
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, list(items))
+    return [item for part in parts for item in part]
 
 
-def per_rank(values: dict[str, float], device) -> dict[str, float]:
+def per_rank(values: dict[str, float]) -> dict[str, float]:
     """{"name/rank0": ..., "name/rank1": ...}."""
-    table = gather_rows(torch.tensor([list(values.values())], dtype=torch.float64), device)  # (world, len(values))
-    return {f"{name}/rank{r}": table[r, i].item() for i, name in enumerate(values) for r in range(len(table))}
+    tables = gather_objects([values])
+    return {f"{name}/rank{r}": table[name] for name in values for r, table in enumerate(tables)}
 
 
 def shard(model, device, bf16: bool = False):
@@ -106,7 +106,8 @@ def init_distributed(seed: int, timeout_s: float = 1800):
         keep_freed_memory()
     if distributed := "RANK" in os.environ:
         dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))
-    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    rank = dist.get_rank() if distributed else 0
+    world = dist.get_world_size() if distributed else 1
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
