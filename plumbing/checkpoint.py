@@ -204,10 +204,6 @@ def untied(model, state: dict) -> dict:
     return {k: v for k, v in state.items() if k not in tied}
 
 
-def retied(model, state: dict) -> dict:
-    return state | {name: state[other] for name, other in tied_names(model).items()}
-
-
 def sharded_state(model, optimizer, ref_model=None) -> tuple[dict, list]:
     """(DCP state with each tensor once, param_groups); creates a fresh optimizer's moments."""
     model_state, optim_state = dcp_state.get_state_dict(model, optimizer)
@@ -351,8 +347,7 @@ def load_checkpoint(ckpt, model, optimizer, scheduler, rank, lr=None, weight_dec
     state = read_trainer_state(ckpt)  # before DCP unpickles
     if not state.get("reference"):  # a run without a moving reference saved none
         ref_model = None
-    own = [{k: group[k] for k in ("fused", "foreach", "capturable") if k in group} for group in optimizer.param_groups]
-    shards = sharded_state(model, optimizer, ref_model)[0]
+    shards = sharded_state(model, optimizer, ref_model)[0]  # the live tensors: DCP loads into them in place
     try:
         reader = dcp.FileSystemReader(os.path.join(ckpt, "trainer"))
         dcp.load(shards, storage_reader=reader, no_dist=not dist.is_initialized())
@@ -362,15 +357,10 @@ def load_checkpoint(ckpt, model, optimizer, scheduler, rank, lr=None, weight_dec
             f"checkpoint {ckpt} is corrupt: cannot read trainer/ ({type(inner).__name__}: "
             f"{first_line(inner, limit=120)})"
         ) from None
-    optim_state = {"state": shards["optimizer"], "param_groups": state["param_groups"]}
-    dcp_state.set_state_dict(
-        model, optimizer, model_state_dict=retied(model, shards["model"]), optim_state_dict=optim_state
-    )
-    if ref_model is not None:
-        dcp_state.set_model_state_dict(ref_model, retied(ref_model, shards["reference"]))
     scheduler.load_state_dict(state["scheduler"])
-    for i, (group, mine) in enumerate(zip(optimizer.param_groups, own)):
-        group.update(mine)  # this run's kernels: the saving machine's may not exist here
+    own = ("params", "param_names", "fused", "foreach", "capturable")  # this run's kernels: the saver's may not exist
+    for i, (group, saved) in enumerate(zip(optimizer.param_groups, state["param_groups"])):
+        group.update({k: v for k, v in saved.items() if k not in own})
         if lr is not None:  # LambdaLR: lr = base_lr * lambda(step)
             scheduler.base_lrs[i] = group["initial_lr"] = lr
             group["lr"] = lr * scheduler.lr_lambdas[i](scheduler.last_epoch)
