@@ -132,7 +132,7 @@ def find_checkpoint(path: str) -> str | None:
 
 
 def resume_hint(out: str) -> str:
-    ckpt = find_checkpoint(out) if out else None
+    ckpt = find_checkpoint(out)
     if ckpt is None:
         return "no checkpoint was saved yet"
     return f"the newest checkpoint is {ckpt}: continue with --resume {out}"

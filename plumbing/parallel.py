@@ -48,13 +48,13 @@ def per_rank(values: dict[str, float]) -> dict[str, float]:
 
 def shard(model, device, bf16: bool = False):
     """FSDP2 per layer, weights from rank 0 (the others may build `model` empty); `bf16`: verl's mixed precision."""
-    full = get_model_state_dict(model) if dist.get_rank() == 0 else {}
+    full = get_model_state_dict(model) if dist.get_rank() == 0 else {}  # one read from disk, broadcast to all
     empty = any(p.is_meta for p in model.parameters())
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     )
-    for layer in model.get_decoder().layers:
+    for layer in model.get_decoder().layers:  # per layer: one layer's full weights live at a time, and comms overlap
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=True)  # no-grad forwards: no backward
     if empty:  # this rank's shards allocated, the built buffers kept

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from plumbing.parallel import all_reduce_sum, full_weights, hf_name, per_rank, tied_names
 from speed.logprobs import pad_batch, sequence_logprobs
 
+# Sampler and trainer run different kernels, so log-probs never agree exactly; a broken sync is far above these
 SYNC_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.5}  # far above a healthy gap (bench/sync_tolerance.py)
 
 
@@ -64,7 +65,7 @@ def probe_sync(sampler, model, prompts, max_tokens=4) -> SyncProbe:
 
 def check_probe(probe, before, step: int, tolerance: float, device) -> dict:
     """SyncError on every rank unless each probe is within `tolerance` and the sampler moved with the trainer."""
-    moved_alone = engine_moved = 0.0
+    moved_alone = engine_moved = 0.0  # moved_alone: the trainer's log-probs moved while the sampler's did not
     if before is not None:
         engine_moved = probe.sampler_moved(before)
         if before.token_ids == probe.token_ids and torch.equal(before.sampler_logp, probe.sampler_logp):
