@@ -74,7 +74,7 @@ class SampleLog:
         if not self.n:
             return
         rollout, groups = batch.scores, batch.groups
-        rows, first = [], rank * len(groups)
+        rows, first = [], rank * len(groups)  # this rank's rows of the gathered tensors start at `first`
         for g, (example, group) in enumerate(zip(batch.examples, groups)):
             for k, c in enumerate(group[: self.n - len(rows)]):
                 rows.append(
@@ -166,7 +166,8 @@ class Phases:
             sampler.sleep()
             release_freed_memory()
             return
-        (free, total), allocated = torch.cuda.mem_get_info(self.device), torch.cuda.memory_allocated(self.device)
+        free, total = torch.cuda.mem_get_info(self.device)
+        allocated = torch.cuda.memory_allocated(self.device)
         sampler.sleep()
         self.held = max(0, self.engine - (allocated - torch.cuda.memory_allocated(self.device)))
         self.memory.update(
