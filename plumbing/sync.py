@@ -138,16 +138,6 @@ def weight_checksums(sampler, model, step: int = 0, every: int = 1) -> tuple[dic
     return engine, trainer | {hf_name(name): trainer[hf_name(other)] for name, other in tied_names(model).items()}
 
 
-def _family(name: str) -> str:
-    """The family of weights a parameter belongs to, as errors name it."""
-    module = name.rpartition(".")[0].rpartition(".")[2]
-    if name.endswith(".bias"):
-        return FAMILIES["bias"]
-    if "norm" in module:
-        return FAMILIES["norm"]
-    return FAMILIES.get(module, FAMILIES["rest"])
-
-
 def check_weights(sums, step: int, device) -> dict:
     """SyncError on every rank unless each engine holds every family of the trainer's weights; None passes."""
     if sums is None:
@@ -156,7 +146,10 @@ def check_weights(sums, step: int, device) -> dict:
     labels = list(dict.fromkeys(FAMILIES.values()))
     worst, example = dict.fromkeys(labels, 0.0), {}
     for name in [*trainer, *(engine.keys() - trainer.keys())]:  # a name on one side only is a missed tensor
-        ours, theirs, label = trainer.get(name), engine.get(name), _family(name)
+        ours, theirs = trainer.get(name), engine.get(name)
+        module = name.rpartition(".")[0].rpartition(".")[2]  # its family, as errors name it:
+        family = "norm" if "norm" in module else module
+        label = FAMILIES["bias"] if name.endswith(".bias") else FAMILIES.get(family, FAMILIES["rest"])
         diff, where = math.inf, ", on one side only"
         if ours and theirs:  # relative to the tensor's norm: one tolerance for every size and dtype
             scale = max(ours[1], theirs[1], 1e-30)
