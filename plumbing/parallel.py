@@ -32,29 +32,29 @@ def gather_rows(t: torch.Tensor, device) -> torch.Tensor:
 
 
 def gather_objects(items: list) -> list:
-    """All ranks' items on rank 0 ([] elsewhere)."""
+    """All ranks' items, rank-major, on every rank."""
     if not dist.is_initialized():
         return list(items)
-    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(list(items), parts, dst=0)
-    return [item for part in parts for item in part] if parts else []
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, list(items))
+    return [item for part in parts for item in part]
 
 
-def per_rank(values: dict[str, float], device) -> dict[str, float]:
+def per_rank(values: dict[str, float]) -> dict[str, float]:
     """{"name/rank0": ..., "name/rank1": ...}."""
-    table = gather_rows(torch.tensor([list(values.values())], dtype=torch.float64), device)  # (world, len(values))
-    return {f"{name}/rank{r}": table[r, i].item() for i, name in enumerate(values) for r in range(len(table))}
+    tables = gather_objects([values])
+    return {f"{name}/rank{r}": table[name] for name in values for r, table in enumerate(tables)}
 
 
 def shard(model, device, bf16: bool = False):
     """FSDP2 per layer, weights from rank 0 (the others may build `model` empty); `bf16`: verl's mixed precision."""
-    full = get_model_state_dict(model) if dist.get_rank() == 0 else {}
+    full = get_model_state_dict(model) if dist.get_rank() == 0 else {}  # one read from disk, broadcast to all
     empty = any(p.is_meta for p in model.parameters())
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     )
-    for layer in model.get_decoder().layers:
+    for layer in model.get_decoder().layers:  # per layer: one layer's full weights live at a time, and comms overlap
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=True)  # no-grad forwards: no backward
     if empty:  # this rank's shards allocated, the built buffers kept
@@ -106,7 +106,8 @@ def init_distributed(seed: int, timeout_s: float = 1800):
         keep_freed_memory()
     if distributed := "RANK" in os.environ:
         dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))
-    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    rank = dist.get_rank() if distributed else 0
+    world = dist.get_world_size() if distributed else 1
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)

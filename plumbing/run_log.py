@@ -74,7 +74,7 @@ class SampleLog:
         if not self.n:
             return
         rollout, groups = batch.scores, batch.groups
-        rows, first = [], rank * len(groups)
+        rows, first = [], rank * len(groups)  # this rank's rows of the gathered tensors start at `first`
         for g, (example, group) in enumerate(zip(batch.examples, groups)):
             for k, c in enumerate(group[: self.n - len(rows)]):
                 rows.append(
@@ -166,7 +166,8 @@ class Phases:
             sampler.sleep()
             release_freed_memory()
             return
-        (free, total), allocated = torch.cuda.mem_get_info(self.device), torch.cuda.memory_allocated(self.device)
+        free, total = torch.cuda.mem_get_info(self.device)
+        allocated = torch.cuda.memory_allocated(self.device)
         sampler.sleep()
         self.held = max(0, self.engine - (allocated - torch.cuda.memory_allocated(self.device)))
         self.memory.update(
@@ -193,7 +194,7 @@ class Phases:
     def metrics(self) -> dict:
         """This step's time/NAME and each rank's mem/... (a collective on CUDA)."""
         times, self.times = self.times, {}
-        return {**times, **(per_rank(self.memory, self.device) if self.cuda else {})}
+        return {**times, **(per_rank(self.memory) if self.cuda else {})}
 
 
 def read_evals(out_dir: str) -> dict:
@@ -215,7 +216,8 @@ def report_eval(evals: dict, when: str, scores: dict, out_dir: str, task, n: int
     """`scores` into eval.json as `when` ("before", "after"), printed on rank 0."""
     if "eval/score" in scores:
         evals[when] = scores["eval/score"]
-    if others := {key: value for key, value in scores.items() if key != "eval/score"}:
+    others = {key: value for key, value in scores.items() if key != "eval/score"}
+    if others:
         evals.setdefault("sets", {})[when] = others
     if not master:
         return
@@ -233,19 +235,19 @@ def report_eval(evals: dict, when: str, scores: dict, out_dir: str, task, n: int
 
 def step_metrics(step: int, has_verifier: bool, batch, adv, train_metrics, seconds, n_params, n_forwards, device):
     """One step's flat metrics, identical on every rank; `adv`: (G, M)."""
-    rollout, groups, (n_body, n_head) = batch.scores, batch.groups, n_params
-    prompt_tokens, completion_tokens = all_reduce_sum(
-        [sum(len(p) * len(g) for p, g in zip(batch.prompts, groups)), sum(len(c.token_ids) for g in groups for c in g)],
-        device,
-    )
+    rollout, groups = batch.scores, batch.groups
+    n_body, n_head = n_params
+    prompt = sum(len(p) * len(g) for p, g in zip(batch.prompts, groups))
+    completion = sum(len(c.token_ids) for g in groups for c in g)
+    prompt_tokens, completion_tokens = all_reduce_sum([prompt, completion], device)
     flops = n_forwards * (2 * n_body * (prompt_tokens + completion_tokens) + 2 * n_head * completion_tokens)
     rewards, lengths = rollout["rewards"], rollout["lengths"]
-    return {
-        "step": step + 1,
-        "reward/mean": rewards.mean().item(),
-        "reward/std": rewards.std(correction=0).item(),
-        **({"reward/pass_rate": rollout["passed"].mean().item()} if has_verifier else {}),
-        **{f"reward/{term}": values.mean().item() for term, values in rollout["terms"].items()},
+    metrics = {"step": step + 1, "reward/mean": rewards.mean().item(), "reward/std": rewards.std(correction=0).item()}
+    if has_verifier:
+        metrics["reward/pass_rate"] = rollout["passed"].mean().item()
+    for term, values in rollout["terms"].items():
+        metrics[f"reward/{term}"] = values.mean().item()
+    return metrics | {
         "reward/errors": rollout["errors"],
         "adv/zero_group_frac": (adv.abs().amax(-1) < 1e-6).float().mean().item(),
         "response/len_mean": lengths.mean().item(),

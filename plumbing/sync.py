@@ -13,6 +13,7 @@ import torch.distributed as dist
 from plumbing.parallel import all_reduce_sum, full_weights, hf_name, per_rank, tied_names
 from speed.logprobs import pad_batch, sequence_logprobs
 
+# Sampler and trainer run different kernels, so log-probs never agree exactly; a broken sync is far above these
 SYNC_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.5}  # far above a healthy gap (bench/sync_tolerance.py)
 
 
@@ -48,7 +49,8 @@ class SyncProbe:
 def probe_sync(sampler, model, prompts, max_tokens=4) -> SyncProbe:
     """A short seeded sample from the sampler, scored by the trainer."""
     completions = [group[0] for group in sampler.generate(prompts, n=1, max_tokens=max_tokens, seed=1234)]
-    input_ids, attention_mask, completion_mask = pad_batch(prompts, [c.token_ids for c in completions], 0)
+    token_ids = [c.token_ids for c in completions]
+    input_ids, attention_mask, completion_mask = pad_batch(prompts, token_ids, 0)
     device = next(model.parameters()).device
     logp = (
         sequence_logprobs(model, input_ids.to(device), attention_mask.to(device), completion_mask.shape[1])
@@ -58,12 +60,12 @@ def probe_sync(sampler, model, prompts, max_tokens=4) -> SyncProbe:
     sampler_logp = torch.zeros_like(logp)
     for i, c in enumerate(completions):
         sampler_logp[i, : len(c.logprobs)] = torch.tensor(c.logprobs)
-    return SyncProbe([c.token_ids for c in completions], sampler_logp, logp, completion_mask.float())
+    return SyncProbe(token_ids, sampler_logp, logp, completion_mask.float())
 
 
 def check_probe(probe, before, step: int, tolerance: float, device) -> dict:
     """SyncError on every rank unless each probe is within `tolerance` and the sampler moved with the trainer."""
-    moved_alone = engine_moved = 0.0
+    moved_alone = engine_moved = 0.0  # moved_alone: the trainer's log-probs moved while the sampler's did not
     if before is not None:
         engine_moved = probe.sampler_moved(before)
         if before.token_ids == probe.token_ids and torch.equal(before.sampler_logp, probe.sampler_logp):
@@ -85,7 +87,7 @@ def check_probe(probe, before, step: int, tolerance: float, device) -> dict:
     return {
         "sync/logprob_diff": worst_diff,
         "sync/sampler_moved": -least_engine_moved,
-        **per_rank({"sync/logprob_diff": probe.diff}, device),
+        **per_rank({"sync/logprob_diff": probe.diff}),
     }
 
 
@@ -143,21 +145,25 @@ def check_weights(sums, step: int, device) -> dict:
     engine, trainer = sums
     labels = list(dict.fromkeys(FAMILIES.values()))
     worst, example = dict.fromkeys(labels, 0.0), {}
-    for name in [*trainer, *(engine.keys() - trainer.keys())]:
+    for name in [*trainer, *(engine.keys() - trainer.keys())]:  # a name on one side only is a missed tensor
+        ours, theirs = trainer.get(name), engine.get(name)
         module = name.rpartition(".")[0].rpartition(".")[2]  # its family, as errors name it:
-        key = "bias" if name.endswith(".bias") else "norm" if "norm" in module else module
-        ours, theirs, label = trainer.get(name), engine.get(name), FAMILIES.get(key, FAMILIES["rest"])
-        diff = math.inf
-        if ours and theirs:
+        family = "norm" if "norm" in module else module
+        label = FAMILIES["bias"] if name.endswith(".bias") else FAMILIES.get(family, FAMILIES["rest"])
+        diff, where = math.inf, ", on one side only"
+        if ours and theirs:  # relative to the tensor's norm: one tolerance for every size and dtype
             scale = max(ours[1], theirs[1], 1e-30)
             diff = max(abs(ours[0] - theirs[0]) / math.sqrt(scale * ours[2]), abs(ours[1] - theirs[1]) / scale)
+            where = ""
         if diff > RELATIVE_TOLERANCE and diff >= worst[label]:
-            worst[label], example[label] = diff, f"e.g. {name}" + ("" if ours and theirs else ", on one side only")
-    verdicts = all_reduce_sum([min(worst[f], 1e300) for f in labels], device, op=dist.ReduceOp.MAX)
-    if bad := [f for f, v in zip(labels, verdicts) if v > RELATIVE_TOLERANCE]:
+            worst[label] = diff
+            example[label] = f"e.g. {name}{where}"
+    verdicts = all_reduce_sum([min(worst[f], 1e300) for f in labels], device, op=dist.ReduceOp.MAX)  # inf: NaN-free
+    bad = [f for f, v in zip(labels, verdicts) if v > RELATIVE_TOLERANCE]
+    if bad:
+        also = "; also " + ", ".join(bad[1:]) if bad[1:] else ""
         raise SyncError(
             f"the engine's {bad[0]} differ from the trainer's after the step-{step} sync "
-            f"({example.get(bad[0], 'on another rank')}){'; also ' + ', '.join(bad[1:]) if bad[1:] else ''}"
-            ": the sync skipped them, or the engine did not load them"
+            f"({example.get(bad[0], 'on another rank')}){also}: the sync skipped them, or the engine did not load them"
         )
     return {"sync/weight_diff": max(verdicts)}

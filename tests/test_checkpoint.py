@@ -187,20 +187,21 @@ def tiny_trainer(model_dir):
 
 
 def test_a_run_folder_made_read_only_mid_run_is_one_line_from_the_save(tiny_model_dir, tmp_path, monkeypatch):
-    """Root ignores chmod, so the read-only folder is mkdtemp's PermissionError, as it comes without dac_override:
-    one line naming the save and the last good checkpoint, nothing left behind."""
-    import tempfile
-
+    """Root ignores chmod, so the read-only folder is the temp folder's PermissionError, as it comes without
+    dac_override: one line naming the save and the last good checkpoint, nothing left behind."""
     from plumbing.checkpoint import CheckpointError, save_checkpoint
 
     args, model, optimizer, scheduler, tokenizer = tiny_trainer(tiny_model_dir)
     save_checkpoint(str(tmp_path), 1, model, optimizer, scheduler, tokenizer, args)
     before = snapshot(tmp_path)
+    real_mkdir = os.mkdir
 
-    def read_only(*a, **k):
-        raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path))
+    def read_only(path, *a, **k):
+        if os.path.dirname(path) == str(tmp_path):
+            raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path))
+        return real_mkdir(path, *a, **k)
 
-    monkeypatch.setattr(tempfile, "mkdtemp", read_only)
+    monkeypatch.setattr(os, "mkdir", read_only)
     with pytest.raises(CheckpointError) as info:
         save_checkpoint(str(tmp_path), 2, model, optimizer, scheduler, tokenizer, args)
     message = str(info.value)
