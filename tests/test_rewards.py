@@ -312,8 +312,8 @@ def test_rewards_accept_any_input_type(monkeypatch):
         ]:
             assert score == 0.0
     # A numbers list that is not list[int] is a data bug that the data gate refuses, naming its line, before any
-    # reward sees it (test_nothing_silent.py: test_a_countdown_value_of_the_wrong_type_is_refused_naming_its_line_and_column);
-    # a reward that raises anyway scores 0 and is counted (test_reward_exceptions_are_counted_and_the_first_traceback_printed).
+    # reward sees it (test_nothing_silent.py: test_a_countdown_value_of_the_wrong_type_is_refused_...); a reward
+    # that raises anyway scores 0 and is counted (test_reward_exceptions_are_counted_and_the_first_traceback_printed).
 
 
 # ---------------------------------------------------------------- verdicts decided in rewards.py's departure 4
