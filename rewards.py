@@ -88,7 +88,7 @@ def similarity_reward(completion, reference) -> float:
         return 0.0
     overlap = sum((Counter(pred) & Counter(ref)).values())
     lcs = lcs_length(pred[:MAX_WORDS], ref[:MAX_WORDS])
-    return 0.6 * _f1(overlap, len(pred), len(ref)) + 0.4 * _f1(lcs, len(pred), len(ref))
+    return 0.6 * _f1(overlap, pred, ref) + 0.4 * _f1(lcs, pred, ref)  # Appendix B.5's weights
 
 
 @safe_reward
@@ -291,10 +291,10 @@ def lcs_length(a: list[str], b: list[str]) -> int:
     return len(b) - v.bit_count()
 
 
-def _f1(overlap: int, n_pred: int, n_ref: int) -> float:
+def _f1(overlap: int, pred: list[str], ref: list[str]) -> float:
     if overlap == 0:
         return 0.0
-    precision, recall = overlap / n_pred, overlap / n_ref
+    precision, recall = overlap / len(pred), overlap / len(ref)
     return 2 * precision * recall / (precision + recall)
 
 
@@ -309,7 +309,7 @@ MAX_EXPR_CHARS = 200
 MAX_WORDS = 20_000  # per side, for the LCS
 _NO_PUNCTUATION = str.maketrans("", "", string.punctuation)
 
-STRICT = os.environ.get("SOFTMAX_GRPO_STRICT_REWARDS", "") == "1"
+STRICT = os.environ.get("SOFTMAX_GRPO_STRICT_REWARDS") == "1"  # the tests: a reward bug fails them
 _errors = {"count": 0, "printed": False}
 _errors_lock = threading.Lock()
 

@@ -102,18 +102,16 @@ def write_error(path: str, flag: str, folder: bool = False) -> str | None:
     if folder:
         if os.path.islink(path) and not os.path.exists(path):
             return f"{flag} {path} is a link to {os.readlink(path)}, which does not exist"
-        if os.path.exists(path) and not os.path.isdir(path):
-            return f"{flag} {path} is a file, not a folder"
         parent = os.path.abspath(path)
         while not os.path.exists(parent):
-            parent = os.path.dirname(parent)
-        if not os.path.isdir(parent):
+            parent = os.path.dirname(parent)  # the nearest existing folder above: makedirs will start there
+        if not os.path.isdir(parent):  # `path` itself, or a folder above it, is a file
             return f"{flag} {path}: {parent} is a file, not a folder"
     elif os.path.isdir(path):
         return f"{flag} {path} is a folder; pass a file path"
     elif not os.path.isdir(parent := os.path.dirname(os.path.abspath(path))):
         return f"cannot write {path}: its folder {parent} does not exist (or is a file); pass {flag} PATH"
-    try:
+    try:  # a real file made and removed: os.access says yes to root whatever the mode bits say
         fd, probe = tempfile.mkstemp(dir=parent, prefix=".write-check-")
         os.close(fd)
         os.remove(probe)
