@@ -53,33 +53,31 @@ def math_reward(completion, gold) -> float:
 
 @safe_reward
 def countdown_reward(completion, numbers, target) -> float:
-    """1.0 for an expression of + - * / ( ) using each of `numbers` once, = target (departure 3)."""
-    numbers, target = [int(n) for n in numbers], Fraction(int(target))
+    """1.0 for an expression of + - * / ( ) using each of `numbers` once, = target (departure 3). `numbers` and
+    `target` are ints: the data gate (tasks.py) refuses a row with others."""
     expr = countdown_expression(completion)
     if expr.count("=") == 1:
         expr, rhs = expr.split("=")
         if not re.fullmatch(r"\s*-?[0-9]{1,12}\s*", rhs) or int(rhs) != target:
             return 0.0
+    # whitelisted, short and shallow before parsing: model text never reaches eval, deep nesting never the parser
     if len(expr) > MAX_EXPR_CHARS or not re.fullmatch(r"[0-9+\-*/() ]+", expr) or bracket_depth(expr) > 16:
-        return 0.0  # whitelisted before parsing
+        return 0.0
     try:
         tree = ast.parse(expr, mode="eval")
         nodes = list(ast.walk(tree))
         used = [node.value for node in nodes if isinstance(node, ast.Constant)]  # ints: the whitelist has no . e j
         if not all(isinstance(node, _ALLOWED_NODES) for node in nodes) or Counter(used) != Counter(numbers):
             return 0.0
-        return float(_evaluate(tree.body) == target)
+        return float(_evaluate(tree.body) == target)  # exact rationals: 8 / (3 - 8 / 3) is 24, not 23.999...
     except (SyntaxError, ZeroDivisionError):  # not an expression; a division by zero
         return 0.0
 
 
 @safe_reward
 def integer_reward(completion, gold) -> float:
-    """1.0 when integer_answer(completion) is the integer `gold` (arith)."""
-    answer, gold = integer_answer(completion), integer_answer(gold)
-    if not re.fullmatch(r"-?[0-9]+", gold):
-        raise ValueError(f"integer_reward: the gold answer {gold!r} is not an integer")
-    return float(answer == gold)
+    """1.0 when integer_answer(completion) is the integer `gold` (arith, whose golds are generated integers)."""
+    return float(integer_answer(completion) == integer_answer(gold))
 
 
 @safe_reward
@@ -90,7 +88,7 @@ def similarity_reward(completion, reference) -> float:
         return 0.0
     overlap = sum((Counter(pred) & Counter(ref)).values())
     lcs = lcs_length(pred[:MAX_WORDS], ref[:MAX_WORDS])
-    return 0.6 * _f1(overlap, len(pred), len(ref)) + 0.4 * _f1(lcs, len(pred), len(ref))
+    return 0.6 * _f1(overlap, pred, ref) + 0.4 * _f1(lcs, pred, ref)  # Appendix B.5's weights
 
 
 @safe_reward
@@ -101,7 +99,7 @@ def format_reward(completion) -> float:
         return 0.0
     before, _, rest = text.partition("<think>")
     thought, closed, _ = rest.partition("</think>")
-    return float(closed != "" and not before.strip() and bool(thought.strip()) and bool(final_answer(text)))
+    return float(all([closed, not before.strip(), thought.strip(), final_answer(text)]))
 
 
 def overlong_reward(completion, example, *, n_tokens: int, max_tokens: int, overlong_buffer: int) -> float:
@@ -159,8 +157,10 @@ def integer_answer(text) -> str:
     """Last number of the last \\boxed{} (else of the answer), a whole one as digits ("1,234" -> "1234")."""
     answer = plain(final_answer(text))  # fullwidth "８０" is 80
     boxed = last_boxed(answer)
-    listed = boxed is not None and re.search(r"[0-9]\s*(?:;|\s,|,(?:\s|~|\\[ ,;:]))\s*-?[0-9]", boxed)  # "[8, 0]"
-    number = "" if listed else (_NUMBER.findall((answer if boxed is None else boxed)[-MAX_ANSWER_CHARS:]) or [""])[-1]
+    if boxed is not None and re.search(r"[0-9]\s*(?:;|\s,|,(?:\s|~|\\[ ,;:]))\s*-?[0-9]", boxed):
+        return ""  # a boxed list, "[8, 0]", holds no one answer
+    tail = answer if boxed is None else boxed
+    number = ([""] + _NUMBER.findall(tail[-MAX_ANSWER_CHARS:]))[-1]
     whole = re.fullmatch(r"-?[0-9]{1,3}(?:,[0-9]{3})+|-?[0-9]+(?:\.0+)?", number)
     return str(int(number.replace(",", "").split(".")[0])) if whole else number
 
@@ -169,7 +169,9 @@ def math_text(text) -> str:
     """The one normaliser of a math gold and a boxed prediction: U+2212 a minus, a unit word dropped ("72 dollars",
     "5\\text{ cm}"), commas as thousands ("7,425,000") or a decimal comma ("1,22")."""
     text = _text(text).replace("\u2212", "-").strip()
-    text = units.group(1) if (units := _UNIT_WORDS.fullmatch(text)) else text
+    units = _UNIT_WORDS.fullmatch(text)
+    if units:
+        text = units.group(1)
     if re.fullmatch(r"-?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?", text):
         return text.replace(",", "")
     return text.replace(",", ".") if re.fullmatch(r"-?\d+,\d+", text) else text
@@ -202,8 +204,9 @@ _ALLOWED_NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, *_OPERAT
 def countdown_expression(completion) -> str:
     """Last \\boxed{} of the final answer, else its last non-empty line."""
     answer = final_answer(completion)
-    boxed = last_boxed(answer)
-    expr = boxed if boxed is not None else ([line for line in answer.splitlines() if line.strip()] or [""])[-1]
+    expr = last_boxed(answer)
+    if expr is None:
+        expr = ([""] + answer.splitlines())[-1]  # `answer` is stripped: its last line is its last non-empty one
     for symbol, ascii_op in _OPERATORS.items():
         expr = expr.replace(symbol, ascii_op)
     return expr.strip().rstrip(".").strip()
@@ -222,16 +225,9 @@ def _evaluate(node) -> Fraction:
 _LINK_WORDS = r"(?:and|or|for|part|parts|case|cases)"
 _PART_LABEL = r"(?:\([a-z0-9]{1,3}\)|[a-z0-9]\))"  # (a), (ii), b)
 _BOX_SEPARATOR = re.compile(
-    r"(?:[\s,;$&]|\\quad|\\qquad|\\[,;()]|"
-    + _PART_LABEL
-    + r"|(?<![\w\\])"
-    + _LINK_WORDS
-    + r"(?!\w)|\\text\{(?:[\s,]|"
-    + _PART_LABEL
-    + "|"
-    + _LINK_WORDS
-    + r"(?!\w))*\}"
-    r"|(?<![\w\\])[A-Za-z](?:_\{?[A-Za-z0-9]{1,3}\}?)?\s*=)*"
+    rf"(?:[\s,;$&]|\\quad|\\qquad|\\[,;()]|{_PART_LABEL}|(?<![\w\\]){_LINK_WORDS}(?!\w)"
+    rf"|\\text\{{(?:[\s,]|{_PART_LABEL}|{_LINK_WORDS}(?!\w))*\}}"
+    r"|(?<![\w\\])[A-Za-z](?:_\{?[A-Za-z0-9]{1,3}\}?)?\s*=)*"  # "y_1 =", "x ="
 )
 
 
@@ -246,10 +242,9 @@ def _box_at(text: str, start: int, limit: int):
 
 
 def last_boxed(text: str, limit: int = 2000) -> str | None:
-    """Content of the last balanced \\boxed{...}."""
-    start = text.rfind("\\boxed{")
-    box = _box_at(text, start, limit) if start >= 0 else None
-    return None if box is None else box[0]
+    """Content of the last balanced \\boxed{...}, else None."""
+    run, _ = last_box_run(text, limit)
+    return run[-1] if run else None
 
 
 def last_box_run(text: str, limit: int) -> tuple[list[str], int]:
@@ -262,10 +257,10 @@ def last_box_run(text: str, limit: int) -> tuple[list[str], int]:
     while (before := text.rfind("\\boxed{", 0, start)) >= 0:
         box = _box_at(text, before, limit)
         if box is None or box[1] > start or not _BOX_SEPARATOR.fullmatch(text[box[1] : start]):
-            break
-        run.insert(0, box[0])
+            break  # unclosed, holding the later box, or parted from it by words
+        run.append(box[0])
         start = before
-    return run, end
+    return run[::-1], end
 
 
 def bracket_depth(text: str) -> int:
@@ -296,10 +291,10 @@ def lcs_length(a: list[str], b: list[str]) -> int:
     return len(b) - v.bit_count()
 
 
-def _f1(overlap: int, n_pred: int, n_ref: int) -> float:
+def _f1(overlap: int, pred: list[str], ref: list[str]) -> float:
     if overlap == 0:
         return 0.0
-    precision, recall = overlap / n_pred, overlap / n_ref
+    precision, recall = overlap / len(pred), overlap / len(ref)
     return 2 * precision * recall / (precision + recall)
 
 
@@ -307,14 +302,14 @@ def _text(value) -> str:
     return "" if value is None else str(value)
 
 
-MATH_TIMEOUT_S = 3.0  # per math-verify call, then the worker is killed
+MATH_TIMEOUT_S = 3.0  # per math-verify call, then the worker is killed: one pathological answer costs 3 s, not a run
 MAX_ANSWER_CHARS = 1000  # reaching sympy
 MAX_DEPTH = 10  # deeper scores 0 unparsed: parsing can outlast the timeout
 MAX_EXPR_CHARS = 200
 MAX_WORDS = 20_000  # per side, for the LCS
 _NO_PUNCTUATION = str.maketrans("", "", string.punctuation)
 
-STRICT = os.environ.get("SOFTMAX_GRPO_STRICT_REWARDS", "") == "1"
+STRICT = os.environ.get("SOFTMAX_GRPO_STRICT_REWARDS") == "1"  # the tests: a reward bug fails them
 _errors = {"count": 0, "printed": False}
 _errors_lock = threading.Lock()
 
@@ -334,8 +329,12 @@ def _count_error(message: str):
         print(f"rewards.py: {message}; later errors are only counted (reward/errors).", file=sys.stderr, flush=True)
 
 
-_math_worker = MathWorker(timeout=MATH_TIMEOUT_S, on_failure=_count_error)
-os.register_at_fork(
-    after_in_child=lambda: globals().update(_math_worker=MathWorker(timeout=MATH_TIMEOUT_S, on_failure=_count_error))
-)
-atexit.register(lambda: _math_worker.close())
+def _new_worker():
+    """A worker of this process's own: a forked child must not share its parent's children, pipes or lock."""
+    global _math_worker
+    _math_worker = MathWorker(MATH_TIMEOUT_S, _count_error)
+
+
+_new_worker()
+os.register_at_fork(after_in_child=_new_worker)
+atexit.register(lambda: _math_worker.close())  # no orphaned sympy children after the run

@@ -27,12 +27,14 @@ def choose(registry: dict, name: str, what: str):
 
 def plain(text: str) -> str:
     """`text` in NFKC ("８０" -> "80"), U+2212 (NFKC keeps it) as "-"; super- and subscripts stay: "10²" is no 102."""
+    # NFKC runs only between super- and subscripts, which it would turn into plain digits
     return re.sub("[^¹²³⁰-₟]+", lambda run: unicodedata.normalize("NFKC", run[0]), text).replace("\u2212", "-")
 
 
 def number(text, limit: float = math.inf) -> float:
     """The one finite number `text` spells through plain(), at most `limit` in size; else ValueError (inf, "8, 0")."""
-    if math.isfinite(value := float(plain(text))) and abs(value) <= limit:
+    value = float(plain(text))
+    if math.isfinite(value) and abs(value) <= limit:  # float() takes "inf" and "nan": a weight or flag must not
         return value
     raise ValueError(f"{text!r} is not a finite number of size at most {limit:.2g}")
 
@@ -41,18 +43,17 @@ def parse_weights(text: str, flag: str, valid, pair: str, limit: float = math.in
     """{name: weight} of a flag's list "a=0.35,b=0.65"; ValueError "FLAG: ..." otherwise."""
     weights = {}
     for piece in filter(str.strip, text.split(",")):  # a trailing comma is harmless
-        name, equals, value = (part.strip() for part in piece.partition("="))
+        name, equals, value = map(str.strip, piece.partition("="))
         if not equals or not name:
             raise ValueError(f"{flag}: {piece.strip()!r} is not {pair}")
         if name in weights:
             raise ValueError(f"{flag}: {name} is given twice")
         if name not in valid:
-            raise ValueError(f"{flag}: unknown term {name!r}: choose from {', '.join(valid) or 'none yet'}")
+            choices = ", ".join(valid) if valid else "none yet"  # a registry a fork fills, such as loss.LOSS_TERMS
+            raise ValueError(f"{flag}: unknown term {name!r}: choose from {choices}")
         try:
             weights[name] = number(value, limit)
         except ValueError:
-            raise ValueError(
-                f"{flag}: the weight of {name} must be a finite number, not {value!r}"
-                + (f" (at most {limit:.2g})" if limit < math.inf else "")
-            ) from None
+            bound = f" (at most {limit:.2g})" if limit < math.inf else ""
+            raise ValueError(f"{flag}: the weight of {name} must be a finite number, not {value!r}{bound}") from None
     return weights

@@ -24,32 +24,29 @@ class WriteError(OSError):
 
 
 def _write_failed(verb: str, path: str, err: OSError, kept: str) -> WriteError:
-    why = (
-        "its folder is not writable (made read-only during the run?)"
-        if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
-        else "is the disk full?"
-        if err.errno in (errno.ENOSPC, errno.EDQUOT)
-        else "is the disk full or failing?"
-    )
+    why = "is the disk full or failing?"  # EIO and the rest
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        why = "is the disk full?"
+    if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        why = "its folder is not writable (made read-only during the run?)"
     return WriteError(f"cannot {verb} {path} ({err.strerror or first_line(err)}): {why} {kept}", err.strerror)
 
 
 def write_whole(path: str, write) -> None:
-    """`write(f)` to a temp file, fsync, rename over `path`."""
+    """`write(f)` to a temp file, fsync, rename over `path`: a crash or a full disk leaves the old file whole."""
     folder, name = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")  # same folder: the rename is atomic; pid: no clash
     try:
         with open(tmp, "w") as f:
             write(f)
             f.flush()
-            os.fsync(f.fileno())
+            os.fsync(f.fileno())  # the data on disk before the rename names it: no empty file after a power cut
         os.replace(tmp, path)
-    except BaseException as err:
+    except OSError as err:
+        raise _write_failed("write", path, err, "The file is as it was before.") from None
+    finally:
         with contextlib.suppress(OSError):
-            os.remove(tmp)
-        if isinstance(err, OSError) and not isinstance(err, WriteError):
-            raise _write_failed("write", path, err, "The file is as it was before.") from None
-        raise
+            os.remove(tmp)  # gone after the rename; after a failure (any exception), no temp file stays
 
 
 def fsync(path: str) -> None:
@@ -105,18 +102,16 @@ def write_error(path: str, flag: str, folder: bool = False) -> str | None:
     if folder:
         if os.path.islink(path) and not os.path.exists(path):
             return f"{flag} {path} is a link to {os.readlink(path)}, which does not exist"
-        if os.path.exists(path) and not os.path.isdir(path):
-            return f"{flag} {path} is a file, not a folder"
         parent = os.path.abspath(path)
         while not os.path.exists(parent):
-            parent = os.path.dirname(parent)
-        if not os.path.isdir(parent):
+            parent = os.path.dirname(parent)  # the nearest existing folder above: makedirs will start there
+        if not os.path.isdir(parent):  # `path` itself, or a folder above it, is a file
             return f"{flag} {path}: {parent} is a file, not a folder"
     elif os.path.isdir(path):
         return f"{flag} {path} is a folder; pass a file path"
     elif not os.path.isdir(parent := os.path.dirname(os.path.abspath(path))):
         return f"cannot write {path}: its folder {parent} does not exist (or is a file); pass {flag} PATH"
-    try:
+    try:  # a real file made and removed: os.access says yes to root whatever the mode bits say
         fd, probe = tempfile.mkstemp(dir=parent, prefix=".write-check-")
         os.close(fd)
         os.remove(probe)

@@ -1,14 +1,14 @@
-"""math-verify in a `python -c` child with a warm spare: its SIGALRM timeout works in the main thread only.
+"""math-verify in a `python -c` child with a warm spare: its SIGALRM timeout works in the main thread only, so the
+timeout is ours (a select on the reply) and a child that overruns it is killed, the spare taking over.
 
 python -m pytest tests/test_rewards.py -q -k math
 """
 
 import json
-import os
 import select
-import subprocess
 import sys
 import threading
+from subprocess import DEVNULL, PIPE, Popen
 
 _WORKER = r"""
 import functools, json, sys
@@ -28,46 +28,47 @@ for line in sys.stdin:
 """
 
 
-def _start() -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-c", _WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
-    )
+def _start() -> Popen:
+    # stderr to DEVNULL: the library's warnings and tracebacks would flood the run's own output
+    return Popen([sys.executable, "-c", _WORKER], stdin=PIPE, stdout=PIPE, stderr=DEVNULL)
 
 
-def _reply(child: subprocess.Popen, timeout: float) -> bytes | None:
-    """The child's next line, or None after `timeout` seconds or a death."""
-    if not select.select([child.stdout], [], [], timeout)[0]:
-        return None
-    return child.stdout.readline().strip() or None
+def _reply(child: Popen, timeout: float) -> bytes:
+    """The child's next line; b"" after `timeout` seconds or a death (EOF)."""
+    readable, _, _ = select.select([child.stdout], [], [], timeout)  # a hung sympy call never blocks training
+    return child.stdout.readline().strip() if readable else b""
 
 
 class MathWorker:
-    """The active child plus a warm spare. Thread-safe."""
+    """The active child plus a warm spare. Thread-safe: a caller may score from any thread."""
 
     def __init__(self, timeout: float, on_failure=lambda message: None):
-        self.timeout, self.on_failure, self.lock = timeout, on_failure, threading.Lock()
-        self.owner, self.active, self.spare, self.ready = os.getpid(), None, None, False
+        self.timeout = timeout
+        self.on_failure = on_failure
+        self.lock = threading.Lock()  # one request in flight: replies carry no id
+        self.active = self.spare = None
+        self.ready = False
 
     def verify(self, pred: str, gold: str) -> float:
         with self.lock:
             if self.active is None or self.active.poll() is not None:
                 self.active, self.spare, self.ready = self.spare or _start(), None, False
-            self.spare = self.spare or _start()
-            if not self.ready:  # sympy import: untimed
+            self.spare = self.spare or _start()  # warm while the active one works: a kill costs no sympy import
+            if not self.ready:  # the first reply waits out the sympy import, untimed
                 self.ready = _reply(self.active, timeout=120) == b"ready"
-                if not self.ready:
-                    return self._fail(
-                        "the math-verify worker failed to start, so math rewards are 0 "
-                        f"(try `{sys.executable} -c 'import math_verify'`)"
-                    )
+            if not self.ready:
+                return self._fail(
+                    "the math-verify worker failed to start, so math rewards are 0 "
+                    f"(try `{sys.executable} -c 'import math_verify'`)"
+                )
             self.active.stdin.write(json.dumps([pred, gold]).encode() + b"\n")
             self.active.stdin.flush()
             line = _reply(self.active, timeout=self.timeout)
-            if line is None:
+            if not line:
                 return self._fail(
                     f"a math-verify call took over {self.timeout:g} s and scored 0 (answer of {len(pred)} characters)"
                 )
-            return 1.0 if line == b"1" else 0.0
+            return float(line == b"1")
 
     def _fail(self, message: str) -> float:
         self.close(self.active)
@@ -76,8 +77,8 @@ class MathWorker:
         return 0.0
 
     def close(self, *children):
-        """Kill `children` (default: both), not after a fork."""
+        """Kill `children` (default: both)."""
         for child in children or (self.active, self.spare):
-            if child is not None and self.owner == os.getpid():
+            if child is not None:
                 child.kill()
-                child.wait()
+                child.wait()  # reaped: no zombie per timeout
