@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 
-def softmax_advantages(rewards: torch.Tensor, tau: typing.Annotated[float, POSITIVE] = 0.1) -> torch.Tensor:
+def softmax_advantages(rewards, tau: typing.Annotated[float, POSITIVE] = 0.1):
     """SoftmaxGRPO: A_i = M * softmax(R / tau)_i - 1, zero-sum in every group."""
     rewards = _as_groups(rewards, "softmax_advantages")
     M = rewards.shape[-1]
@@ -29,7 +29,7 @@ def softmax_advantages(rewards: torch.Tensor, tau: typing.Annotated[float, POSIT
     return M * w - 1  # Eq. (1): A_i = M w_i - 1
 
 
-def grpo_advantages(rewards: torch.Tensor, eps: typing.Annotated[float, POSITIVE] = 1e-6) -> torch.Tensor:
+def grpo_advantages(rewards, eps: typing.Annotated[float, POSITIVE] = 1e-6):
     """GRPO: A_i = (R_i - mean) / (std + eps) within the group (Table 1)."""
     rewards = _as_groups(rewards, "grpo_advantages")
     mean = rewards.mean(-1, keepdim=True)
@@ -37,13 +37,13 @@ def grpo_advantages(rewards: torch.Tensor, eps: typing.Annotated[float, POSITIVE
     return (rewards - mean) / (std + eps)
 
 
-def drgrpo_advantages(rewards: torch.Tensor) -> torch.Tensor:
+def drgrpo_advantages(rewards):
     """Dr. GRPO: A_i = R_i - mean, no std division (Table 1)."""
     rewards = _as_groups(rewards, "drgrpo_advantages")
     return rewards - rewards.mean(-1, keepdim=True)
 
 
-def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
+def rloo_advantages(rewards):
     """RLOO: A_i = R_i - the mean of the other M - 1 rewards (zero when M = 1)."""
     rewards = _as_groups(rewards, "rloo_advantages")
     M = rewards.shape[-1]
@@ -53,7 +53,7 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     return rewards - others
 
 
-def maxrl_advantages(rewards: torch.Tensor, eps: typing.Annotated[float, POSITIVE] = 1e-6) -> torch.Tensor:
+def maxrl_advantages(rewards, eps: typing.Annotated[float, POSITIVE] = 1e-6):
     """MaxRL: A_i = (R_i - mean) / mean, zero in groups whose |mean| <= eps (Table 1)."""
     rewards = _as_groups(rewards, "maxrl_advantages")
     mean = rewards.mean(-1, keepdim=True)
@@ -62,14 +62,10 @@ def maxrl_advantages(rewards: torch.Tensor, eps: typing.Annotated[float, POSITIV
     return torch.where(signal, (rewards - mean) / safe, torch.zeros_like(rewards))
 
 
-def reinforce_advantages(
-    rewards: torch.Tensor, baseline: typing.Annotated[float | None, FINITE_OR_NONE] = None
-) -> torch.Tensor:
+def reinforce_advantages(rewards, baseline: typing.Annotated[float | None, FINITE_OR_NONE] = None):
     """REINFORCE: A_i = R_i - a constant `baseline`, else minus the batch mean."""
     rewards = _as_groups(rewards, "reinforce_advantages")
-    if baseline is None:
-        return rewards - rewards.mean()
-    return rewards - baseline
+    return rewards - (rewards.mean() if baseline is None else baseline)
 
 
 ESTIMATORS = {
@@ -83,7 +79,7 @@ ESTIMATORS = {
 REWARD_FLOOR = {"maxrl": 0.0}  # the least reward each formula holds for (MaxRL divides by the mean); others: any real
 
 
-def _as_groups(rewards: torch.Tensor, name: str) -> torch.Tensor:
+def _as_groups(rewards, name):
     """Rewards (..., M) detached, at least float32; ValueError for a non-finite one (rewards change every step)."""
     rewards = torch.as_tensor(rewards).detach()  # Eq. (10): advantages are constants
     if rewards.dim() < 1 or rewards.shape[-1] < 1:
@@ -136,14 +132,14 @@ POSITIVE = Range(
 FINITE_OR_NONE = Range(optional=True, means="finite, or None")
 
 
-def hyperparameters(fn) -> dict[str, inspect.Parameter]:
-    """An estimator's hyperparameters: its parameters after `rewards` that have a default."""
+def hyperparameters(fn):
+    """{name: inspect.Parameter} of an estimator's hyperparameters: its parameters after `rewards` with a default."""
     params = list(inspect.signature(fn).parameters.values())[1:]
     return {p.name: p for p in params if p.default is not inspect.Parameter.empty}
 
 
-def hyperparameter_ranges() -> dict[str, Range]:
-    """{hyperparameter: its declared Range} over all ESTIMATORS; undeclared: any finite real or None."""
+def hyperparameter_ranges():
+    """{name: its declared Range} over all ESTIMATORS' hyperparameters; undeclared: any finite real or None."""
     out = {}
     for fn in ESTIMATORS.values():
         hints = typing.get_type_hints(fn, include_extras=True)
@@ -154,7 +150,7 @@ def hyperparameter_ranges() -> dict[str, Range]:
     return out
 
 
-def estimator_params() -> dict[str, tuple[object, type]]:
+def estimator_params():
     """{hyperparameter: (default, type)} over all ESTIMATORS; a name has one default (one flag serves them all)."""
     out = {}
     for est, fn in ESTIMATORS.items():
@@ -172,8 +168,9 @@ def estimator_params() -> dict[str, tuple[object, type]]:
     return out
 
 
-def compute_advantages(name: str, rewards: torch.Tensor, tau: float | None = None, **hparams) -> torch.Tensor:
-    """Advantages (G, M) of estimator `name`, which takes its own of `hparams` (train.py passes every one)."""
+def compute_advantages(name, rewards, tau=None, **hparams):
+    """Advantages (G, M) of estimator `name` on rewards (G, M), which takes its own of `hparams` (train.py passes
+    every one) and `tau` (a float; None: its default)."""
     if tau is not None:
         hparams["tau"] = tau
     rewards = torch.as_tensor(rewards)

@@ -20,8 +20,9 @@ def bin_index(p: float) -> int:
     return sum(float(p) + EDGE_TOL >= low for low, _ in BINS[1:])
 
 
-def prompt_budgets(adv: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    return (adv.abs().double() * lengths.double()).sum(-1)  # (G,)
+def prompt_budgets(adv, lengths):
+    """(G,): each prompt's budget sum_i |A_gi| len_gi, from (G, M) advantages and completion lengths."""
+    return (adv.abs().double() * lengths.double()).sum(-1)
 
 
 def shares_by_bin(pass_rates, budgets) -> list[float]:
@@ -40,7 +41,7 @@ def allocation_table(pass_rates, adv, lengths) -> list[float]:
     return shares_by_bin(pass_rates, prompt_budgets(torch.as_tensor(adv), torch.as_tensor(lengths)))
 
 
-def pass_rates_of(rewards: torch.Tensor, pass_threshold: float = 0.5) -> torch.Tensor:
+def pass_rates_of(rewards, pass_threshold=0.5):
     """(G,): each group's share of rewards >= pass_threshold (a verifier's 0/1, or a graded reward cut at 0.5)."""
     return (torch.as_tensor(rewards).double() >= pass_threshold).double().mean(-1)
 

@@ -26,7 +26,8 @@ class TokenMean(float):
     """A token mean, weighed by its token count."""
 
     @classmethod
-    def of(cls, values: torch.Tensor, mask: torch.Tensor) -> "TokenMean":
+    def of(cls, values, mask):
+        """The mean of `values` over the tokens `mask` keeps, (B, T) each."""
         return cls(((values.to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1)).item())  # a bool counts 1
 
 
@@ -178,7 +179,7 @@ KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 LOSS_TERMS = {}
 
 
-def loss_term_coefs(loss_terms: str) -> dict[str, float]:
+def loss_term_coefs(loss_terms):
     """{NAME: COEF} of --loss-terms; ValueError "--loss-terms: ..." for a list config.py refuses at start."""
     return parse_weights(loss_terms, "--loss-terms", LOSS_TERMS, "NAME=COEF (e.g. l2=0.1)")
 
@@ -254,8 +255,8 @@ def drop_truncated(rewards, truncated):
 ROW_FILTERS = {"none": keep_all, "truncated": drop_truncated}
 
 
-def kept_samples(rewards, truncated, row_filter: str = "none", mask_truncated: bool = False):
-    """(G, M) bools: the samples --row-filter and --mask-truncated keep."""
+def kept_samples(rewards, truncated, row_filter="none", mask_truncated=False):
+    """(G, M) bools: the samples --row-filter (a ROW_FILTERS name) and --mask-truncated (a bool) keep."""
     truncated = truncated.bool()
     kept = ROW_FILTERS[row_filter](rewards, truncated)
     if mask_truncated:
@@ -299,20 +300,16 @@ OPTION_CHOICES = {
 }
 
 
-def loss_denominator(mask: torch.Tensor, agg: str = "token-mean", norm_len: int | None = None) -> torch.Tensor:
-    """This micro-batch's share of the loss denominator (0-d); sum over minibatch and ranks."""
+def loss_denominator(mask, agg="token-mean", norm_len=None):
+    """This micro-batch's share (0-d) of --loss-agg `agg`'s denominator, from its mask (B, T) and norm_len (the
+    maximum completion length, for seq-mean-token-sum-norm); train.py sums it over the minibatch and the ranks."""
     _, share = AGGREGATIONS[agg](mask.float(), norm_len)
     return share.float()
 
 
-def aggregate(
-    values: torch.Tensor,
-    mask: torch.Tensor,
-    agg: str = "token-mean",
-    denominator: torch.Tensor | float | None = None,
-    norm_len: int | None = None,
-) -> torch.Tensor:
-    """sum(values * weights) / denominator (None: this batch's own)."""
+def aggregate(values, mask, agg="token-mean", denominator=None, norm_len=None):
+    """sum(values * weights) / denominator, a 0-d tensor: values and mask (B, T), `agg` an AGGREGATIONS name, the
+    denominator a tensor or number (None: this micro-batch's own share, as if it were the whole minibatch)."""
     weights, share = AGGREGATIONS[agg](mask.to(values.dtype), norm_len)
     if denominator is None:
         denominator = share
