@@ -1,9 +1,13 @@
 """Group advantage estimators (Section 3.1, Eq. 1; Table 1); their exact prompt weights: tools/theory.py.
 
+Each estimator maps a (G, M) block of rewards, G prompts x M rollouts, to advantages of the same shape. Its
+hyperparameters (parameters after `rewards` with a default) become train.py flags; the range each declares with
+typing.Annotated is checked once, at start, by config.py (hyperparameter_ranges), not again on each call.
+
 python -m pytest tests/test_advantage.py -q
 """
 
-from __future__ import annotations  # POSITIVE is defined below
+from __future__ import annotations  # POSITIVE, named in the annotations, is defined below the estimators
 
 import inspect
 import math
@@ -15,54 +19,51 @@ from dataclasses import dataclass
 import torch
 
 
-def softmax_advantages(rewards: torch.Tensor, tau: typing.Annotated[float, POSITIVE] = 0.1) -> torch.Tensor:
+def softmax_advantages(rewards, tau: typing.Annotated[float, POSITIVE] = 0.1):
     """SoftmaxGRPO: A_i = M * softmax(R / tau)_i - 1, zero-sum in every group."""
-    tau = POSITIVE.check(tau, "tau", "softmax_advantages")
     rewards = _as_groups(rewards, "softmax_advantages")
     M = rewards.shape[-1]
-    logits = (rewards - rewards.amax(-1, keepdim=True)) / tau  # (G, M); minus the max: exp() <= 1 as tau -> 0
+    # minus the group max: exp() <= 1 however small tau is (softmax is shift-invariant, so Eq. 1 is unchanged)
+    logits = (rewards - rewards.amax(-1, keepdim=True)) / tau  # (G, M)
     w = torch.softmax(logits, dim=-1)  # Eq. (1): w_i = exp(R_i / tau) / sum_j exp(R_j / tau)
     return M * w - 1  # Eq. (1): A_i = M w_i - 1
 
 
-def grpo_advantages(rewards: torch.Tensor, eps: typing.Annotated[float, POSITIVE] = 1e-6) -> torch.Tensor:
-    """GRPO: (R - mean) / (std + eps) within the group."""
-    eps = POSITIVE.check(eps, "eps", "grpo_advantages")
+def grpo_advantages(rewards, eps: typing.Annotated[float, POSITIVE] = 1e-6):
+    """GRPO: A_i = (R_i - mean) / (std + eps) within the group (Table 1)."""
     rewards = _as_groups(rewards, "grpo_advantages")
     mean = rewards.mean(-1, keepdim=True)
     std = rewards.std(-1, keepdim=True, correction=0)  # population std: large-M weight 1 / sqrt(p (1 - p)) (Table 1)
     return (rewards - mean) / (std + eps)
 
 
-def drgrpo_advantages(rewards: torch.Tensor) -> torch.Tensor:
-    """Dr. GRPO: reward minus the group mean, no std division."""
+def drgrpo_advantages(rewards):
+    """Dr. GRPO: A_i = R_i - mean, no std division (Table 1)."""
     rewards = _as_groups(rewards, "drgrpo_advantages")
     return rewards - rewards.mean(-1, keepdim=True)
 
 
-def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
-    """RLOO: reward minus the mean of the other M - 1 rewards (zero when M = 1)."""
+def rloo_advantages(rewards):
+    """RLOO: A_i = R_i - the mean of the other M - 1 rewards (zero when M = 1)."""
     rewards = _as_groups(rewards, "rloo_advantages")
     M = rewards.shape[-1]
-    if M == 1:
+    if M == 1:  # no other rollout to form a baseline from
         return torch.zeros_like(rewards)
-    return rewards - (rewards.sum(-1, keepdim=True) - rewards) / (M - 1)
+    others = (rewards.sum(-1, keepdim=True) - rewards) / (M - 1)  # (G, M): each rollout's leave-one-out mean
+    return rewards - others
 
 
-def maxrl_advantages(rewards: torch.Tensor, eps: typing.Annotated[float, POSITIVE] = 1e-6) -> torch.Tensor:
-    """MaxRL: (R - mean) / mean, zero in groups whose |mean| <= eps."""
-    eps = POSITIVE.check(eps, "eps", "maxrl_advantages")
+def maxrl_advantages(rewards, eps: typing.Annotated[float, POSITIVE] = 1e-6):
+    """MaxRL: A_i = (R_i - mean) / mean, zero in groups whose |mean| <= eps (Table 1)."""
     rewards = _as_groups(rewards, "maxrl_advantages")
     mean = rewards.mean(-1, keepdim=True)
-    safe = torch.where(mean.abs() > eps, mean, torch.ones_like(mean))
-    return torch.where(mean.abs() > eps, (rewards - mean) / safe, torch.zeros_like(rewards))
+    signal = mean.abs() > eps  # (G, 1); a group that never succeeds carries no gradient
+    safe = torch.where(signal, mean, torch.ones_like(mean))  # so the division below never makes NaN to mask away
+    return torch.where(signal, (rewards - mean) / safe, torch.zeros_like(rewards))
 
 
-def reinforce_advantages(
-    rewards: torch.Tensor, baseline: typing.Annotated[float | None, FINITE_OR_NONE] = None
-) -> torch.Tensor:
-    """REINFORCE: reward minus a constant `baseline`, else the batch mean."""
-    baseline = FINITE_OR_NONE.check(baseline, "baseline", "reinforce_advantages")
+def reinforce_advantages(rewards, baseline: typing.Annotated[float | None, FINITE_OR_NONE] = None):
+    """REINFORCE: A_i = R_i - a constant `baseline`, else minus the batch mean."""
     rewards = _as_groups(rewards, "reinforce_advantages")
     return rewards - (rewards.mean() if baseline is None else baseline)
 
@@ -78,13 +79,15 @@ ESTIMATORS = {
 REWARD_FLOOR = {"maxrl": 0.0}  # the least reward each formula holds for (MaxRL divides by the mean); others: any real
 
 
-def _as_groups(rewards: torch.Tensor, name: str) -> torch.Tensor:
-    """Rewards (..., M) detached, at least float32; ValueError for a non-finite one."""
+def _as_groups(rewards, name):
+    """Rewards (..., M) detached, at least float32; ValueError for a non-finite one (rewards change every step)."""
     rewards = torch.as_tensor(rewards).detach()  # Eq. (10): advantages are constants
     if rewards.dim() < 1 or rewards.shape[-1] < 1:
         raise ValueError(f"{name}: rewards must have shape (G, M) with M >= 1, got {tuple(rewards.shape)}")
-    rewards = rewards if rewards.dtype in (torch.float32, torch.float64) else rewards.float()
-    if (bad := ~torch.isfinite(rewards)).any():
+    if rewards.dtype not in (torch.float32, torch.float64):
+        rewards = rewards.float()  # bf16 rewards / tau would lose Eq. 1's weights
+    bad = ~torch.isfinite(rewards)
+    if bad.any():
         group = int(bad.reshape(-1, rewards.shape[-1]).any(-1).nonzero()[0])
         raise ValueError(f"{name}: non-finite reward in group {group}")
     return rewards
@@ -94,7 +97,9 @@ def _real(value) -> float | None:
     """`value` as a float when it is one real number, else None."""
     if isinstance(value, torch.Tensor) and value.numel() == 1 and value.dtype != torch.bool and not value.is_complex():
         value = value.item()
-    return None if isinstance(value, bool) or not isinstance(value, numbers.Real) else float(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # True is an int to Python, not a number here
+        return None
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -106,56 +111,54 @@ class Range:
     means: str = "finite"
 
     def problem(self, value) -> str | None:
-        """None when in range, else "must be ..., got VALUE"."""
+        """None when in range, else "must be ..., got VALUE" (config.py's message for the flag)."""
         if value is None and self.optional:
             return None
-        if (real := _real(value)) is None:
+        real = _real(value)
+        if real is None:
             return (
-                f"must be one real number (float, int, numpy scalar or one-element tensor), got "
+                "must be one real number (float, int, numpy scalar or one-element tensor), got "
                 f"{type(value).__name__} {value!r}"
             )
-        return None if math.isfinite(real) and real >= self.low else f"must be {self.means}, got {value!r}"
-
-    def check(self, value, name: str, where: str) -> float | None:
-        """`value` as a float (or None); ValueError outside the range."""
-        if (problem := self.problem(value)) is not None:
-            raise ValueError(f"{where}: {name} {problem}")
-        return None if value is None else _real(value)
+        if math.isfinite(real) and real >= self.low:
+            return None
+        return f"must be {self.means}, got {value!r}"
 
 
 POSITIVE = Range(
-    low=torch.finfo(torch.float32).tiny,
+    low=torch.finfo(torch.float32).tiny,  # a smaller tau or eps rounds to 0 in float32: NaN advantages
     means="finite and > 0 (at least 1.2e-38, float32's smallest normal number: a smaller value rounds to 0)",
 )
 FINITE_OR_NONE = Range(optional=True, means="finite, or None")
 
 
-def hyperparameters(fn) -> dict[str, inspect.Parameter]:
-    """An estimator's hyperparameters: its parameters after `rewards` that have a default."""
+def hyperparameters(fn):
+    """{name: inspect.Parameter} of an estimator's hyperparameters: its parameters after `rewards` with a default."""
     params = list(inspect.signature(fn).parameters.values())[1:]
     return {p.name: p for p in params if p.default is not inspect.Parameter.empty}
 
 
-def hyperparameter_ranges() -> dict[str, Range]:
-    """{hyperparameter: its declared Range} over all ESTIMATORS."""
+def hyperparameter_ranges():
+    """{name: its declared Range} over all ESTIMATORS' hyperparameters; undeclared: any finite real or None."""
     out = {}
     for fn in ESTIMATORS.values():
         hints = typing.get_type_hints(fn, include_extras=True)
         for name in hyperparameters(fn):
-            declared = [m for m in getattr(hints.get(name), "__metadata__", ()) if isinstance(m, Range)]
+            metadata = getattr(hints.get(name), "__metadata__", ())  # typing.Annotated's extras
+            declared = [m for m in metadata if isinstance(m, Range)]
             out.setdefault(name, declared[0] if declared else Range(optional=True))
     return out
 
 
-def estimator_params() -> dict[str, tuple[object, type]]:
-    """{hyperparameter: (default, type)} over all ESTIMATORS; a name has one default."""
-    out: dict[str, tuple[object, type]] = {}
+def estimator_params():
+    """{hyperparameter: (default, type)} over all ESTIMATORS; a name has one default (one flag serves them all)."""
+    out = {}
     for est, fn in ESTIMATORS.items():
         hints = typing.get_type_hints(fn)
         for name, p in hyperparameters(fn).items():
             kind = hints.get(name, type(p.default))
-            if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
-                kind = next(t for t in typing.get_args(kind) if t is not type(None))
+            if typing.get_origin(kind) in (types.UnionType, typing.Union):
+                kind = next(t for t in typing.get_args(kind) if t is not type(None))  # float | None: a float flag
             if name in out and out[name][0] != p.default:
                 raise ValueError(
                     f"estimator {est!r}: hyperparameter {name!r} defaults to {p.default!r}, but "
@@ -165,19 +168,15 @@ def estimator_params() -> dict[str, tuple[object, type]]:
     return out
 
 
-def compute_advantages(name: str, rewards: torch.Tensor, tau: float | None = None, **hparams) -> torch.Tensor:
-    """Advantages (G, M) of estimator `name`, which takes its own of `hparams`."""
-    if name not in ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {name!r}; choose one of {sorted(ESTIMATORS)}")
+def compute_advantages(name, rewards, tau=None, **hparams):
+    """Advantages (G, M) of estimator `name` on rewards (G, M), which takes its own of `hparams` (train.py passes
+    every one) and `tau` (a float; None: its default)."""
     if tau is not None:
         hparams["tau"] = tau
-    if unknown := sorted(set(hparams) - set(estimator_params())):
-        raise ValueError(
-            f"unknown estimator hyperparameter(s) {', '.join(unknown)}; "
-            f"the estimators declare {', '.join(sorted(estimator_params()))}"
-        )
-    floor, rewards = REWARD_FLOOR.get(name, -math.inf), torch.as_tensor(rewards)
-    if (below := rewards[rewards < floor]).numel():
+    rewards = torch.as_tensor(rewards)
+    floor = REWARD_FLOOR.get(name, -math.inf)
+    below = rewards[rewards < floor]  # the rewards change every step; config.py's check sees only their weights
+    if below.numel():
         raise ValueError(f"estimator {name} holds for rewards >= {floor:g}, got a reward of {below.min().item():g}")
     own = hyperparameters(ESTIMATORS[name])
     return ESTIMATORS[name](rewards, **{k: v for k, v in hparams.items() if k in own})

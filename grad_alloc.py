@@ -20,8 +20,9 @@ def bin_index(p: float) -> int:
     return sum(float(p) + EDGE_TOL >= low for low, _ in BINS[1:])
 
 
-def prompt_budgets(adv: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    return (adv.abs().double() * lengths.double()).sum(-1)  # (G,)
+def prompt_budgets(adv, lengths):
+    """(G,): each prompt's budget sum_i |A_gi| len_gi, from (G, M) advantages and completion lengths."""
+    return (adv.abs().double() * lengths.double()).sum(-1)
 
 
 def shares_by_bin(pass_rates, budgets) -> list[float]:
@@ -30,7 +31,9 @@ def shares_by_bin(pass_rates, budgets) -> list[float]:
     for p, b in zip(torch.as_tensor(pass_rates).tolist(), torch.as_tensor(budgets).tolist()):
         per_bin[bin_index(p)] += b
     total = sum(per_bin)
-    return [100.0 * b / total if total > 0 else 0.0 for b in per_bin]
+    if not total > 0:  # no advantage anywhere (every group tied): zeros, not NaN
+        return [0.0] * len(BINS)
+    return [100.0 * b / total for b in per_bin]
 
 
 def allocation_table(pass_rates, adv, lengths) -> list[float]:
@@ -38,18 +41,20 @@ def allocation_table(pass_rates, adv, lengths) -> list[float]:
     return shares_by_bin(pass_rates, prompt_budgets(torch.as_tensor(adv), torch.as_tensor(lengths)))
 
 
-def pass_rates_of(rewards: torch.Tensor, pass_threshold: float = 0.5) -> torch.Tensor:
-    return (torch.as_tensor(rewards).double() >= pass_threshold).double().mean(-1)  # (G,)
+def pass_rates_of(rewards, pass_threshold=0.5):
+    """(G,): each group's share of rewards >= pass_threshold (a verifier's 0/1, or a graded reward cut at 0.5)."""
+    return (torch.as_tensor(rewards).double() >= pass_threshold).double().mean(-1)
 
 
 def allocation_by_estimator(rewards, lengths, names, pass_rates=None, **hparams) -> dict[str, list[float]]:
     """Table 3's rows of estimators `names` on the same rollouts (G, M)."""
     rewards = torch.as_tensor(rewards, dtype=torch.float32)
-    p = pass_rates_of(rewards) if pass_rates is None else pass_rates
-    return {name: allocation_table(p, compute_advantages(name, rewards, **hparams), lengths) for name in names}
+    if pass_rates is None:
+        pass_rates = pass_rates_of(rewards)
+    return {name: allocation_table(pass_rates, compute_advantages(name, rewards, **hparams), lengths) for name in names}
 
 
-_warned: set[str] = set()
+_warned: set[str] = set()  # the estimators allocation_metrics has warned about
 
 
 def allocation_metrics(rewards, lengths, names, pass_rates=None, must=None, **hparams) -> dict[str, float]:
@@ -59,18 +64,19 @@ def allocation_metrics(rewards, lengths, names, pass_rates=None, must=None, **hp
         try:
             row = allocation_by_estimator(rewards, lengths, [name], pass_rates, **hparams)[name]
         except Exception as err:
-            if name == must:
+            if name == must:  # the estimator being trained: its failure is the run's
                 raise
-            if name not in _warned:
+            if name not in _warned:  # once a run, not once a step
                 _warned.add(name)
+                reason = first_line(err, limit=None, typed=True)
                 print(
-                    f"grad_alloc.py: warning: alloc/{name}/* left out, estimator {name!r} raised "
-                    f"{first_line(err, limit=None, typed=True)}",
+                    f"grad_alloc.py: warning: alloc/{name}/* left out, estimator {name!r} raised {reason}",
                     file=sys.stderr,
                     flush=True,
                 )
             continue
-        out.update({f"alloc/{name}/{label}": share for label, share in zip(BIN_LABELS, row)})
+        for label, share in zip(BIN_LABELS, row):
+            out[f"alloc/{name}/{label}"] = share
     return out
 
 

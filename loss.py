@@ -8,9 +8,14 @@ from functools import partial
 
 import torch
 
-from plumbing.cli import choose, parse_weights
+from plumbing.cli import parse_weights
 
-LOG_RATIO_LIMIT = 20.0  # keeps ratio and k3 finite
+LOG_RATIO_LIMIT = 20.0  # not in the paper: |log ratio| <= 20 keeps exp() of it (the ratio, k3) and its square finite
+
+
+def clamp_log(log_ratio):
+    """`log_ratio` within +-LOG_RATIO_LIMIT: one token far off the policy cannot make the loss inf or NaN."""
+    return log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
 
 
 class Share(float):
@@ -21,7 +26,8 @@ class TokenMean(float):
     """A token mean, weighed by its token count."""
 
     @classmethod
-    def of(cls, values: torch.Tensor, mask: torch.Tensor) -> "TokenMean":
+    def of(cls, values, mask):
+        """The mean of `values` over the tokens `mask` keeps, (B, T) each."""
         return cls(((values.to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1)).item())  # a bool counts 1
 
 
@@ -67,120 +73,153 @@ def policy_loss(
         pg_loss: the policy-gradient term (loss.py: PG_LOSSES): ppo, the paper's clip (Eq. 10); dual-clip, cispo, sapo
         top_entropy: keep the policy-gradient term on this share of tokens, highest entropy first (TRL's); 1: all
     """
-    if entropy is None and (top_entropy < 1 or entropy_coef != 0):
-        raise ValueError(
-            f"{'top_entropy' if top_entropy < 1 else 'entropy_coef'} needs the entropies: pass entropy "
-            "(sequence_logprobs, entropy=True; entropy_grad=True for entropy_coef's gradient)"
-        )
     mask = mask.to(logp.dtype)
     adv = adv.to(logp.dtype)[:, None]  # (B, 1)
-    log_rho = choose(RATIOS, ratio, "importance ratio")(logp, old_logp, mask)  # (B, T); no option name is rebound
-    rho = torch.exp(log_rho.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))  # rho_t, (B, T)
-    pg, pg_metrics = choose(PG_LOSSES, pg_loss, "policy-gradient term")(logp, rho, adv, clip_low, clip_high)  # Eq. 10
+    log_rho = RATIOS[ratio](logp, old_logp, mask)  # (B, T)
+    rho = torch.exp(clamp_log(log_rho))  # rho_t = pi_theta / pi_old (Eq. 10), (B, T)
+    pg, pg_metrics = PG_LOSSES[pg_loss](logp, rho, adv, clip_low, clip_high)  # Eq. (10)'s per-token term
     if top_entropy < 1 and mask.any():  # a micro-batch with no token (all masked) has nothing to keep
-        kept = entropy.detach() >= torch.quantile(entropy.detach()[mask > 0].float(), 1 - top_entropy)  # (B, T)
-        pg, pg_metrics["entropy_kept_frac"] = pg * kept, kept
-    correction = choose(IS_CORRECTIONS, is_correction, "importance correction")(old_logp, sampler_logp, mask, is_cap)
+        threshold = torch.quantile(entropy.detach()[mask > 0].float(), 1 - top_entropy)
+        kept = entropy.detach() >= threshold  # (B, T)
+        pg = pg * kept
+        pg_metrics["entropy_kept_frac"] = kept
+    correction = IS_CORRECTIONS[is_correction](old_logp, sampler_logp, mask, is_cap)
     if correction is not None:
         pg = pg * correction[0]
-    pg_mean = aggregate(pg, mask, loss_agg, denominator, norm_len)
-    estimate_kl = choose(KL_ESTIMATORS, kl_estimator, "KL estimator")
-    loss, kl = pg_mean, torch.zeros((), dtype=logp.dtype, device=logp.device)
-    if ref_logp is not None and beta != 0:
-        kl = aggregate(estimate_kl(logp, ref_logp), mask, loss_agg, denominator, norm_len)
-        loss = pg_mean + beta * kl
+
+    def mean_of(values):  # Eq. (10)'s outer mean, over tokens as --loss-agg weighs them
+        return aggregate(values, mask, loss_agg, denominator, norm_len)
+
+    pg_mean = mean_of(pg)
+    loss = pg_mean
+    kl = torch.zeros(())  # logged only: 0 without a reference
+    if ref_logp is not None and beta != 0:  # beta = 0 skips the reference model
+        kl = mean_of(KL_ESTIMATORS[kl_estimator](logp, ref_logp))
+        loss = pg_mean + beta * kl  # Eq. (11)
     extra = {}
     if entropy_coef != 0:
-        extra["entropy"] = aggregate(entropy, mask, loss_agg, denominator, norm_len)
+        extra["entropy"] = mean_of(entropy)
         loss = loss - entropy_coef * extra["entropy"]
-    for name, coef in parse_weights(loss_terms, "--loss-terms", LOSS_TERMS, "NAME=COEF (e.g. l2=0.1)").items():
-        extra[name] = aggregate(LOSS_TERMS[name](logp, old_logp, mask), mask, loss_agg, denominator, norm_len)
+    for name, coef in loss_term_coefs(loss_terms).items():
+        extra[name] = mean_of(LOSS_TERMS[name](logp, old_logp, mask))
         loss = loss + coef * extra[name]
     with torch.no_grad():
+        clipped_low = (rho < 1 - clip_low) & (adv < 0)  # the clip acted: these tokens get no gradient
+        clipped_high = (rho > 1 + clip_high) & (adv > 0)
         metrics = {
             "pg": Share(pg_mean.item()),
             "kl": Share(kl.item()),
-            "clip_frac_low": TokenMean.of((rho < 1 - clip_low) & (adv < 0), mask),
-            "clip_frac_high": TokenMean.of((rho > 1 + clip_high) & (adv > 0), mask),
+            "clip_frac_low": TokenMean.of(clipped_low, mask),
+            "clip_frac_high": TokenMean.of(clipped_high, mask),
             "ratio_mean": TokenMean.of(rho, mask),
-            **{k: TokenMean.of(v, mask) for k, v in pg_metrics.items()},
         }
+        for key, value in pg_metrics.items():
+            metrics[key] = TokenMean.of(value, mask)
         if correction is not None:
-            raw = torch.exp((old_logp - sampler_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
-            metrics.update(is_ratio_mean=TokenMean.of(raw, mask), is_clip_frac=TokenMean.of(correction[1], mask))
-        metrics.update({name: Share(value.item()) for name, value in extra.items()})
+            raw = torch.exp(clamp_log(old_logp - sampler_logp))  # per token, before the cap
+            metrics["is_ratio_mean"] = TokenMean.of(raw, mask)
+            metrics["is_clip_frac"] = TokenMean.of(correction[1], mask)  # where the cap (or the mask) acted
+        for key, value in extra.items():
+            metrics[key] = Share(value.item())
     return loss, metrics
 
 
 # --pg-loss: (logp, rho = pi_theta / pi_old, adv (B, 1), clip_low, clip_high) -> (loss (B, T), {loss/ metric: (B, T)})
 def ppo(logp, rho, adv, clip_low, clip_high):
-    return torch.maximum(-adv * rho, -adv * rho.clamp(1 - clip_low, 1 + clip_high)), {}  # Eq. 10
+    """The paper's PPO clip: max(-A rho, -A clip(rho, 1 - clip_low, 1 + clip_high)) per token."""
+    clipped = rho.clamp(1 - clip_low, 1 + clip_high)
+    return torch.maximum(-adv * rho, -adv * clipped), {}  # Eq. (10)
 
 
-def dual_clip(logp, rho, adv, clip_low, clip_high, c=3.0):  # Ye et al. 2020 (arXiv 1912.09729), verl's clip_ratio_c
-    pg, bound = ppo(logp, rho, adv, clip_low, clip_high)[0], torch.where(adv < 0, -c * adv, torch.inf)  # c |A| at most
+def dual_clip(logp, rho, adv, clip_low, clip_high, c=3.0):
+    """Dual-clip PPO (Ye et al. 2020, arXiv 1912.09729; verl's clip_ratio_c): PPO's term, at most c |A| for A < 0."""
+    pg = ppo(logp, rho, adv, clip_low, clip_high)[0]
+    bound = torch.where(adv < 0, -c * adv, torch.inf)  # a huge rho on a negative advantage cannot blow the loss up
     return torch.minimum(pg, bound), {"dual_clip_frac": pg > bound}
 
 
-def cispo(logp, rho, adv, clip_low, clip_high):  # MiniMax-M1 (arXiv 2506.13585): every token keeps a gradient
+def cispo(logp, rho, adv, clip_low, clip_high):
+    """CISPO (MiniMax-M1, arXiv 2506.13585): -A sg(clip(rho)) log pi, so every token keeps a gradient."""
     clipped = rho.clamp(1 - clip_low, 1 + clip_high)
     return -adv * clipped.detach() * logp, {"cispo_clip_frac": clipped != rho}
 
 
-def sapo(logp, rho, adv, clip_low, clip_high, tau_pos=1.0, tau_neg=1.05):  # arXiv 2511.20347, its temperatures
-    tau = torch.where(adv > 0, adv.new_tensor(tau_pos), tau_neg)  # in adv's dtype
-    gate = torch.sigmoid(tau * (rho - 1))  # the clip made a soft gate
-    return -adv * gate * 4 / tau, {"sapo_gate_weight": 4 * gate * (1 - gate)}  # its gradient's share of PPO's
+def sapo(logp, rho, adv, clip_low, clip_high, tau_pos=1.0, tau_neg=1.05):
+    """SAPO (arXiv 2511.20347): the hard clip made a sigmoid gate; its temperatures are the paper's defaults."""
+    tau = torch.where(adv > 0, adv.new_tensor(tau_pos), tau_neg)  # in adv's dtype; a softer gate on A < 0
+    gate = torch.sigmoid(tau * (rho - 1))
+    weight = 4 * gate * (1 - gate)  # its gradient's share of PPO's unclipped one: 1 at rho = 1
+    return -adv * gate * 4 / tau, {"sapo_gate_weight": weight}
 
 
 PG_LOSSES = {"ppo": ppo, "dual-clip": dual_clip, "cispo": cispo, "sapo": sapo}  # ppo: the paper's
 
 
 # --kl-estimator: per-token KL(pi_theta || pi_ref), (B, T)
-def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    d = (ref_logp - logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-    return torch.exp(d) - d - 1  # k3, the paper's
+def kl_k1(logp, ref_logp):
+    """k1: log(pi_theta / pi_ref), unbiased, can go negative."""
+    return logp - ref_logp
 
 
-KL_ESTIMATORS = {
-    "k1": lambda logp, ref_logp: logp - ref_logp,
-    "k2": lambda logp, ref_logp: 0.5 * (logp - ref_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT) ** 2,
-    "k3": kl_k3,
-}
+def kl_k2(logp, ref_logp):
+    """k2: log(pi_theta / pi_ref)^2 / 2, low variance, biased."""
+    return 0.5 * clamp_log(logp - ref_logp) ** 2
+
+
+def kl_k3(logp, ref_logp):
+    """k3, the paper's: r - log r - 1 with r = pi_ref / pi_theta, unbiased and never negative."""
+    d = clamp_log(ref_logp - logp)
+    return torch.exp(d) - d - 1
+
+
+KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
 
 # --loss-terms NAME=COEF: (logp, old_logp, mask) -> per-token values (B, T)
 LOSS_TERMS = {}
 
 
+def loss_term_coefs(loss_terms):
+    """{NAME: COEF} of --loss-terms; ValueError "--loss-terms: ..." for a list config.py refuses at start."""
+    return parse_weights(loss_terms, "--loss-terms", LOSS_TERMS, "NAME=COEF (e.g. l2=0.1)")
+
+
 # --ratio: (logp, old_logp, mask) -> log ratio, (B, T)
+def token_log_ratio(logp, old_logp, mask):
+    """The paper's: log(pi_theta / pi_old) per token."""
+    return logp - old_logp
+
+
 def sequence_log_ratio(logp, old_logp, mask):
     """GSPO-token: the sequence's mean log-ratio on each token, each token's gradient its own."""
     seq = ((logp - old_logp) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # (B, 1)
-    return seq.detach() + (logp - logp.detach())
+    return seq.detach() + (logp - logp.detach())  # the value of seq, the gradient of the token's own log-prob
 
 
-RATIOS = {"token": lambda logp, old_logp, mask: logp - old_logp, "sequence": sequence_log_ratio}  # token: the paper's
+RATIOS = {"token": token_log_ratio, "sequence": sequence_log_ratio}
 
 
 # --is-correction: -> None, or (weights, where the cap acted), (B, T) each
+def no_correction(old_logp, sampler_logp, mask, cap):
+    """The paper's: no sampler/trainer correction."""
+    return None
+
+
 def is_weights(old_logp, sampler_logp, mask, cap, *, per_sequence: bool, masked: bool):
-    """r = pi_old / pi_sampler: truncated min(r, C), or masked to [1/C, C]."""
-    log_w = (old_logp - sampler_logp).detach()
+    """r = pi_old / pi_sampler: truncated min(r, C), or masked to [1/C, C] (config.py holds C >= 1 for a mask)."""
+    log_w = (old_logp - sampler_logp).detach()  # a weight, not a path for the gradient
     if per_sequence:
-        log_w = (log_w * mask).sum(-1, keepdim=True).expand_as(log_w)
-    log_w = log_w.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+        log_w = (log_w * mask).sum(-1, keepdim=True).expand_as(log_w)  # log of the sequence's product of ratios
+    log_w = clamp_log(log_w)
     if not masked:
         w = torch.exp(log_w)
         return w.clamp(max=cap), w > cap
-    if not cap >= 1:
-        raise ValueError(f"--is-cap {cap}: a mask correction keeps ratios in [1/C, C], empty for C < 1")
     outside = log_w.abs() > math.log(cap)
     return torch.exp(log_w).masked_fill(outside, 0.0), outside
 
 
 IS_CORRECTIONS = {
-    "none": lambda old_logp, sampler_logp, mask, cap: None,  # the paper's
+    "none": no_correction,
     "token-tis": partial(is_weights, per_sequence=False, masked=False),
     "seq-tis": partial(is_weights, per_sequence=True, masked=False),
     "token-mask": partial(is_weights, per_sequence=False, masked=True),
@@ -188,49 +227,66 @@ IS_CORRECTIONS = {
 }
 
 
-# --reference: update the reference in place after optimizer step `step`; ema: TRL's ref_model_mixup_alpha
+# --reference: update the reference in place after optimizer step `step`
+def ema_reference(ref, policy, step, ref_ema, ref_reset_every):
+    """TRL's ref_model_mixup_alpha: ref <- ref + ref_ema (policy - ref)."""
+    ref.lerp_(policy, ref_ema)
+
+
 def reset_reference(ref, policy, step, ref_ema, ref_reset_every):
-    if step % ref_reset_every == 0:  # TRL's ref_model_sync_steps
+    """TRL's ref_model_sync_steps: ref <- policy every ref_reset_every steps."""
+    if step % ref_reset_every == 0:
         ref.copy_(policy)
 
 
-REFERENCES = {
-    "frozen": None,
-    "ema": lambda ref, policy, step, ref_ema, ref_reset_every: ref.lerp_(policy, ref_ema),
-    "reset": reset_reference,
-}
+REFERENCES = {"frozen": None, "ema": ema_reference, "reset": reset_reference}  # frozen: the paper's
 
 
 # --row-filter: (G, M) rewards, truncated -> kept samples
-ROW_FILTERS = {
-    "none": lambda rewards, truncated: torch.ones_like(truncated),
-    "truncated": lambda rewards, truncated: ~truncated,
-}  # DAPO's overlong filtering
+def keep_all(rewards, truncated):
+    return torch.ones_like(truncated)
 
 
-def kept_samples(rewards, truncated, row_filter: str = "none", mask_truncated: bool = False):
-    """(G, M) bools: the samples --row-filter and --mask-truncated keep."""
+def drop_truncated(rewards, truncated):
+    """DAPO's overlong filtering: a cut-off answer has no fair reward."""
+    return ~truncated
+
+
+ROW_FILTERS = {"none": keep_all, "truncated": drop_truncated}
+
+
+def kept_samples(rewards, truncated, row_filter="none", mask_truncated=False):
+    """(G, M) bools: the samples --row-filter (a ROW_FILTERS name) and --mask-truncated (a bool) keep."""
     truncated = truncated.bool()
-    return (ROW_FILTERS[row_filter](rewards, truncated) & (~truncated if mask_truncated else True)).expand_as(truncated)
+    kept = ROW_FILTERS[row_filter](rewards, truncated)
+    if mask_truncated:
+        kept = kept & ~truncated
+    return kept.expand_as(truncated)  # a filter may answer per group, (G, 1)
 
 
 # --loss-agg: (mask, norm_len) -> weights (B, T), this micro-batch's share of the denominator
 def sequences(mask):
-    return (mask > 0).any(-1).sum().to(mask.dtype)  # rows with a token
+    """The rows with a token."""
+    return (mask > 0).any(-1).sum().to(mask.dtype)
+
+
+def token_mean(mask, norm_len):
+    """Appendix B.1: every loss token of the minibatch weighs the same."""
+    return mask, mask.sum()
 
 
 def seq_mean_token_mean(mask, norm_len):
+    """Each sequence's token mean, averaged over sequences."""
     return mask / mask.sum(-1, keepdim=True).clamp(min=1), sequences(mask)
 
 
-def seq_mean_token_sum_norm(mask, norm_len):  # Dr. GRPO
-    if norm_len is None:
-        raise ValueError("loss aggregation seq-mean-token-sum-norm needs norm_len (the maximum completion length)")
+def seq_mean_token_sum_norm(mask, norm_len):
+    """Dr. GRPO: token sums over sequences x the maximum length, a constant however long each answer is."""
     return mask, sequences(mask) * norm_len
 
 
 AGGREGATIONS = {
-    "token-mean": lambda mask, norm_len: (mask, mask.sum()),  # Appendix B.1
+    "token-mean": token_mean,
     "seq-mean-token-mean": seq_mean_token_mean,
     "seq-mean-token-sum-norm": seq_mean_token_sum_norm,
 }
@@ -244,19 +300,18 @@ OPTION_CHOICES = {
 }
 
 
-def loss_denominator(mask: torch.Tensor, agg: str = "token-mean", norm_len: int | None = None) -> torch.Tensor:
-    """This micro-batch's share of the loss denominator (0-d); sum over minibatch and ranks."""
-    return choose(AGGREGATIONS, agg, "loss aggregation")(mask.float(), norm_len)[1].float()
+def loss_denominator(mask, agg="token-mean", norm_len=None):
+    """This micro-batch's share (0-d) of --loss-agg `agg`'s denominator, from its mask (B, T) and norm_len (the
+    maximum completion length, for seq-mean-token-sum-norm); train.py sums it over the minibatch and the ranks."""
+    _, share = AGGREGATIONS[agg](mask.float(), norm_len)
+    return share.float()
 
 
-def aggregate(
-    values: torch.Tensor,
-    mask: torch.Tensor,
-    agg: str = "token-mean",
-    denominator: torch.Tensor | float | None = None,
-    norm_len: int | None = None,
-) -> torch.Tensor:
-    """sum(values * weights) / denominator (None: this batch's own)."""
-    weights, share = choose(AGGREGATIONS, agg, "loss aggregation")(mask.to(values.dtype), norm_len)
-    denominator = torch.as_tensor(share if denominator is None else denominator).to(values)
-    return (values * weights).sum() / denominator.where(denominator > 0, 1)
+def aggregate(values, mask, agg="token-mean", denominator=None, norm_len=None):
+    """sum(values * weights) / denominator, a 0-d tensor: values and mask (B, T), `agg` an AGGREGATIONS name, the
+    denominator a tensor or number (None: this micro-batch's own share, as if it were the whole minibatch)."""
+    weights, share = AGGREGATIONS[agg](mask.to(values.dtype), norm_len)
+    if denominator is None:
+        denominator = share
+    denominator = torch.as_tensor(denominator).to(values)
+    return (values * weights).sum() / denominator.where(denominator > 0, 1)  # every row masked: 0, not NaN

@@ -20,6 +20,8 @@ from advantage import (
     rloo_advantages,
     softmax_advantages,
 )
+from config import Args, check_args
+from tests.test_nothing_silent import train_refuses
 from tools.theory import population_weight
 
 
@@ -55,10 +57,18 @@ def test_softmax_numerically_stable_and_at_least_float32():
     assert torch.allclose(adv, torch.tensor([[1.0, -1.0, -1.0, 1.0]]))
 
 
-@pytest.mark.parametrize("tau", [0.0, -1.0, float("nan"), float("inf")])
-def test_softmax_rejects_bad_tau(tau):
-    with pytest.raises(ValueError, match="tau"):
-        softmax_advantages(torch.zeros(1, 4), tau=tau)
+@pytest.mark.parametrize(
+    "tau, message",
+    [
+        ("0", "--tau must be finite and > 0"),
+        ("-1", "--tau must be finite and > 0"),
+        ("nan", "argument --tau: invalid number value: 'nan'"),
+        ("inf", "argument --tau: invalid number value: 'inf'"),
+    ],
+)
+def test_softmax_rejects_bad_tau(tau, message, capsys, tmp_path):
+    """tau is checked once, at start (config.py, through hyperparameter_ranges), not on every call."""
+    assert message in train_refuses(["--tau", tau], capsys, tmp_path)
 
 
 def test_non_finite_reward_names_the_group():
@@ -101,12 +111,14 @@ def test_other_estimators_hand_values():
     assert torch.allclose(reinforce_advantages(batch), torch.tensor([[0.5, 0.5], [-0.5, -0.5]]))
 
 
-def test_compute_advantages_dispatch():
+def test_compute_advantages_dispatch(capsys, tmp_path):
     r = torch.tensor([[1.0, 0.0]])
     assert torch.allclose(compute_advantages("softmax", r, tau=0.5), softmax_advantages(r, 0.5))
     assert torch.allclose(compute_advantages("grpo", r), grpo_advantages(r))
-    with pytest.raises(ValueError, match="unknown advantage"):
+    with pytest.raises(KeyError, match="ppo"):  # a plain lookup: the command line refuses the name at start
         compute_advantages("ppo", r)
+    message = f"--advantage must be one of {', '.join(ESTIMATORS)}"
+    assert message in train_refuses(["--advantage", "ppo"], capsys, tmp_path)
 
 
 P = torch.linspace(0.02, 0.98, 25, dtype=torch.float64)
@@ -190,8 +202,11 @@ def test_estimators_return_constants(name):
     ],
 )
 def test_softmax_accepts_real_scalar_tau(tau):
+    """The start-time check takes any one real number, and the estimator gives what float(tau) gives."""
+    assert hyperparameter_ranges()["tau"].problem(tau) is None
     r = torch.tensor([[1.0, 0.0, 0.0]])
-    assert torch.allclose(softmax_advantages(r, tau=tau), softmax_advantages(r, tau=float(tau)), atol=1e-6)
+    adv = softmax_advantages(r, tau=tau).float()  # a float64 one-element tensor promotes the division
+    assert torch.allclose(adv, softmax_advantages(r, tau=float(tau)), atol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -210,8 +225,8 @@ def test_softmax_accepts_real_scalar_tau(tau):
     ],
 )
 def test_softmax_refuses_tau_with_a_true_message(tau, message):
-    with pytest.raises(ValueError, match=message):
-        softmax_advantages(torch.zeros(1, 4), tau=tau)
+    """The one check of tau, config.py's at start (hyperparameter_ranges), names what is wrong with the value."""
+    assert message in hyperparameter_ranges()["tau"].problem(tau)
 
 
 def test_estimator_params_lists_every_declared_hyperparameter():
@@ -229,8 +244,11 @@ def test_compute_advantages_passes_each_estimator_its_own_hyperparameters():
     assert not torch.allclose(grpo_advantages(r, eps=0.25), grpo_advantages(r))  # eps really reached it
     assert torch.allclose(compute_advantages("reinforce", r, **every), r - 0.1)
     assert torch.allclose(compute_advantages("softmax", r, 0.5), softmax_advantages(r, tau=0.5))  # positional tau
-    with pytest.raises(ValueError, match="unknown estimator hyperparameter.*taus"):
-        compute_advantages("softmax", r, taus=0.5)
+
+
+def test_an_unknown_hyperparameter_is_refused_at_the_command_line(capsys, tmp_path):
+    """Each hyperparameter is a flag (estimator_params), so a misspelt one never reaches compute_advantages."""
+    assert "unrecognized arguments: --taus 0.5" in train_refuses(["--taus", "0.5"], capsys, tmp_path)
 
 
 def test_a_new_estimator_with_a_hyperparameter_is_one_edit(monkeypatch):
@@ -266,15 +284,16 @@ def test_conflicting_hyperparameter_defaults_are_refused(monkeypatch):
         ("baseline", "0.5"),
     ],
 )
-def test_every_estimator_refuses_a_hyperparameter_outside_its_declared_range(name, value):
-    """eps -1 would flip GRPO's advantages; eps or tau that round to 0 in float32 would make them NaN."""
+def test_every_estimator_refuses_a_hyperparameter_outside_its_declared_range(name, value, tmp_path):
+    """eps -1 would flip GRPO's advantages; eps or tau that round to 0 in float32 would make them NaN. The one
+    check, at start, refuses each whichever estimator trains (every hyperparameter reaches the run's log)."""
     valid = hyperparameter_ranges()[name]
     assert valid.problem(value) is not None
     users = [est for est, fn in ESTIMATORS.items() if name in hyperparameters(fn)]
     assert users
-    for est in users:
-        with pytest.raises(ValueError, match=f"{name} must be"):
-            ESTIMATORS[est](torch.tensor([[1.0, 0.0, 0.0, 1.0]]), **{name: value})
+    for est in users if isinstance(value, float) else []:  # what a flag can hold; "0.5": the range alone
+        error = check_args(Args(advantage=est, out_dir=str(tmp_path / "run"), **{name: value}))
+        assert error.startswith(f"--{name} must be") and "\n" not in error, error
 
 
 def test_declared_ranges_accept_the_defaults_and_small_float32_values():

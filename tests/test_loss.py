@@ -1,6 +1,7 @@
 """loss.py: log-probs against the naive formula, PPO-clip gradients, k3 KL, masking, batch layout."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from loss import (
     policy_loss,
 )
 from speed.logprobs import chunked_token_logprobs, pad_batch, sequence_logprobs
+from tests.test_nothing_silent import train_refuses
 
 CHUNK = "speed.logprobs.CPU_CHUNK_ELEMENTS"  # the kernel's row-chunk size on CPU, in float32 elements
 
@@ -202,9 +204,9 @@ def test_aggregation_denominators():
     assert aggregate(values, mask, "token-mean", denominator=8) == pytest.approx(10 / 8)
     assert aggregate(values, mask, "seq-mean-token-mean") == pytest.approx((2 + 4) / 2)
     assert aggregate(values, mask, "seq-mean-token-sum-norm", norm_len=5) == pytest.approx(10 / (2 * 5))
-    with pytest.raises(ValueError, match="aggregation"):
+    with pytest.raises(KeyError, match="sum"):  # a plain lookup: --loss-agg's name is checked once, at start
         aggregate(values, mask, "sum")
-    with pytest.raises(ValueError, match="needs norm_len"):  # the padded length would vary by micro-batch
+    with pytest.raises(TypeError):  # norm_len None, never 0: the padded length would vary by micro-batch
         aggregate(values, mask, "seq-mean-token-sum-norm")
     assert loss_denominator(mask, "token-mean") == 4
     assert loss_denominator(mask, "seq-mean-token-mean") == 2
@@ -420,7 +422,7 @@ def test_token_tis_weights_by_hand_and_carry_no_gradient():
     assert torch.allclose(g_old, g_old_plain * weights)  # only through rho = pi / pi_old, scaled: none through w
 
 
-def test_is_correction_is_chosen_by_name_from_its_registry():
+def test_is_correction_is_chosen_by_name_from_its_registry(capsys, tmp_path):
     """--is-correction's choices are IS_CORRECTIONS' names: "none" ignores the sampler's log-probs (no weight, no
     is_* metrics) and is the default, whatever is_cap says; "token-tis" weights."""
     assert {"none", "token-tis"} <= set(IS_CORRECTIONS)
@@ -435,14 +437,16 @@ def test_is_correction_is_chosen_by_name_from_its_registry():
     by_cap, m_cap = policy_loss(logp, old, adv, mask, beta=0.0, sampler_logp=sampler, is_cap=2.0)
     assert named.item() != pytest.approx(plain.item(), rel=1e-3) and "is_clip_frac" in m_named
     assert by_cap.item() == plain.item() and m_cap == m_plain  # a cap alone turns nothing on
-    with pytest.raises(ValueError, match="unknown importance correction 'tis'; choose one of .*token-tis"):
+    with pytest.raises(KeyError, match="tis"):  # a plain lookup: the command line refuses the name at start
         policy_loss(logp, old, adv, mask, is_correction="tis", sampler_logp=sampler, is_cap=2.0)
+    message = f"--is-correction must be one of {', '.join(IS_CORRECTIONS)}"
+    assert message in train_refuses(["--is-correction", "tis"], capsys, tmp_path)
 
 
 # ---- the importance ratio: RATIOS (the paper's token ratio, GSPO's sequence ratio)
 
 
-def test_the_token_ratio_is_todays_arithmetic_bit_for_bit():
+def test_the_token_ratio_is_todays_arithmetic_bit_for_bit(capsys, tmp_path):
     """ratio="token" (the default) computes exp(clamp(logp - old_logp)) as before RATIOS existed: the same loss,
     metrics and gradient, bit for bit, with a log-ratio beyond LOG_RATIO_LIMIT that the clamp must catch."""
     assert "token" in RATIOS
@@ -455,8 +459,9 @@ def test_the_token_ratio_is_todays_arithmetic_bit_for_bit():
     got, m = policy_loss(logp, old, adv, mask, beta=0.0, ratio="token")
     assert torch.equal(got, want) and m["ratio_mean"] == ((ratio * mask).sum() / mask.sum()).item()
     assert torch.equal(torch.autograd.grad(got, logp)[0], torch.autograd.grad(want, logp)[0])
-    with pytest.raises(ValueError, match="unknown importance ratio 'tokens'; choose one of .*token"):
+    with pytest.raises(KeyError, match="tokens"):
         policy_loss(logp, old, adv, mask, ratio="tokens")
+    assert f"--ratio must be one of {', '.join(RATIOS)}" in train_refuses(["--ratio", "tokens"], capsys, tmp_path)
 
 
 def test_the_sequence_ratio_clips_whole_sequences():
@@ -545,7 +550,7 @@ def test_every_row_masked_is_a_loss_of_zero_not_nan():
 # ---- --kl-estimator (KL_ESTIMATORS), --entropy-coef, --loss-terms (LOSS_TERMS), the seq/mask IS corrections
 
 
-def test_kl_estimators_by_hand():
+def test_kl_estimators_by_hand(capsys, tmp_path):
     """pi = 1/2, pi_ref = 1/4 on a token: log(pi / pi_ref) = ln 2, so k1 = ln 2, k2 = (ln 2)^2 / 2, and
     k3 = r - ln r - 1 with r = pi_ref / pi = 1/2: ln 2 - 1/2 (Schulman's note); at pi = pi_ref all three are 0.
     policy_loss picks one by name (k3 by default) and adds beta times its token mean."""
@@ -558,8 +563,10 @@ def test_kl_estimators_by_hand():
         assert got[0, 0].item() == pytest.approx(value, rel=1e-6) and got[0, 1].item() == 0.0, name
         loss, m = policy_loss(logp, logp, torch.zeros(1), torch.ones(1, 2), ref_logp=ref, beta=0.5, kl_estimator=name)
         assert m["kl"] == pytest.approx(value / 2, rel=1e-6) and loss.item() == pytest.approx(0.5 * value / 2, rel=1e-6)
-    with pytest.raises(ValueError, match="unknown KL estimator 'k4'; choose one of .*k3"):
+    with pytest.raises(KeyError, match="k4"):
         policy_loss(logp, logp, torch.zeros(1), torch.ones(1, 2), ref_logp=ref, kl_estimator="k4")
+    message = f"--kl-estimator must be one of {', '.join(KL_ESTIMATORS)}"
+    assert message in train_refuses(["--kl-estimator", "k4"], capsys, tmp_path)
 
 
 def test_the_default_kl_estimator_is_k3_bit_for_bit():
@@ -629,7 +636,7 @@ def test_entropy_bonus_subtracts_the_aggregated_entropy():
     assert bonus.item() == pytest.approx(plain.item() - 0.1 * 3.0)
     (grad,) = torch.autograd.grad(bonus, entropy)
     assert torch.allclose(grad, -0.1 / 5 * mask)
-    with pytest.raises(ValueError, match="entropy_coef needs the entropies"):
+    with pytest.raises(AttributeError):  # no entropies, no bonus: train.py computes them for any --entropy-coef
         policy_loss(logp, old, adv, mask, entropy_coef=0.1)
 
 
@@ -660,7 +667,7 @@ def logratio_l2(logp, old_logp, mask):
     return (logp - old_logp) ** 2  # (B, T)
 
 
-def test_a_loss_term_is_added_with_its_coefficient_and_logged(monkeypatch):
+def test_a_loss_term_is_added_with_its_coefficient_and_logged(monkeypatch, capsys, tmp_path):
     """--loss-terms NAME=COEF: policy_loss adds COEF x agg(term) and returns agg(term) under NAME, a Share. By hand,
     log-ratios 0.1, -0.2, 0.3 on one sequence: the term's token mean is (0.01 + 0.04 + 0.09) / 3."""
     monkeypatch.setitem(LOSS_TERMS, "l2", logratio_l2)
@@ -680,6 +687,7 @@ def test_a_loss_term_is_added_with_its_coefficient_and_logged(monkeypatch):
     ):
         with pytest.raises(ValueError, match=f"--loss-terms: .*{message}"):
             policy_loss(logp, old, adv, mask, loss_terms=text)
+        assert re.search(f"--loss-terms: .*{message}", train_refuses(["--loss-terms", text], capsys, tmp_path))
 
 
 def is_case():
@@ -713,10 +721,11 @@ def test_sequence_truncated_is_by_hand():
     assert m["is_ratio_mean"] == pytest.approx((2 + 0.5 + 4) / 3)  # the per-token ratios, as for token-tis
 
 
-def test_token_and_sequence_masks_by_hand():
+def test_token_and_sequence_masks_by_hand(capsys, tmp_path):
     """token-mask: w_t = pi_old / pi_sampler inside [1/C, C], else 0. C = 3: ratios 2, 0.5 stay, 4 is dropped (1/3 of
     the tokens masked). seq-mask: the product 4 is outside [1/3, 3], so the whole sequence drops (weight 0, still in
-    the denominator); with C = 5 it stays with weight 4 on every token. C < 1 leaves an empty band: an error."""
+    the denominator); with C = 5 it stays with weight 4 on every token. C < 1 leaves an empty band: refused at
+    start (config.py), whichever mask mode."""
     assert {"token-mask", "seq-mask"} <= set(IS_CORRECTIONS)
     old, sampler, mask = is_case()
     w, masked = IS_CORRECTIONS["token-mask"](old, sampler, mask, 3.0)
@@ -734,5 +743,5 @@ def test_token_and_sequence_masks_by_hand():
     assert loss.item() == pytest.approx(-(2 + 0.5 + 0) / 3) and m["is_clip_frac"] == pytest.approx(1 / 3)
     assert torch.allclose(torch.autograd.grad(loss, logp)[0], -torch.tensor([[2.0, 0.5, 0.0, 0.0]]) / 3)
     for name in ("token-mask", "seq-mask"):
-        with pytest.raises(ValueError, match="--is-cap 0.5: a mask correction keeps ratios in"):
-            policy_loss(logp, old, torch.tensor([1.0]), mask, is_correction=name, sampler_logp=sampler, is_cap=0.5)
+        argv = ["--is-correction", name, "--is-cap", "0.5"]
+        assert "--is-cap 0.5: a mask correction keeps ratios in" in train_refuses(argv, capsys, tmp_path)
