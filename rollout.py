@@ -256,14 +256,14 @@ class HFSampler:
         input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts], device=device)  # (G, P)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)  # left-padded
         choose = functools.partial(next_tokens, draw=cpu_sampler.draw if self.fast else draw, **filters)
-        tokens, logps = self._decode(input_ids, mask, generators, n=n, max_tokens=max_tokens, choose=choose)
+        tokens, logps = self._decode(input_ids, mask, generators, n, max_tokens, choose)
         results = []
         for ids, lps in zip(tokens.tolist(), logps.tolist()):
             end = next((i + 1 for i, t in enumerate(ids) if t in self.eos_ids), None)  # EOS included
             results.append(completion(self.tokenizer, ids[:end], lps[:end], end is not None))
         return [results[i * n : (i + 1) * n] for i in range(len(prompts))]
 
-    def _decode(self, input_ids, mask, generators, *, n, max_tokens, choose):
+    def _decode(self, input_ids, mask, generators, n, max_tokens, choose):
         """Prefill, KV cache repeated n times, decode: tokens and log-probs (R, K); self.fast: speed/cpu_sampler.py."""
         fast = self.fast is not None
         device = input_ids.device
@@ -366,8 +366,8 @@ class HFSampler:
 def allocator_conf_error(environ) -> str | None:
     """An error when expandable segments are on: vLLM's sleep mode refuses them (pytorch#147851)."""
     for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):  # the second: torch's newer name
-        settings = dict(item.split(":", 1) for item in environ.get(name, "").replace(" ", "").split(",") if ":" in item)
-        if settings.get("expandable_segments", "").lower() == "true":
+        settings = environ.get(name, "").replace(" ", "").lower().split(",")
+        if "expandable_segments:true" in settings:
             return (
                 f"{name} sets expandable_segments:True, which vLLM's sleep mode refuses (its CuMem allocator): "
                 "unset it, or drop expandable_segments from it, for --sampler vllm"

@@ -147,7 +147,7 @@ def draw(probs, uniforms, block=256):
     # below the total: u * total can round up to it, and searchsorted would step past the last block
     u = torch.minimum(uniforms.to(torch.float64).reshape(-1, 1) * total, torch.nextafter(total, below))
     chosen = torch.searchsorted(cdf, u, right=True)  # first block whose CDF exceeds u
-    u = u - torch.where(chosen > 0, cdf.gather(-1, (chosen - 1).clamp(min=0)), below)
+    u = u - torch.nn.functional.pad(cdf, (1, 0)).gather(-1, chosen)  # the mass of the blocks before it
     inside = by_block.gather(1, chosen[:, :, None].expand(-1, -1, block)).squeeze(1).double().cumsum(-1)  # (R, b)
     u = torch.minimum(u, torch.nextafter(inside[:, -1:], below))  # the block's scan can end an ulp above its sum
     return (chosen * block + torch.searchsorted(inside, u, right=True)).squeeze(-1)
