@@ -13,7 +13,7 @@ CPU_CHUNK_ELEMENTS = 1 << 19  # CPU: 2 MB, so a chunk stays in L2
 def _chunks(n_rows: int, vocab: int, device: torch.device):
     elements = CPU_CHUNK_ELEMENTS if device.type == "cpu" else CHUNK_ELEMENTS
     step = max(1, elements // vocab)
-    return [(i, min(i + step, n_rows)) for i in range(0, n_rows, step)]
+    return [slice(i, min(i + step, n_rows)) for i in range(0, n_rows, step)]
 
 
 # SPEED and MEMORY TRICK: tests/test_loss.py::test_chunked_token_logprobs_equal_the_plain_version and
@@ -29,12 +29,12 @@ class _TokenLogprobs(torch.autograd.Function):
         lse = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
         out = torch.empty_like(lse)
         ent = torch.empty_like(lse) if entropy else lse.new_empty(0)
-        for a, b in _chunks(*flat.shape, flat.device):
-            chunk = flat[a:b].to(torch.float32, copy=True).div_(temperature)
-            lse[a:b] = torch.logsumexp(chunk, dim=-1)
-            out[a:b] = chunk.gather(-1, flat_targets[a:b, None]).squeeze(-1) - lse[a:b]
+        for rows in _chunks(*flat.shape, flat.device):
+            chunk = flat[rows].to(torch.float32, copy=True).div_(temperature)
+            lse[rows] = torch.logsumexp(chunk, dim=-1)
+            out[rows] = chunk.gather(-1, flat_targets[rows, None]).squeeze(-1) - lse[rows]
             if entropy:  # float32: a bf16 dot would round the large sum H cancels
-                ent[a:b] = lse[a:b] - (chunk - lse[a:b, None]).exp_().mul_(chunk).sum(-1)
+                ent[rows] = lse[rows] - (chunk - lse[rows, None]).exp_().mul_(chunk).sum(-1)
         ctx.temperature = temperature
         ctx.entropy_grad = entropy and entropy_grad
         ctx.save_for_backward(logits, targets, lse, ent if ctx.entropy_grad else None)
@@ -55,16 +55,16 @@ class _TokenLogprobs(torch.autograd.Function):
         if ctx.entropy_grad:
             g_ent = lse.new_zeros(lse.shape) if grad_entropy is None else grad_entropy.reshape(-1).float()
         grad = torch.empty_like(flat)
-        for a, b in _chunks(*flat.shape, flat.device):
+        for rows in _chunks(*flat.shape, flat.device):
+            log_p = flat[rows].to(torch.float32, copy=True).div_(T).sub_(lse[rows, None])
             if ctx.entropy_grad:
-                log_p = flat[a:b].to(torch.float32, copy=True).div_(T).sub_(lse[a:b, None])
                 probs = log_p.exp()
-                probs.mul_(log_p.add_(ent[a:b, None]).mul_(-g_ent[a:b, None]).sub_(g[a:b, None])).div_(T)
+                probs.mul_(log_p.add_(ent[rows, None]).mul_(-g_ent[rows, None]).sub_(g[rows, None])).div_(T)
             else:
-                probs = flat[a:b].to(torch.float32, copy=True).div_(T).sub_(lse[a:b, None]).exp_()
-                probs.mul_(-g[a:b, None] / T)
-            probs.scatter_add_(-1, flat_targets[a:b, None], (g[a:b] / T)[:, None])
-            grad[a:b] = probs.to(grad.dtype)
+                probs = log_p.exp_()
+                probs.mul_(-g[rows, None] / T)
+            probs.scatter_add_(-1, flat_targets[rows, None], (g[rows] / T)[:, None])
+            grad[rows] = probs.to(grad.dtype)
         return grad.view_as(logits), None, None, None, None
 
 
