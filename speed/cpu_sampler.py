@@ -14,18 +14,21 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from plumbing.models import check_finite
 
 
+# SPEED TRICK: tests/test_rollout.py::test_cpu_fast_path_samples_what_the_plain_loop_samples (the whole path against
+# HFSampler(fast=False)); each piece below names its own test.
 class FastPath:
     """HFSampler's CPU fast path: grouped attention, and its packed weights."""
 
     def __init__(self, model):
-        if model.config._attn_implementation == "eager":
+        if model.config._attn_implementation == "eager":  # another implementation was asked for by name: keep it
             model.set_attn_implementation("grouped_eager")
         self.packed = (
             model.dtype == torch.bfloat16
             and torch.backends.mkldnn.is_available()
             and torch.ops.mkldnn._is_mkldnn_bf16_supported()
         )
-        self.packed_only = _pack_linears(model) if self.packed else {}  # {weight name: layer}
+        # {weight name: layer}; without oneDNN's bf16 kernels (AVX2-only CPUs) the layers stay plain
+        self.packed_only = _pack_linears(model) if self.packed else {}
 
     def load(self, name, tensor) -> bool:
         """Pack a weight kept only packed straight from the new tensor; False for any other weight."""
@@ -49,6 +52,8 @@ class FastPath:
         return freed
 
 
+# SPEED TRICK: tests/test_rollout.py::test_grouped_attention_matches_eager (against DynamicCache): DynamicCache
+# concatenates at every step, and each new key length makes oneDNN build and keep a new kernel
 class BucketedLayer(DynamicLayer):
     """One layer's KV cache in a buffer a multiple of `bucket` long, written in place: few oneDNN shapes, no copies."""
 
@@ -56,22 +61,25 @@ class BucketedLayer(DynamicLayer):
 
     def __init__(self, bucket=64):
         super().__init__()
-        self.bucket, self.length = bucket, 0
+        self.bucket = bucket
+        self.length = 0
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         end = self.length + key_states.shape[-2]
-        if self.length == 0 or end > self.keys.shape[-2]:
-            keys, values = (
-                s.new_zeros(*s.shape[:2], -(-end // self.bucket) * self.bucket, s.shape[3])
-                for s in (key_states, value_states)
-            )  # zeros: 0 x NaN would be NaN
-            if self.length:
+        if self.length == 0 or end > self.keys.shape[-2]:  # a new buffer, the next multiple of `bucket` long
+            size = -(-end // self.bucket) * self.bucket
+            # zeros: the masked slots past the cached tokens meet the softmax's 0 weight, and 0 x NaN would be NaN
+            keys = key_states.new_zeros(*key_states.shape[:2], size, key_states.shape[3])
+            values = value_states.new_zeros(*value_states.shape[:2], size, value_states.shape[3])
+            if self.length:  # the first call's buffers are lazy_initialization's empty ones
                 keys[:, :, : self.length] = self.keys[:, :, : self.length]
                 values[:, :, : self.length] = self.values[:, :, : self.length]
-            self.keys, self.values = keys, values
-        self.keys[:, :, self.length : end], self.values[:, :, self.length : end] = key_states, value_states
+            self.keys = keys
+            self.values = values
+        self.keys[:, :, self.length : end] = key_states
+        self.values[:, :, self.length : end] = value_states
         self.length = end
         return self.keys, self.values
 
@@ -82,9 +90,12 @@ class BucketedLayer(DynamicLayer):
         return -(-(self.length + query_length) // self.bucket) * self.bucket, 0
 
 
+# SPEED TRICK: tests/test_rollout.py::test_grouped_attention_matches_eager: repeat_kv copies every cached key and
+# value once per query head of its group, at every decode step
 def _grouped_eager_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
     """Eager attention without `repeat_kv`'s copies: a group's query heads are rows of one matmul."""
-    (batch, heads, length, dim), groups = query.shape, key.shape[1]  # groups: key/value heads
+    batch, heads, length, dim = query.shape
+    groups = key.shape[1]  # key/value heads
     query = query.reshape(batch, groups, heads // groups * length, dim)  # (B, KV, G * Q, D), a view
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     if attention_mask is not None:
@@ -97,6 +108,8 @@ AttentionInterface.register("grouped_eager", _grouped_eager_attention)
 AttentionMaskInterface.register("grouped_eager", eager_mask)
 
 
+# SPEED TRICK: tests/test_rollout.py::test_packed_bf16_linears_compute_the_plain_linears (bit for bit): a plain bf16
+# linear reorders its weight for oneDNN at every call
 def _pack_linears(model) -> dict:
     """Run every linear from a oneDNN-packed bf16 weight, freeing unshared plain ones; {weight name: layer} of those."""
     embedding = model.get_input_embeddings().weight
@@ -120,6 +133,8 @@ def _packed_linear_forward(self, x):
     return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
 
+# SPEED TRICK: tests/test_rollout.py::test_blocked_draw_equals_the_full_cdf (against rollout.draw): the plain draw's
+# float64 cumsum runs over the whole vocabulary for every row and every token
 def draw(probs, uniforms, block=256):
     """rollout.draw in two levels: the block, then the token inside it (a V / block + block scan, not V)."""
     if pad := -probs.shape[-1] % block:  # zeros up to a whole block
@@ -127,11 +142,12 @@ def draw(probs, uniforms, block=256):
     by_block = probs.view(len(probs), -1, block)  # (R, B, b)
     cdf = by_block.sum(-1, dtype=torch.float64).cumsum(-1)  # (R, B); float64 keeps every token's share
     total = cdf[:, -1:]
-    check_finite(total)
+    check_finite(total)  # a NaN, inf or all-zero row would draw an arbitrary token
     below = torch.zeros_like(total)
+    # below the total: u * total can round up to it, and searchsorted would step past the last block
     u = torch.minimum(uniforms.to(torch.float64).reshape(-1, 1) * total, torch.nextafter(total, below))
     chosen = torch.searchsorted(cdf, u, right=True)  # first block whose CDF exceeds u
-    u = u - torch.where(chosen > 0, cdf.gather(-1, (chosen - 1).clamp(min=0)), below)
+    u = u - torch.nn.functional.pad(cdf, (1, 0)).gather(-1, chosen)  # the mass of the blocks before it
     inside = by_block.gather(1, chosen[:, :, None].expand(-1, -1, block)).squeeze(1).double().cumsum(-1)  # (R, b)
     u = torch.minimum(u, torch.nextafter(inside[:, -1:], below))  # the block's scan can end an ulp above its sum
     return (chosen * block + torch.searchsorted(inside, u, right=True)).squeeze(-1)

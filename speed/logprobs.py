@@ -11,27 +11,32 @@ CPU_CHUNK_ELEMENTS = 1 << 19  # CPU: 2 MB, so a chunk stays in L2
 
 
 def _chunks(n_rows: int, vocab: int, device: torch.device):
-    step = max(1, (CPU_CHUNK_ELEMENTS if device.type == "cpu" else CHUNK_ELEMENTS) // vocab)
-    return [(i, min(i + step, n_rows)) for i in range(0, n_rows, step)]
+    elements = CPU_CHUNK_ELEMENTS if device.type == "cpu" else CHUNK_ELEMENTS
+    step = max(1, elements // vocab)
+    return [slice(i, min(i + step, n_rows)) for i in range(0, n_rows, step)]
 
 
-# SPEED and MEMORY TRICK: tests/test_loss.py::test_chunked_*
+# SPEED and MEMORY TRICK: tests/test_loss.py::test_chunked_token_logprobs_equal_the_plain_version and
+# test_chunked_entropy_gradient_equals_autograd: autograd's log_softmax keeps a float32 (B, K, V) for backward; this
+# keeps the logits and a (N,) logsumexp, and redoes each row chunk's softmax in backward
 class _TokenLogprobs(torch.autograd.Function):
     """log softmax(z)[target], z = logits / T, and with `entropy` H = lse - sum_v p_v z_v."""
 
     @staticmethod
     def forward(ctx, logits, targets, temperature, entropy, entropy_grad):
-        flat, flat_targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)  # (N, V), (N,)
+        flat = logits.reshape(-1, logits.shape[-1])  # (N, V)
+        flat_targets = targets.reshape(-1)  # (N,)
         lse = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
         out = torch.empty_like(lse)
         ent = torch.empty_like(lse) if entropy else lse.new_empty(0)
-        for a, b in _chunks(flat.shape[0], flat.shape[1], flat.device):
-            chunk = flat[a:b].to(torch.float32, copy=True).div_(temperature)
-            lse[a:b] = torch.logsumexp(chunk, dim=-1)
-            out[a:b] = chunk.gather(-1, flat_targets[a:b, None]).squeeze(-1) - lse[a:b]
+        for rows in _chunks(*flat.shape, flat.device):
+            chunk = flat[rows].to(torch.float32, copy=True).div_(temperature)
+            lse[rows] = torch.logsumexp(chunk, dim=-1)
+            out[rows] = chunk.gather(-1, flat_targets[rows, None]).squeeze(-1) - lse[rows]
             if entropy:  # float32: a bf16 dot would round the large sum H cancels
-                ent[a:b] = lse[a:b] - (chunk - lse[a:b, None]).exp_().mul_(chunk).sum(-1)
-        ctx.temperature, ctx.entropy_grad = temperature, entropy and entropy_grad
+                ent[rows] = lse[rows] - (chunk - lse[rows, None]).exp_().mul_(chunk).sum(-1)
+        ctx.temperature = temperature
+        ctx.entropy_grad = entropy and entropy_grad
         ctx.save_for_backward(logits, targets, lse, ent if ctx.entropy_grad else None)
         ctx.set_materialize_grads(not ctx.entropy_grad)  # a None says which output the loss used
         ent = ent.view(targets.shape) if entropy else ent
@@ -42,32 +47,28 @@ class _TokenLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, grad_entropy):
         """With z = logits / T and p = softmax(z): d logp[y] / dz = onehot(y) - p, dH / dz_j = -p_j (log p_j + H)."""
-        (logits, targets, lse, ent), T = ctx.saved_tensors, ctx.temperature
-        flat, flat_targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)  # (N, V), (N,)
+        logits, targets, lse, ent = ctx.saved_tensors
+        T = ctx.temperature
+        flat = logits.reshape(-1, logits.shape[-1])  # (N, V)
+        flat_targets = targets.reshape(-1)  # (N,)
         g = lse.new_zeros(lse.shape) if grad_out is None else grad_out.reshape(-1).float()  # (N,)
         if ctx.entropy_grad:
             g_ent = lse.new_zeros(lse.shape) if grad_entropy is None else grad_entropy.reshape(-1).float()
         grad = torch.empty_like(flat)
-        for a, b in _chunks(flat.shape[0], flat.shape[1], flat.device):
+        for rows in _chunks(*flat.shape, flat.device):
+            log_p = flat[rows].to(torch.float32, copy=True).div_(T).sub_(lse[rows, None])
             if ctx.entropy_grad:
-                log_p = flat[a:b].to(torch.float32, copy=True).div_(T).sub_(lse[a:b, None])
                 probs = log_p.exp()
-                probs.mul_(log_p.add_(ent[a:b, None]).mul_(-g_ent[a:b, None]).sub_(g[a:b, None])).div_(T)
+                probs.mul_(log_p.add_(ent[rows, None]).mul_(-g_ent[rows, None]).sub_(g[rows, None])).div_(T)
             else:
-                probs = flat[a:b].to(torch.float32, copy=True).div_(T).sub_(lse[a:b, None]).exp_()
-                probs.mul_(-g[a:b, None] / T)
-            probs.scatter_add_(-1, flat_targets[a:b, None], (g[a:b] / T)[:, None])
-            grad[a:b] = probs.to(grad.dtype)
+                probs = log_p.exp_()
+                probs.mul_(-g[rows, None] / T)
+            probs.scatter_add_(-1, flat_targets[rows, None], (g[rows] / T)[:, None])
+            grad[rows] = probs.to(grad.dtype)
         return grad.view_as(logits), None, None, None, None
 
 
-def chunked_token_logprobs(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    temperature: float = 1.0,
-    entropy: bool = False,
-    entropy_grad: bool = False,
-):
+def chunked_token_logprobs(logits, targets, temperature=1.0, entropy=False, entropy_grad=False):
     """The plain version's log-probs (and entropies), computed by the row-chunked kernel."""
     logp, ent = _TokenLogprobs.apply(logits, targets, float(temperature), entropy, entropy_grad)
     return (logp, ent) if entropy else logp
@@ -75,23 +76,20 @@ def chunked_token_logprobs(
 
 def pad_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
     """[left-padded prompt | right-padded completion] rows: ids, attention mask (B, P + K), completion mask (B, K)."""
-    B, P, K = len(prompts), max(map(len, prompts)), max(1, *map(len, completions))  # K >= 1: a slot if all are empty
+    B = len(prompts)
+    P = max(map(len, prompts))
+    K = max(1, *map(len, completions))  # K >= 1: a slot if all are empty
     input_ids = torch.full((B, P + K), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((B, P + K), dtype=torch.long)
     for i, (prompt, completion) in enumerate(zip(prompts, completions)):
-        input_ids[i, P - len(prompt) : P + len(completion)] = torch.tensor([*prompt, *completion], dtype=torch.long)
-        attention_mask[i, P - len(prompt) : P + len(completion)] = 1
+        span = slice(P - len(prompt), P + len(completion))
+        input_ids[i, span] = torch.tensor([*prompt, *completion], dtype=torch.long)
+        attention_mask[i, span] = 1
     return input_ids, attention_mask, attention_mask[:, P:].float()
 
 
 def sequence_logprobs(
-    model,
-    input_ids,
-    attention_mask,
-    n_completion: int,
-    temperature: float = 1.0,
-    entropy: bool = False,
-    entropy_grad: bool = False,
+    model, input_ids, attention_mask, n_completion: int, temperature=1.0, entropy=False, entropy_grad=False
 ):
     """Log-probs (B, K) of the last K tokens under `model` (and entropies), by the kernel."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
