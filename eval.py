@@ -22,7 +22,7 @@ from plumbing.files import write_error, write_json
 from plumbing.parallel import gather_rows
 from rewards import declared_lengths
 from rollout import make_sampler, sampling_memory_error
-from tasks import REWARD_TERMS, DataError, encode_prompts, get_task, parse_eval_tasks, reward_weights
+from tasks import REWARD_TERMS, DataError, encode_prompts, get_task, reward_weights
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -165,19 +165,6 @@ def evaluate(
 
 def mean(values) -> float:
     return sum(values) / len(values) if values else 0.0
-
-
-def load_eval_sets(args, task, test_set: list, registry: dict) -> dict:
-    """{set name: (task, examples)}: the task's held-out rows, then each --eval-tasks set."""
-    sets = {task.name: (task, test_set)} if test_set else {}
-    for name, path in parse_eval_tasks(args.eval_tasks, registry):
-        if name in sets:
-            raise DataError(f"--eval-tasks: {name} is the task's own held-out set, scored already")
-        other = registry[name]
-        if not (rows := other.load("test", data_file=path, limit=args.eval_examples, seed=args.seed)):
-            raise DataError(f"--eval-tasks: {name} has no held-out rows" + (f" in {path}" if path else ""))
-        sets[name] = (other, rows)
-    return sets
 
 
 def gather_samples(records: list[dict], field: str, size: int, K: int, device) -> torch.Tensor:

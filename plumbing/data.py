@@ -3,7 +3,9 @@
 python -m pytest tests/test_tasks.py tests/test_bad_input.py -q
 """
 
+import hashlib
 import json
+import mmap
 import os
 import socket
 import typing
@@ -94,6 +96,21 @@ def read_rows(path: str | None, flag: str, hub: tuple | None, columns: dict, who
         rows, lines, source = _dataset(f"cannot load {hub[0]}: {advice}", hub[0], hub[1], split=hub[2]), None, hub[0]
     check_rows(rows, lines, columns, source, who, hint)
     return rows, lines, source
+
+
+def rows_revision(path: str | None, rows) -> str:
+    """`path`'s sha256, as the official prepare_data.py's manifest has it; else the hub commit of `rows`."""
+    if path is None:  # datasets caches a hub dataset's rows in a folder named by its commit
+        return os.path.basename(os.path.dirname(next((file["filename"] for file in rows.cache_files), "")))
+    stat = os.stat(path)
+    return _sha256(path, stat.st_size, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=4)
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
+    """Keyed by size and mtime too: a file's train and test split are hashed once, a rewritten file again."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
+        return hashlib.sha256(view).hexdigest()
 
 
 def _read_json(path: str, source: str) -> tuple:
