@@ -135,7 +135,8 @@ def _gsm8k(row: dict) -> Example:
 
 
 def _countdown(row: dict) -> Example:
-    numbers, target = [int(n) for n in row["nums"]], int(row["target"])  # the gate took 3.0 as an int
+    numbers = [int(n) for n in row["nums"]]  # the gate took 3.0 as an int
+    target = int(row["target"])
     user = (
         f"Using the numbers {numbers}, write an arithmetic expression that equals {target}. "
         "Use each number exactly once, with only +, -, *, / and parentheses."
@@ -150,7 +151,8 @@ def _countdown_puzzle(row: dict) -> tuple:
 
 def _gold_demonstration(row: dict) -> tuple[tuple, str]:
     """(puzzle, last assistant answer) of a Countdown-Task-GOLD row."""
-    if not (said := [turn.get("content") for turn in row["messages"] if turn.get("role") == "assistant"]):
+    said = [turn.get("content") for turn in row["messages"] if turn.get("role") == "assistant"]
+    if not said:
         raise ValueError("its messages have no assistant turn")
     if not (reference := final_answer(str(said[-1] or ""))):
         raise ValueError("its assistant turn has no answer after its thinking")
@@ -180,7 +182,8 @@ def _openthoughts_turns(conversation) -> tuple[str, str]:
     asked = speakers.index("human")
     if "gpt" not in speakers[asked:]:
         raise ValueError("its conversations has no gpt turn after the human one")
-    return tuple(str(conversation[i].get("value") or "") for i in (asked, speakers.index("gpt", asked)))
+    values = [conversation[i].get("value") for i in (asked, speakers.index("gpt", asked))]
+    return tuple(str(value or "") for value in values)
 
 
 ARITH_MAX, ARITH_TEST = 16, 64  # departures 2, 5
@@ -581,20 +584,17 @@ def _user_digest(example: Example) -> str:
 
 def encode_prompts(tokenizer, examples, max_len: int | None = None) -> list[list[int]]:
     """Chat-template token ids of each prompt, ending with the assistant header; DataError for bad rows."""
-    if not getattr(tokenizer, "chat_template", None):
+    if not tokenizer.chat_template:
         raise ModelLoadError("the tokenizer has no chat template; use an instruct/chat model")
-    added = [
-        token.content
-        for token in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).values()
-        if getattr(token, "special", False)
-    ]
-    specials = sorted({*(getattr(tokenizer, "all_special_tokens", []) or []), *added} - {""}, key=len, reverse=True)
-    sources = [f"{getattr(ex, 'source', '') or f'row {i}'} ({getattr(ex, 'uid', '')})" for i, ex in enumerate(examples)]
+    added = [token.content for token in tokenizer.added_tokens_decoder.values() if token.special]
+    specials = sorted({*tokenizer.all_special_tokens, *added} - {""}, key=len, reverse=True)
     for i, ex in enumerate(examples):
         for message in ex.prompt:
-            if found := next((t for t in specials if t in str(message.get("content", ""))), None):
+            text = str(message.get("content", ""))
+            found = [token for token in specials if token in text]
+            if found:  # the chat template would turn it into a real turn marker
                 raise DataError(
-                    f"{sources[i]}: its {message.get('role', '')} text holds the special token {found!r}, "
+                    f"{_row_name(ex, i)}: its {message.get('role', '')} text holds the special token {found[0]!r}, "
                     "which the chat template would turn into a real turn marker; remove it from the data"
                 )
     try:
@@ -603,15 +603,22 @@ def encode_prompts(tokenizer, examples, max_len: int | None = None) -> list[list
             for ex in examples
         ]
     except Exception as err:
-        if type(err).__module__.split(".")[0] != "jinja2":
+        if type(err).__module__.split(".")[0] != "jinja2":  # a template's own error, not ours, is the user's to fix
             raise
         raise ModelLoadError(
             f"the model's chat template cannot render a prompt ({first_line(err, typed=True)}); "
             "use a model whose tokenizer_config.json has a working chat_template"
         ) from None
-    if too_long := [i for i, p in enumerate(ids) if max_len is not None and len(p) > max_len]:
+    too_long = [i for i, p in enumerate(ids) if max_len is not None and len(p) > max_len]
+    if too_long:
+        first = too_long[0]
         raise DataError(
-            f"{sources[too_long[0]]}: its prompt is {len(ids[too_long[0]])} tokens, more than the "
+            f"{_row_name(examples[first], first)}: its prompt is {len(ids[first])} tokens, more than the "
             f"{max_len} the model's context leaves beside --max-tokens ({len(too_long)} such rows)"
         )
     return ids
+
+
+def _row_name(example, i: int) -> str:
+    source = getattr(example, "source", "") or f"row {i}"  # a fork's or a test's example may have no source
+    return f"{source} ({getattr(example, 'uid', '')})"

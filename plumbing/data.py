@@ -30,7 +30,9 @@ class Rows(list):
         return list(dict.fromkeys(name for row in self for name in row))
 
     def __getitem__(self, key):
-        return [row.get(key) for row in self] if isinstance(key, str) else list.__getitem__(self, key)
+        if isinstance(key, str):  # a column, as a Dataset gives it
+            return [row.get(key) for row in self]
+        return list.__getitem__(self, key)
 
     def select(self, indices) -> "Rows":
         return Rows(list.__getitem__(self, i) for i in indices)
@@ -139,13 +141,12 @@ def _read_json(path: str, source: str) -> tuple:
             f"{source}: the file is one JSON object of columns (pandas' to_json() layout), not rows: "
             "write a list of row objects (orient='records') or JSON Lines (orient='records', lines=True)"
         )
-    if bad := [
-        (where(lines, i), str(row) if isinstance(row, ValueError) else "is not a JSON object")
-        for i, row in enumerate(rows)
-        if not isinstance(row, dict)
-    ]:
+    bad = [i for i, row in enumerate(rows) if not isinstance(row, dict)]
+    if bad:
+        row = rows[bad[0]]
+        why = str(row) if isinstance(row, ValueError) else "is not a JSON object"
         layout = " (a .json file holds a list of row objects, or one object per line)" if path.endswith(".json") else ""
-        raise DataError(f"{source}: {bad[0][0]} {bad[0][1]}; {len(bad)} of {len(rows)} rows are bad{layout}")
+        raise DataError(f"{source}: {where(lines, bad[0])} {why}; {len(bad)} of {len(rows)} rows are bad{layout}")
     return Rows(rows), lines
 
 
@@ -187,39 +188,45 @@ def check_rows(rows, lines, columns: dict, source: str, who: str, hint: str = ""
     """The one gate for rows: DataError when `rows` lack a column, or a row a value of its column's type ({name:
     type}; a type that admits None is optional), or one of over MAX_ROW_CHARS."""
     required = [name for name, kind in columns.items() if not is_a(None, kind)]
-    if missing := [column for column in required if column not in rows.column_names]:
+    names = rows.column_names
+    missing = [column for column in required if column not in names]
+    if missing:
         raise DataError(
-            f"{source} lacks column(s) {', '.join(missing)} needed by {who} "
-            f"(it has: {', '.join(rows.column_names)}){hint}"
+            f"{source} lacks column(s) {', '.join(missing)} needed by {who} (it has: {', '.join(names)}){hint}"
         )
-    present = [column for column in columns if column in rows.column_names]
+    present = [column for column in columns if column in names]
+    table = zip(*[rows[column] for column in present])
     bad = []
-    for i, values in enumerate(zip(*(rows[column] for column in present))):
-        row = dict(zip(present, values))
-        if lacking := [name for name in required if _empty(row[name])]:
-            bad.append((where(lines, i), f"lacks a value for {', '.join(map(repr, lacking))}"))
-        elif wrong := [name for name, value in row.items() if not _empty(value) and not is_a(value, columns[name])]:
-            kind, shown = columns[wrong[0]], json.dumps(row[wrong[0]], default=repr)
-            kind = kind.__name__ if isinstance(kind, type) else kind  # str, not <class 'str'>
-            bad.append(
-                (
-                    where(lines, i),
-                    f"has a {wrong[0]!r} that is not {kind}: {shown[:80]}{'...' if len(shown) > 80 else ''}",
-                )
-            )
-        elif long := [name for name, value in row.items() if isinstance(value, str) and len(value) > MAX_ROW_CHARS]:
-            bad.append(
-                (
-                    where(lines, i),
-                    f"has a {long[0]!r} of {len(row[long[0]]):,} characters, over the "
-                    f"{MAX_ROW_CHARS:,} a row may hold (plumbing/data.py: MAX_ROW_CHARS)",
-                )
-            )
+    for i, values in enumerate(table):
+        problem = _row_problem(dict(zip(present, values)), required, columns)
+        if problem:
+            bad.append((where(lines, i), problem))
     if bad:
         raise DataError(
             f"{source}: {bad[0][0]} {bad[0][1]}; {len(bad)} of {len(rows)} rows are bad ({who} needs "
             f"{', '.join(required)} in every row){hint}"
         )
+
+
+def _row_problem(row: dict, required: list, columns: dict) -> str | None:
+    """Why one row fails the gate, or None: a required value missing, a value of another type, a huge string."""
+    lacking = [name for name in required if _empty(row[name])]
+    if lacking:
+        return f"lacks a value for {', '.join(map(repr, lacking))}"
+    wrong = [name for name, value in row.items() if not _empty(value) and not is_a(value, columns[name])]
+    if wrong:
+        kind = columns[wrong[0]]
+        kind = kind.__name__ if isinstance(kind, type) else kind  # str, not <class 'str'>
+        shown = json.dumps(row[wrong[0]], default=repr)
+        cut = "..." if len(shown) > 80 else ""
+        return f"has a {wrong[0]!r} that is not {kind}: {shown[:80]}{cut}"
+    long = [name for name, value in row.items() if isinstance(value, str) and len(value) > MAX_ROW_CHARS]
+    if long:  # a whole book in one cell would fill the context and the memory before any token is scored
+        return (
+            f"has a {long[0]!r} of {len(row[long[0]]):,} characters, over the "
+            f"{MAX_ROW_CHARS:,} a row may hold (plumbing/data.py: MAX_ROW_CHARS)"
+        )
+    return None
 
 
 @lru_cache(maxsize=2)
