@@ -181,11 +181,14 @@ def load_sampler(args, examples):
         context = models.model_context(path) or models.hub_context(path)  # vLLM needs it up front
         if error := no_room_error(args.max_tokens, context):
             raise DataError(error)
-        prompts = encode_prompts(models.load_tokenizer(path), examples, max_len=(context or math.inf) - args.max_tokens)
-        longest, n = max(map(len, prompts), default=0), len(prompts)
-        if error := sampling_memory_error(
+        room = (context or math.inf) - args.max_tokens
+        prompts = encode_prompts(models.load_tokenizer(path), examples, max_len=room)
+        longest = max(map(len, prompts), default=0)
+        n = len(prompts)
+        at_once = min(n, args.batch_size) * max(args.samples, 1)  # sequences a batch's sampling holds at once
+        error = sampling_memory_error(
             AutoConfig.from_pretrained(path),
-            min(n, args.batch_size) * max(args.samples, 1),
+            at_once,
             n * (args.samples + 1),
             longest,
             max_tokens=args.max_tokens,
@@ -193,21 +196,15 @@ def load_sampler(args, examples):
             hf=backend == "hf",
             device=torch.device("cpu"),
             lower="--samples, --limit or --batch-size",
-        ):
-            raise models.SamplingError(error)
-        return make_sampler(
-            backend,
-            path,
-            dtype="bfloat16" if backend == "hf" else "auto",
-            seed=args.seed,
-            max_model_len=longest + args.max_tokens,
         )
+        if error:  # said before the model loads, not as an out-of-memory error minutes later
+            raise models.SamplingError(error)
+        dtype = "bfloat16" if backend == "hf" else "auto"
+        return make_sampler(backend, path, dtype=dtype, seed=args.seed, max_model_len=longest + args.max_tokens)
     except (OSError, ValueError) as err:
-        raise (
-            err
-            if isinstance(err, (models.ModelLoadError, DataError))
-            else models.ModelLoadError(f"cannot use model {args.model!r}: {first_line(err, limit=None)}")
-        ) from None
+        if isinstance(err, (models.ModelLoadError, DataError)):
+            raise
+        raise models.ModelLoadError(f"cannot use model {args.model!r}: {first_line(err, limit=None)}") from None
 
 
 def format_summary(summary: dict) -> str:

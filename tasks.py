@@ -444,6 +444,7 @@ def _load_rows(task: Task, split: str, data_file, limit, seed: int, demos: bool,
     for row_digest in digests:  # a repeated prompt gets #1, #2, ...: every uid names one row
         seen[row_digest] = seen.get(row_digest, -1) + 1
         uids.append(f"{task.name}-{row_digest[:12]}" + (f"#{seen[row_digest]}" if seen[row_digest] else ""))
+    # departure 4: without a test split, ~10% held out by prompt hash: the same rows on every run, rank and copy
     keep = [i for i, row_digest in enumerate(digests) if whole or in_test(row_digest) == (split == "test")]
     join = demos and task.demos is not None and "reference" not in rows.column_names
     if join:  # before the limit: --eval-examples counts rows that have a demonstration

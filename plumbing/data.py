@@ -127,7 +127,7 @@ def _read_json(path: str, source: str) -> tuple:
                 raise DataError(f"{source}: the file {rows}")
         else:
             for number, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
-                if len(raw) > MAX_LINE_BYTES:
+                if len(raw) > MAX_LINE_BYTES:  # a file with no newline would otherwise be read whole into memory
                     raise DataError(
                         f"{source}: line {number} is over {MAX_LINE_BYTES / 1e6:.0f} MB, more than a row "
                         "may hold (plumbing/data.py: MAX_LINE_BYTES)"
@@ -136,6 +136,7 @@ def _read_json(path: str, source: str) -> tuple:
                     lines.append(number)
                     rows.append(_parse(raw))
     first = rows[0] if len(rows) == 1 and isinstance(rows[0], dict) and not array else {}
+    # pandas' default to_json() parses as one row whose values are whole columns: say so, not "lacks column"
     if first and all(isinstance(value, (dict, list)) for value in first.values()):
         raise DataError(
             f"{source}: the file is one JSON object of columns (pandas' to_json() layout), not rows: "
@@ -170,6 +171,7 @@ def where(lines: list[int] | None, i: int) -> str:
 
 
 def _empty(value) -> bool:
+    """None, [], {} or blank text: a required column's value that would make an empty prompt or gold."""
     return value is None or value in ([], {}) or isinstance(value, str) and not value.strip()
 
 
@@ -187,7 +189,7 @@ def is_a(value, kind) -> bool:
 def check_rows(rows, lines, columns: dict, source: str, who: str, hint: str = "") -> None:
     """The one gate for rows: DataError when `rows` lack a column, or a row a value of its column's type ({name:
     type}; a type that admits None is optional), or one of over MAX_ROW_CHARS."""
-    required = [name for name, kind in columns.items() if not is_a(None, kind)]
+    required = [name for name, kind in columns.items() if not is_a(None, kind)]  # str | None: optional
     names = rows.column_names
     missing = [column for column in required if column not in names]
     if missing:
