@@ -14,7 +14,7 @@ from functools import cache
 
 import rewards
 from plumbing.cli import choose, first_line, parse_weights
-from plumbing.data import DataError, read_rows, rows_revision, where
+from plumbing.data import DataError, read_rows, records, rows_revision, where
 from plumbing.models import ModelLoadError
 from rewards import REWARD_TERMS, countdown_reward, final_answer, math_reward
 
@@ -432,7 +432,7 @@ def _load_rows(task: Task, split: str, data_file, limit, seed: int, demos: bool,
     else:
         whole = task.hub_test_split is not None  # the hub's own test split holds out, not the hash
     what = f"{task.name} example"
-    keys = [dict(zip(task.key, values)) for values in zip(*(rows[column] for column in task.key))]
+    keys = records(rows, task.key)
     digests = _each(
         lambda key: digest(*key.values()) if task.key_text is None else digest(task.key_text(key)),
         keys,
@@ -465,7 +465,7 @@ def _load_rows(task: Task, split: str, data_file, limit, seed: int, demos: bool,
             )
         keep = joined
     random.Random(seed).shuffle(keep)
-    keep = keep[:limit] if limit is not None else keep
+    keep = keep[:limit]  # None: every row
     made = _each(
         lambda row: (task.make_example(row), row.get("reference")), rows.select(keep), lines, source, what, keep
     )
@@ -496,13 +496,13 @@ def _load_rows(task: Task, split: str, data_file, limit, seed: int, demos: bool,
 
 def _demonstrations(task: Task, demo_file: str | None) -> tuple[dict[tuple, str], str]:
     """({puzzle: shortest reference}, source) of `demo_file` or the task's `demos`."""
-    demos, what = task.demos, f"{task.name} demonstration"
+    demos = task.demos
+    what = f"{task.name} demonstration"
     rows, lines, source = read_rows(
         demo_file, "--demo-file", (demos.hub_id, demos.hub_config, "train"), demos.columns, f"a {what}"
     )
-    columns = [dict(zip(demos.columns, values)) for values in zip(*(rows[column] for column in demos.columns))]
     references = {}
-    for puzzle, reference in _each(demos.read, columns, lines, source, what):
+    for puzzle, reference in _each(demos.read, records(rows, demos.columns), lines, source, what):
         if puzzle not in references or len(reference) < len(references[puzzle]):
             references[puzzle] = reference
     return references, source

@@ -629,7 +629,9 @@ def polaris_args(tmp_path, **overrides):
 
 def test_polaris_rows_are_the_official_user_only_boxed_prompts_scored_by_the_math_verifier():
     task, path = get_task("polaris"), str(FIXTURES / "polaris.jsonl")
+    data._sha256.cache_clear()
     examples = task.load("train", data_file=path) + task.load("test", data_file=path)
+    assert data._sha256.cache_info().misses == 1  # one file, two splits: hashed once
     by_problem = {row["problem"].strip(): row for row in rows("polaris.jsonl")}
     assert len(examples) == len(by_problem) == 10
     for example in examples:
