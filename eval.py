@@ -22,7 +22,7 @@ from plumbing.files import write_error, write_json
 from plumbing.parallel import gather_rows
 from rewards import declared_lengths
 from rollout import make_sampler, sampling_memory_error
-from tasks import REWARD_TERMS, DataError, encode_prompts, get_task, parse_eval_tasks, reward_weights
+from tasks import REWARD_TERMS, DataError, encode_prompts, get_task, reward_weights
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -36,7 +36,8 @@ def sampled_scores(rewards: list[list[float]], passes: list[list[bool]] | None) 
         return {}
     per_prompt = [sum(row) / K for row in rewards]
     score = sum(per_prompt) / n
-    spread = math.sqrt(sum((m - score) ** 2 for m in per_prompt) / (n - 1)) if n > 1 else 0.0
+    squares = sum((m - score) ** 2 for m in per_prompt)
+    spread = math.sqrt(squares / (n - 1)) if n > 1 else 0.0
     half = 1.96 * spread / math.sqrt(n)
     out = {f"mean@{K}": score, f"mean@{K}_ci95_low": score - half, f"mean@{K}_ci95_high": score + half}
     if passes is not None:
@@ -74,7 +75,8 @@ def evaluate(
             "(the paper's LLM-judge scores: --judge-url, --judge-model)"
         )
         reward_kind = "sim"
-    weighted, weights = weights is not None, weights or {reward_kind: 1.0}
+    weighted = weights is not None
+    weights = weights or {reward_kind: 1.0}
     limits = dict(max_tokens=max_tokens, overlong_buffer=max(1, max_tokens // 5))
 
     def score(completion, example) -> tuple[float, dict]:
@@ -89,27 +91,23 @@ def evaluate(
         }
         return sum(weight * terms[term] for term, weight in weights.items()), terms  # r = sum_k w_k r_k
 
-    records, passes = [], []  # every prompt is chat text: the row gate (plumbing/data.py: check_rows) saw to it
+    records = []
+    passes = []  # every prompt is chat text: the row gate (plumbing/data.py: check_rows) saw to it
     for start in tqdm(
         range(0, len(examples), batch_size), desc=f"eval {task.name}", unit="batch", disable=not progress
     ):
         batch = examples[start : start + batch_size]
         prompt_ids = encode_prompts(sampler.tokenizer, batch)
         greedy = sampler.generate(prompt_ids, n=1, max_tokens=max_tokens, temperature=0.0)
-        sampled = (
-            sampler.generate(
-                prompt_ids,
-                n=samples,
-                max_tokens=max_tokens,
-                temperature=temperature,
-                top_p=top_p,
-                seed=seed + (first + start) * samples,
+        sampled = [[]] * len(batch)
+        if samples > 0:
+            stream = seed + (first + start) * samples  # a prompt's streams hang on its index: shards agree
+            sampled = sampler.generate(
+                prompt_ids, n=samples, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=stream
             )
-            if samples > 0
-            else [[]] * len(batch)
-        )
         for ex, (best,), group in zip(batch, greedy, sampled):
-            (reward, terms), scored = score(best, ex), [score(c, ex) for c in group]
+            reward, terms = score(best, ex)
+            scored = [score(c, ex) for c in group]
             passed = [t.get("exact", 0.0) >= 0.5 for _, t in [(reward, terms), *scored]]
             record = {
                 "uid": ex.uid,
@@ -121,8 +119,9 @@ def evaluate(
                 "reward": reward,
                 "length": len(best.token_ids),
                 "finish_reason": best.finish_reason,
-                **({"terms": terms} if weighted else {}),
             }
+            if weighted:
+                record["terms"] = terms
             if samples > 0:
                 record["sampled_rewards"] = [r for r, _ in scored]
                 record["samples"] = [
@@ -138,10 +137,11 @@ def evaluate(
             records.append(record)
             passes.append(passed)
 
+    kind = "weighted" if weighted else reward_kind
     summary = {
         "task": task.name,
         "n": len(records),
-        "reward_kind": "weighted" if weighted else reward_kind,
+        "reward_kind": kind,
         "len_mean": mean([r["length"] for r in records]),
         "trunc_frac": mean([r["finish_reason"] == "length" for r in records]),
     }
@@ -155,29 +155,15 @@ def evaluate(
     if samples > 0:
         summary.update(temperature=temperature, top_p=top_p)
         summary["sampled_reward_mean"] = mean([x for r in records for x in r["sampled_rewards"]])
-        summary.update(
-            sampled_scores(
-                [r["sampled_rewards"] for r in records], [p[1:] for p in passes] if "exact" in weights else None
-            )
-        )
+        sampled_passes = None
+        if "exact" in weights:
+            sampled_passes = [p[1:] for p in passes]
+        summary.update(sampled_scores([r["sampled_rewards"] for r in records], sampled_passes))
     return {"summary": summary, "examples": records}
 
 
 def mean(values) -> float:
     return sum(values) / len(values) if values else 0.0
-
-
-def load_eval_sets(args, task, test_set: list, registry: dict) -> dict:
-    """{set name: (task, examples)}: the task's held-out rows, then each --eval-tasks set."""
-    sets = {task.name: (task, test_set)} if test_set else {}
-    for name, path in parse_eval_tasks(args.eval_tasks, registry):
-        if name in sets:
-            raise DataError(f"--eval-tasks: {name} is the task's own held-out set, scored already")
-        other = registry[name]
-        if not (rows := other.load("test", data_file=path, limit=args.eval_examples, seed=args.seed)):
-            raise DataError(f"--eval-tasks: {name} has no held-out rows" + (f" in {path}" if path else ""))
-        sets[name] = (other, rows)
-    return sets
 
 
 def gather_samples(records: list[dict], field: str, size: int, K: int, device) -> torch.Tensor:
@@ -195,11 +181,14 @@ def load_sampler(args, examples):
         context = models.model_context(path) or models.hub_context(path)  # vLLM needs it up front
         if error := no_room_error(args.max_tokens, context):
             raise DataError(error)
-        prompts = encode_prompts(models.load_tokenizer(path), examples, max_len=(context or math.inf) - args.max_tokens)
-        longest, n = max(map(len, prompts), default=0), len(prompts)
-        if error := sampling_memory_error(
+        room = (context or math.inf) - args.max_tokens
+        prompts = encode_prompts(models.load_tokenizer(path), examples, max_len=room)
+        longest = max(map(len, prompts), default=0)
+        n = len(prompts)
+        at_once = min(n, args.batch_size) * max(args.samples, 1)  # sequences a batch's sampling holds at once
+        error = sampling_memory_error(
             AutoConfig.from_pretrained(path),
-            min(n, args.batch_size) * max(args.samples, 1),
+            at_once,
             n * (args.samples + 1),
             longest,
             max_tokens=args.max_tokens,
@@ -207,35 +196,32 @@ def load_sampler(args, examples):
             hf=backend == "hf",
             device=torch.device("cpu"),
             lower="--samples, --limit or --batch-size",
-        ):
-            raise models.SamplingError(error)
-        return make_sampler(
-            backend,
-            path,
-            dtype="bfloat16" if backend == "hf" else "auto",
-            seed=args.seed,
-            max_model_len=longest + args.max_tokens,
         )
+        if error:  # said before the model loads, not as an out-of-memory error minutes later
+            raise models.SamplingError(error)
+        dtype = "bfloat16" if backend == "hf" else "auto"
+        return make_sampler(backend, path, dtype=dtype, seed=args.seed, max_model_len=longest + args.max_tokens)
     except (OSError, ValueError) as err:
-        raise (
-            err
-            if isinstance(err, (models.ModelLoadError, DataError))
-            else models.ModelLoadError(f"cannot use model {args.model!r}: {first_line(err, limit=None)}")
-        ) from None
+        if isinstance(err, (models.ModelLoadError, DataError)):
+            raise
+        raise models.ModelLoadError(f"cannot use model {args.model!r}: {first_line(err, limit=None)}") from None
 
 
 def format_summary(summary: dict) -> str:
-    rows = {("pass@1 (greedy)" if k == "pass@1" else k): v for k, v in summary.items() if k != "pass@k"}
-    rows.update({f"pass@{k} (sampled)": v for k, v in summary.get("pass@k", {}).items()})
-    shown = {
-        k: f"{100 * v:.1f}%"
-        if k.startswith(("pass@", "trunc_frac"))
-        else f"{v:.4g}"
-        if isinstance(v, float)
-        else str(v)
-        for k, v in rows.items()
-    }
-    return "\n".join(f"{k:<24}{v}" for k, v in shown.items())
+    """One line per entry: shares in percent, other floats to 4 digits."""
+    names = {"pass@1": "pass@1 (greedy)"}
+    shown = {names.get(key, key): value for key, value in summary.items() if key != "pass@k"}
+    for k, value in summary.get("pass@k", {}).items():
+        shown[f"pass@{k} (sampled)"] = value
+    return "\n".join(f"{key:<24}{_shown(key, value)}" for key, value in shown.items())
+
+
+def _shown(key: str, value) -> str:
+    if key.startswith(("pass@", "trunc_frac")):
+        return f"{100 * value:.1f}%"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
 
 
 SEED_LIMIT = 2**32  # np.random.seed and vLLM's seed take 32 bits
@@ -264,20 +250,29 @@ def flag(name: str) -> str:
 
 def number_error(args, rules) -> str | None:
     """The first number flag of `args` that breaks its rule, as one line, or None (NaN breaks each rule)."""
-    return next(
-        (
-            f"{flag(name)} must be {means}, got {value:,}"
-            for names, valid, means in rules
-            for name in names.split()
-            if (value := vars(args).get(name)) is not None and not valid(value)
-        ),
-        None,
-    )
+    for names, valid, means in rules:
+        for name in names.split():
+            value = vars(args).get(name)
+            if value is not None and not valid(value):
+                return f"{flag(name)} must be {means}, got {value:,}"
+    return None
 
 
 def model_flag_error(args) -> str | None:
     """The problem with --model or with --max-tokens against its context, or None."""
     return models.model_error(args.model) or no_room_error(args.max_tokens, models.model_context(args.model))
+
+
+def demo_file_error(task, demo_file: str | None, sim: bool) -> str | None:
+    """Why --demo-file would go unread, or None: eval.py's door (config.py: check_args is train.py's)."""
+    if demo_file and task.demos is None:
+        return (
+            f"--demo-file: {task.name} takes no --demo-file (its demonstrations are its own; a 'reference' "
+            "column in --data-file replaces them)"
+        )
+    if demo_file and not sim:
+        return "--demo-file is read only when the reward uses sim (--reward sim, or a sim term in --reward-weights)"
+    return None
 
 
 def no_room_error(max_tokens: int, context: int | None) -> str | None:
@@ -335,13 +330,13 @@ def main(argv=None) -> dict:
     try:
         task = get_task(args.task)
         weights = reward_weights(task, args.reward, args.reward_weights) if args.reward_weights else None
+        sim = "sim" in (weights or {args.reward: 1})
+        if error := demo_file_error(task, args.demo_file, sim):
+            raise DataError(error)
+        if args.split == "train" and task.held_out_only:  # a benchmark has no train split to score
+            raise DataError(f"{task.name} is a held-out benchmark: score its test split (--split test)")
         examples = task.load(
-            args.split,
-            data_file=args.data_file,
-            limit=args.limit,
-            seed=args.seed,
-            demos="sim" in (weights or {args.reward: 1}),
-            demo_file=args.demo_file,
+            args.split, data_file=args.data_file, limit=args.limit, seed=args.seed, demos=sim, demo_file=args.demo_file
         )
         if error := model_flag_error(args):
             raise models.ModelLoadError(error)

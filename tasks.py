@@ -5,7 +5,6 @@ python -m pytest tests/test_tasks.py -q
 
 import hashlib
 import itertools
-import mmap
 import os
 import random
 import re
@@ -15,7 +14,7 @@ from functools import cache
 
 import rewards
 from plumbing.cli import choose, first_line, parse_weights
-from plumbing.data import DataError, read_rows, where
+from plumbing.data import DataError, read_rows, records, rows_revision, where
 from plumbing.models import ModelLoadError
 from rewards import REWARD_TERMS, countdown_reward, final_answer, math_reward
 
@@ -78,22 +77,8 @@ class Task:
         demos: bool = False,
         demo_file: str | None = None,
     ) -> list[Example]:
-        """Shuffled examples of `split`; `demos` joins demonstrations for sim. DataError for bad data."""
-        if demo_file and self.demos is None:
-            raise DataError(
-                f"--demo-file {demo_file}: {self.name} takes no --demo-file (its demonstrations are its "
-                "own; a 'reference' column in --data-file replaces them)"
-            )
-        if demo_file and not demos:
-            raise DataError(
-                f"--demo-file {demo_file} is read only when the reward uses sim (--reward sim, or a sim "
-                "term in --reward-weights)"
-            )
-        if split == "train" and self.held_out_only:
-            raise DataError(
-                f"{self.name} is a held-out benchmark: score it with --eval-tasks {self.name} (train.py) "
-                "or eval.py, not train on it"
-            )
+        """Shuffled examples of `split`; `demos` joins demonstrations for sim. DataError for bad data. The doors
+        (config.py: check_args, eval.py: main) refuse a --demo-file it would not read and a benchmark's train split."""
         if self.generate is None:
             return _load_rows(self, split, data_file, limit, seed, demos, demo_file)
         if data_file:
@@ -150,7 +135,8 @@ def _gsm8k(row: dict) -> Example:
 
 
 def _countdown(row: dict) -> Example:
-    numbers, target = [int(n) for n in row["nums"]], int(row["target"])  # the gate took 3.0 as an int
+    numbers = [int(n) for n in row["nums"]]  # the gate took 3.0 as an int
+    target = int(row["target"])
     user = (
         f"Using the numbers {numbers}, write an arithmetic expression that equals {target}. "
         "Use each number exactly once, with only +, -, *, / and parentheses."
@@ -165,7 +151,8 @@ def _countdown_puzzle(row: dict) -> tuple:
 
 def _gold_demonstration(row: dict) -> tuple[tuple, str]:
     """(puzzle, last assistant answer) of a Countdown-Task-GOLD row."""
-    if not (said := [turn.get("content") for turn in row["messages"] if turn.get("role") == "assistant"]):
+    said = [turn.get("content") for turn in row["messages"] if turn.get("role") == "assistant"]
+    if not said:
         raise ValueError("its messages have no assistant turn")
     if not (reference := final_answer(str(said[-1] or ""))):
         raise ValueError("its assistant turn has no answer after its thinking")
@@ -195,7 +182,8 @@ def _openthoughts_turns(conversation) -> tuple[str, str]:
     asked = speakers.index("human")
     if "gpt" not in speakers[asked:]:
         raise ValueError("its conversations has no gpt turn after the human one")
-    return tuple(str(conversation[i].get("value") or "") for i in (asked, speakers.index("gpt", asked)))
+    values = [conversation[i].get("value") for i in (asked, speakers.index("gpt", asked))]
+    return tuple(str(value or "") for value in values)
 
 
 ARITH_MAX, ARITH_TEST = 16, 64  # departures 2, 5
@@ -436,17 +424,15 @@ def _load_rows(task: Task, split: str, data_file, limit, seed: int, demos: bool,
     """Rows split by key hash (departure 4), joined to demonstrations, shuffled, cut, made examples."""
     path = data_file.replace("{split}", split) if data_file else None
     hub_split = task.hub_test_split if split == "test" and task.hub_test_split else "train"
-    rows, lines, source = read_rows(
-        path,
-        "--data-file",
-        task.hub_id and (task.hub_id, task.hub_config, hub_split),
-        {**task.columns, "reference": str | None},
-        task.name,
-        task.hint,
-    )
-    whole = path != data_file or task.held_out_only if data_file else task.hub_test_split is not None
+    hub = task.hub_id and (task.hub_id, task.hub_config, hub_split)
+    columns = {**task.columns, "reference": str | None}  # a file may bring its own demonstrations
+    rows, lines, source = read_rows(path, "--data-file", hub, columns, task.name, task.hint)
+    if data_file:
+        whole = path != data_file or task.held_out_only  # a {split} file is its split; a benchmark is held out
+    else:
+        whole = task.hub_test_split is not None  # the hub's own test split holds out, not the hash
     what = f"{task.name} example"
-    keys = [dict(zip(task.key, values)) for values in zip(*(rows[column] for column in task.key))]
+    keys = records(rows, task.key)
     digests = _each(
         lambda key: digest(*key.values()) if task.key_text is None else digest(task.key_text(key)),
         keys,
@@ -455,11 +441,13 @@ def _load_rows(task: Task, split: str, data_file, limit, seed: int, demos: bool,
         what,
     )
     seen, uids = {}, []
-    for row_digest in digests:
+    for row_digest in digests:  # a repeated prompt gets #1, #2, ...: every uid names one row
         seen[row_digest] = seen.get(row_digest, -1) + 1
         uids.append(f"{task.name}-{row_digest[:12]}" + (f"#{seen[row_digest]}" if seen[row_digest] else ""))
+    # departure 4: without a test split, ~10% held out by prompt hash: the same rows on every run, rank and copy
     keep = [i for i, row_digest in enumerate(digests) if whole or in_test(row_digest) == (split == "test")]
-    if join := demos and task.demos is not None and "reference" not in rows.column_names:  # before the limit
+    join = demos and task.demos is not None and "reference" not in rows.column_names
+    if join:  # before the limit: --eval-examples counts rows that have a demonstration
         references, demo_source = _demonstrations(task, demo_file)
         puzzles = _each(task.demos.puzzle, keys, lines, source, what)
         joined = [i for i in keep if puzzles[i] in references]
@@ -477,27 +465,27 @@ def _load_rows(task: Task, split: str, data_file, limit, seed: int, demos: bool,
             )
         keep = joined
     random.Random(seed).shuffle(keep)
-    keep = keep[:limit] if limit is not None else keep
+    keep = keep[:limit]  # None: every row
     made = _each(
         lambda row: (task.make_example(row), row.get("reference")), rows.select(keep), lines, source, what, keep
     )
-    if path:  # the file's sha256, as the official prepare_data.py's manifest has it
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
-            revision = hashlib.sha256(view).hexdigest()
-    else:  # the hub commit: datasets caches a hub dataset's rows in a folder named by it
-        revision = os.path.basename(os.path.dirname(next((file["filename"] for file in rows.cache_files), "")))
+    revision = rows_revision(path, rows)
     golds = {}  # {prompt digest: its golds}
     for i, (example, own) in zip(keep, made):
         golds.setdefault(digests[i], set()).add(example.gold)
-        example.reference = str(own or (references[puzzles[i]] if join else example.reference))
-        example.uid, example.source, example.revision = uids[i], f"{source} {where(lines, i)}", revision
-        if demos and not example.reference.strip():
+        reference = own or (references[puzzles[i]] if join else example.reference)  # a file's own wins
+        example.reference = str(reference)
+        example.uid = uids[i]
+        example.source = f"{source} {where(lines, i)}"
+        example.revision = revision
+        if demos and not example.reference.strip():  # sim would score every completion against ""
             why = "its 'reference' is empty" if "reference" in rows.column_names else f"the {task.name} row gives none"
             raise DataError(
                 f"{source}: {where(lines, i)} has no demonstration for the similarity reward ({why}); "
                 "every row needs one for --reward sim"
             )
-    if (clash := sum(len(each) > 1 for each in golds.values())) and os.environ.get("RANK", "0") == "0":
+    clash = sum(len(each) > 1 for each in golds.values())
+    if clash and os.environ.get("RANK", "0") == "0":
         print(
             f"note: {clash} {task.name} {split} prompt(s) of {source} have two or more different golds; each copy "
             "trains on its own",
@@ -508,13 +496,13 @@ def _load_rows(task: Task, split: str, data_file, limit, seed: int, demos: bool,
 
 def _demonstrations(task: Task, demo_file: str | None) -> tuple[dict[tuple, str], str]:
     """({puzzle: shortest reference}, source) of `demo_file` or the task's `demos`."""
-    demos, what = task.demos, f"{task.name} demonstration"
+    demos = task.demos
+    what = f"{task.name} demonstration"
     rows, lines, source = read_rows(
         demo_file, "--demo-file", (demos.hub_id, demos.hub_config, "train"), demos.columns, f"a {what}"
     )
-    columns = [dict(zip(demos.columns, values)) for values in zip(*(rows[column] for column in demos.columns))]
     references = {}
-    for puzzle, reference in _each(demos.read, columns, lines, source, what):
+    for puzzle, reference in _each(demos.read, records(rows, demos.columns), lines, source, what):
         if puzzle not in references or len(reference) < len(references[puzzle]):
             references[puzzle] = reference
     return references, source
@@ -523,7 +511,8 @@ def _demonstrations(task: Task, demo_file: str | None) -> tuple[dict[tuple, str]
 def _each(read: Callable, rows, lines, source: str, what: str, indices=None) -> list:
     """read(row) of each row; DataError naming the first refused."""
     out = []
-    for i, row in zip(range(len(rows)) if indices is None else indices, rows):
+    numbers = range(len(rows)) if indices is None else indices
+    for i, row in zip(numbers, rows):
         try:
             out.append(read(row))
         except Exception as err:
@@ -533,72 +522,80 @@ def _each(read: Callable, rows, lines, source: str, what: str, indices=None) -> 
     return out
 
 
-def parse_eval_tasks(text: str, registry: dict) -> list[tuple[str, str | None]]:
-    """[(task name, file or None)] of --eval-tasks "NAME[=FILE],..."."""
-    sets = []
+def parse_eval_tasks(text: str, registry: dict) -> dict[str, str | None]:
+    """{task name: file or None} of --eval-tasks "NAME[=FILE],..."."""
+    sets = {}
     for piece in filter(str.strip, text.split(",")):
-        name, equals, path = (part.strip() for part in piece.partition("="))
+        name, equals, path = piece.partition("=")
+        name = name.strip()
+        path = path.strip()
         if name not in registry:
             raise ValueError(f"--eval-tasks: unknown task {name!r}: choose from {', '.join(registry)}")
         if equals and not os.path.isfile(path):
             raise ValueError(f"--eval-tasks: {name}'s file {path!r} does not exist")
-        if name in (seen for seen, _ in sets):
+        if name in sets:
             raise ValueError(f"--eval-tasks: {name} is given twice")
-        sets.append((name, path if equals else None))
+        sets[name] = path if equals else None
     return sets
 
 
-def load_data(args, task: Task, weights: dict, master: bool = True) -> tuple[list[Example], list[Example]]:
-    """(train rows, at most --eval-examples held-out rows)."""
+def load_data(args, task: Task, weights: dict, master: bool = True) -> tuple[list[Example], list[Example], dict]:
+    """(train rows, at most --eval-examples held-out rows, {set name: (task, rows)}: those rows, then each
+    --eval-tasks set); every set is read once."""
     demos = dict(demos=True, demo_file=args.demo_file or None) if "sim" in weights else {}
-    train_set = task.load("train", data_file=args.data_file or None, seed=args.seed, **demos)
-    test_set = (
-        task.load(
-            "test",
-            data_file=args.data_file or None,
-            limit=args.eval_examples,
-            seed=args.seed,
-            **({} if task.has_verifier else demos),
-        )
-        if args.eval_examples
-        else []
-    )
+    data_file = args.data_file or None
+    train_set = task.load("train", data_file=data_file, seed=args.seed, **demos)
+    test_set = []
+    if args.eval_examples:
+        test_demos = {} if task.has_verifier else demos  # a verifier scores them: sim needs no demonstrations
+        test_set = task.load("test", data_file=data_file, limit=args.eval_examples, seed=args.seed, **test_demos)
     if not train_set:
         raise DataError(f"--data-file {args.data_file}: every row falls in the held-out split (~10% by prompt hash)")
-    if getattr(task, "decontaminate", ()):  # as the official prepare_data.py: no training prompt an eval set holds
-        held = {
-            digest(*ex.prompt[-1]["content"].split())
-            for name in task.decontaminate  # the user turn, spacing aside
-            for ex in TASKS[name].load("test", data_file=dict(parse_eval_tasks(args.eval_tasks, TASKS)).get(name))
-        }
-        kept = [ex for ex in train_set if digest(*ex.prompt[-1]["content"].split()) not in held]
+    named = parse_eval_tasks(args.eval_tasks, TASKS)
+    if task.name in named and test_set:
+        raise DataError(f"--eval-tasks: {task.name} is the task's own held-out set, scored already")
+    decontaminate = getattr(task, "decontaminate", ())
+    held = {}
+    for name in dict.fromkeys([*decontaminate, *named]):
+        limit = None if name in decontaminate else args.eval_examples  # read whole once: its first rows are scored
+        held[name] = TASKS[name].load("test", data_file=named.get(name), limit=limit, seed=args.seed)
+    if decontaminate:  # as the official prepare_data.py: no training prompt an eval set holds
+        dropped = {_user_digest(ex) for name in decontaminate for ex in held[name]}
+        kept = [ex for ex in train_set if _user_digest(ex) not in dropped]
         if master:
-            print(f"note: dropped {len(train_set) - len(kept)} training prompt(s) in {'/'.join(task.decontaminate)}")
+            print(f"note: dropped {len(train_set) - len(kept)} training prompt(s) in {'/'.join(decontaminate)}")
         train_set = kept
     if args.eval_examples and not test_set and master:
         print(
             f"note: --data-file {args.data_file} leaves no held-out rows (tasks.py holds out ~10% by prompt "
             "hash): no evaluation before, during (--eval-every) or after training, no eval.json"
         )
-    return train_set, test_set
+    eval_sets = {task.name: (task, test_set)} if test_set else {}
+    for name, path in named.items():
+        rows = held[name][: args.eval_examples]
+        if not rows:
+            raise DataError(f"--eval-tasks: {name} has no held-out rows" + (f" in {path}" if path else ""))
+        eval_sets[name] = (TASKS[name], rows)
+    return train_set, test_set, eval_sets
+
+
+def _user_digest(example: Example) -> str:
+    return digest(*example.prompt[-1]["content"].split())  # the user turn, spacing aside
 
 
 def encode_prompts(tokenizer, examples, max_len: int | None = None) -> list[list[int]]:
     """Chat-template token ids of each prompt, ending with the assistant header; DataError for bad rows."""
-    if not getattr(tokenizer, "chat_template", None):
+    if not tokenizer.chat_template:
         raise ModelLoadError("the tokenizer has no chat template; use an instruct/chat model")
-    added = [
-        token.content
-        for token in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).values()
-        if getattr(token, "special", False)
-    ]
-    specials = sorted({*(getattr(tokenizer, "all_special_tokens", []) or []), *added} - {""}, key=len, reverse=True)
-    sources = [f"{getattr(ex, 'source', '') or f'row {i}'} ({getattr(ex, 'uid', '')})" for i, ex in enumerate(examples)]
+    added = [token.content for token in tokenizer.added_tokens_decoder.values() if token.special]
+    specials = sorted({*tokenizer.all_special_tokens, *added} - {""}, key=len, reverse=True)
     for i, ex in enumerate(examples):
         for message in ex.prompt:
-            if found := next((t for t in specials if t in str(message.get("content", ""))), None):
+            text = str(message.get("content", ""))
+            found = [token for token in specials if token in text]
+            if found:  # the chat template would turn it into a real turn marker
                 raise DataError(
-                    f"{sources[i]}: its {message.get('role', '')} text holds the special token {found!r}, "
+                    f"{_row_name(ex, i)}: its {message.get('role', '')} text holds the special token {found[0]!r}, "
                     "which the chat template would turn into a real turn marker; remove it from the data"
                 )
     try:
@@ -607,15 +604,22 @@ def encode_prompts(tokenizer, examples, max_len: int | None = None) -> list[list
             for ex in examples
         ]
     except Exception as err:
-        if type(err).__module__.split(".")[0] != "jinja2":
+        if type(err).__module__.split(".")[0] != "jinja2":  # a template's own error, not ours, is the user's to fix
             raise
         raise ModelLoadError(
             f"the model's chat template cannot render a prompt ({first_line(err, typed=True)}); "
             "use a model whose tokenizer_config.json has a working chat_template"
         ) from None
-    if too_long := [i for i, p in enumerate(ids) if max_len is not None and len(p) > max_len]:
+    too_long = [i for i, p in enumerate(ids) if max_len is not None and len(p) > max_len]
+    if too_long:
+        first = too_long[0]
         raise DataError(
-            f"{sources[too_long[0]]}: its prompt is {len(ids[too_long[0]])} tokens, more than the "
+            f"{_row_name(examples[first], first)}: its prompt is {len(ids[first])} tokens, more than the "
             f"{max_len} the model's context leaves beside --max-tokens ({len(too_long)} such rows)"
         )
     return ids
+
+
+def _row_name(example, i: int) -> str:
+    source = getattr(example, "source", "") or f"row {i}"  # a fork's or a test's example may have no source
+    return f"{source} ({getattr(example, 'uid', '')})"

@@ -22,7 +22,7 @@ from tqdm import tqdm
 import config
 from advantage import compute_advantages
 from config import Args, check_args, parse_args
-from eval import eval_seed, evaluate, gather_samples, load_eval_sets, no_room_error, sampled_scores
+from eval import eval_seed, evaluate, gather_samples, no_room_error, sampled_scores
 from grad_alloc import allocation_metrics
 from loss import REFERENCES, Share, kept_samples, loss_denominator, policy_loss
 from plumbing import run_log
@@ -49,7 +49,7 @@ from speed.backward import configure_backward, store_linears_bf16
 from speed.compile import compile_layers
 from speed.logprobs import pad_batch, sequence_logprobs
 from speed.micro_batches import micro_batch_rows
-from tasks import TASKS, DataError, encode_prompts, get_task, load_data, reward_weights
+from tasks import DataError, encode_prompts, get_task, load_data, reward_weights
 
 
 def main(args: Args, checked: bool = False) -> dict:
@@ -70,8 +70,7 @@ def train(args: Args) -> dict:
     remove_orphans(out_dir, master)
     task = get_task(args.task)
     weights = reward_weights(task, args.reward, args.reward_weights)  # r = sum_k w_k r_k
-    train_set, test_set = load_data(args, task, weights, master)
-    eval_sets = load_eval_sets(args, task, test_set, TASKS)
+    train_set, test_set, eval_sets = load_data(args, task, weights, master)
     ckpt, init_path = find_checkpoint(args.resume) if args.resume else None, resolve_model(args.model)
     if ckpt and master and (changed := changed_flags(ckpt, asdict(args))):
         print(f"resume: continuing {ckpt} with changed flags: {changed}")

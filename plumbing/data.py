@@ -3,7 +3,9 @@
 python -m pytest tests/test_tasks.py tests/test_bad_input.py -q
 """
 
+import hashlib
 import json
+import mmap
 import os
 import socket
 import typing
@@ -28,7 +30,9 @@ class Rows(list):
         return list(dict.fromkeys(name for row in self for name in row))
 
     def __getitem__(self, key):
-        return [row.get(key) for row in self] if isinstance(key, str) else list.__getitem__(self, key)
+        if isinstance(key, str):  # a column, as a Dataset gives it
+            return [row.get(key) for row in self]
+        return list.__getitem__(self, key)
 
     def select(self, indices) -> "Rows":
         return Rows(list.__getitem__(self, i) for i in indices)
@@ -96,6 +100,21 @@ def read_rows(path: str | None, flag: str, hub: tuple | None, columns: dict, who
     return rows, lines, source
 
 
+def rows_revision(path: str | None, rows) -> str:
+    """`path`'s sha256, as the official prepare_data.py's manifest has it; else the hub commit of `rows`."""
+    if path is None:  # datasets caches a hub dataset's rows in a folder named by its commit
+        return os.path.basename(os.path.dirname(next((file["filename"] for file in rows.cache_files), "")))
+    stat = os.stat(path)
+    return _sha256(path, stat.st_size, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=4)
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
+    """Keyed by size and mtime too: a file's train and test split are hashed once, a rewritten file again."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
+        return hashlib.sha256(view).hexdigest()
+
+
 def _read_json(path: str, source: str) -> tuple:
     """(Rows, line numbers) of a JSON Lines file, or (Rows, None) of a .json array; a line is read in bounded chunks."""
     rows, lines = [], []
@@ -108,7 +127,7 @@ def _read_json(path: str, source: str) -> tuple:
                 raise DataError(f"{source}: the file {rows}")
         else:
             for number, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
-                if len(raw) > MAX_LINE_BYTES:
+                if len(raw) > MAX_LINE_BYTES:  # a file with no newline would otherwise be read whole into memory
                     raise DataError(
                         f"{source}: line {number} is over {MAX_LINE_BYTES / 1e6:.0f} MB, more than a row "
                         "may hold (plumbing/data.py: MAX_LINE_BYTES)"
@@ -117,18 +136,18 @@ def _read_json(path: str, source: str) -> tuple:
                     lines.append(number)
                     rows.append(_parse(raw))
     first = rows[0] if len(rows) == 1 and isinstance(rows[0], dict) and not array else {}
+    # pandas' default to_json() parses as one row whose values are whole columns: say so, not "lacks column"
     if first and all(isinstance(value, (dict, list)) for value in first.values()):
         raise DataError(
             f"{source}: the file is one JSON object of columns (pandas' to_json() layout), not rows: "
             "write a list of row objects (orient='records') or JSON Lines (orient='records', lines=True)"
         )
-    if bad := [
-        (where(lines, i), str(row) if isinstance(row, ValueError) else "is not a JSON object")
-        for i, row in enumerate(rows)
-        if not isinstance(row, dict)
-    ]:
+    bad = [i for i, row in enumerate(rows) if not isinstance(row, dict)]
+    if bad:
+        row = rows[bad[0]]
+        why = str(row) if isinstance(row, ValueError) else "is not a JSON object"
         layout = " (a .json file holds a list of row objects, or one object per line)" if path.endswith(".json") else ""
-        raise DataError(f"{source}: {bad[0][0]} {bad[0][1]}; {len(bad)} of {len(rows)} rows are bad{layout}")
+        raise DataError(f"{source}: {where(lines, bad[0])} {why}; {len(bad)} of {len(rows)} rows are bad{layout}")
     return Rows(rows), lines
 
 
@@ -152,6 +171,7 @@ def where(lines: list[int] | None, i: int) -> str:
 
 
 def _empty(value) -> bool:
+    """None, [], {} or blank text: a required column's value that would make an empty prompt or gold."""
     return value is None or value in ([], {}) or isinstance(value, str) and not value.strip()
 
 
@@ -169,40 +189,50 @@ def is_a(value, kind) -> bool:
 def check_rows(rows, lines, columns: dict, source: str, who: str, hint: str = "") -> None:
     """The one gate for rows: DataError when `rows` lack a column, or a row a value of its column's type ({name:
     type}; a type that admits None is optional), or one of over MAX_ROW_CHARS."""
-    required = [name for name, kind in columns.items() if not is_a(None, kind)]
-    if missing := [column for column in required if column not in rows.column_names]:
+    required = [name for name, kind in columns.items() if not is_a(None, kind)]  # str | None: optional
+    names = rows.column_names
+    missing = [column for column in required if column not in names]
+    if missing:
         raise DataError(
-            f"{source} lacks column(s) {', '.join(missing)} needed by {who} "
-            f"(it has: {', '.join(rows.column_names)}){hint}"
+            f"{source} lacks column(s) {', '.join(missing)} needed by {who} (it has: {', '.join(names)}){hint}"
         )
-    present = [column for column in columns if column in rows.column_names]
+    present = [column for column in columns if column in names]
     bad = []
-    for i, values in enumerate(zip(*(rows[column] for column in present))):
-        row = dict(zip(present, values))
-        if lacking := [name for name in required if _empty(row[name])]:
-            bad.append((where(lines, i), f"lacks a value for {', '.join(map(repr, lacking))}"))
-        elif wrong := [name for name, value in row.items() if not _empty(value) and not is_a(value, columns[name])]:
-            kind, shown = columns[wrong[0]], json.dumps(row[wrong[0]], default=repr)
-            kind = kind.__name__ if isinstance(kind, type) else kind  # str, not <class 'str'>
-            bad.append(
-                (
-                    where(lines, i),
-                    f"has a {wrong[0]!r} that is not {kind}: {shown[:80]}{'...' if len(shown) > 80 else ''}",
-                )
-            )
-        elif long := [name for name, value in row.items() if isinstance(value, str) and len(value) > MAX_ROW_CHARS]:
-            bad.append(
-                (
-                    where(lines, i),
-                    f"has a {long[0]!r} of {len(row[long[0]]):,} characters, over the "
-                    f"{MAX_ROW_CHARS:,} a row may hold (plumbing/data.py: MAX_ROW_CHARS)",
-                )
-            )
+    for i, row in enumerate(records(rows, present)):
+        problem = _row_problem(row, required, columns)
+        if problem:
+            bad.append((where(lines, i), problem))
     if bad:
         raise DataError(
             f"{source}: {bad[0][0]} {bad[0][1]}; {len(bad)} of {len(rows)} rows are bad ({who} needs "
             f"{', '.join(required)} in every row){hint}"
         )
+
+
+def records(rows, columns) -> list[dict]:
+    """Each row as {column: value} of `columns` only, read a column at a time (as a Dataset reads fastest)."""
+    return [dict(zip(columns, values)) for values in zip(*[rows[column] for column in columns])]
+
+
+def _row_problem(row: dict, required: list, columns: dict) -> str | None:
+    """Why one row fails the gate, or None: a required value missing, a value of another type, a huge string."""
+    lacking = [name for name in required if _empty(row[name])]
+    if lacking:
+        return f"lacks a value for {', '.join(map(repr, lacking))}"
+    wrong = [name for name, value in row.items() if not _empty(value) and not is_a(value, columns[name])]
+    if wrong:
+        kind = columns[wrong[0]]
+        kind = kind.__name__ if isinstance(kind, type) else kind  # str, not <class 'str'>
+        shown = json.dumps(row[wrong[0]], default=repr)
+        cut = "..." if len(shown) > 80 else ""
+        return f"has a {wrong[0]!r} that is not {kind}: {shown[:80]}{cut}"
+    long = [name for name, value in row.items() if isinstance(value, str) and len(value) > MAX_ROW_CHARS]
+    if long:  # a whole book in one cell would fill the context and the memory before any token is scored
+        return (
+            f"has a {long[0]!r} of {len(row[long[0]]):,} characters, over the "
+            f"{MAX_ROW_CHARS:,} a row may hold (plumbing/data.py: MAX_ROW_CHARS)"
+        )
+    return None
 
 
 @lru_cache(maxsize=2)

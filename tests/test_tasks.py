@@ -528,16 +528,22 @@ def test_countdown_sim_without_any_match_or_with_bad_demonstrations_is_one_line(
     assert "lacks column(s) messages needed by a countdown demonstration" in message
 
 
-def test_demo_file_is_refused_where_it_would_not_be_read(countdown_files, tmp_path):
+def test_demo_file_is_refused_where_it_would_not_be_read(countdown_files, tmp_path, capsys):
+    """At the door (eval.py: main; train.py's is config.py: check_args), in one line, before any row is read."""
+    import eval as evaluation
+
     puzzles, demos = countdown_files
-    message = one_line_error(lambda: get_task("countdown").load("train", data_file=puzzles, demo_file=demos))
-    assert "read only when the reward uses sim" in message  # demos=False: the reward is the verifier's
-    assert "takes no --demo-file" in one_line_error(
-        lambda: get_task("gsm8k").load("train", demos=True, demo_file=demos)
-    )
-    assert "takes no --demo-file" in one_line_error(
-        lambda: get_task("countdown24").load("train", demos=True, demo_file=demos)
-    )
+
+    def refused(*flags) -> str:
+        with pytest.raises(SystemExit) as exit_info:
+            evaluation.main(["--model", "x", "--demo-file", demos, *flags])
+        stderr = capsys.readouterr().err
+        assert exit_info.value.code == 2 and len(stderr.strip().splitlines()) == 1
+        return stderr
+
+    assert "read only when the reward uses sim" in refused("--task", "countdown", "--data-file", puzzles)
+    assert "takes no --demo-file" in refused("--task", "gsm8k", "--reward", "sim", "--data-file", puzzles)
+    assert "takes no --demo-file" in refused("--task", "countdown24", "--reward", "sim")
     # a --data-file with its own `reference` column is not joined (and needs no GOLD)
     own = write_jsonl(tmp_path / "own.jsonl", [{"nums": [1, 2, 3], "target": 6, "reference": "3 * 2 * 1"}] * 3)
     examples = load_both(get_task("countdown"), data_file=own, demos=True, demo_file=str(tmp_path / "absent.jsonl"))
@@ -623,7 +629,9 @@ def polaris_args(tmp_path, **overrides):
 
 def test_polaris_rows_are_the_official_user_only_boxed_prompts_scored_by_the_math_verifier():
     task, path = get_task("polaris"), str(FIXTURES / "polaris.jsonl")
+    data._sha256.cache_clear()
     examples = task.load("train", data_file=path) + task.load("test", data_file=path)
+    assert data._sha256.cache_info().misses == 1  # one file, two splits: hashed once
     by_problem = {row["problem"].strip(): row for row in rows("polaris.jsonl")}
     assert len(examples) == len(by_problem) == 10
     for example in examples:
@@ -641,13 +649,18 @@ def test_polaris_rows_are_the_official_user_only_boxed_prompts_scored_by_the_mat
 def test_polaris_training_drops_the_prompts_aime25_and_math500_hold_and_says_so_once(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(data, "hub_reachable", lambda timeout=3.0: False)
     args = polaris_args(tmp_path)
-    train_set, test_set = tasks.load_data(args, get_task("polaris"), {"exact": 1.0})
+    train_set, test_set, eval_sets = tasks.load_data(args, get_task("polaris"), {"exact": 1.0})
     out = capsys.readouterr().out
     assert out == "note: dropped 2 training prompt(s) in aime25/math500\n"
     users = {ex.prompt[-1]["content"].split("\n")[0] for ex in train_set}
     assert "Compute $7 \\times 6$." not in users  # MATH-500's, word for word
     assert "Find the remainder when $2^{10}$ is divided by $1000$." not in users  # AIME's, spacing aside
     assert len(train_set) == 7 and len(test_set) == 1  # 10 rows: 1 held out by hash, 2 dropped
+    assert list(eval_sets) == ["polaris", "aime25", "math500"] and eval_sets["polaris"][1] == test_set
+    whole = get_task("math500").load("test", data_file=str(FIXTURES / "math500.jsonl"), seed=args.seed)
+    assert [ex.uid for ex in eval_sets["math500"][1]] == [ex.uid for ex in whole[: args.eval_examples]]
+    limited = get_task("math500").load("test", data_file=str(FIXTURES / "math500.jsonl"), limit=2, seed=args.seed)
+    assert [ex.uid for ex in limited] == [ex.uid for ex in whole[:2]]  # read whole once, cut: the rows scored
     tasks.load_data(args, get_task("polaris"), {"exact": 1.0}, master=False)
     assert capsys.readouterr().out == ""  # rank 0 says it
     with pytest.raises(DataError, match="cannot reach the Hugging Face Hub to load MathArena/aime_2025"):

@@ -151,7 +151,7 @@ def test_no_held_out_rows_is_said_in_one_line(tmp_path, capsys):
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     args = train.Args(task="gsm8k", data_file=str(data), eval_examples=8, out_dir=str(tmp_path / "run"))
     task = tasks.get_task("gsm8k")
-    train_set, test_set = tasks.load_data(args, task, {"exact": 1.0})
+    train_set, test_set, _ = tasks.load_data(args, task, {"exact": 1.0})
     out = capsys.readouterr().out
     assert train_set and test_set == []
     assert out.count("\n") == 1 and "no held-out rows" in out and str(data) in out
