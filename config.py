@@ -390,7 +390,7 @@ def train_rule_error(args: Args, task, world: int) -> str | None:
     # an empty range: loss.is_weights' mask keeps ratios in [1/C, C]
     if args.is_correction in ("token-mask", "seq-mask") and not args.is_cap >= 1:
         return f"--is-cap {args.is_cap}: a mask correction keeps ratios in [1/C, C], empty for C < 1"
-    if task.held_out_only:
+    if getattr(task, "held_out_only", False):  # a task need not be a tasks.Task: any object with its methods
         return f"--task {args.task} is a held-out benchmark: use --eval-tasks"
     if not args.eval_examples and (args.eval_samples or args.eval_tasks.strip()):
         return "--eval-samples and --eval-tasks need --eval-examples >= 1"
