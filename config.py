@@ -197,22 +197,14 @@ PAPER = dict(
     keep_checkpoints=2,
     alloc_estimators="all",
 )
+TABLE_B1 = dict(
+    PAPER, tau=0.1, M=8, rollout_batch=64, max_tokens=256, micro_batch=64, gpu_memory_utilization=0.12
+)  # gsm8k and countdown: Table B.1
 PRESETS = {  # explicit flags override these; micro_batch, gpu_memory_utilization: tools/memory_plan.py, 80 GB
     "arith": dict(alloc_estimators="all"),  # the CPU demo
     "countdown24": dict(max_tokens=128),
-    "gsm8k": dict(
-        PAPER,
-        tau=0.1,
-        M=8,
-        rollout_batch=64,
-        steps=1000,
-        max_tokens=256,  # Table B.1
-        micro_batch=64,
-        gpu_memory_utilization=0.12,
-    ),
-    "countdown": dict(
-        PAPER, tau=0.1, M=8, rollout_batch=64, steps=2000, max_tokens=256, micro_batch=64, gpu_memory_utilization=0.12
-    ),
+    "gsm8k": dict(TABLE_B1, steps=1000),
+    "countdown": dict(TABLE_B1, steps=2000),
     "deepmath": dict(
         PAPER,
         tau=0.3,

@@ -282,10 +282,10 @@ def ppo_update(
     options = config.loss_options(args)
     with torch.no_grad(), autocast:
         for mb in (mb for micro in minibatches for mb in micro):
-            inputs = (mb["input_ids"], mb["attention_mask"], mb["mask"].shape[1], args.temperature)
+            mb["inputs"] = (mb["input_ids"], mb["attention_mask"], mb["mask"].shape[1], args.temperature)
             with model.disable_adapter() if ref_model is model else contextlib.nullcontext():  # LoRA: the base
-                mb["ref_logp"] = sequence_logprobs(ref_model, *inputs) if ref_model is not None else None
-            mb["old_logp"] = None if on_policy else sequence_logprobs(model, *inputs)
+                mb["ref_logp"] = sequence_logprobs(ref_model, *mb["inputs"]) if ref_model is not None else None
+            mb["old_logp"] = None if on_policy else sequence_logprobs(model, *mb["inputs"])  # pi_old, before any step
     sums = dict.fromkeys(["tokens", "entropy", "sampler_diff", "grad_norm"], 0.0)
     shares = {}
     for epoch in range(args.ppo_epochs):
@@ -298,22 +298,16 @@ def ppo_update(
             for i, mb in enumerate(micro):
                 if sharded:  # FSDP2: reduce-scatter once per minibatch
                     model.set_requires_gradient_sync(i == len(micro) - 1)
+                entropy_grad = args.entropy_coef != 0  # the entropy's backward only for a bonus that trains it
                 with autocast:
-                    logp, entropy = sequence_logprobs(
-                        model,
-                        mb["input_ids"],
-                        mb["attention_mask"],
-                        mb["mask"].shape[1],
-                        args.temperature,
-                        entropy=True,
-                        entropy_grad=args.entropy_coef != 0,
-                    )  # (B, K) each
+                    logp, entropy = sequence_logprobs(model, *mb["inputs"], entropy=True, entropy_grad=entropy_grad)
+                mask = mb["mask"]  # (B, K), like logp and entropy
                 old_logp = logp.detach() if on_policy else mb["old_logp"]
                 loss, m = policy_loss(
                     logp,
                     old_logp,
                     mb["adv"],
-                    mb["mask"],
+                    mask,
                     ref_logp=mb["ref_logp"],
                     sampler_logp=mb["sampler_logp"],
                     entropy=entropy,
@@ -322,14 +316,15 @@ def ppo_update(
                     **options,
                 )
                 (loss * world).backward()
-                n = mb["mask"].sum().item()
-                sums["entropy"] += (entropy.detach() * mb["mask"]).sum().item()
+                n = mask.sum().item()
+                sums["entropy"] += (entropy.detach() * mask).sum().item()
                 for key, value in m.items():
-                    shares[f"loss/{key}"] = isinstance(value, Share)
-                    sums[f"loss/{key}"] = sums.get(f"loss/{key}", 0.0) + (value if shares[f"loss/{key}"] else value * n)
+                    name = f"loss/{key}"
+                    shares[name] = isinstance(value, Share)  # summed as is; a token mean is weighed by its tokens
+                    sums[name] = sums.get(name, 0.0) + (value if shares[name] else value * n)
                 sums["tokens"] += n
-                if epoch == 0:
-                    sums["sampler_diff"] += ((old_logp - mb["sampler_logp"]).abs() * mb["mask"]).sum().item()
+                if epoch == 0:  # the sampler/trainer gap of pi_old, before any update moved the policy
+                    sums["sampler_diff"] += ((old_logp - mb["sampler_logp"]).abs() * mask).sum().item()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
             sums["grad_norm"] += float(grad_norm.full_tensor() if sharded else grad_norm)
             lr = scheduler.get_last_lr()[0]
@@ -400,8 +395,9 @@ def load_models(args: Args, ckpt, init_path, device):
             raise ModelLoadError(f"--lora-targets {args.lora_targets}: {first_line(err)}") from None
     ref_model = load_reference(init_path, args, device, empty) if args.beta > 0 and not args.lora_rank else None
     if dist.is_initialized():
-        model = shard(model, device, bf16=args.dtype == "bfloat16")
-        ref_model = shard(ref_model, device, bf16=args.dtype == "bfloat16") if ref_model is not None else None
+        bf16 = args.dtype == "bfloat16"
+        model = shard(model, device, bf16=bf16)
+        ref_model = shard(ref_model, device, bf16=bf16) if ref_model is not None else None
     if args.lora_rank and args.beta > 0:
         ref_model = model  # the policy with its adapters off (ppo_update)
     return tokenizer, model, ref_model
