@@ -8,17 +8,16 @@ import importlib.util
 import inspect
 import math
 import os
-import re
 import shutil
 from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
 
 import torch
 
-from advantage import ESTIMATORS, compute_advantages, estimator_params, hyperparameter_ranges, hyperparameters
+from advantage import ESTIMATORS, REWARD_FLOOR, estimator_params, hyperparameter_ranges, hyperparameters
 from eval import SAMPLING_RULES, SEED_LIMIT, flag, model_flag_error, number_error
-from loss import OPTION_CHOICES, REFERENCES, ROW_FILTERS, policy_loss
+from loss import LOSS_TERMS, OPTION_CHOICES, REFERENCES, ROW_FILTERS, policy_loss
 from plumbing.checkpoint import find_checkpoint, resume_error, run_dir, run_folder_error
-from plumbing.cli import OneLineParser, first_line, number
+from plumbing.cli import OneLineParser, first_line, number, parse_weights
 from plumbing.data import data_file_error
 from plumbing.models import has_bf16_units
 from plumbing.sync import SYNC_TOLERANCE
@@ -99,61 +98,87 @@ class _Args:
     plan_gpu_gb: float = arg(80.0, "--plan: memory per GPU, GiB")
 
 
-def loss_option_defaults() -> dict:
-    """{name: default} of policy_loss's keyword-only parameters with a non-None default."""
-    return {
-        p.name: p.default
-        for p in inspect.signature(policy_loss).parameters.values()
-        if p.kind is p.KEYWORD_ONLY and p.default is not None
-    }
-
-
-def loss_option_help() -> dict:
-    """{option: help} from the "name: help" lines after "Options" in policy_loss's docstring."""
-    options = inspect.getdoc(policy_loss).split("\nOptions", 1)[1]
-    entries = re.findall(r"^( +)(\w+): (.*(?:\n\1 +.*)*)", options, re.M)
-    return {name: " ".join(text.split()) for _, name, text in entries}
-
-
-def loss_options(args) -> dict:
-    return {name: getattr(args, name) for name in loss_option_defaults()}
-
-
-def _derived_fields():
-    """A field per estimator hyperparameter and per policy_loss option."""
+# The estimator hyperparameters are generated: a parameter after `rewards` with a default in an estimator's signature
+# (advantage.py) is a flag, so a new estimator's hyperparameter needs no edit here (docs/fork.md's first recipe).
+def _estimator_fields():
     for name, (default, kind) in estimator_params().items():
         users = "/".join(est for est, fn in ESTIMATORS.items() if name in hyperparameters(fn))
-        yield (
-            name,
-            kind,
-            arg(
-                default,
-                "SoftmaxGRPO temperature (Eq. 1)" if name == "tau" else f"hyperparameter of --advantage {users}",
-            ),
-        )
-    helps = loss_option_help()
-    for name, default in loss_option_defaults().items():
-        choices = f" (loss.py: {', '.join(OPTION_CHOICES[name])})" if name in OPTION_CHOICES else ""
-        yield name, type(default), arg(default, helps.get(name, "an option of loss.policy_loss") + choices)
+        text = f"hyperparameter of --advantage {users}"
+        if name == "tau":
+            text = "SoftmaxGRPO temperature (Eq. 1)"
+        yield name, kind, arg(default, text)
 
 
-Args = make_dataclass("Args", list(_derived_fields()), bases=(_Args,))
-Args.__module__ = __name__
+_EstimatorArgs = make_dataclass("_EstimatorArgs", list(_estimator_fields()), bases=(_Args,))
+
+
+@dataclass
+class Args(_EstimatorArgs):
+    """The flags; the fields below are loss.policy_loss's options, each with its signature's default."""
+
+    clip_low: float = arg(0.2, "PPO clip: ratio >= 1 - clip_low")
+    clip_high: float = arg(0.28, "PPO clip: ratio <= 1 + clip_high")
+    beta: float = arg(1e-3, "reference KL coefficient (estimator: --kl-estimator); 0 skips the reference model")
+    kl_estimator: str = arg(
+        "k3",
+        'per-token estimate of KL(pi_theta || pi_ref) (Schulman 2020, "Approximating KL divergence"): k3, the '
+        "paper's; k1 (logp - ref_logp) or k2 (its square / 2) (loss.py: KL_ESTIMATORS)",
+    )
+    entropy_coef: float = arg(
+        0.0, "entropy bonus: the loss subtracts this x the aggregated policy entropy, with its gradient; 0: off"
+    )
+    loss_terms: str = arg(
+        "", "extra terms (loss.py: LOSS_TERMS), e.g. l2=0.1: each adds COEF x its aggregate, logged as loss/NAME"
+    )
+    loss_agg: str = arg(
+        "token-mean",
+        "loss aggregation: token-mean, the paper's; seq-mean-token-sum-norm, Dr. GRPO's (length max-tokens) "
+        "(loss.py: AGGREGATIONS)",
+    )
+    ratio: str = arg(
+        "token",
+        "importance ratio the PPO clip acts on: token, the paper's; sequence, GSPO's (Zheng et al. 2025) "
+        "(loss.py: RATIOS)",
+    )
+    is_correction: str = arg(
+        "none",
+        "detached weights of the policy-gradient term for the sampler/trainer gap, from pi_old / pi_sampler and "
+        "--is-cap (docs/training.md): token-tis, seq-tis (truncated), token-mask, seq-mask (masked) "
+        "(loss.py: IS_CORRECTIONS)",
+    )
+    is_cap: float = arg(2.0, "--is-correction: the cap C on pi_old / pi_sampler (the mask modes keep [1/C, C])")
+    pg_loss: str = arg(
+        "ppo", "the policy-gradient term (loss.py: PG_LOSSES): ppo, the paper's clip (Eq. 10); dual-clip, cispo, sapo"
+    )
+    top_entropy: float = arg(
+        1.0, "keep the policy-gradient term on this share of tokens, highest entropy first (TRL's); 1: all"
+    )
+
+
+def loss_options(args: Args) -> dict:
+    """policy_loss's options from `args`: its keyword-only parameters whose default is not None (not a tensor)."""
+    params = inspect.signature(policy_loss).parameters.values()
+    return {p.name: getattr(args, p.name) for p in params if p.kind is p.KEYWORD_ONLY and p.default is not None}
 
 
 def resolve_auto(args: Args) -> Args:
     """--dtype auto, --sampler auto and --sync-tolerance 0 made concrete."""
-    dtype = ("bfloat16" if has_bf16_units() else "float32") if args.dtype == "auto" else args.dtype
-    sampler = ("vllm" if torch.cuda.is_available() else "hf") if args.sampler == "auto" else args.sampler
-    tolerance = SYNC_TOLERANCE[dtype] if args.sync_tolerance == 0 else args.sync_tolerance
+    dtype = args.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if has_bf16_units() else "float32"
+    sampler = args.sampler
+    if sampler == "auto":
+        sampler = "vllm" if torch.cuda.is_available() else "hf"
+    tolerance = args.sync_tolerance or SYNC_TOLERANCE[dtype]  # 0: the dtype's own
     return replace(args, dtype=dtype, sampler=sampler, sync_tolerance=tolerance)
 
 
 def alloc_estimators(args: Args) -> list[str]:
-    """Estimators whose Table 3 allocation is logged."""
+    """Estimators whose Table 3 allocation is logged: --advantage first."""
     if args.alloc_estimators.strip() == "all":
         return list(ESTIMATORS)
-    return list(dict.fromkeys([args.advantage, *filter(None, map(str.strip, args.alloc_estimators.split(",")))]))
+    named = [name.strip() for name in args.alloc_estimators.split(",") if name.strip()]
+    return list(dict.fromkeys([args.advantage, *named]))
 
 
 def estimator_hparams(args: Args) -> dict:
@@ -172,22 +197,14 @@ PAPER = dict(
     keep_checkpoints=2,
     alloc_estimators="all",
 )
+TABLE_B1 = dict(
+    PAPER, tau=0.1, M=8, rollout_batch=64, max_tokens=256, micro_batch=64, gpu_memory_utilization=0.12
+)  # gsm8k and countdown: Table B.1
 PRESETS = {  # explicit flags override these; micro_batch, gpu_memory_utilization: tools/memory_plan.py, 80 GB
     "arith": dict(alloc_estimators="all"),  # the CPU demo
     "countdown24": dict(max_tokens=128),
-    "gsm8k": dict(
-        PAPER,
-        tau=0.1,
-        M=8,
-        rollout_batch=64,
-        steps=1000,
-        max_tokens=256,  # Table B.1
-        micro_batch=64,
-        gpu_memory_utilization=0.12,
-    ),
-    "countdown": dict(
-        PAPER, tau=0.1, M=8, rollout_batch=64, steps=2000, max_tokens=256, micro_batch=64, gpu_memory_utilization=0.12
-    ),
+    "gsm8k": dict(TABLE_B1, steps=1000),
+    "countdown": dict(TABLE_B1, steps=2000),
     "deepmath": dict(
         PAPER,
         tau=0.3,
@@ -307,167 +324,157 @@ TRAIN_RULES = [  # (flags, valid, what valid means); NaN breaks each
 ]
 
 
-def first_broken(rules) -> str | None:
-    """The message of the first (holds, message) rule that fails, or None."""
-    return next((message for holds, message in rules if not holds), None)
+def choice_error(args: Args) -> str | None:
+    """The first string flag whose value is not a key of its registry, as one line, or None."""
+    for name, registry in choices().items():
+        if getattr(args, name) not in registry:
+            return f"{flag(name)} must be one of {', '.join(registry)}"
 
 
 def train_rule_error(args: Args, task, world: int) -> str | None:
     """The first rule between flags that `args` breaks, as one line, or None."""
+    if args.rollout_batch % (world * args.minibatches):
+        return (
+            f"--rollout-batch ({args.rollout_batch}) must divide "
+            f"evenly by ranks x minibatches ({world} x {args.minibatches})"
+        )
+    samples = args.rollout_batch * args.M
     # rollout.step_seed's streams stay below 2^64, and seed + rank below 2^32
-    seed_max = min((2**64 // (args.rollout_batch * args.M) - 2**24) // 2**24, SEED_LIMIT - world)
+    seed_max = min((2**64 // samples - 2**24) // 2**24, SEED_LIMIT - world)
+    if seed_max < 0:
+        return (
+            f"--rollout-batch x --M is {samples:,} samples a step: each needs a seed "
+            f"stream of its own, and at most {2**40:,} fit"
+        )
+    if args.seed > seed_max:
+        return (
+            f"--seed must be at most {seed_max:,} with --steps {args.steps}, --rollout-batch "
+            f"{args.rollout_batch} and --M {args.M}, got {args.seed:,}"
+        )
+    if args.reference == "ema" and not args.ref_ema > 0:
+        return "--reference ema needs --ref-ema ALPHA in (0, 1]"
+    if args.reference == "reset" and not args.ref_reset_every >= 1:
+        return "--reference reset needs --ref-reset-every N >= 1"
     moving = args.reference != "frozen"
-    return first_broken(
-        [
-            *(
-                (getattr(args, name) in registry, f"{flag(name)} must be one of {', '.join(registry)}")
-                for name, registry in choices().items()
-            ),
-            (
-                args.rollout_batch % (world * args.minibatches) == 0,
-                f"--rollout-batch ({args.rollout_batch}) must divide "
-                f"evenly by ranks x minibatches ({world} x {args.minibatches})",
-            ),
-            (
-                seed_max >= 0,
-                f"--rollout-batch x --M is {args.rollout_batch * args.M:,} samples a step: each needs a seed "
-                f"stream of its own, and at most {2**40:,} fit",
-            ),
-            (
-                args.seed <= seed_max,
-                f"--seed must be at most {seed_max:,} with --steps {args.steps}, --rollout-batch "
-                f"{args.rollout_batch} and --M {args.M}, got {args.seed:,}",
-            ),
-            (args.reference != "ema" or args.ref_ema > 0, "--reference ema needs --ref-ema ALPHA in (0, 1]"),
-            (
-                args.reference != "reset" or args.ref_reset_every >= 1,
-                "--reference reset needs --ref-reset-every N >= 1",
-            ),
-            (
-                moving or not (args.ref_ema or args.ref_reset_every),
-                "--ref-ema and --ref-reset-every move the reference, "
-                "which --reference frozen keeps: pass --reference ema or reset",
-            ),
-            (
-                not moving or args.beta > 0,
-                f"--reference {args.reference} moves the KL term's reference: --beta 0 has none",
-            ),
-            (
-                not moving or not args.lora_rank,
-                f"--lora-rank: the reference is the base model (the adapters off), which "
-                f"--reference {args.reference} cannot move; pass --reference frozen",
-            ),
-            (
-                set(alloc_estimators(args)) <= set(ESTIMATORS),
-                f"--alloc-estimators must name estimators of {', '.join(ESTIMATORS)}, or all",
-            ),
-            (args.max_refill_rounds <= MAX_REFILLS, f"--max-refill-rounds must be in [0, {MAX_REFILLS}]"),
-            (
-                args.rollout == "dapo"
-                or (args.filter_std, args.max_refill_rounds) == (_Args.filter_std, _Args.max_refill_rounds),
-                "--filter-std and --max-refill-rounds are read by --rollout dapo only",
-            ),
-            (args.overlong_buffer < args.max_tokens, "--overlong-buffer must be in [0, --max-tokens)"),
-            (
-                args.lr_schedule == "cosine" or args.min_lr_ratio == 0,
-                "--min-lr-ratio is read by --lr-schedule cosine only",
-            ),
-            (
-                not getattr(task, "held_out_only", False),
-                f"--task {args.task} is a held-out benchmark: use --eval-tasks",
-            ),
-            (
-                args.eval_examples or not (args.eval_samples or args.eval_tasks.strip()),
-                "--eval-samples and --eval-tasks need --eval-examples >= 1",
-            ),
-        ]
-    )
+    if not moving and (args.ref_ema or args.ref_reset_every):
+        return (
+            "--ref-ema and --ref-reset-every move the reference, "
+            "which --reference frozen keeps: pass --reference ema or reset"
+        )
+    if moving and not args.beta > 0:
+        return f"--reference {args.reference} moves the KL term's reference: --beta 0 has none"
+    if moving and args.lora_rank:
+        return (
+            f"--lora-rank: the reference is the base model (the adapters off), which "
+            f"--reference {args.reference} cannot move; pass --reference frozen"
+        )
+    if not set(alloc_estimators(args)) <= set(ESTIMATORS):
+        return f"--alloc-estimators must name estimators of {', '.join(ESTIMATORS)}, or all"
+    if args.max_refill_rounds > MAX_REFILLS:
+        return f"--max-refill-rounds must be in [0, {MAX_REFILLS}]"
+    dapo_flags = (args.filter_std, args.max_refill_rounds)
+    if args.rollout != "dapo" and dapo_flags != (_Args.filter_std, _Args.max_refill_rounds):
+        return "--filter-std and --max-refill-rounds are read by --rollout dapo only"
+    if not args.overlong_buffer < args.max_tokens:
+        return "--overlong-buffer must be in [0, --max-tokens)"
+    if args.lr_schedule != "cosine" and args.min_lr_ratio:
+        return "--min-lr-ratio is read by --lr-schedule cosine only"
+    # an empty range: loss.is_weights' mask keeps ratios in [1/C, C]
+    if args.is_correction in ("token-mask", "seq-mask") and not args.is_cap >= 1:
+        return f"--is-cap {args.is_cap}: a mask correction keeps ratios in [1/C, C], empty for C < 1"
+    if getattr(task, "held_out_only", False):  # a task need not be a tasks.Task: any object with its methods
+        return f"--task {args.task} is a held-out benchmark: use --eval-tasks"
+    if not args.eval_examples and (args.eval_samples or args.eval_tasks.strip()):
+        return "--eval-samples and --eval-tasks need --eval-examples >= 1"
 
 
-def check_args(args: Args) -> str | None:
-    """The first problem with `args` as one line, or None."""
-    from advantage import REWARD_FLOOR  # beside the registry it bounds
-
-    try:
-        task = get_task(args.task)
-    except ValueError as err:
-        return str(err)
-    world = args.plan_gpus if args.plan else int(os.environ.get("WORLD_SIZE", 1))
-    ranges = [
-        (name, lambda v, valid=valid: valid.problem(v) is None, valid.means)
-        for name, valid in hyperparameter_ranges().items()
-    ]
-    if error := number_error(args, ranges + SAMPLING_RULES + TRAIN_RULES) or train_rule_error(args, task, world):
-        return error
+def reward_error(args: Args, task) -> str | None:
+    """The first problem with the reward flags, the loss terms or --eval-tasks, as one line, or None."""
     try:
         parse_eval_tasks(args.eval_tasks, TASKS)
+        parse_weights(args.loss_terms, "--loss-terms", LOSS_TERMS, "NAME=COEF (e.g. l2=0.1)")
         weights = reward_weights(task, args.reward, args.reward_weights)
-        compute_advantages(args.advantage, torch.zeros(1, 2), **estimator_hparams(args))
-        zeros = torch.zeros(1, 2)
-        policy_loss(
-            zeros,
-            zeros,
-            torch.zeros(1),
-            torch.ones(1, 2),
-            ref_logp=zeros,
-            sampler_logp=zeros,
-            entropy=zeros,
-            norm_len=args.max_tokens,
-            **loss_options(args),
-        )
     except ValueError as err:
         return first_line(err, limit=None)
     if args.overlong_buffer and "overlong" not in weights:
         return "--overlong-buffer is read by the overlong reward term only: add it to --reward-weights"
+    # MaxRL divides by the group mean: it holds only for rewards above its floor
     least = sum(min(weight, 0.0) for weight in weights.values())  # every term is in [0, 1] (rewards.py)
-    if low := next((name for name in alloc_estimators(args) if least < REWARD_FLOOR.get(name, -math.inf)), None):
-        given = "--advantage" if low == args.advantage else f"--alloc-estimators {args.alloc_estimators} includes"
-        return (
-            f"{given} {low}, which holds for rewards >= {REWARD_FLOOR[low]:g}, but --reward-weights "
-            f"{args.reward_weights} gives rewards down to {least:g}"
-        )
-    if args.plan:
+    for name in alloc_estimators(args):
+        floor = REWARD_FLOOR.get(name, -math.inf)
+        if least < floor:
+            given = "--advantage" if name == args.advantage else f"--alloc-estimators {args.alloc_estimators} includes"
+            return (
+                f"{given} {name}, which holds for rewards >= {floor:g}, but --reward-weights "
+                f"{args.reward_weights} gives rewards down to {least:g}"
+            )
+    if not args.demo_file:
         return None
+    if getattr(task, "demos", None) is None:
+        return f"--demo-file: task {args.task} keeps its demonstrations in its own rows (only countdown joins them)"
+    if "sim" not in weights:
+        return "--demo-file is read only for a similarity reward (sim)"
+
+
+def machine_error(args: Args) -> str | None:
+    """What this machine lacks for `args` (vLLM, a C++ compiler), as one line, or None."""
     vllm = args.sampler == "vllm" or (args.sampler == "auto" and torch.cuda.is_available())
-    compilers = (os.environ.get("CXX", "g++"), "g++", "c++", "clang++")
-    splits = ("train", "test") if args.eval_examples else ("train",)
-    if (
-        error := first_broken(
-            [
-                (
-                    not vllm or importlib.util.find_spec("vllm"),
-                    f"--sampler {args.sampler} samples with vLLM, which is not "
-                    "installed: pip install -r requirements-vllm.txt, or pass --sampler hf (much slower)",
-                ),
-                (
-                    not args.compile or torch.cuda.is_available() or any(map(shutil.which, compilers)),
-                    "--compile on CPU needs a C++ compiler (g++, c++ or clang++ on PATH, or $CXX); none found",
-                ),
-                (
-                    not args.demo_file or getattr(task, "demos", None) is not None,
-                    f"--demo-file: task {args.task} keeps its demonstrations in its own rows "
-                    "(only countdown joins them)",
-                ),
-                (not args.demo_file or "sim" in weights, "--demo-file is read only for a similarity reward (sim)"),
-                (not args.demo_file or os.path.isfile(args.demo_file), f"--demo-file {args.demo_file} does not exist"),
-            ]
+    if vllm and not importlib.util.find_spec("vllm"):
+        return (
+            f"--sampler {args.sampler} samples with vLLM, which is not installed: "
+            "pip install -r requirements-vllm.txt, or pass --sampler hf (much slower)"
         )
-        or (args.data_file and data_file_error(args.data_file, splits=splits))
-        or model_flag_error(args)
-    ):
+    compilers = (os.environ.get("CXX", "g++"), "g++", "c++", "clang++")
+    # torch.compile's CPU backend (inductor) writes C++
+    if args.compile and not torch.cuda.is_available() and not any(map(shutil.which, compilers)):
+        return "--compile on CPU needs a C++ compiler (g++, c++ or clang++ on PATH, or $CXX); none found"
+
+
+def file_error(args: Args) -> str | None:
+    """The first file flag that names no usable file or folder, as one line, or None."""
+    if args.demo_file and not os.path.isfile(args.demo_file):
+        return f"--demo-file {args.demo_file} does not exist"
+    splits = ("train", "test") if args.eval_examples else ("train",)
+    if args.data_file and (error := data_file_error(args.data_file, splits=splits)):
         return error
+    if error := model_flag_error(args):
+        return error
+    resumed = find_checkpoint(args.resume) if args.resume else None
     keeps = (*RESUME_KEEPS, *hyperparameters(ESTIMATORS[args.advantage]))
     if args.resume and (error := resume_error(args.resume, run_dir(args), asdict(args), keeps)):
         return error
-    return run_folder_error(run_dir(args), find_checkpoint(args.resume) if args.resume else None)
+    return run_folder_error(run_dir(args), resumed)
+
+
+def check_args(args: Args) -> str | None:
+    """The first problem with `args` as one line, or None: each rule here, once per start."""
+    try:
+        task = get_task(args.task)
+    except ValueError as err:
+        return str(err)
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if args.plan:
+        world = args.plan_gpus
+    ranges = [
+        (name, lambda v, valid=valid: valid.problem(v) is None, valid.means)
+        for name, valid in hyperparameter_ranges().items()
+    ]
+    error = number_error(args, ranges + SAMPLING_RULES + TRAIN_RULES)
+    error = error or choice_error(args) or train_rule_error(args, task, world) or reward_error(args, task)
+    if error or args.plan:  # --plan loads nothing: no file, model or machine to check
+        return error
+    return machine_error(args) or file_error(args)
 
 
 def parse_args(argv=None) -> Args:
     """Args from the command line: the --task preset, then the flags given."""
     parser = OneLineParser("train.py", description="SoftmaxGRPO training (Section 4, Appendix B.1)")
     for f in fields(Args):
-        kind = {bool: {"action": argparse.BooleanOptionalAction}, float: {"type": number}}.get(f.type, {"type": f.type})
-        default = "" if f.type is bool else f" (default {f.default!r}, unless the task's preset sets it)"
+        kind = dict(type=number if f.type is float else f.type)  # number: "1e-6", "８０" and no NaN or inf
+        default = f" (default {f.default!r}, unless the task's preset sets it)"
+        if f.type is bool:  # --wandb / --no-wandb
+            kind = dict(action=argparse.BooleanOptionalAction)
+            default = ""
         parser.add_argument(flag(f.name), default=argparse.SUPPRESS, help=f.metadata["help"] + default, **kind)
     given = vars(parser.parse_args(argv))
     args = Args(**{**PRESETS.get(given.get("task", Args.task), {}), **given})

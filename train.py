@@ -56,22 +56,26 @@ def main(args: Args, checked: bool = False) -> dict:
     """One run; `checked`: parse_args has checked the flags."""
     if not checked and (error := check_args(args)):
         raise ValueError(error)
-    out, resumed = run_dir(args), find_checkpoint(args.resume) if args.resume else None
+    out = run_dir(args)
+    resumed = find_checkpoint(args.resume) if args.resume else None
     with lock_run_folder(out, hold=int(os.environ.get("RANK", 0)) == 0) as held:
+        # again under the lock: another run may have taken the folder since check_args looked
         if held and (error := run_folder_error(out, resumed)):
             raise CheckpointError(error)
         return train(args)
 
 
 def train(args: Args) -> dict:
-    out_dir, args = run_dir(args), config.resolve_auto(args)
+    out_dir = run_dir(args)  # before resolve_auto: the folder's name is the flags as given
+    args = config.resolve_auto(args)
     distributed, rank, world, device = init_distributed(args.seed, args.dist_timeout_s)
     master = rank == 0
     remove_orphans(out_dir, master)
     task = get_task(args.task)
     weights = reward_weights(task, args.reward, args.reward_weights)  # r = sum_k w_k r_k
     train_set, test_set, eval_sets = load_data(args, task, weights, master)
-    ckpt, init_path = find_checkpoint(args.resume) if args.resume else None, resolve_model(args.model)
+    ckpt = find_checkpoint(args.resume) if args.resume else None
+    init_path = resolve_model(args.model)
     if ckpt and master and (changed := changed_flags(ckpt, asdict(args))):
         print(f"resume: continuing {ckpt} with changed flags: {changed}")
     tokenizer, model, ref_model = load_models(args, ckpt, init_path, device)
@@ -79,37 +83,34 @@ def train(args: Args) -> dict:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     optimizer = make_optimizer(model, args)
     scheduler = make_scheduler(optimizer, args)
-    rollout = ROLLOUTS[args.rollout]() if isinstance(ROLLOUTS[args.rollout], type) else ROLLOUTS[args.rollout]
-    start_step = (
-        load_checkpoint(ckpt, model, optimizer, scheduler, rank, args.lr, args.weight_decay, moving_ref, rollout)
-        if ckpt
-        else 0
-    )
+    rollout = ROLLOUTS[args.rollout]
+    if isinstance(rollout, type):  # a rollout that keeps state: one instance a run, saved with each checkpoint
+        rollout = rollout()
+    start_step = 0
+    if ckpt:
+        start_step = load_checkpoint(
+            ckpt, model, optimizer, scheduler, rank, args.lr, args.weight_decay, moving_ref, rollout
+        )
     n_params = run_log.param_counts(model)
     n_forwards = 1 + 3 * args.ppo_epochs + (ref_model is not None) + (not reuses_training_logprobs(args))
     if error := no_room_error(args.max_tokens, model.config.max_position_embeddings):
         raise DataError(error)
     room = model.config.max_position_embeddings - args.max_tokens
-    train_ids, test_ids = (
-        encode_prompts(tokenizer, rows, max_len=room)
-        for rows in (train_set, [ex for _, rows in eval_sets.values() for ex in rows])
-    )
+    train_ids = encode_prompts(tokenizer, train_set, max_len=room)
+    test_rows = [ex for _, rows in eval_sets.values() for ex in rows]
+    test_ids = encode_prompts(tokenizer, test_rows, max_len=room)
     max_prompt = max(len(p) for p in train_ids + test_ids)
-    n_local, shard = args.rollout_batch // world, -(-len(test_ids) // world)  # shard: held-out prompts a rank scores
+    n_local = args.rollout_batch // world  # prompts a rank samples a step
+    eval_shard = -(-len(test_ids) // world)  # held-out prompts a rank scores
+    # too little memory fails here, in one line, not as an out-of-memory error mid-run
     at = dict(max_tokens=args.max_tokens, dtype=args.dtype, hf=args.sampler == "hf", device=device)
-    if error := (
-        sampling_memory_error(
-            model.config, n_local * args.M, n_local * args.M, max_prompt, **at, lower="--M or --rollout-batch"
-        )
-        or sampling_memory_error(  # evaluate: 64 at once
-            model.config,
-            min(shard, 64) * max(args.eval_samples, 1),
-            shard * (args.eval_samples + 1),
-            max_prompt,
-            **at,
-            lower="--eval-samples or --eval-examples",
-        )
-    ):
+    n_samples = n_local * args.M
+    error = sampling_memory_error(model.config, n_samples, n_samples, max_prompt, **at, lower="--M or --rollout-batch")
+    eval_batch = min(eval_shard, 64) * max(args.eval_samples, 1)  # evaluate: 64 prompts at once
+    eval_total = eval_shard * (args.eval_samples + 1)
+    lower = "--eval-samples or --eval-examples"
+    error = error or sampling_memory_error(model.config, eval_batch, eval_total, max_prompt, **at, lower=lower)
+    if error:
         raise SamplingError(error)
     phase = run_log.Phases(device)
     with kept_rng_state():  # vLLM reseeds the global RNGs
@@ -141,7 +142,10 @@ def train(args: Args) -> dict:
             {"train": train_set[0].revision, **{name: rows[0].revision for name, (_, rows) in eval_sets.items()}},
         )
 
-    metrics, hparams, estimators = {}, config.estimator_hparams(args), config.alloc_estimators(args)
+    metrics = {}
+    hparams = config.estimator_hparams(args)
+    estimators = config.alloc_estimators(args)
+    mine = slice(rank * n_local, (rank + 1) * n_local)  # this rank's groups of the gathered batch
     rollout_step = partial(
         rollout,
         sampler=sampler,
@@ -162,20 +166,27 @@ def train(args: Args) -> dict:
         desc=f"{args.advantage} on {args.task}",
     )
     for step in bar:
+        # rollout: M completions per prompt, scored; the sampler then frees its memory for training
         with phase("rollout"):
             batch = rollout_step(step)  # (G, M) each
             phase.sleep(sampler)
-        with phase("reward"):  # over the gathered batch: batch-level baselines see all of it
+        # reward: advantages over the gathered batch, so batch-level baselines see all of it
+        with phase("reward"):
             adv_all = compute_advantages(args.advantage, batch.scores["rewards"], **hparams)  # Eq. (1)
             keep = kept_samples(batch.scores["rewards"], batch.scores["cut"], args.row_filter, args.mask_truncated)
-            adv, keep = (t[rank * n_local : (rank + 1) * n_local].reshape(-1) for t in (adv_all, keep))
+            adv = adv_all[mine].reshape(-1)
+            keep = keep[mine].reshape(-1)
+        # train: PPO epochs over this rank's sequences
         with phase("train"):
             update = ppo_update(model, ref_model, optimizer, scheduler, *sequences(batch), adv, args, pad_id, keep)
+        # sync: the sampler gets the new weights, and a probe shows it really has them
         with phase("sync"):
             sampler.update_weights(full_weights(model, sampler.dtype))
             checksums = weight_checksums(sampler, model, step + 1, args.weight_check_every)
+            before = probe
             with autocast:
-                probe, before = probe_sync(sampler, model, probe_prompts), probe
+                probe = probe_sync(sampler, model, probe_prompts)
+        # log: the step's metrics, its samples, and every eval-every steps the held-out scores
         metrics = {
             **run_log.step_metrics(
                 step, task.has_verifier, batch, adv_all, update, phase.seconds(), n_params, n_forwards, device
@@ -186,16 +197,18 @@ def train(args: Args) -> dict:
             ),
         }
         samples.write(step + 1, task, batch, adv_all, rank)
-        if eval_sets and args.eval_every and (step + 1) % args.eval_every == 0:  # absolute steps: resume keeps them
+        # eval: absolute steps, so a resumed run scores at the same ones
+        if eval_sets and args.eval_every and (step + 1) % args.eval_every == 0:
             with phase("eval"):
                 metrics.update(held_out(step + 1))
         metrics.update(phase.metrics())
-        try:  # a failed check saves no checkpoint
+        try:  # a failed sync check saves no checkpoint, but its metrics still reach the log
             metrics.update(check_probe(probe, before, step + 1, args.sync_tolerance, device))
             metrics.update(check_weights(checksums, step + 1, device))
         finally:
             log.write(metrics)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
+        # save: every --save-every steps, and at the last
         if args.save_every and (step + 1) % args.save_every == 0 or step + 1 == args.steps and args.final_save:
             save_checkpoint(out_dir, step + 1, model, optimizer, scheduler, tokenizer, args, moving_ref, rollout)
 
@@ -237,14 +250,15 @@ def ppo_update(
     denominator is summed over micro-batches and ranks first; FSDP averages over ranks, so the loss is x world."""
     distributed = dist.is_initialized()  # also in one process, when vLLM made its own group
     sharded = isinstance(model, FSDPModule)
-    device, world = next(model.parameters()).device, dist.get_world_size() if distributed else 1
+    device = next(model.parameters()).device
+    world = dist.get_world_size() if distributed else 1
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bfloat16")
 
     def micro_batch(idx) -> dict:
-        input_ids, attention_mask, mask = pad_batch(
-            [prompts[i] for i in idx], [completions[i] for i in idx], pad_id
-        )  # (B, P+K) x2, (B, K)
-        if keep is not None and not keep.all():
+        rows = [prompts[i] for i in idx]
+        answers = [completions[i] for i in idx]
+        input_ids, attention_mask, mask = pad_batch(rows, answers, pad_id)  # (B, P+K) x2, (B, K)
+        if keep is not None and not keep.all():  # a dropped sequence stays in its micro-batch, its mask zeroed
             mask = mask * keep[idx].to(mask.dtype)[:, None]
         tensors = dict(
             input_ids=input_ids,
@@ -264,12 +278,13 @@ def ppo_update(
         for start in range(0, len(prompts), size)
     ]
     on_policy = reuses_training_logprobs(args)
+    options = config.loss_options(args)
     with torch.no_grad(), autocast:
         for mb in (mb for micro in minibatches for mb in micro):
-            inputs = (mb["input_ids"], mb["attention_mask"], mb["mask"].shape[1], args.temperature)
+            mb["inputs"] = (mb["input_ids"], mb["attention_mask"], mb["mask"].shape[1], args.temperature)
             with model.disable_adapter() if ref_model is model else contextlib.nullcontext():  # LoRA: the base
-                mb["ref_logp"] = sequence_logprobs(ref_model, *inputs) if ref_model is not None else None
-            mb["old_logp"] = None if on_policy else sequence_logprobs(model, *inputs)
+                mb["ref_logp"] = sequence_logprobs(ref_model, *mb["inputs"]) if ref_model is not None else None
+            mb["old_logp"] = None if on_policy else sequence_logprobs(model, *mb["inputs"])  # pi_old, before any step
     sums = dict.fromkeys(["tokens", "entropy", "sampler_diff", "grad_norm"], 0.0)
     shares = {}
     for epoch in range(args.ppo_epochs):
@@ -282,38 +297,33 @@ def ppo_update(
             for i, mb in enumerate(micro):
                 if sharded:  # FSDP2: reduce-scatter once per minibatch
                     model.set_requires_gradient_sync(i == len(micro) - 1)
+                entropy_grad = args.entropy_coef != 0  # the entropy's backward only for a bonus that trains it
                 with autocast:
-                    logp, entropy = sequence_logprobs(
-                        model,
-                        mb["input_ids"],
-                        mb["attention_mask"],
-                        mb["mask"].shape[1],
-                        args.temperature,
-                        entropy=True,
-                        entropy_grad=args.entropy_coef != 0,
-                    )  # (B, K) each
+                    logp, entropy = sequence_logprobs(model, *mb["inputs"], entropy=True, entropy_grad=entropy_grad)
+                mask = mb["mask"]  # (B, K), like logp and entropy
                 old_logp = logp.detach() if on_policy else mb["old_logp"]
                 loss, m = policy_loss(
                     logp,
                     old_logp,
                     mb["adv"],
-                    mb["mask"],
+                    mask,
                     ref_logp=mb["ref_logp"],
                     sampler_logp=mb["sampler_logp"],
                     entropy=entropy,
                     denominator=denominator,
                     norm_len=args.max_tokens,
-                    **config.loss_options(args),
+                    **options,
                 )
                 (loss * world).backward()
-                n = mb["mask"].sum().item()
-                sums["entropy"] += (entropy.detach() * mb["mask"]).sum().item()
+                n = mask.sum().item()
+                sums["entropy"] += (entropy.detach() * mask).sum().item()
                 for key, value in m.items():
-                    shares[f"loss/{key}"] = isinstance(value, Share)
-                    sums[f"loss/{key}"] = sums.get(f"loss/{key}", 0.0) + (value if shares[f"loss/{key}"] else value * n)
+                    name = f"loss/{key}"
+                    shares[name] = isinstance(value, Share)  # summed as is; a token mean is weighed by its tokens
+                    sums[name] = sums.get(name, 0.0) + (value if shares[name] else value * n)
                 sums["tokens"] += n
-                if epoch == 0:
-                    sums["sampler_diff"] += ((old_logp - mb["sampler_logp"]).abs() * mb["mask"]).sum().item()
+                if epoch == 0:  # the sampler/trainer gap of pi_old, before any update moved the policy
+                    sums["sampler_diff"] += ((old_logp - mb["sampler_logp"]).abs() * mask).sum().item()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
             sums["grad_norm"] += float(grad_norm.full_tensor() if sharded else grad_norm)
             lr = scheduler.get_last_lr()[0]
@@ -322,9 +332,13 @@ def ppo_update(
             update_reference(ref_model, model, scheduler.last_epoch, args)
             optimizer.zero_grad(set_to_none=True)
     total = dict(zip(sums, all_reduce_sum(list(sums.values()), device)))
-    updates, tokens = args.ppo_epochs * len(minibatches), max(total["tokens"], 1)
+    updates = args.ppo_epochs * len(minibatches)
+    tokens = max(total["tokens"], 1)
+    means = {}
+    for key, share in shares.items():
+        means[key] = total[key] / (updates if share else tokens)  # a Share: a mean per optimizer step
     return {
-        **{key: total[key] / (updates if share else tokens) for key, share in shares.items()},
+        **means,
         "policy/entropy": total["entropy"] / tokens,
         "grad/norm": total["grad_norm"] / (updates * world),  # the same on every rank: undo the sum
         "lr": lr,
@@ -366,8 +380,11 @@ def load_models(args: Args, ckpt, init_path, device):
     if args.lora_rank:  # the reference is this model with its adapters off (ppo_update), as TRL's
         from peft import LoraConfig, get_peft_model
 
-        names, targets = [name for name, _ in model.named_modules()], args.lora_targets.split(",")
-        if unknown := [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]:  # peft's match
+        names = [name for name, _ in model.named_modules()]
+        targets = args.lora_targets.split(",")
+        # peft's match; peft itself fails only when no target matches, and adapts the others silently
+        unknown = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]
+        if unknown:
             raise ModelLoadError(f"--lora-targets {args.lora_targets}: the model has no module {unknown[0]!r}")
         try:
             model = get_peft_model(
@@ -377,9 +394,12 @@ def load_models(args: Args, ckpt, init_path, device):
             raise ModelLoadError(f"--lora-targets {args.lora_targets}: {first_line(err)}") from None
     ref_model = load_reference(init_path, args, device, empty) if args.beta > 0 and not args.lora_rank else None
     if dist.is_initialized():
-        model = shard(model, device, bf16=args.dtype == "bfloat16")
-        ref_model = shard(ref_model, device, bf16=args.dtype == "bfloat16") if ref_model is not None else None
-    return tokenizer, model, model if args.lora_rank and args.beta > 0 else ref_model
+        bf16 = args.dtype == "bfloat16"
+        model = shard(model, device, bf16=bf16)
+        ref_model = shard(ref_model, device, bf16=bf16) if ref_model is not None else None
+    if args.lora_rank and args.beta > 0:
+        ref_model = model  # the policy with its adapters off (ppo_update)
+    return tokenizer, model, ref_model
 
 
 def make_optimizer(model, args: Args):
@@ -391,16 +411,19 @@ def make_optimizer(model, args: Args):
 
 def make_scheduler(optimizer, args: Args):
     """Linear warmup (Appendix B.1), then constant, or a cosine to --min-lr-ratio x --lr at the last optimizer step."""
-    warmup, low, cosine = args.warmup_steps, args.min_lr_ratio, args.lr_schedule == "cosine"
+    warmup = args.warmup_steps
+    low = args.min_lr_ratio
     span = max(1, args.steps * args.ppo_epochs * args.minibatches - 1 - warmup)  # optimizer steps the cosine spans
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lambda s: (
-            min(1.0, (s + 1) / warmup)
-            if s < warmup
-            else (low + (1 - low) * (1 + math.cos(math.pi * min(1.0, (s - warmup) / span))) / 2 if cosine else 1.0)
-        ),
-    )
+
+    def lr_factor(s: int) -> float:
+        """--lr's multiplier at optimizer step `s`."""
+        if s < warmup:
+            return min(1.0, (s + 1) / warmup)
+        if args.lr_schedule != "cosine":
+            return 1.0
+        return low + (1 - low) * (1 + math.cos(math.pi * min(1.0, (s - warmup) / span))) / 2
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
 
 
 def evaluate_held_out(sampler, eval_sets, args: Args, rank: int, world: int, device, samples, step) -> dict:
@@ -421,7 +444,9 @@ def evaluate_held_out(sampler, eval_sets, args: Args, rank: int, world: int, dev
             top_p=args.eval_top_p,
             progress=rank == 0,
         )
-        records.append([{"set": name, **r} for r in result["examples"]] if len(eval_sets) > 1 else result["examples"])
+        records.append(result["examples"])
+        if len(eval_sets) > 1:  # one eval-STEP.jsonl for all sets: each row names its own
+            records[-1] = [{"set": name, **r} for r in result["examples"]]
         summary = result["summary"]
         score, n = all_reduce_sum(
             [summary.get("pass@1", summary.get("sim_reward", 0.0)) * summary["n"], summary["n"]], device
@@ -455,4 +480,5 @@ if __name__ == "__main__":
             print(f"train.py: error: {err}", file=sys.stderr)
         sys.exit(2 if isinstance(err, ModelLoadError) else 1)
     if "RANK" in os.environ:  # the run is over and saved: skip C++ teardown, where a gloo thread once aborted a rank
-        os._exit(sys.stdout.flush() or 0)
+        sys.stdout.flush()
+        os._exit(0)

@@ -136,6 +136,18 @@ def test_a_corrupt_or_empty_trainer_state_is_corrupt_not_refused(tmp_path):
         (["--lr", "inf"], "argument --lr: invalid number value: 'inf'"),
         (["--temperature", "nan"], "argument --temperature: invalid number value: 'nan'"),
         (["--M", "1"], "--M must be >= 2, got 1"),  # every advantage 0
+        # policy_loss's options: config.py's rules, once at start (no dry run of the loss)
+        (["--is-correction", "token-mask", "--is-cap", "0.5"], "--is-cap 0.5: a mask correction keeps ratios in"),
+        (["--is-correction", "seq-mask", "--is-cap", "0.9"], "--is-cap 0.9: a mask correction keeps ratios in"),
+        (["--is-cap", "0"], "--is-cap must be finite and > 0"),
+        (["--loss-terms", "nope=1"], "--loss-terms: unknown term 'nope'"),
+        (["--loss-terms", "l2"], "--loss-terms: 'l2' is not NAME=COEF"),
+        (["--kl-estimator", "k9"], "--kl-estimator must be one of k1, k2, k3"),
+        (["--ratio", "seq"], "--ratio must be one of token, sequence"),
+        (["--is-correction", "tis"], "--is-correction must be one of none, token-tis"),
+        (["--top-entropy", "0"], "--top-entropy must be in (0, 1]"),
+        (["--clip-low", "1"], "--clip-low must be in [0, 1)"),
+        (["--entropy-coef", "inf"], "argument --entropy-coef: invalid number value: 'inf'"),
     ],
 )
 def test_bad_numbers_are_one_line_and_exit_2(flags, message, tmp_path, capsys):
@@ -148,6 +160,14 @@ def test_bad_numbers_are_one_line_and_exit_2(flags, message, tmp_path, capsys):
     assert exit_info.value.code == 2
     assert err.count("\n") == 1 and err.startswith("train.py: error: ") and message in err, err
     assert not out.exists()
+
+
+def test_a_truncated_correction_takes_a_cap_below_1(tmp_path):
+    """Only a mask correction needs --is-cap >= 1 (its range [1/C, C]); a truncated one caps at any C > 0."""
+    import train
+
+    args = train.parse_args(["--is-correction", "token-tis", "--is-cap", "0.5", "--out-dir", str(tmp_path / "run")])
+    assert (args.is_correction, args.is_cap) == ("token-tis", 0.5)
 
 
 def test_a_negative_eps_stops_at_the_command_line(tmp_path):

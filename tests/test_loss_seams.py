@@ -1,6 +1,7 @@
 """The loss's seams outside loss.py: each policy_loss option is a train.py flag (config.py), each metric it returns
 reaches ppo_update's metrics, --entropy-coef trains through the chunked kernel, and the curves name the KL estimator."""
 
+import inspect
 import json
 import os
 
@@ -15,10 +16,16 @@ import train
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def signature_options(fn) -> dict:
+    """{name: default} of `fn`'s keyword-only parameters with a default other than None."""
+    params = inspect.signature(fn).parameters.values()
+    return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and p.default is not None}
+
+
 def test_every_policy_loss_option_is_a_flag_with_its_default_and_help():
-    """The keyword options of policy_loss with a default are Args fields with that default and the docstring's help;
-    the tensors (ref_logp, entropy, ...) are not; the ones naming a registry take its keys as their choices."""
-    options = config.loss_option_defaults()
+    """Each keyword option of policy_loss with a default is an Args field (config.py) with that default, its type and
+    a help line; the tensors (ref_logp, entropy, ...) are not; the ones naming a registry take its keys as choices."""
+    options = signature_options(loss.policy_loss)
     assert {
         "clip_low",
         "clip_high",
@@ -34,8 +41,9 @@ def test_every_policy_loss_option_is_a_flag_with_its_default_and_help():
     assert not {"ref_logp", "sampler_logp", "entropy", "denominator", "norm_len"} & set(options)
     fields = {f.name: f for f in config.fields(config.Args)}
     for name, default in options.items():
+        assert name in fields, f"policy_loss's option {name} has no Args field in config.py"
         assert fields[name].default == default and fields[name].type is type(default), name
-        assert "an option of loss.policy_loss" not in fields[name].metadata["help"], f"{name} has no help line"
+        assert fields[name].metadata["help"], f"{name} has no help line"
     args = config.Args()
     assert (args.clip_low, args.clip_high, args.beta, args.kl_estimator, args.entropy_coef, args.is_cap) == (
         0.2,
@@ -49,23 +57,20 @@ def test_every_policy_loss_option_is_a_flag_with_its_default_and_help():
     for name, registry in loss.OPTION_CHOICES.items():
         assert choices[name] is registry
     assert config.loss_options(config.Args(beta=0.5, ratio="sequence"))["beta"] == 0.5
+    assert config.loss_options(config.Args()) == options  # what train.py passes: every option, by its name
 
 
-def test_a_new_option_of_policy_loss_is_a_flag_without_editing_config(monkeypatch):
-    """A fork adds a keyword option (and its help line) to policy_loss: config builds the flag from them alone."""
+def test_a_new_option_of_policy_loss_reaches_it_by_name(monkeypatch):
+    """A fork adds a keyword option to policy_loss and its field to config.Args: ppo_update passes it by name."""
 
     def forked(logp, old_logp, adv, mask, *, ref_logp=None, length_coef: float = 0.0, clip_low=0.2):
-        """A fork's loss.
-
-        Options, each a train.py flag:
-            length_coef: a penalty per token
-                of the answer
-            clip_low: PPO clip
-        """
+        """A fork's loss."""
 
     monkeypatch.setattr(config, "policy_loss", forked)
-    assert config.loss_option_defaults() == {"length_coef": 0.0, "clip_low": 0.2}
-    assert config.loss_option_help() == {"length_coef": "a penalty per token of the answer", "clip_low": "PPO clip"}
+    args = config.Args(clip_low=0.1)
+    args.length_coef = 0.5  # the fork's new field
+    assert signature_options(forked) == {"length_coef": 0.0, "clip_low": 0.2}
+    assert config.loss_options(args) == {"length_coef": 0.5, "clip_low": 0.1}
 
 
 def test_help_lists_the_loss_flags_with_their_defaults():
