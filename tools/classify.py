@@ -40,7 +40,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from advantage import compute_advantages
+from advantage import compute_advantages, hyperparameter_ranges
 
 PROBLEM_SEED = 1234  # the teacher and the data are one fixed problem; --seeds vary init, order, rollouts
 
@@ -321,6 +321,10 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--out", default="docs/classify.png", help="plot path")
     parser.add_argument("--json", default=None, help="also write all results (with curves) to this JSON file")
     args = parser.parse_args(argv)
+    for tau in args.taus:  # the estimators no longer check tau per call: it is checked here, once
+        problem = hyperparameter_ranges()["tau"].problem(tau)
+        if problem is not None:
+            parser.error(f"--taus {tau}: tau {problem}")
     torch.set_num_threads(args.threads)
 
     # ---- derived: the problem and the list of runs

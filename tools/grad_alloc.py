@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from advantage import ESTIMATORS, compute_advantages, estimator_params
+from advantage import ESTIMATORS, compute_advantages, estimator_params, hyperparameter_ranges
 from grad_alloc import BINS, allocation_by_estimator, bin_index, pass_rates_of, prompt_budgets, shares_by_bin
 from plumbing.cli import OneLineParser
 from speed.logprobs import pad_batch, sequence_logprobs
@@ -83,6 +83,10 @@ def main(argv=None):
     hparams = {name: getattr(args, name) for name in estimator_params()}
     if any(n not in ESTIMATORS for n in names) or args.prompts < 1 or args.M < 2:
         parser.error(f"--estimators must be among {sorted(ESTIMATORS)}, --prompts >= 1, --M >= 2")
+    for name, valid in hyperparameter_ranges().items():  # the estimators no longer check per call: train.py's door
+        problem = valid.problem(getattr(args, name))
+        if problem is not None:
+            parser.error(f"--{name.replace('_', '-')} {problem}")
 
     from rollout import make_sampler, resolve_model
     from tasks import encode_prompts, get_task
