@@ -98,8 +98,9 @@ class _Args:
     plan_gpu_gb: float = arg(80.0, "--plan: memory per GPU, GiB")
 
 
-# The estimator hyperparameters are generated: a parameter after `rewards` with a default in an estimator's signature
-# (advantage.py) is a flag, so a new estimator's hyperparameter needs no edit here (docs/fork.md's first recipe).
+# Generated flags, here alone: --tau, --eps and --baseline come from the estimators' signatures (advantage.py:
+# estimator_params), a parameter after `rewards` with a default each, so a new estimator's hyperparameter needs no
+# edit here (docs/fork.md's first recipe). `python train.py --help` lists them with their defaults.
 def _estimator_fields():
     for name, (default, kind) in estimator_params().items():
         users = "/".join(est for est, fn in ESTIMATORS.items() if name in hyperparameters(fn))
@@ -418,8 +419,7 @@ def reward_error(args: Args, task) -> str | None:
 
 def machine_error(args: Args) -> str | None:
     """What this machine lacks for `args` (vLLM, a C++ compiler), as one line, or None."""
-    vllm = args.sampler == "vllm" or (args.sampler == "auto" and torch.cuda.is_available())
-    if vllm and not importlib.util.find_spec("vllm"):
+    if resolve_auto(args).sampler == "vllm" and not importlib.util.find_spec("vllm"):
         return (
             f"--sampler {args.sampler} samples with vLLM, which is not installed: "
             "pip install -r requirements-vllm.txt, or pass --sampler hf (much slower)"

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 import config
 from advantage import compute_advantages
-from config import Args, check_args, parse_args
+from config import Args, parse_args
 from eval import eval_seed, evaluate, gather_samples, no_room_error, sampled_scores
 from grad_alloc import allocation_metrics
 from loss import REFERENCES, Share, kept_samples, loss_denominator, policy_loss
@@ -52,29 +52,25 @@ from speed.micro_batches import micro_batch_rows
 from tasks import DataError, encode_prompts, get_task, load_data, reward_weights
 
 
-def main(args: Args, checked: bool = False) -> dict:
-    """One run; `checked`: parse_args has checked the flags."""
-    if not checked and (error := check_args(args)):
-        raise ValueError(error)
-    out = run_dir(args)
-    resumed = find_checkpoint(args.resume) if args.resume else None
-    with lock_run_folder(out, hold=int(os.environ.get("RANK", 0)) == 0) as held:
-        # again under the lock: another run may have taken the folder since check_args looked
-        if held and (error := run_folder_error(out, resumed)):
-            raise CheckpointError(error)
-        return train(args)
-
-
-def train(args: Args) -> dict:
+def main(args: Args) -> dict:
+    """One run of flags that parse_args (config.check_args) has checked."""
     out_dir = run_dir(args)  # before resolve_auto: the folder's name is the flags as given
-    args = config.resolve_auto(args)
+    ckpt = find_checkpoint(args.resume) if args.resume else None
+    with lock_run_folder(out_dir, hold=int(os.environ.get("RANK", 0)) == 0) as held:
+        # again under the lock: another run may have taken the folder since check_args looked
+        if held and (error := run_folder_error(out_dir, ckpt)):
+            raise CheckpointError(error)
+        return train(config.resolve_auto(args), out_dir, ckpt)
+
+
+def train(args: Args, out_dir: str, ckpt: str | None) -> dict:
+    """The run in `out_dir`, from checkpoint `ckpt` or from --model."""
     distributed, rank, world, device = init_distributed(args.seed, args.dist_timeout_s)
     master = rank == 0
     remove_orphans(out_dir, master)
     task = get_task(args.task)
     weights = reward_weights(task, args.reward, args.reward_weights)  # r = sum_k w_k r_k
     train_set, test_set, eval_sets = load_data(args, task, weights, master)
-    ckpt = find_checkpoint(args.resume) if args.resume else None
     init_path = resolve_model(args.model)
     if ckpt and master and (changed := changed_flags(ckpt, asdict(args))):
         print(f"resume: continuing {ckpt} with changed flags: {changed}")
@@ -102,16 +98,18 @@ def train(args: Args) -> dict:
     max_prompt = max(len(p) for p in train_ids + test_ids)
     n_local = args.rollout_batch // world  # prompts a rank samples a step
     eval_shard = -(-len(test_ids) // world)  # held-out prompts a rank scores
-    # too little memory fails here, in one line, not as an out-of-memory error mid-run
-    at = dict(max_tokens=args.max_tokens, dtype=args.dtype, hf=args.sampler == "hf", device=device)
     n_samples = n_local * args.M
-    error = sampling_memory_error(model.config, n_samples, n_samples, max_prompt, **at, lower="--M or --rollout-batch")
     eval_batch = min(eval_shard, 64) * max(args.eval_samples, 1)  # evaluate: 64 prompts at once
     eval_total = eval_shard * (args.eval_samples + 1)
-    lower = "--eval-samples or --eval-examples"
-    error = error or sampling_memory_error(model.config, eval_batch, eval_total, max_prompt, **at, lower=lower)
-    if error:
-        raise SamplingError(error)
+    at = dict(max_tokens=args.max_tokens, dtype=args.dtype, hf=args.sampler == "hf", device=device)
+    sampling = (
+        (n_samples, n_samples, "--M or --rollout-batch"),
+        (eval_batch, eval_total, "--eval-samples or --eval-examples"),
+    )
+    # too little memory fails here, in one line, not as an out-of-memory error mid-run
+    for rows, kept, lower in sampling:
+        if error := sampling_memory_error(model.config, rows, kept, max_prompt, **at, lower=lower):
+            raise SamplingError(error)
     phase = run_log.Phases(device)
     with kept_rng_state():  # vLLM reseeds the global RNGs
         sampler = phase.build(
@@ -123,7 +121,7 @@ def train(args: Args) -> dict:
             max_model_len=max_prompt + args.max_tokens,
             seed=args.seed + rank,
             gpu_memory_utilization=args.gpu_memory_utilization,
-            max_num_seqs=args.max_num_seqs or n_local * args.M,
+            max_num_seqs=args.max_num_seqs or n_samples,
         )
     probe_prompts = train_ids[:4]  # a sampler that never updates repeats itself
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bfloat16")
@@ -465,18 +463,19 @@ def evaluate_held_out(sampler, eval_sets, args: Args, rank: int, world: int, dev
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # Slurm's time limit, a preemption: as a Ctrl-C
     cli_args = parse_args()
+    master = int(os.environ.get("RANK", 0)) == 0  # one rank prints what all of them meet
     if cli_args.plan:
         from tools.memory_plan import print_plan
 
         sys.exit(print_plan(cli_args))
     try:
-        main(cli_args, checked=True)
+        main(cli_args)
     except KeyboardInterrupt:  # a save is atomic: the newest checkpoint is whole
-        if int(os.environ.get("RANK", 0)) == 0:
+        if master:
             print(f"train.py: interrupted; {resume_hint(run_dir(cli_args))}", file=sys.stderr)
         sys.exit(130)
     except (CheckpointError, DataError, ModelLoadError, SamplingError, SyncError, WriteError) as err:
-        if int(os.environ.get("RANK", 0)) == 0 or isinstance(err, SamplingError):
+        if master or isinstance(err, SamplingError):  # each rank checks its own memory
             print(f"train.py: error: {err}", file=sys.stderr)
         sys.exit(2 if isinstance(err, ModelLoadError) else 1)
     if "RANK" in os.environ:  # the run is over and saved: skip C++ teardown, where a gloo thread once aborted a rank
