@@ -110,6 +110,7 @@ def train(args: Args, out_dir: str, ckpt: str | None) -> dict:
     for rows, kept, lower in sampling:
         if error := sampling_memory_error(model.config, rows, kept, max_prompt, **at, lower=lower):
             raise SamplingError(error)
+    context = max_prompt + args.max_tokens  # the sampler's: the longest prompt and a whole completion
     phase = run_log.Phases(device)
     with kept_rng_state():  # vLLM reseeds the global RNGs
         sampler = phase.build(
@@ -118,7 +119,7 @@ def train(args: Args, out_dir: str, ckpt: str | None) -> dict:
             ckpt or init_path,
             dtype=args.dtype,
             device=device,
-            max_model_len=max_prompt + args.max_tokens,
+            max_model_len=context,
             seed=args.seed + rank,
             gpu_memory_utilization=args.gpu_memory_utilization,
             max_num_seqs=args.max_num_seqs or n_samples,
@@ -135,10 +136,8 @@ def train(args: Args, out_dir: str, ckpt: str | None) -> dict:
     if eval_sets and start_step == 0:
         run_log.report_eval(evals, "before", held_out(0), out_dir, task, len(test_set), master)
     if master and train_set[0].revision:  # the data's sha256 or hub commit, as the official prepare_data.py's manifest
-        write_json(
-            os.path.join(out_dir, "data.json"),
-            {"train": train_set[0].revision, **{name: rows[0].revision for name, (_, rows) in eval_sets.items()}},
-        )
+        revisions = {name: rows[0].revision for name, (_, rows) in eval_sets.items()}
+        write_json(os.path.join(out_dir, "data.json"), {"train": train_set[0].revision, **revisions})
 
     metrics = {}
     hparams = config.estimator_hparams(args)
@@ -156,12 +155,13 @@ def train(args: Args, out_dir: str, ckpt: str | None) -> dict:
         world=world,
         device=device,
     )
+    desc = f"{args.advantage} on {args.task}"
     bar = tqdm(
         range(start_step, args.steps),
         initial=start_step,
         total=args.steps,
         disable=not master,
-        desc=f"{args.advantage} on {args.task}",
+        desc=desc,
     )
     for step in bar:
         # rollout: M completions per prompt, scored; the sampler then frees its memory for training
@@ -256,30 +256,26 @@ def ppo_update(
         rows = [prompts[i] for i in idx]
         answers = [completions[i] for i in idx]
         input_ids, attention_mask, mask = pad_batch(rows, answers, pad_id)  # (B, P+K) x2, (B, K)
-        if keep is not None and not keep.all():  # a dropped sequence stays in its micro-batch, its mask zeroed
+        if keep is not None:  # a dropped sequence stays in its micro-batch, its mask zeroed (x 1 is exact)
             mask = mask * keep[idx].to(mask.dtype)[:, None]
+        sampler_logp = pad_sequence([torch.tensor(sampler_logps[i]) for i in idx], batch_first=True)
         tensors = dict(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            mask=mask,
-            adv=adv[idx],
-            sampler_logp=pad_sequence([torch.tensor(sampler_logps[i]) for i in idx], batch_first=True),
+            input_ids=input_ids, attention_mask=attention_mask, mask=mask, adv=adv[idx], sampler_logp=sampler_logp
         )
         return {key: value.to(device) for key, value in tensors.items()}
 
     size = len(prompts) // args.minibatches
-    minibatches = [
-        [
-            micro_batch(idx)
-            for idx in micro_batch_rows(prompts, completions, range(start, start + size), args.micro_batch)
-        ]
-        for start in range(0, len(prompts), size)
-    ]
+    minibatches = []
+    for start in range(0, len(prompts), size):
+        rows = micro_batch_rows(prompts, completions, range(start, start + size), args.micro_batch)
+        minibatches.append([micro_batch(idx) for idx in rows])
     on_policy = reuses_training_logprobs(args)
+    entropy_grad = args.entropy_coef != 0  # the entropy's backward only for a bonus that trains it
     options = config.loss_options(args)
     with torch.no_grad(), autocast:
         for mb in (mb for micro in minibatches for mb in micro):
-            mb["inputs"] = (mb["input_ids"], mb["attention_mask"], mb["mask"].shape[1], args.temperature)
+            width = mb["mask"].shape[1]  # K: the completions' padded length
+            mb["inputs"] = (mb["input_ids"], mb["attention_mask"], width, args.temperature)
             with model.disable_adapter() if ref_model is model else contextlib.nullcontext():  # LoRA: the base
                 mb["ref_logp"] = sequence_logprobs(ref_model, *mb["inputs"]) if ref_model is not None else None
             mb["old_logp"] = None if on_policy else sequence_logprobs(model, *mb["inputs"])  # pi_old, before any step
@@ -287,15 +283,13 @@ def ppo_update(
     shares = {}
     for epoch in range(args.ppo_epochs):
         for micro in minibatches:
-            denominator = torch.stack(
-                [loss_denominator(mb["mask"], args.loss_agg, args.max_tokens) for mb in micro]
-            ).sum()
+            parts = [loss_denominator(mb["mask"], args.loss_agg, args.max_tokens) for mb in micro]
+            denominator = torch.stack(parts).sum()
             if distributed:
                 dist.all_reduce(denominator)  # one shared denominator
             for i, mb in enumerate(micro):
                 if sharded:  # FSDP2: reduce-scatter once per minibatch
                     model.set_requires_gradient_sync(i == len(micro) - 1)
-                entropy_grad = args.entropy_coef != 0  # the entropy's backward only for a bonus that trains it
                 with autocast:
                     logp, entropy = sequence_logprobs(model, *mb["inputs"], entropy=True, entropy_grad=entropy_grad)
                 mask = mb["mask"]  # (B, K), like logp and entropy
@@ -321,7 +315,8 @@ def ppo_update(
                     sums[name] = sums.get(name, 0.0) + (value if shares[name] else value * n)
                 sums["tokens"] += n
                 if epoch == 0:  # the sampler/trainer gap of pi_old, before any update moved the policy
-                    sums["sampler_diff"] += ((old_logp - mb["sampler_logp"]).abs() * mask).sum().item()
+                    gap = (old_logp - mb["sampler_logp"]).abs() * mask
+                    sums["sampler_diff"] += gap.sum().item()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
             sums["grad_norm"] += float(grad_norm.full_tensor() if sharded else grad_norm)
             lr = scheduler.get_last_lr()[0]
@@ -364,6 +359,7 @@ def load_reference(path, args: Args, device, empty=False):
 def load_models(args: Args, ckpt, init_path, device):
     """Tokenizer, float32 policy (`ckpt` on resume), reference; under torchrun rank 0 alone reads the weights."""
     empty = dist.is_initialized() and dist.get_rank() > 0
+    bf16 = args.dtype == "bfloat16"
     try:
         tokenizer = load_tokenizer(ckpt or init_path)
         model = load_model(ckpt or init_path, torch.float32, device, empty)
@@ -372,9 +368,7 @@ def load_models(args: Args, ckpt, init_path, device):
             raise
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: {first_line(err, limit=200)}") from None
     # before shard(): FSDP2 must wrap the checkpointed layers
-    configure_backward(
-        model, bf16=args.dtype == "bfloat16", checkpointing=args.grad_checkpointing, compiled=args.compile
-    )
+    configure_backward(model, bf16=bf16, checkpointing=args.grad_checkpointing, compiled=args.compile)
     if args.lora_rank:  # the reference is this model with its adapters off (ppo_update), as TRL's
         from peft import LoraConfig, get_peft_model
 
@@ -385,14 +379,12 @@ def load_models(args: Args, ckpt, init_path, device):
         if unknown:
             raise ModelLoadError(f"--lora-targets {args.lora_targets}: the model has no module {unknown[0]!r}")
         try:
-            model = get_peft_model(
-                model, LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, target_modules=targets)
-            )
+            lora = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, target_modules=targets)
+            model = get_peft_model(model, lora)
         except ValueError as err:  # a module peft cannot adapt (a whole decoder layer)
             raise ModelLoadError(f"--lora-targets {args.lora_targets}: {first_line(err)}") from None
     ref_model = load_reference(init_path, args, device, empty) if args.beta > 0 and not args.lora_rank else None
     if dist.is_initialized():
-        bf16 = args.dtype == "bfloat16"
         model = shard(model, device, bf16=bf16)
         ref_model = shard(ref_model, device, bf16=bf16) if ref_model is not None else None
     if args.lora_rank and args.beta > 0:
@@ -402,9 +394,8 @@ def load_models(args: Args, ckpt, init_path, device):
 
 def make_optimizer(model, args: Args):
     """AdamW; fused except on FSDP2's sharded parameters."""
-    return torch.optim.AdamW(
-        model.parameters(), lr=args.lr, weight_decay=args.weight_decay, fused=not dist.is_initialized()
-    )
+    fused = not dist.is_initialized()
+    return torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, fused=fused)
 
 
 def make_scheduler(optimizer, args: Args):
@@ -419,7 +410,8 @@ def make_scheduler(optimizer, args: Args):
             return min(1.0, (s + 1) / warmup)
         if args.lr_schedule != "cosine":
             return 1.0
-        return low + (1 - low) * (1 + math.cos(math.pi * min(1.0, (s - warmup) / span))) / 2
+        progress = min(1.0, (s - warmup) / span)
+        return low + (1 - low) * (1 + math.cos(math.pi * progress)) / 2
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
 
@@ -429,15 +421,19 @@ def evaluate_held_out(sampler, eval_sets, args: Args, rank: int, world: int, dev
     scores, records = {}, []
     for name, (task, rows) in eval_sets.items():
         size = -(-len(rows) // world)
+        first = rank * size
+        mine = rows[first : first + size]
+        seed = eval_seed(args.seed, step)
+        reward_kind = "exact" if task.has_verifier else "sim"
         result = evaluate(
             sampler,
             task,
-            rows[rank * size : (rank + 1) * size],
+            mine,
             samples=args.eval_samples,
             max_tokens=args.max_tokens,
-            seed=eval_seed(args.seed, step),
-            first=rank * size,
-            reward_kind="exact" if task.has_verifier else "sim",
+            seed=seed,
+            first=first,
+            reward_kind=reward_kind,
             temperature=args.eval_temperature,
             top_p=args.eval_top_p,
             progress=rank == 0,
@@ -446,16 +442,16 @@ def evaluate_held_out(sampler, eval_sets, args: Args, rank: int, world: int, dev
         if len(eval_sets) > 1:  # one eval-STEP.jsonl for all sets: each row names its own
             records[-1] = [{"set": name, **r} for r in result["examples"]]
         summary = result["summary"]
-        score, n = all_reduce_sum(
-            [summary.get("pass@1", summary.get("sim_reward", 0.0)) * summary["n"], summary["n"]], device
-        )
+        greedy = summary.get("pass@1", summary.get("sim_reward", 0.0))  # a verifier's pass@1, else similarity
+        score, n = all_reduce_sum([greedy * summary["n"], summary["n"]], device)
         scores["eval/score" if name == args.task else f"eval/{name}/greedy"] = score / max(n, 1)
         if args.eval_samples:
             rewards = gather_samples(result["examples"], "reward", size, args.eval_samples, device)  # (n, K)
             passed = gather_samples(result["examples"], "passed", size, args.eval_samples, device).bool()
             found = sampled_scores(rewards.tolist(), passed.tolist() if task.has_verifier else None)
             scores.update({f"eval/{name}/{k}": v for k, v in found.items() if k != "pass@k"})
-            scores.update({f"eval/{name}/pass@{k}": v for k, v in found.get("pass@k", {}).items()})
+            passes = found.get("pass@k", {})
+            scores.update({f"eval/{name}/pass@{k}": v for k, v in passes.items()})
     samples.write_eval(step, *records)
     return scores
 

@@ -642,7 +642,7 @@ def test_weighted_reward_terms_and_joined_demonstrations_reach_the_run(tiny_mode
         reward_weights="exact=0.5,sim=0.5",
         max_tokens=8,
     )
-    assert train.check_args(args) is None
+    assert train.config.check_args(args) is None
     final = train.main(args)
     assert final["reward/mean"] == pytest.approx(0.5 * final["reward/exact"] + 0.5 * final["reward/sim"], abs=1e-6)
     assert json.loads((tmp_path / "run" / "data.json").read_text()) == {  # the data it read: the file's sha256
