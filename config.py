@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields, make_dataclass, replac
 import torch
 
 from advantage import ESTIMATORS, REWARD_FLOOR, estimator_params, hyperparameter_ranges, hyperparameters
-from eval import SAMPLING_RULES, SEED_LIMIT, flag, model_flag_error, number_error
+from eval import SAMPLING_RULES, SEED_LIMIT, demo_file_error, flag, model_flag_error, number_error
 from loss import LOSS_TERMS, OPTION_CHOICES, REFERENCES, ROW_FILTERS, policy_loss
 from plumbing.checkpoint import find_checkpoint, resume_error, run_dir, run_folder_error
 from plumbing.cli import OneLineParser, first_line, number, parse_weights
@@ -167,11 +167,15 @@ def resolve_auto(args: Args) -> Args:
     dtype = args.dtype
     if dtype == "auto":
         dtype = "bfloat16" if has_bf16_units() else "float32"
-    sampler = args.sampler
-    if sampler == "auto":
-        sampler = "vllm" if torch.cuda.is_available() else "hf"
     tolerance = args.sync_tolerance or SYNC_TOLERANCE[dtype]  # 0: the dtype's own
-    return replace(args, dtype=dtype, sampler=sampler, sync_tolerance=tolerance)
+    return replace(args, dtype=dtype, sampler=sampler_backend(args), sync_tolerance=tolerance)
+
+
+def sampler_backend(args: Args) -> str:
+    """--sampler, with auto made concrete: vllm on a GPU, hf on CPU."""
+    if args.sampler == "auto":
+        return "vllm" if torch.cuda.is_available() else "hf"
+    return args.sampler
 
 
 def alloc_estimators(args: Args) -> list[str]:
@@ -306,9 +310,10 @@ def choices() -> dict:
 TRAIN_RULES = [  # (flags, valid, what valid means); NaN breaks each
     ("rollout_batch micro_batch minibatches ppo_epochs steps plan_gpus", lambda v: v >= 1, ">= 1"),
     ("M", lambda v: v >= 2, ">= 2"),  # a group of one has advantage 0
+    ("max_refill_rounds", lambda v: 0 <= v <= MAX_REFILLS, f"in [0, {MAX_REFILLS}]"),  # rollout.step_seed's room
     (
         "warmup_steps save_every eval_every eval_examples keep_checkpoints log_completions weight_check_every "
-        "max_num_seqs ref_reset_every max_refill_rounds overlong_buffer eval_samples clip_high sync_tolerance "
+        "max_num_seqs ref_reset_every overlong_buffer eval_samples clip_high sync_tolerance "
         "lora_rank",
         lambda v: v >= 0,
         ">= 0",
@@ -371,8 +376,6 @@ def train_rule_error(args: Args, task, world: int) -> str | None:
         )
     if not set(alloc_estimators(args)) <= set(ESTIMATORS):
         return f"--alloc-estimators must name estimators of {', '.join(ESTIMATORS)}, or all"
-    if args.max_refill_rounds > MAX_REFILLS:
-        return f"--max-refill-rounds must be in [0, {MAX_REFILLS}]"
     dapo_flags = (args.filter_std, args.max_refill_rounds)
     if args.rollout != "dapo" and dapo_flags != (_Args.filter_std, _Args.max_refill_rounds):
         return "--filter-std and --max-refill-rounds are read by --rollout dapo only"
@@ -409,17 +412,12 @@ def reward_error(args: Args, task) -> str | None:
                 f"{given} {name}, which holds for rewards >= {floor:g}, but --reward-weights "
                 f"{args.reward_weights} gives rewards down to {least:g}"
             )
-    if not args.demo_file:
-        return None
-    if getattr(task, "demos", None) is None:
-        return f"--demo-file: task {args.task} keeps its demonstrations in its own rows (only countdown joins them)"
-    if "sim" not in weights:
-        return "--demo-file is read only for a similarity reward (sim)"
+    return demo_file_error(task, args.demo_file, "sim" in weights)  # eval.py's door says the same
 
 
 def machine_error(args: Args) -> str | None:
     """What this machine lacks for `args` (vLLM, a C++ compiler), as one line, or None."""
-    if resolve_auto(args).sampler == "vllm" and not importlib.util.find_spec("vllm"):
+    if sampler_backend(args) == "vllm" and not importlib.util.find_spec("vllm"):
         return (
             f"--sampler {args.sampler} samples with vLLM, which is not installed: "
             "pip install -r requirements-vllm.txt, or pass --sampler hf (much slower)"

@@ -252,33 +252,32 @@ def ppo_update(
     world = dist.get_world_size() if distributed else 1
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bfloat16")
 
+    on_policy = reuses_training_logprobs(args)
+
     def micro_batch(idx) -> dict:
+        """One micro-batch on `device`, with its reference and pi_old log-probs (before any step)."""
         rows = [prompts[i] for i in idx]
         answers = [completions[i] for i in idx]
         input_ids, attention_mask, mask = pad_batch(rows, answers, pad_id)  # (B, P+K) x2, (B, K)
         if keep is not None:  # a dropped sequence stays in its micro-batch, its mask zeroed (x 1 is exact)
             mask = mask * keep[idx].to(mask.dtype)[:, None]
         sampler_logp = pad_sequence([torch.tensor(sampler_logps[i]) for i in idx], batch_first=True)
-        tensors = dict(
-            input_ids=input_ids, attention_mask=attention_mask, mask=mask, adv=adv[idx], sampler_logp=sampler_logp
-        )
-        return {key: value.to(device) for key, value in tensors.items()}
+        tensors = dict(mask=mask, adv=adv[idx], sampler_logp=sampler_logp)
+        mb = {key: value.to(device) for key, value in tensors.items()}
+        mb["inputs"] = (input_ids.to(device), attention_mask.to(device), mask.shape[1], args.temperature)
+        with model.disable_adapter() if ref_model is model else contextlib.nullcontext():  # LoRA: the base
+            mb["ref_logp"] = sequence_logprobs(ref_model, *mb["inputs"]) if ref_model is not None else None
+        mb["old_logp"] = None if on_policy else sequence_logprobs(model, *mb["inputs"])
+        return mb
 
     size = len(prompts) // args.minibatches
     minibatches = []
-    for start in range(0, len(prompts), size):
-        rows = micro_batch_rows(prompts, completions, range(start, start + size), args.micro_batch)
-        minibatches.append([micro_batch(idx) for idx in rows])
-    on_policy = reuses_training_logprobs(args)
+    with torch.no_grad(), autocast:
+        for start in range(0, len(prompts), size):
+            rows = micro_batch_rows(prompts, completions, range(start, start + size), args.micro_batch)
+            minibatches.append([micro_batch(idx) for idx in rows])
     entropy_grad = args.entropy_coef != 0  # the entropy's backward only for a bonus that trains it
     options = config.loss_options(args)
-    with torch.no_grad(), autocast:
-        for mb in (mb for micro in minibatches for mb in micro):
-            width = mb["mask"].shape[1]  # K: the completions' padded length
-            mb["inputs"] = (mb["input_ids"], mb["attention_mask"], width, args.temperature)
-            with model.disable_adapter() if ref_model is model else contextlib.nullcontext():  # LoRA: the base
-                mb["ref_logp"] = sequence_logprobs(ref_model, *mb["inputs"]) if ref_model is not None else None
-            mb["old_logp"] = None if on_policy else sequence_logprobs(model, *mb["inputs"])  # pi_old, before any step
     sums = dict.fromkeys(["tokens", "entropy", "sampler_diff", "grad_norm"], 0.0)
     shares = {}
     for epoch in range(args.ppo_epochs):

@@ -649,7 +649,7 @@ def test_weighted_reward_terms_and_joined_demonstrations_reach_the_run(tiny_mode
         "train": hashlib.sha256((tmp_path / "puzzles.jsonl").read_bytes()).hexdigest()
     }
     assert final["reward/pass_rate"] == final["reward/exact"]  # 0/1 verifier
-    assert "--demo-file is read only" in train.check_args(replace(args, reward_weights="exact=1"))
+    assert "--demo-file is read only" in train.config.check_args(replace(args, reward_weights="exact=1"))
 
 
 @pytest.fixture
