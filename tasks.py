@@ -50,7 +50,7 @@ class Task:
     hub_id: str | None = None
     columns: dict[str, type] = field(default_factory=dict)
     key: tuple[str, ...] = ()  # identifies a prompt
-    key_text: Callable[[dict], str] | None = None
+    key_text: Callable[[dict], list] = dict.values  # the texts of a prompt's key that its digest hashes
     make_example: Callable[[dict], Example] | None = None
     verifier: Callable[[str, Example], float] | None = None
     answer: Callable[[str], str] = final_answer
@@ -77,19 +77,86 @@ class Task:
         demos: bool = False,
         demo_file: str | None = None,
     ) -> list[Example]:
-        """Shuffled examples of `split`; `demos` joins demonstrations for sim. DataError for bad data. The doors
-        (config.py: check_args, eval.py: main) refuse a --demo-file it would not read and a benchmark's train split."""
-        if self.generate is None:
-            return _load_rows(self, split, data_file, limit, seed, demos, demo_file)
-        if data_file:
+        """Shuffled examples of `split`: rows split by key hash (departure 4), joined to demonstrations for sim
+        (`demos`), shuffled, cut, made examples. DataError for bad data. The doors (config.py: check_args, eval.py:
+        main) refuse a --demo-file it would not read and a benchmark's train split."""
+        if self.generate is not None and data_file:
             raise DataError(f"{self.name} is generated procedurally and takes no --data-file")
-        default = 5000 if split == "train" else 500  # departure 5
-        return self.generate(split, default if limit is None else limit, seed)
+        if self.generate is not None:
+            default = 5000 if split == "train" else 500  # departure 5
+            return self.generate(split, default if limit is None else limit, seed)
+        path = data_file.replace("{split}", split) if data_file else None
+        hub_split = self.hub_test_split if split == "test" and self.hub_test_split else "train"
+        hub = self.hub_id and (self.hub_id, self.hub_config, hub_split)
+        columns = {**self.columns, "reference": str | None}  # a file may bring its own demonstrations
+        rows, lines, source = read_rows(path, "--data-file", hub, columns, self.name, self.hint)
+        if data_file:
+            whole = path != data_file or self.held_out_only  # a {split} file is its split; a benchmark is held out
+        else:
+            whole = self.hub_test_split is not None  # the hub's own test split holds out, not the hash
+        what = f"{self.name} example"
+        keys = records(rows, self.key)
+        digests = _each(lambda key: digest(*self.key_text(key)), keys, lines, source, what)
+        seen, uids = {}, []
+        for row_digest in digests:  # a repeated prompt gets #1, #2, ...: every uid names one row
+            seen[row_digest] = seen.get(row_digest, -1) + 1
+            uids.append(f"{self.name}-{row_digest[:12]}" + (f"#{seen[row_digest]}" if seen[row_digest] else ""))
+        # departure 4: without a test split, ~10% held out by prompt hash: the same rows on every run, rank and copy
+        keep = [i for i, row_digest in enumerate(digests) if whole or in_test(row_digest) == (split == "test")]
+        join = demos and self.demos is not None and "reference" not in rows.column_names
+        if join:  # before the limit: --eval-examples counts rows that have a demonstration
+            references, demo_source = _demonstrations(self, demo_file)
+            puzzles = _each(self.demos.puzzle, keys, lines, source, what)
+            joined = [i for i in keep if puzzles[i] in references]
+            if keep and not joined:
+                raise DataError(
+                    f"none of the {len(keep)} {self.name} {split} puzzles of {source} has a demonstration "
+                    f"in {demo_source} (joined by target and sorted numbers): pass --demo-file FILE "
+                    "with theirs"
+                )
+            if len(joined) < len(keep) and os.environ.get("RANK", "0") == "0":
+                print(
+                    f"note: {len(keep) - len(joined)} of {len(keep)} {self.name} {split} puzzles have no "
+                    f"demonstration in {demo_source}: left out",
+                    flush=True,
+                )
+            keep = joined
+        random.Random(seed).shuffle(keep)
+        keep = keep[:limit]  # None: every row
+        made = _each(
+            lambda row: (self.make_example(row), row.get("reference")), rows.select(keep), lines, source, what, keep
+        )
+        revision = rows_revision(path, rows)
+        golds = {}  # {prompt digest: its golds}
+        for i, (example, own) in zip(keep, made):
+            golds.setdefault(digests[i], set()).add(example.gold)
+            reference = own or (references[puzzles[i]] if join else example.reference)  # a file's own wins
+            example.reference = str(reference)
+            example.uid = uids[i]
+            example.source = f"{source} {where(lines, i)}"
+            example.revision = revision
+            if demos and not example.reference.strip():  # sim would score every completion against ""
+                why = (
+                    "its 'reference' is empty"
+                    if "reference" in rows.column_names
+                    else f"the {self.name} row gives none"
+                )
+                raise DataError(
+                    f"{source}: {where(lines, i)} has no demonstration for the similarity reward ({why}); "
+                    "every row needs one for --reward sim"
+                )
+        clash = sum(len(each) > 1 for each in golds.values())
+        if clash and os.environ.get("RANK", "0") == "0":
+            print(
+                f"note: {clash} {self.name} {split} prompt(s) of {source} have two or more different golds; each copy "
+                "trains on its own",
+                flush=True,
+            )
+        return [example for example, _ in made]
 
     def reward(self, completion: str, example: Example, kind: str = "exact", **lengths) -> float:
-        """One reward term in [0, 1]: "exact" (the verifier) or a REWARD_TERMS key."""
-        if kind == "exact" and not self.has_verifier:
-            raise ValueError(f"{self.name} has no verifier: use --reward sim")
+        """One reward term in [0, 1]: "exact" (the verifier) or a REWARD_TERMS key; reward_weights, the door,
+        refuses "exact" for a task with no verifier."""
         term = self.verifier if kind == "exact" else REWARD_TERMS[kind]
         return rewards.safe_reward(term)(completion, example, **lengths)
 
@@ -332,7 +399,7 @@ TASKS: dict[str, Task] = {
             hub_id="open-thoughts/OpenThoughts3-1.2M",
             columns={"conversations": list[dict]},
             key=("conversations",),
-            key_text=lambda row: _openthoughts_turns(row["conversations"])[0],
+            key_text=lambda row: _openthoughts_turns(row["conversations"])[:1],  # the question, not its answer
             make_example=_openthoughts,
             prompt_tokens=2048,
         ),
@@ -390,21 +457,15 @@ def get_task(name: str) -> Task:
 
 
 def reward_weights(task: Task, reward: str, text: str) -> dict[str, float]:
-    """{term: weight} of --reward-weights, else {reward: 1.0}; r = sum_k w_k r_k."""
-    if not text.strip():
-        if reward == "exact" and not task.has_verifier:
-            raise ValueError(f"task {task.name} has no verifier: use --reward sim")
-        return {reward: 1.0}
-    weights = parse_weights(
-        text,
-        "--reward-weights",
-        ("exact", *REWARD_TERMS),
-        "TERM=WEIGHT (e.g. format=0.35,sim=0.65)",
-        limit=3.4028234663852886e38,
-    )  # float32 max
+    """{term: weight} of --reward-weights, else {reward: 1.0}; r = sum_k w_k r_k. The one check of both flags."""
+    flag = "--reward-weights" if text.strip() else f"--reward {reward}"
+    weights = {reward: 1.0}
+    if text.strip():
+        form = "TERM=WEIGHT (e.g. format=0.35,sim=0.65)"
+        weights = parse_weights(text, flag, ("exact", *REWARD_TERMS), form, limit=3.4028234663852886e38)  # float32 max
     if "exact" in weights and not task.has_verifier:
         raise ValueError(
-            f"--reward-weights: task {task.name} has no verifier, so no exact term: choose from "
+            f"{flag}: task {task.name} has no verifier, so no exact term: use --reward sim, or terms of "
             f"{', '.join(REWARD_TERMS)}"
         )
     if not any(weights.values()):
@@ -418,80 +479,6 @@ def digest(*parts) -> str:
 
 def in_test(digest: str) -> bool:
     return int(digest[:8], 16) % 100 < 10  # the held-out share when a dataset has no test split
-
-
-def _load_rows(task: Task, split: str, data_file, limit, seed: int, demos: bool, demo_file) -> list[Example]:
-    """Rows split by key hash (departure 4), joined to demonstrations, shuffled, cut, made examples."""
-    path = data_file.replace("{split}", split) if data_file else None
-    hub_split = task.hub_test_split if split == "test" and task.hub_test_split else "train"
-    hub = task.hub_id and (task.hub_id, task.hub_config, hub_split)
-    columns = {**task.columns, "reference": str | None}  # a file may bring its own demonstrations
-    rows, lines, source = read_rows(path, "--data-file", hub, columns, task.name, task.hint)
-    if data_file:
-        whole = path != data_file or task.held_out_only  # a {split} file is its split; a benchmark is held out
-    else:
-        whole = task.hub_test_split is not None  # the hub's own test split holds out, not the hash
-    what = f"{task.name} example"
-    keys = records(rows, task.key)
-    digests = _each(
-        lambda key: digest(*key.values()) if task.key_text is None else digest(task.key_text(key)),
-        keys,
-        lines,
-        source,
-        what,
-    )
-    seen, uids = {}, []
-    for row_digest in digests:  # a repeated prompt gets #1, #2, ...: every uid names one row
-        seen[row_digest] = seen.get(row_digest, -1) + 1
-        uids.append(f"{task.name}-{row_digest[:12]}" + (f"#{seen[row_digest]}" if seen[row_digest] else ""))
-    # departure 4: without a test split, ~10% held out by prompt hash: the same rows on every run, rank and copy
-    keep = [i for i, row_digest in enumerate(digests) if whole or in_test(row_digest) == (split == "test")]
-    join = demos and task.demos is not None and "reference" not in rows.column_names
-    if join:  # before the limit: --eval-examples counts rows that have a demonstration
-        references, demo_source = _demonstrations(task, demo_file)
-        puzzles = _each(task.demos.puzzle, keys, lines, source, what)
-        joined = [i for i in keep if puzzles[i] in references]
-        if keep and not joined:
-            raise DataError(
-                f"none of the {len(keep)} {task.name} {split} puzzles of {source} has a demonstration "
-                f"in {demo_source} (joined by target and sorted numbers): pass --demo-file FILE "
-                "with theirs"
-            )
-        if len(joined) < len(keep) and os.environ.get("RANK", "0") == "0":
-            print(
-                f"note: {len(keep) - len(joined)} of {len(keep)} {task.name} {split} puzzles have no "
-                f"demonstration in {demo_source}: left out",
-                flush=True,
-            )
-        keep = joined
-    random.Random(seed).shuffle(keep)
-    keep = keep[:limit]  # None: every row
-    made = _each(
-        lambda row: (task.make_example(row), row.get("reference")), rows.select(keep), lines, source, what, keep
-    )
-    revision = rows_revision(path, rows)
-    golds = {}  # {prompt digest: its golds}
-    for i, (example, own) in zip(keep, made):
-        golds.setdefault(digests[i], set()).add(example.gold)
-        reference = own or (references[puzzles[i]] if join else example.reference)  # a file's own wins
-        example.reference = str(reference)
-        example.uid = uids[i]
-        example.source = f"{source} {where(lines, i)}"
-        example.revision = revision
-        if demos and not example.reference.strip():  # sim would score every completion against ""
-            why = "its 'reference' is empty" if "reference" in rows.column_names else f"the {task.name} row gives none"
-            raise DataError(
-                f"{source}: {where(lines, i)} has no demonstration for the similarity reward ({why}); "
-                "every row needs one for --reward sim"
-            )
-    clash = sum(len(each) > 1 for each in golds.values())
-    if clash and os.environ.get("RANK", "0") == "0":
-        print(
-            f"note: {clash} {task.name} {split} prompt(s) of {source} have two or more different golds; each copy "
-            "trains on its own",
-            flush=True,
-        )
-    return [example for example, _ in made]
 
 
 def _demonstrations(task: Task, demo_file: str | None) -> tuple[dict[tuple, str], str]:
@@ -542,8 +529,8 @@ def parse_eval_tasks(text: str, registry: dict) -> dict[str, str | None]:
 def load_data(args, task: Task, weights: dict, master: bool = True) -> tuple[list[Example], list[Example], dict]:
     """(train rows, at most --eval-examples held-out rows, {set name: (task, rows)}: those rows, then each
     --eval-tasks set); every set is read once."""
-    demos = dict(demos=True, demo_file=args.demo_file or None) if "sim" in weights else {}
-    data_file = args.data_file or None
+    demos = dict(demos=True, demo_file=args.demo_file) if "sim" in weights else {}
+    data_file = args.data_file
     train_set = task.load("train", data_file=data_file, seed=args.seed, **demos)
     test_set = []
     if args.eval_examples:
@@ -554,7 +541,7 @@ def load_data(args, task: Task, weights: dict, master: bool = True) -> tuple[lis
     named = parse_eval_tasks(args.eval_tasks, TASKS)
     if task.name in named and test_set:
         raise DataError(f"--eval-tasks: {task.name} is the task's own held-out set, scored already")
-    decontaminate = getattr(task, "decontaminate", ())
+    decontaminate = task.decontaminate
     held = {}
     for name in dict.fromkeys([*decontaminate, *named]):
         limit = None if name in decontaminate else args.eval_examples  # read whole once: its first rows are scored
@@ -620,6 +607,6 @@ def encode_prompts(tokenizer, examples, max_len: int | None = None) -> list[list
     return ids
 
 
-def _row_name(example, i: int) -> str:
-    source = getattr(example, "source", "") or f"row {i}"  # a fork's or a test's example may have no source
-    return f"{source} ({getattr(example, 'uid', '')})"
+def _row_name(example: Example, i: int) -> str:
+    source = example.source or f"row {i}"  # a generated example has no source
+    return f"{source} ({example.uid})"

@@ -5,7 +5,6 @@ python -m pytest tests/test_tasks.py tests/test_bad_input.py -q
 
 import hashlib
 import json
-import mmap
 import os
 import socket
 import typing
@@ -13,6 +12,8 @@ import urllib.parse
 from functools import lru_cache
 
 import numpy as np
+
+from plumbing.cli import first_line
 
 MAX_ROW_CHARS = 1_000_000  # ~250k tokens
 MAX_LINE_BYTES = 16 * MAX_ROW_CHARS  # a few columns of MAX_ROW_CHARS, in UTF-8
@@ -38,13 +39,13 @@ class Rows(list):
         return Rows(list.__getitem__(self, i) for i in indices)
 
 
-def hub_reachable(timeout: float = 3.0) -> bool:
+def hub_reachable() -> bool:
     """Fail in seconds, not after datasets' retries, without a network."""
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         return True  # datasets reads its cache
     url = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     try:
-        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
+        socket.create_connection((url.hostname, url.port or 443), timeout=3.0).close()
         return True
     except OSError:
         return False
@@ -73,7 +74,7 @@ def _dataset(failed: str, *args, **kwargs):
         rows.data.table.validate(full=True)  # else invalid UTF-8 raises mid-load
         return rows
     except Exception as err:
-        raise DataError(f"{failed} ({type(err).__name__}: {str(err).strip().partition(chr(10))[0][:300]})") from None
+        raise DataError(f"{failed} ({first_line(err, typed=True)})") from None
 
 
 def read_rows(path: str | None, flag: str, hub: tuple | None, columns: dict, who: str, hint: str = ""):
@@ -111,8 +112,8 @@ def rows_revision(path: str | None, rows) -> str:
 @lru_cache(maxsize=4)
 def _sha256(path: str, size: int, mtime_ns: int) -> str:
     """Keyed by size and mtime too: a file's train and test split are hashed once, a rewritten file again."""
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
-        return hashlib.sha256(view).hexdigest()
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _read_json(path: str, source: str) -> tuple:
