@@ -49,7 +49,7 @@ class Task:
     name: str
     hub_id: str | None = None
     columns: dict[str, type] = field(default_factory=dict)
-    key: tuple[str, ...] = ()  # identifies a prompt
+    key: tuple[str, ...] = ()  # the columns that identify a prompt; (): the first column
     key_text: Callable[[dict], list] = dict.values  # the texts of a prompt's key that its digest hashes
     make_example: Callable[[dict], Example] | None = None
     verifier: Callable[[str, Example], float] | None = None
@@ -62,6 +62,9 @@ class Task:
     prompt_tokens: int = 1024  # for tools/memory_plan.py
     held_out_only: bool = False  # a benchmark: never trained on
     decontaminate: tuple[str, ...] = ()  # held-out sets whose prompts training drops (load_data)
+
+    def __post_init__(self):
+        self.key = self.key or tuple(self.columns)[:1]  # most tasks' prompt is their first column
 
     @property
     def has_verifier(self) -> bool:
@@ -114,11 +117,10 @@ class Task:
                     f"in {demo_source} (joined by target and sorted numbers): pass --demo-file FILE "
                     "with theirs"
                 )
-            if len(joined) < len(keep) and os.environ.get("RANK", "0") == "0":
-                print(
-                    f"note: {len(keep) - len(joined)} of {len(keep)} {self.name} {split} puzzles have no "
-                    f"demonstration in {demo_source}: left out",
-                    flush=True,
+            if len(joined) < len(keep):
+                _note(
+                    f"{len(keep) - len(joined)} of {len(keep)} {self.name} {split} puzzles have no "
+                    f"demonstration in {demo_source}: left out"
                 )
             keep = joined
         random.Random(seed).shuffle(keep)
@@ -146,11 +148,10 @@ class Task:
                     "every row needs one for --reward sim"
                 )
         clash = sum(len(each) > 1 for each in golds.values())
-        if clash and os.environ.get("RANK", "0") == "0":
-            print(
-                f"note: {clash} {self.name} {split} prompt(s) of {source} have two or more different golds; each copy "
-                "trains on its own",
-                flush=True,
+        if clash:
+            _note(
+                f"{clash} {self.name} {split} prompt(s) of {source} have two or more different golds; each copy "
+                "trains on its own"
             )
         return [example for example, _ in made]
 
@@ -163,6 +164,11 @@ class Task:
     def extract(self, completion: str) -> str:
         """The answer the verifier sees, cut to 500 characters."""
         return self.answer(completion)[:500]
+
+
+def _note(text: str) -> None:
+    if os.environ.get("RANK", "0") == "0":  # Task.load runs on every rank: one note a run, not one a rank
+        print(f"note: {text}", flush=True)
 
 
 FORMAT_RULE = (
@@ -268,7 +274,8 @@ def seeded_passes(items: list, seed: int, repeat: bool):
 
 
 def _arith(split: str, limit: int, seed: int) -> list[Example]:
-    problems = sorted(((a, b) for a in range(ARITH_MAX) for b in range(ARITH_MAX)), key=lambda ab: digest("arith", *ab))
+    pairs = itertools.product(range(ARITH_MAX), repeat=2)
+    problems = sorted(pairs, key=lambda ab: digest("arith", *ab))
     problems = problems[:ARITH_TEST] if split == "test" else problems[ARITH_TEST:]
     return [
         Example(
@@ -295,7 +302,8 @@ def _countdown24(split: str, limit: int, seed: int) -> list[Example]:
         if (solution := solve_countdown(quad)) is None:
             continue
         example = _countdown(dict(nums=rng.sample(quad, 4), target=24))
-        example.reference, example.uid = solution, f"countdown24-{'-'.join(map(str, quad))}#{p}"
+        example.reference = solution
+        example.uid = f"countdown24-{'-'.join(map(str, quad))}#{p}"
         out.append(example)
     return out
 
@@ -320,136 +328,131 @@ def _search(items: list[tuple[float, str]], numbers: list[int], target: int) -> 
             (a - b, f"({left} - {right})"),
             (b - a, f"({right} - {left})"),
         ]
-        options += [(a / b, f"({left} / {right})")] if b else []
-        options += [(b / a, f"({right} / {left})")] if a else []
+        if b:
+            options.append((a / b, f"({left} / {right})"))
+        if a:
+            options.append((b / a, f"({right} / {left})"))
         for option in options:
             if found := _search(rest + [option], numbers, target):
                 return found
     return None
 
 
-TASKS: dict[str, Task] = {
-    task.name: task
-    for task in [
-        Task(
-            name="gsm8k",
-            hub_id="openai/gsm8k",
-            hub_config="main",
-            hub_test_split="test",
-            key=("question",),
-            columns={"question": str, "answer": str},
-            make_example=_gsm8k,
-            verifier=_math_verifier,
-            answer=_boxed_or_answer,
-        ),
-        Task(
-            name="countdown",
-            hub_id="Jiayi-Pan/Countdown-Tasks-3to4",
-            columns={"nums": list[int], "target": int},
-            key=("nums", "target"),
-            make_example=_countdown,
-            verifier=_countdown_verifier,
-            answer=rewards.countdown_expression,
-            demos=Demonstrations(
-                hub_id="HuggingFaceTB/Countdown-Task-GOLD",
-                hub_config="verified_Qwen2.5-7B-Instruct",
-                columns={"nums": list[int], "target": int, "messages": list[dict]},
-                read=_gold_demonstration,
-                puzzle=_countdown_puzzle,
-            ),
-        ),
-        Task(
-            name="deepmath",
-            hub_id="zwhe99/DeepMath-103K",
-            columns={
-                "question": str,
-                "final_answer": str | int | float,
-                **dict.fromkeys(("r1_solution_1", "r1_solution_2", "r1_solution_3"), str | None),
-            },
-            key=("question",),
-            make_example=_deepmath,
-            verifier=_math_verifier,
-            answer=_boxed_or_answer,
-        ),
-        Task(
-            name="poetry",
-            hub_id="jnb666/poems",
-            columns={"instruction": str, "poem": str},
-            key=("instruction",),
-            make_example=lambda row: Example(_chat(str(row["instruction"]), POETRY_SYSTEM), None, str(row["poem"])),
-            hint=". jnb666/poems holds poems only; the paper wrote an instruction for each poem with an LLM: pass "
-            "them with --data-file (columns instruction, poem)",
-        ),
-        Task(
-            name="meetingbank",
-            hub_id="microsoft/MeetingBank-LLMCompressed",
-            key=("prompt",),
-            prompt_tokens=2048,
-            columns={"prompt": str, "compressed_prompt": str},
-            make_example=lambda row: Example(
-                _chat(  # whole transcripts
-                    f"Summarize this city council meeting transcript concisely and informatively.\n\n{row['prompt']}"
-                ),
-                None,
-                str(row["compressed_prompt"]),
-            ),
-        ),
-        Task(
-            name="openthoughts",
-            hub_id="open-thoughts/OpenThoughts3-1.2M",
-            columns={"conversations": list[dict]},
-            key=("conversations",),
-            key_text=lambda row: _openthoughts_turns(row["conversations"])[:1],  # the question, not its answer
-            make_example=_openthoughts,
-            prompt_tokens=2048,
-        ),
-        Task(
-            name="arith",
-            generate=_arith,
-            verifier=lambda completion, ex: rewards.integer_reward(completion, ex.gold),
-            answer=rewards.integer_answer,
-            prompt_tokens=40,
-        ),
-        Task(
-            name="countdown24",
-            generate=_countdown24,
-            verifier=_countdown_verifier,
-            answer=rewards.countdown_expression,
-            prompt_tokens=120,
-        ),
-        Task(
-            name="polaris",
-            hub_id="POLARIS-Project/Polaris-Dataset-53K",
-            key=("problem",),
-            verifier=_math_verifier,
-            columns={"problem": str, "answer": str | int | float},
-            answer=_boxed_or_answer,
-            decontaminate=("aime25", "math500"),
-            make_example=lambda row: Example(  # no system message, as official
-                _chat(f"{str(row['problem']).strip()}\n{BOXED}", system=None), str(row["answer"]).strip(), ""
-            ),
-        ),
-        # held-out benchmarks (docs/eval.md)
-        *(
-            Task(
-                name=name,
-                hub_id=hub_id,
-                hub_test_split=split,
-                held_out_only=True,
-                key=("problem",),
-                columns={"problem": str, "answer": str | int | float},
-                verifier=_math_verifier,
-                answer=_boxed_or_answer,
-                make_example=lambda row: Example(_chat(f"{row['problem']}\n{BOXED}"), str(row["answer"]).strip(), ""),
-            )
-            for name, hub_id, split in [
-                ("math500", "HuggingFaceH4/MATH-500", "test"),
-                ("aime24", "HuggingFaceH4/aime_2024", "train"),
-                ("aime25", "MathArena/aime_2025", "train"),
-            ]
-        ),
-    ]
+def _poem(row: dict) -> Example:
+    return Example(_chat(str(row["instruction"]), POETRY_SYSTEM), None, str(row["poem"]))
+
+
+def _meeting(row: dict) -> Example:
+    user = f"Summarize this city council meeting transcript concisely and informatively.\n\n{row['prompt']}"
+    return Example(_chat(user), None, str(row["compressed_prompt"]))  # whole transcripts
+
+
+def _polaris(row: dict) -> Example:
+    user = f"{str(row['problem']).strip()}\n{BOXED}"
+    return Example(_chat(user, system=None), str(row["answer"]).strip(), "")  # no system message, as official
+
+
+def _benchmark(row: dict) -> Example:
+    return Example(_chat(f"{row['problem']}\n{BOXED}"), str(row["answer"]).strip(), "")
+
+
+MATH = dict(verifier=_math_verifier, answer=_boxed_or_answer)  # math-verify scores a boxed or final answer
+PROBLEMS = {"problem": str, "answer": str | int | float}
+COUNTDOWN_GOLD = Demonstrations(
+    hub_id="HuggingFaceTB/Countdown-Task-GOLD",
+    hub_config="verified_Qwen2.5-7B-Instruct",
+    columns={"nums": list[int], "target": int, "messages": list[dict]},
+    read=_gold_demonstration,
+    puzzle=_countdown_puzzle,
+)
+DEEPMATH = {
+    "question": str,
+    "final_answer": str | int | float,
+    **dict.fromkeys(("r1_solution_1", "r1_solution_2", "r1_solution_3"), str | None),
 }
+POEMS_HINT = (
+    ". jnb666/poems holds poems only; the paper wrote an instruction for each poem with an LLM: pass "
+    "them with --data-file (columns instruction, poem)"
+)
+
+TASKS: dict[str, Task] = {}
+TASKS["gsm8k"] = Task(
+    name="gsm8k",
+    hub_id="openai/gsm8k",
+    hub_config="main",
+    hub_test_split="test",
+    columns={"question": str, "answer": str},
+    make_example=_gsm8k,
+    **MATH,
+)
+TASKS["countdown"] = Task(
+    name="countdown",
+    hub_id="Jiayi-Pan/Countdown-Tasks-3to4",
+    columns={"nums": list[int], "target": int},
+    key=("nums", "target"),
+    make_example=_countdown,
+    verifier=_countdown_verifier,
+    answer=rewards.countdown_expression,
+    demos=COUNTDOWN_GOLD,
+)
+TASKS["deepmath"] = Task(
+    name="deepmath", hub_id="zwhe99/DeepMath-103K", columns=DEEPMATH, make_example=_deepmath, **MATH
+)
+TASKS["poetry"] = Task(
+    name="poetry", hub_id="jnb666/poems", columns={"instruction": str, "poem": str}, make_example=_poem, hint=POEMS_HINT
+)
+TASKS["meetingbank"] = Task(
+    name="meetingbank",
+    hub_id="microsoft/MeetingBank-LLMCompressed",
+    prompt_tokens=2048,
+    columns={"prompt": str, "compressed_prompt": str},
+    make_example=_meeting,
+)
+TASKS["openthoughts"] = Task(
+    name="openthoughts",
+    hub_id="open-thoughts/OpenThoughts3-1.2M",
+    columns={"conversations": list[dict]},
+    key_text=lambda row: _openthoughts_turns(row["conversations"])[:1],  # the question, not its answer
+    make_example=_openthoughts,
+    prompt_tokens=2048,
+)
+TASKS["arith"] = Task(
+    name="arith",
+    generate=_arith,
+    verifier=lambda completion, ex: rewards.integer_reward(completion, ex.gold),
+    answer=rewards.integer_answer,
+    prompt_tokens=40,
+)
+TASKS["countdown24"] = Task(
+    name="countdown24",
+    generate=_countdown24,
+    verifier=_countdown_verifier,
+    answer=rewards.countdown_expression,
+    prompt_tokens=120,
+)
+TASKS["polaris"] = Task(
+    name="polaris",
+    hub_id="POLARIS-Project/Polaris-Dataset-53K",
+    columns=PROBLEMS,
+    decontaminate=("aime25", "math500"),
+    make_example=_polaris,
+    **MATH,
+)
+# held-out benchmarks (docs/eval.md)
+for name, hub_id, split in [
+    ("math500", "HuggingFaceH4/MATH-500", "test"),
+    ("aime24", "HuggingFaceH4/aime_2024", "train"),
+    ("aime25", "MathArena/aime_2025", "train"),
+]:
+    TASKS[name] = Task(
+        name=name,
+        hub_id=hub_id,
+        hub_test_split=split,
+        held_out_only=True,
+        columns=PROBLEMS,
+        make_example=_benchmark,
+        **MATH,
+    )
 
 
 def get_task(name: str) -> Task:

@@ -30,10 +30,8 @@ class Rows(list):
     def column_names(self) -> list[str]:
         return list(dict.fromkeys(name for row in self for name in row))
 
-    def __getitem__(self, key):
-        if isinstance(key, str):  # a column, as a Dataset gives it
-            return [row.get(key) for row in self]
-        return list.__getitem__(self, key)
+    def __getitem__(self, column: str) -> list:
+        return [row.get(column) for row in self]  # a column, as a Dataset gives it (records reads it so)
 
     def select(self, indices) -> "Rows":
         return Rows(list.__getitem__(self, i) for i in indices)
