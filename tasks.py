@@ -34,8 +34,7 @@ class Example:
 class Demonstrations:
     """Similarity-reward demonstrations from another dataset, joined by puzzle (departure 3)."""
 
-    hub_id: str
-    hub_config: str | None = None
+    hub: tuple[str, str | None, str]  # (id, config, split), as read_rows takes it
     columns: dict[str, type]
     read: Callable[[dict], tuple[tuple, str]]
     puzzle: Callable[[dict], tuple]
@@ -83,9 +82,9 @@ class Task:
         """Shuffled examples of `split`: rows split by key hash (departure 4), joined to demonstrations for sim
         (`demos`), shuffled, cut, made examples. DataError for bad data. The doors (config.py: check_args, eval.py:
         main) refuse a --demo-file it would not read and a benchmark's train split."""
-        if self.generate is not None and data_file:
-            raise DataError(f"{self.name} is generated procedurally and takes no --data-file")
         if self.generate is not None:
+            if data_file:
+                raise DataError(f"{self.name} is generated procedurally and takes no --data-file")
             default = 5000 if split == "train" else 500  # departure 5
             return self.generate(split, default if limit is None else limit, seed)
         path = data_file.replace("{split}", split) if data_file else None
@@ -277,16 +276,11 @@ def _arith(split: str, limit: int, seed: int) -> list[Example]:
     pairs = itertools.product(range(ARITH_MAX), repeat=2)
     problems = sorted(pairs, key=lambda ab: digest("arith", *ab))
     problems = problems[:ARITH_TEST] if split == "test" else problems[ARITH_TEST:]
-    return [
-        Example(
-            _chat(f"What is {a} + {b}?", system=None),
-            str(a + b),
-            f"{a} + {b} = {a + b}",
-            {"a": a, "b": b},
-            f"arith-{a}+{b}#{p}",
-        )
-        for (a, b), p in itertools.islice(seeded_passes(problems, seed, split == "train"), limit)
-    ]
+    examples = []
+    for (a, b), p in itertools.islice(seeded_passes(problems, seed, split == "train"), limit):
+        prompt = _chat(f"What is {a} + {b}?", system=None)
+        examples.append(Example(prompt, str(a + b), f"{a} + {b} = {a + b}", {"a": a, "b": b}, f"arith-{a}+{b}#{p}"))
+    return examples
 
 
 def _countdown24(split: str, limit: int, seed: int) -> list[Example]:
@@ -359,8 +353,7 @@ def _benchmark(row: dict) -> Example:
 MATH = dict(verifier=_math_verifier, answer=_boxed_or_answer)  # math-verify scores a boxed or final answer
 PROBLEMS = {"problem": str, "answer": str | int | float}
 COUNTDOWN_GOLD = Demonstrations(
-    hub_id="HuggingFaceTB/Countdown-Task-GOLD",
-    hub_config="verified_Qwen2.5-7B-Instruct",
+    hub=("HuggingFaceTB/Countdown-Task-GOLD", "verified_Qwen2.5-7B-Instruct", "train"),
     columns={"nums": list[int], "target": int, "messages": list[dict]},
     read=_gold_demonstration,
     puzzle=_countdown_puzzle,
@@ -488,9 +481,7 @@ def _demonstrations(task: Task, demo_file: str | None) -> tuple[dict[tuple, str]
     """({puzzle: shortest reference}, source) of `demo_file` or the task's `demos`."""
     demos = task.demos
     what = f"{task.name} demonstration"
-    rows, lines, source = read_rows(
-        demo_file, "--demo-file", (demos.hub_id, demos.hub_config, "train"), demos.columns, f"a {what}"
-    )
+    rows, lines, source = read_rows(demo_file, "--demo-file", demos.hub, demos.columns, f"a {what}")
     references = {}
     for puzzle, reference in _each(demos.read, records(rows, demos.columns), lines, source, what):
         if puzzle not in references or len(reference) < len(references[puzzle]):
@@ -533,12 +524,11 @@ def load_data(args, task: Task, weights: dict, master: bool = True) -> tuple[lis
     """(train rows, at most --eval-examples held-out rows, {set name: (task, rows)}: those rows, then each
     --eval-tasks set); every set is read once."""
     demos = dict(demos=True, demo_file=args.demo_file) if "sim" in weights else {}
-    data_file = args.data_file
-    train_set = task.load("train", data_file=data_file, seed=args.seed, **demos)
+    train_set = task.load("train", data_file=args.data_file, seed=args.seed, **demos)
     test_set = []
     if args.eval_examples:
         test_demos = {} if task.has_verifier else demos  # a verifier scores them: sim needs no demonstrations
-        test_set = task.load("test", data_file=data_file, limit=args.eval_examples, seed=args.seed, **test_demos)
+        test_set = task.load("test", data_file=args.data_file, limit=args.eval_examples, seed=args.seed, **test_demos)
     if not train_set:
         raise DataError(f"--data-file {args.data_file}: every row falls in the held-out split (~10% by prompt hash)")
     named = parse_eval_tasks(args.eval_tasks, TASKS)
@@ -575,17 +565,19 @@ def _user_digest(example: Example) -> str:
 
 def encode_prompts(tokenizer, examples, max_len: int | None = None) -> list[list[int]]:
     """Chat-template token ids of each prompt, ending with the assistant header; DataError for bad rows."""
+    import jinja2  # transformers renders chat templates with it
+
     if not tokenizer.chat_template:
         raise ModelLoadError("the tokenizer has no chat template; use an instruct/chat model")
     added = [token.content for token in tokenizer.added_tokens_decoder.values() if token.special]
     specials = sorted({*tokenizer.all_special_tokens, *added} - {""}, key=len, reverse=True)
     for i, ex in enumerate(examples):
         for message in ex.prompt:
-            text = str(message.get("content", ""))
+            text = str(message["content"])
             found = [token for token in specials if token in text]
             if found:  # the chat template would turn it into a real turn marker
                 raise DataError(
-                    f"{_row_name(ex, i)}: its {message.get('role', '')} text holds the special token {found[0]!r}, "
+                    f"{_row_name(ex, i)}: its {message['role']} text holds the special token {found[0]!r}, "
                     "which the chat template would turn into a real turn marker; remove it from the data"
                 )
     try:
@@ -593,9 +585,7 @@ def encode_prompts(tokenizer, examples, max_len: int | None = None) -> list[list
             list(tokenizer.apply_chat_template(ex.prompt, add_generation_prompt=True, tokenize=True, return_dict=False))
             for ex in examples
         ]
-    except Exception as err:
-        if type(err).__module__.split(".")[0] != "jinja2":  # a template's own error, not ours, is the user's to fix
-            raise
+    except jinja2.TemplateError as err:  # a template's own error, not ours, is the user's to fix
         raise ModelLoadError(
             f"the model's chat template cannot render a prompt ({first_line(err, typed=True)}); "
             "use a model whose tokenizer_config.json has a working chat_template"

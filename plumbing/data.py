@@ -77,13 +77,15 @@ def _dataset(failed: str, *args, **kwargs):
 
 def read_rows(path: str | None, flag: str, hub: tuple | None, columns: dict, who: str, hint: str = ""):
     """(rows, line numbers or None, source) of `path`, else of the `hub` dataset (id, config, split), via check_rows."""
-    advice, source = f"pass {flag} FILE (.jsonl or .parquet with columns {', '.join(columns)})", f"{flag} {path}"
+    advice = f"pass {flag} FILE (.jsonl or .parquet with columns {', '.join(columns)})"
+    source = f"{flag} {path}"
+    lines = None  # a parquet file or hub dataset has rows, not lines
     if path and (error := data_file_error(path, flag)):
         raise DataError(error)
     if path and os.path.getsize(path) == 0:
         raise DataError(f"{source}: the file is empty; it needs {who}'s rows")
     if path and path.lower().endswith(".parquet"):
-        rows, lines = _dataset(f"{source}: cannot read it", "parquet", data_files=path, split="train"), None
+        rows = _dataset(f"{source}: cannot read it", "parquet", data_files=path, split="train")
     elif path:
         rows, lines = _read_json(path, source)
     elif not hub:
@@ -94,7 +96,8 @@ def read_rows(path: str | None, flag: str, hub: tuple | None, columns: dict, who
             "or set HF_HUB_OFFLINE=1 to use a cached copy"
         )
     else:
-        rows, lines, source = _dataset(f"cannot load {hub[0]}: {advice}", hub[0], hub[1], split=hub[2]), None, hub[0]
+        source = hub[0]
+        rows = _dataset(f"cannot load {source}: {advice}", *hub[:2], split=hub[2])
     check_rows(rows, lines, columns, source, who, hint)
     return rows, lines, source
 
@@ -134,9 +137,9 @@ def _read_json(path: str, source: str) -> tuple:
                 if raw.strip():  # as datasets does
                     lines.append(number)
                     rows.append(_parse(raw))
-    first = rows[0] if len(rows) == 1 and isinstance(rows[0], dict) and not array else {}
+    one = len(rows) == 1 and not array and isinstance(rows[0], dict) and rows[0]
     # pandas' default to_json() parses as one row whose values are whole columns: say so, not "lacks column"
-    if first and all(isinstance(value, (dict, list)) for value in first.values()):
+    if one and all(isinstance(value, (dict, list)) for value in one.values()):
         raise DataError(
             f"{source}: the file is one JSON object of columns (pandas' to_json() layout), not rows: "
             "write a list of row objects (orient='records') or JSON Lines (orient='records', lines=True)"
