@@ -34,8 +34,7 @@ class Example:
 class Demonstrations:
     """Similarity-reward demonstrations from another dataset, joined by puzzle (departure 3)."""
 
-    hub_id: str
-    hub_config: str | None = None
+    hub: tuple[str, str | None, str]  # (id, config, split), as read_rows takes it
     columns: dict[str, type]
     read: Callable[[dict], tuple[tuple, str]]
     puzzle: Callable[[dict], tuple]
@@ -49,8 +48,8 @@ class Task:
     name: str
     hub_id: str | None = None
     columns: dict[str, type] = field(default_factory=dict)
-    key: tuple[str, ...] = ()  # identifies a prompt
-    key_text: Callable[[dict], str] | None = None
+    key: tuple[str, ...] = ()  # the columns that identify a prompt; (): the first column
+    key_text: Callable[[dict], list] = dict.values  # the texts of a prompt's key that its digest hashes
     make_example: Callable[[dict], Example] | None = None
     verifier: Callable[[str, Example], float] | None = None
     answer: Callable[[str], str] = final_answer
@@ -62,6 +61,9 @@ class Task:
     prompt_tokens: int = 1024  # for tools/memory_plan.py
     held_out_only: bool = False  # a benchmark: never trained on
     decontaminate: tuple[str, ...] = ()  # held-out sets whose prompts training drops (load_data)
+
+    def __post_init__(self):
+        self.key = self.key or tuple(self.columns)[:1]  # most tasks' prompt is their first column
 
     @property
     def has_verifier(self) -> bool:
@@ -77,25 +79,95 @@ class Task:
         demos: bool = False,
         demo_file: str | None = None,
     ) -> list[Example]:
-        """Shuffled examples of `split`; `demos` joins demonstrations for sim. DataError for bad data. The doors
-        (config.py: check_args, eval.py: main) refuse a --demo-file it would not read and a benchmark's train split."""
-        if self.generate is None:
-            return _load_rows(self, split, data_file, limit, seed, demos, demo_file)
+        """Shuffled examples of `split`: rows split by key hash (departure 4), joined to demonstrations for sim
+        (`demos`), shuffled, cut, made examples. DataError for bad data. The doors (config.py: check_args, eval.py:
+        main) refuse a --demo-file it would not read and a benchmark's train split."""
+        if self.generate is not None:
+            if data_file:
+                raise DataError(f"{self.name} is generated procedurally and takes no --data-file")
+            default = 5000 if split == "train" else 500  # departure 5
+            return self.generate(split, default if limit is None else limit, seed)
+        path = data_file.replace("{split}", split) if data_file else None
+        hub_split = self.hub_test_split if split == "test" and self.hub_test_split else "train"
+        hub = self.hub_id and (self.hub_id, self.hub_config, hub_split)
+        columns = {**self.columns, "reference": str | None}  # a file may bring its own demonstrations
+        rows, lines, source = read_rows(path, "--data-file", hub, columns, self.name, self.hint)
         if data_file:
-            raise DataError(f"{self.name} is generated procedurally and takes no --data-file")
-        default = 5000 if split == "train" else 500  # departure 5
-        return self.generate(split, default if limit is None else limit, seed)
+            whole = path != data_file or self.held_out_only  # a {split} file is its split; a benchmark is held out
+        else:
+            whole = self.hub_test_split is not None  # the hub's own test split holds out, not the hash
+        what = f"{self.name} example"
+        keys = records(rows, self.key)
+        digests = _each(lambda key: digest(*self.key_text(key)), keys, lines, source, what)
+        seen, uids = {}, []
+        for row_digest in digests:  # a repeated prompt gets #1, #2, ...: every uid names one row
+            seen[row_digest] = seen.get(row_digest, -1) + 1
+            uids.append(f"{self.name}-{row_digest[:12]}" + (f"#{seen[row_digest]}" if seen[row_digest] else ""))
+        # departure 4: without a test split, ~10% held out by prompt hash: the same rows on every run, rank and copy
+        keep = [i for i, row_digest in enumerate(digests) if whole or in_test(row_digest) == (split == "test")]
+        join = demos and self.demos is not None and "reference" not in rows.column_names
+        if join:  # before the limit: --eval-examples counts rows that have a demonstration
+            references, demo_source = _demonstrations(self, demo_file)
+            puzzles = _each(self.demos.puzzle, keys, lines, source, what)
+            joined = [i for i in keep if puzzles[i] in references]
+            if keep and not joined:
+                raise DataError(
+                    f"none of the {len(keep)} {self.name} {split} puzzles of {source} has a demonstration "
+                    f"in {demo_source} (joined by target and sorted numbers): pass --demo-file FILE "
+                    "with theirs"
+                )
+            if len(joined) < len(keep):
+                _note(
+                    f"{len(keep) - len(joined)} of {len(keep)} {self.name} {split} puzzles have no "
+                    f"demonstration in {demo_source}: left out"
+                )
+            keep = joined
+        random.Random(seed).shuffle(keep)
+        keep = keep[:limit]  # None: every row
+        made = _each(
+            lambda row: (self.make_example(row), row.get("reference")), rows.select(keep), lines, source, what, keep
+        )
+        revision = rows_revision(path, rows)
+        golds = {}  # {prompt digest: its golds}
+        for i, (example, own) in zip(keep, made):
+            golds.setdefault(digests[i], set()).add(example.gold)
+            reference = own or (references[puzzles[i]] if join else example.reference)  # a file's own wins
+            example.reference = str(reference)
+            example.uid = uids[i]
+            example.source = f"{source} {where(lines, i)}"
+            example.revision = revision
+            if demos and not example.reference.strip():  # sim would score every completion against ""
+                why = (
+                    "its 'reference' is empty"
+                    if "reference" in rows.column_names
+                    else f"the {self.name} row gives none"
+                )
+                raise DataError(
+                    f"{source}: {where(lines, i)} has no demonstration for the similarity reward ({why}); "
+                    "every row needs one for --reward sim"
+                )
+        clash = sum(len(each) > 1 for each in golds.values())
+        if clash:
+            _note(
+                f"{clash} {self.name} {split} prompt(s) of {source} have two or more different golds; each copy "
+                "trains on its own"
+            )
+        return [example for example, _ in made]
 
     def reward(self, completion: str, example: Example, kind: str = "exact", **lengths) -> float:
-        """One reward term in [0, 1]: "exact" (the verifier) or a REWARD_TERMS key."""
-        if kind == "exact" and not self.has_verifier:
-            raise ValueError(f"{self.name} has no verifier: use --reward sim")
+        """One reward term in [0, 1]: "exact" (the verifier) or a REWARD_TERMS key; reward_weights, the door,
+        refuses "exact" for a task with no verifier."""
         term = self.verifier if kind == "exact" else REWARD_TERMS[kind]
         return rewards.safe_reward(term)(completion, example, **lengths)
 
     def extract(self, completion: str) -> str:
         """The answer the verifier sees, cut to 500 characters."""
         return self.answer(completion)[:500]
+
+
+def _note(text: str) -> None:
+    if os.environ.get("RANK", "0") == "0":  # Task.load runs on every rank: one note a run, not one a rank
+        print(f"note: {text}", flush=True)
 
 
 FORMAT_RULE = (
@@ -201,18 +273,14 @@ def seeded_passes(items: list, seed: int, repeat: bool):
 
 
 def _arith(split: str, limit: int, seed: int) -> list[Example]:
-    problems = sorted(((a, b) for a in range(ARITH_MAX) for b in range(ARITH_MAX)), key=lambda ab: digest("arith", *ab))
+    pairs = itertools.product(range(ARITH_MAX), repeat=2)
+    problems = sorted(pairs, key=lambda ab: digest("arith", *ab))
     problems = problems[:ARITH_TEST] if split == "test" else problems[ARITH_TEST:]
-    return [
-        Example(
-            _chat(f"What is {a} + {b}?", system=None),
-            str(a + b),
-            f"{a} + {b} = {a + b}",
-            {"a": a, "b": b},
-            f"arith-{a}+{b}#{p}",
-        )
-        for (a, b), p in itertools.islice(seeded_passes(problems, seed, split == "train"), limit)
-    ]
+    examples = []
+    for (a, b), p in itertools.islice(seeded_passes(problems, seed, split == "train"), limit):
+        prompt = _chat(f"What is {a} + {b}?", system=None)
+        examples.append(Example(prompt, str(a + b), f"{a} + {b} = {a + b}", {"a": a, "b": b}, f"arith-{a}+{b}#{p}"))
+    return examples
 
 
 def _countdown24(split: str, limit: int, seed: int) -> list[Example]:
@@ -228,7 +296,8 @@ def _countdown24(split: str, limit: int, seed: int) -> list[Example]:
         if (solution := solve_countdown(quad)) is None:
             continue
         example = _countdown(dict(nums=rng.sample(quad, 4), target=24))
-        example.reference, example.uid = solution, f"countdown24-{'-'.join(map(str, quad))}#{p}"
+        example.reference = solution
+        example.uid = f"countdown24-{'-'.join(map(str, quad))}#{p}"
         out.append(example)
     return out
 
@@ -253,136 +322,130 @@ def _search(items: list[tuple[float, str]], numbers: list[int], target: int) -> 
             (a - b, f"({left} - {right})"),
             (b - a, f"({right} - {left})"),
         ]
-        options += [(a / b, f"({left} / {right})")] if b else []
-        options += [(b / a, f"({right} / {left})")] if a else []
+        if b:
+            options.append((a / b, f"({left} / {right})"))
+        if a:
+            options.append((b / a, f"({right} / {left})"))
         for option in options:
             if found := _search(rest + [option], numbers, target):
                 return found
     return None
 
 
-TASKS: dict[str, Task] = {
-    task.name: task
-    for task in [
-        Task(
-            name="gsm8k",
-            hub_id="openai/gsm8k",
-            hub_config="main",
-            hub_test_split="test",
-            key=("question",),
-            columns={"question": str, "answer": str},
-            make_example=_gsm8k,
-            verifier=_math_verifier,
-            answer=_boxed_or_answer,
-        ),
-        Task(
-            name="countdown",
-            hub_id="Jiayi-Pan/Countdown-Tasks-3to4",
-            columns={"nums": list[int], "target": int},
-            key=("nums", "target"),
-            make_example=_countdown,
-            verifier=_countdown_verifier,
-            answer=rewards.countdown_expression,
-            demos=Demonstrations(
-                hub_id="HuggingFaceTB/Countdown-Task-GOLD",
-                hub_config="verified_Qwen2.5-7B-Instruct",
-                columns={"nums": list[int], "target": int, "messages": list[dict]},
-                read=_gold_demonstration,
-                puzzle=_countdown_puzzle,
-            ),
-        ),
-        Task(
-            name="deepmath",
-            hub_id="zwhe99/DeepMath-103K",
-            columns={
-                "question": str,
-                "final_answer": str | int | float,
-                **dict.fromkeys(("r1_solution_1", "r1_solution_2", "r1_solution_3"), str | None),
-            },
-            key=("question",),
-            make_example=_deepmath,
-            verifier=_math_verifier,
-            answer=_boxed_or_answer,
-        ),
-        Task(
-            name="poetry",
-            hub_id="jnb666/poems",
-            columns={"instruction": str, "poem": str},
-            key=("instruction",),
-            make_example=lambda row: Example(_chat(str(row["instruction"]), POETRY_SYSTEM), None, str(row["poem"])),
-            hint=". jnb666/poems holds poems only; the paper wrote an instruction for each poem with an LLM: pass "
-            "them with --data-file (columns instruction, poem)",
-        ),
-        Task(
-            name="meetingbank",
-            hub_id="microsoft/MeetingBank-LLMCompressed",
-            key=("prompt",),
-            prompt_tokens=2048,
-            columns={"prompt": str, "compressed_prompt": str},
-            make_example=lambda row: Example(
-                _chat(  # whole transcripts
-                    f"Summarize this city council meeting transcript concisely and informatively.\n\n{row['prompt']}"
-                ),
-                None,
-                str(row["compressed_prompt"]),
-            ),
-        ),
-        Task(
-            name="openthoughts",
-            hub_id="open-thoughts/OpenThoughts3-1.2M",
-            columns={"conversations": list[dict]},
-            key=("conversations",),
-            key_text=lambda row: _openthoughts_turns(row["conversations"])[0],
-            make_example=_openthoughts,
-            prompt_tokens=2048,
-        ),
-        Task(
-            name="arith",
-            generate=_arith,
-            verifier=lambda completion, ex: rewards.integer_reward(completion, ex.gold),
-            answer=rewards.integer_answer,
-            prompt_tokens=40,
-        ),
-        Task(
-            name="countdown24",
-            generate=_countdown24,
-            verifier=_countdown_verifier,
-            answer=rewards.countdown_expression,
-            prompt_tokens=120,
-        ),
-        Task(
-            name="polaris",
-            hub_id="POLARIS-Project/Polaris-Dataset-53K",
-            key=("problem",),
-            verifier=_math_verifier,
-            columns={"problem": str, "answer": str | int | float},
-            answer=_boxed_or_answer,
-            decontaminate=("aime25", "math500"),
-            make_example=lambda row: Example(  # no system message, as official
-                _chat(f"{str(row['problem']).strip()}\n{BOXED}", system=None), str(row["answer"]).strip(), ""
-            ),
-        ),
-        # held-out benchmarks (docs/eval.md)
-        *(
-            Task(
-                name=name,
-                hub_id=hub_id,
-                hub_test_split=split,
-                held_out_only=True,
-                key=("problem",),
-                columns={"problem": str, "answer": str | int | float},
-                verifier=_math_verifier,
-                answer=_boxed_or_answer,
-                make_example=lambda row: Example(_chat(f"{row['problem']}\n{BOXED}"), str(row["answer"]).strip(), ""),
-            )
-            for name, hub_id, split in [
-                ("math500", "HuggingFaceH4/MATH-500", "test"),
-                ("aime24", "HuggingFaceH4/aime_2024", "train"),
-                ("aime25", "MathArena/aime_2025", "train"),
-            ]
-        ),
-    ]
+def _poem(row: dict) -> Example:
+    return Example(_chat(str(row["instruction"]), POETRY_SYSTEM), None, str(row["poem"]))
+
+
+def _meeting(row: dict) -> Example:
+    user = f"Summarize this city council meeting transcript concisely and informatively.\n\n{row['prompt']}"
+    return Example(_chat(user), None, str(row["compressed_prompt"]))  # whole transcripts
+
+
+def _polaris(row: dict) -> Example:
+    user = f"{str(row['problem']).strip()}\n{BOXED}"
+    return Example(_chat(user, system=None), str(row["answer"]).strip(), "")  # no system message, as official
+
+
+def _benchmark(row: dict) -> Example:
+    return Example(_chat(f"{row['problem']}\n{BOXED}"), str(row["answer"]).strip(), "")
+
+
+MATH = dict(verifier=_math_verifier, answer=_boxed_or_answer)  # math-verify scores a boxed or final answer
+PROBLEMS = {"problem": str, "answer": str | int | float}
+COUNTDOWN_GOLD = Demonstrations(
+    hub=("HuggingFaceTB/Countdown-Task-GOLD", "verified_Qwen2.5-7B-Instruct", "train"),
+    columns={"nums": list[int], "target": int, "messages": list[dict]},
+    read=_gold_demonstration,
+    puzzle=_countdown_puzzle,
+)
+DEEPMATH = {
+    "question": str,
+    "final_answer": str | int | float,
+    **dict.fromkeys(("r1_solution_1", "r1_solution_2", "r1_solution_3"), str | None),
 }
+POEMS_HINT = (
+    ". jnb666/poems holds poems only; the paper wrote an instruction for each poem with an LLM: pass "
+    "them with --data-file (columns instruction, poem)"
+)
+
+TASKS: dict[str, Task] = {}
+TASKS["gsm8k"] = Task(
+    name="gsm8k",
+    hub_id="openai/gsm8k",
+    hub_config="main",
+    hub_test_split="test",
+    columns={"question": str, "answer": str},
+    make_example=_gsm8k,
+    **MATH,
+)
+TASKS["countdown"] = Task(
+    name="countdown",
+    hub_id="Jiayi-Pan/Countdown-Tasks-3to4",
+    columns={"nums": list[int], "target": int},
+    key=("nums", "target"),
+    make_example=_countdown,
+    verifier=_countdown_verifier,
+    answer=rewards.countdown_expression,
+    demos=COUNTDOWN_GOLD,
+)
+TASKS["deepmath"] = Task(
+    name="deepmath", hub_id="zwhe99/DeepMath-103K", columns=DEEPMATH, make_example=_deepmath, **MATH
+)
+TASKS["poetry"] = Task(
+    name="poetry", hub_id="jnb666/poems", columns={"instruction": str, "poem": str}, make_example=_poem, hint=POEMS_HINT
+)
+TASKS["meetingbank"] = Task(
+    name="meetingbank",
+    hub_id="microsoft/MeetingBank-LLMCompressed",
+    prompt_tokens=2048,
+    columns={"prompt": str, "compressed_prompt": str},
+    make_example=_meeting,
+)
+TASKS["openthoughts"] = Task(
+    name="openthoughts",
+    hub_id="open-thoughts/OpenThoughts3-1.2M",
+    columns={"conversations": list[dict]},
+    key_text=lambda row: _openthoughts_turns(row["conversations"])[:1],  # the question, not its answer
+    make_example=_openthoughts,
+    prompt_tokens=2048,
+)
+TASKS["arith"] = Task(
+    name="arith",
+    generate=_arith,
+    verifier=lambda completion, ex: rewards.integer_reward(completion, ex.gold),
+    answer=rewards.integer_answer,
+    prompt_tokens=40,
+)
+TASKS["countdown24"] = Task(
+    name="countdown24",
+    generate=_countdown24,
+    verifier=_countdown_verifier,
+    answer=rewards.countdown_expression,
+    prompt_tokens=120,
+)
+TASKS["polaris"] = Task(
+    name="polaris",
+    hub_id="POLARIS-Project/Polaris-Dataset-53K",
+    columns=PROBLEMS,
+    decontaminate=("aime25", "math500"),
+    make_example=_polaris,
+    **MATH,
+)
+# held-out benchmarks (docs/eval.md)
+for name, hub_id, split in [
+    ("math500", "HuggingFaceH4/MATH-500", "test"),
+    ("aime24", "HuggingFaceH4/aime_2024", "train"),
+    ("aime25", "MathArena/aime_2025", "train"),
+]:
+    TASKS[name] = Task(
+        name=name,
+        hub_id=hub_id,
+        hub_test_split=split,
+        held_out_only=True,
+        columns=PROBLEMS,
+        make_example=_benchmark,
+        **MATH,
+    )
 
 
 def get_task(name: str) -> Task:
@@ -390,21 +453,15 @@ def get_task(name: str) -> Task:
 
 
 def reward_weights(task: Task, reward: str, text: str) -> dict[str, float]:
-    """{term: weight} of --reward-weights, else {reward: 1.0}; r = sum_k w_k r_k."""
-    if not text.strip():
-        if reward == "exact" and not task.has_verifier:
-            raise ValueError(f"task {task.name} has no verifier: use --reward sim")
-        return {reward: 1.0}
-    weights = parse_weights(
-        text,
-        "--reward-weights",
-        ("exact", *REWARD_TERMS),
-        "TERM=WEIGHT (e.g. format=0.35,sim=0.65)",
-        limit=3.4028234663852886e38,
-    )  # float32 max
+    """{term: weight} of --reward-weights, else {reward: 1.0}; r = sum_k w_k r_k. The one check of both flags."""
+    flag = "--reward-weights" if text.strip() else f"--reward {reward}"
+    weights = {reward: 1.0}
+    if text.strip():
+        form = "TERM=WEIGHT (e.g. format=0.35,sim=0.65)"
+        weights = parse_weights(text, flag, ("exact", *REWARD_TERMS), form, limit=3.4028234663852886e38)  # float32 max
     if "exact" in weights and not task.has_verifier:
         raise ValueError(
-            f"--reward-weights: task {task.name} has no verifier, so no exact term: choose from "
+            f"{flag}: task {task.name} has no verifier, so no exact term: use --reward sim, or terms of "
             f"{', '.join(REWARD_TERMS)}"
         )
     if not any(weights.values()):
@@ -420,87 +477,11 @@ def in_test(digest: str) -> bool:
     return int(digest[:8], 16) % 100 < 10  # the held-out share when a dataset has no test split
 
 
-def _load_rows(task: Task, split: str, data_file, limit, seed: int, demos: bool, demo_file) -> list[Example]:
-    """Rows split by key hash (departure 4), joined to demonstrations, shuffled, cut, made examples."""
-    path = data_file.replace("{split}", split) if data_file else None
-    hub_split = task.hub_test_split if split == "test" and task.hub_test_split else "train"
-    hub = task.hub_id and (task.hub_id, task.hub_config, hub_split)
-    columns = {**task.columns, "reference": str | None}  # a file may bring its own demonstrations
-    rows, lines, source = read_rows(path, "--data-file", hub, columns, task.name, task.hint)
-    if data_file:
-        whole = path != data_file or task.held_out_only  # a {split} file is its split; a benchmark is held out
-    else:
-        whole = task.hub_test_split is not None  # the hub's own test split holds out, not the hash
-    what = f"{task.name} example"
-    keys = records(rows, task.key)
-    digests = _each(
-        lambda key: digest(*key.values()) if task.key_text is None else digest(task.key_text(key)),
-        keys,
-        lines,
-        source,
-        what,
-    )
-    seen, uids = {}, []
-    for row_digest in digests:  # a repeated prompt gets #1, #2, ...: every uid names one row
-        seen[row_digest] = seen.get(row_digest, -1) + 1
-        uids.append(f"{task.name}-{row_digest[:12]}" + (f"#{seen[row_digest]}" if seen[row_digest] else ""))
-    # departure 4: without a test split, ~10% held out by prompt hash: the same rows on every run, rank and copy
-    keep = [i for i, row_digest in enumerate(digests) if whole or in_test(row_digest) == (split == "test")]
-    join = demos and task.demos is not None and "reference" not in rows.column_names
-    if join:  # before the limit: --eval-examples counts rows that have a demonstration
-        references, demo_source = _demonstrations(task, demo_file)
-        puzzles = _each(task.demos.puzzle, keys, lines, source, what)
-        joined = [i for i in keep if puzzles[i] in references]
-        if keep and not joined:
-            raise DataError(
-                f"none of the {len(keep)} {task.name} {split} puzzles of {source} has a demonstration "
-                f"in {demo_source} (joined by target and sorted numbers): pass --demo-file FILE "
-                "with theirs"
-            )
-        if len(joined) < len(keep) and os.environ.get("RANK", "0") == "0":
-            print(
-                f"note: {len(keep) - len(joined)} of {len(keep)} {task.name} {split} puzzles have no "
-                f"demonstration in {demo_source}: left out",
-                flush=True,
-            )
-        keep = joined
-    random.Random(seed).shuffle(keep)
-    keep = keep[:limit]  # None: every row
-    made = _each(
-        lambda row: (task.make_example(row), row.get("reference")), rows.select(keep), lines, source, what, keep
-    )
-    revision = rows_revision(path, rows)
-    golds = {}  # {prompt digest: its golds}
-    for i, (example, own) in zip(keep, made):
-        golds.setdefault(digests[i], set()).add(example.gold)
-        reference = own or (references[puzzles[i]] if join else example.reference)  # a file's own wins
-        example.reference = str(reference)
-        example.uid = uids[i]
-        example.source = f"{source} {where(lines, i)}"
-        example.revision = revision
-        if demos and not example.reference.strip():  # sim would score every completion against ""
-            why = "its 'reference' is empty" if "reference" in rows.column_names else f"the {task.name} row gives none"
-            raise DataError(
-                f"{source}: {where(lines, i)} has no demonstration for the similarity reward ({why}); "
-                "every row needs one for --reward sim"
-            )
-    clash = sum(len(each) > 1 for each in golds.values())
-    if clash and os.environ.get("RANK", "0") == "0":
-        print(
-            f"note: {clash} {task.name} {split} prompt(s) of {source} have two or more different golds; each copy "
-            "trains on its own",
-            flush=True,
-        )
-    return [example for example, _ in made]
-
-
 def _demonstrations(task: Task, demo_file: str | None) -> tuple[dict[tuple, str], str]:
     """({puzzle: shortest reference}, source) of `demo_file` or the task's `demos`."""
     demos = task.demos
     what = f"{task.name} demonstration"
-    rows, lines, source = read_rows(
-        demo_file, "--demo-file", (demos.hub_id, demos.hub_config, "train"), demos.columns, f"a {what}"
-    )
+    rows, lines, source = read_rows(demo_file, "--demo-file", demos.hub, demos.columns, f"a {what}")
     references = {}
     for puzzle, reference in _each(demos.read, records(rows, demos.columns), lines, source, what):
         if puzzle not in references or len(reference) < len(references[puzzle]):
@@ -542,19 +523,18 @@ def parse_eval_tasks(text: str, registry: dict) -> dict[str, str | None]:
 def load_data(args, task: Task, weights: dict, master: bool = True) -> tuple[list[Example], list[Example], dict]:
     """(train rows, at most --eval-examples held-out rows, {set name: (task, rows)}: those rows, then each
     --eval-tasks set); every set is read once."""
-    demos = dict(demos=True, demo_file=args.demo_file or None) if "sim" in weights else {}
-    data_file = args.data_file or None
-    train_set = task.load("train", data_file=data_file, seed=args.seed, **demos)
+    demos = dict(demos=True, demo_file=args.demo_file) if "sim" in weights else {}
+    train_set = task.load("train", data_file=args.data_file, seed=args.seed, **demos)
     test_set = []
     if args.eval_examples:
         test_demos = {} if task.has_verifier else demos  # a verifier scores them: sim needs no demonstrations
-        test_set = task.load("test", data_file=data_file, limit=args.eval_examples, seed=args.seed, **test_demos)
+        test_set = task.load("test", data_file=args.data_file, limit=args.eval_examples, seed=args.seed, **test_demos)
     if not train_set:
         raise DataError(f"--data-file {args.data_file}: every row falls in the held-out split (~10% by prompt hash)")
     named = parse_eval_tasks(args.eval_tasks, TASKS)
     if task.name in named and test_set:
         raise DataError(f"--eval-tasks: {task.name} is the task's own held-out set, scored already")
-    decontaminate = getattr(task, "decontaminate", ())
+    decontaminate = task.decontaminate
     held = {}
     for name in dict.fromkeys([*decontaminate, *named]):
         limit = None if name in decontaminate else args.eval_examples  # read whole once: its first rows are scored
@@ -585,17 +565,19 @@ def _user_digest(example: Example) -> str:
 
 def encode_prompts(tokenizer, examples, max_len: int | None = None) -> list[list[int]]:
     """Chat-template token ids of each prompt, ending with the assistant header; DataError for bad rows."""
+    import jinja2  # transformers renders chat templates with it
+
     if not tokenizer.chat_template:
         raise ModelLoadError("the tokenizer has no chat template; use an instruct/chat model")
     added = [token.content for token in tokenizer.added_tokens_decoder.values() if token.special]
     specials = sorted({*tokenizer.all_special_tokens, *added} - {""}, key=len, reverse=True)
     for i, ex in enumerate(examples):
         for message in ex.prompt:
-            text = str(message.get("content", ""))
+            text = str(message["content"])
             found = [token for token in specials if token in text]
             if found:  # the chat template would turn it into a real turn marker
                 raise DataError(
-                    f"{_row_name(ex, i)}: its {message.get('role', '')} text holds the special token {found[0]!r}, "
+                    f"{_row_name(ex, i)}: its {message['role']} text holds the special token {found[0]!r}, "
                     "which the chat template would turn into a real turn marker; remove it from the data"
                 )
     try:
@@ -603,9 +585,7 @@ def encode_prompts(tokenizer, examples, max_len: int | None = None) -> list[list
             list(tokenizer.apply_chat_template(ex.prompt, add_generation_prompt=True, tokenize=True, return_dict=False))
             for ex in examples
         ]
-    except Exception as err:
-        if type(err).__module__.split(".")[0] != "jinja2":  # a template's own error, not ours, is the user's to fix
-            raise
+    except jinja2.TemplateError as err:  # a template's own error, not ours, is the user's to fix
         raise ModelLoadError(
             f"the model's chat template cannot render a prompt ({first_line(err, typed=True)}); "
             "use a model whose tokenizer_config.json has a working chat_template"
@@ -620,6 +600,6 @@ def encode_prompts(tokenizer, examples, max_len: int | None = None) -> list[list
     return ids
 
 
-def _row_name(example, i: int) -> str:
-    source = getattr(example, "source", "") or f"row {i}"  # a fork's or a test's example may have no source
-    return f"{source} ({getattr(example, 'uid', '')})"
+def _row_name(example: Example, i: int) -> str:
+    source = example.source or f"row {i}"  # a generated example has no source
+    return f"{source} ({example.uid})"

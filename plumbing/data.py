@@ -5,7 +5,6 @@ python -m pytest tests/test_tasks.py tests/test_bad_input.py -q
 
 import hashlib
 import json
-import mmap
 import os
 import socket
 import typing
@@ -13,6 +12,8 @@ import urllib.parse
 from functools import lru_cache
 
 import numpy as np
+
+from plumbing.cli import first_line
 
 MAX_ROW_CHARS = 1_000_000  # ~250k tokens
 MAX_LINE_BYTES = 16 * MAX_ROW_CHARS  # a few columns of MAX_ROW_CHARS, in UTF-8
@@ -29,22 +30,20 @@ class Rows(list):
     def column_names(self) -> list[str]:
         return list(dict.fromkeys(name for row in self for name in row))
 
-    def __getitem__(self, key):
-        if isinstance(key, str):  # a column, as a Dataset gives it
-            return [row.get(key) for row in self]
-        return list.__getitem__(self, key)
+    def __getitem__(self, column: str) -> list:
+        return [row.get(column) for row in self]  # a column, as a Dataset gives it (records reads it so)
 
     def select(self, indices) -> "Rows":
         return Rows(list.__getitem__(self, i) for i in indices)
 
 
-def hub_reachable(timeout: float = 3.0) -> bool:
+def hub_reachable() -> bool:
     """Fail in seconds, not after datasets' retries, without a network."""
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         return True  # datasets reads its cache
     url = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     try:
-        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
+        socket.create_connection((url.hostname, url.port or 443), timeout=3.0).close()
         return True
     except OSError:
         return False
@@ -73,18 +72,20 @@ def _dataset(failed: str, *args, **kwargs):
         rows.data.table.validate(full=True)  # else invalid UTF-8 raises mid-load
         return rows
     except Exception as err:
-        raise DataError(f"{failed} ({type(err).__name__}: {str(err).strip().partition(chr(10))[0][:300]})") from None
+        raise DataError(f"{failed} ({first_line(err, typed=True)})") from None
 
 
 def read_rows(path: str | None, flag: str, hub: tuple | None, columns: dict, who: str, hint: str = ""):
     """(rows, line numbers or None, source) of `path`, else of the `hub` dataset (id, config, split), via check_rows."""
-    advice, source = f"pass {flag} FILE (.jsonl or .parquet with columns {', '.join(columns)})", f"{flag} {path}"
+    advice = f"pass {flag} FILE (.jsonl or .parquet with columns {', '.join(columns)})"
+    source = f"{flag} {path}"
+    lines = None  # a parquet file or hub dataset has rows, not lines
     if path and (error := data_file_error(path, flag)):
         raise DataError(error)
     if path and os.path.getsize(path) == 0:
         raise DataError(f"{source}: the file is empty; it needs {who}'s rows")
     if path and path.lower().endswith(".parquet"):
-        rows, lines = _dataset(f"{source}: cannot read it", "parquet", data_files=path, split="train"), None
+        rows = _dataset(f"{source}: cannot read it", "parquet", data_files=path, split="train")
     elif path:
         rows, lines = _read_json(path, source)
     elif not hub:
@@ -95,7 +96,8 @@ def read_rows(path: str | None, flag: str, hub: tuple | None, columns: dict, who
             "or set HF_HUB_OFFLINE=1 to use a cached copy"
         )
     else:
-        rows, lines, source = _dataset(f"cannot load {hub[0]}: {advice}", hub[0], hub[1], split=hub[2]), None, hub[0]
+        source = hub[0]
+        rows = _dataset(f"cannot load {source}: {advice}", *hub[:2], split=hub[2])
     check_rows(rows, lines, columns, source, who, hint)
     return rows, lines, source
 
@@ -111,8 +113,8 @@ def rows_revision(path: str | None, rows) -> str:
 @lru_cache(maxsize=4)
 def _sha256(path: str, size: int, mtime_ns: int) -> str:
     """Keyed by size and mtime too: a file's train and test split are hashed once, a rewritten file again."""
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
-        return hashlib.sha256(view).hexdigest()
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _read_json(path: str, source: str) -> tuple:
@@ -135,9 +137,9 @@ def _read_json(path: str, source: str) -> tuple:
                 if raw.strip():  # as datasets does
                     lines.append(number)
                     rows.append(_parse(raw))
-    first = rows[0] if len(rows) == 1 and isinstance(rows[0], dict) and not array else {}
+    one = len(rows) == 1 and not array and isinstance(rows[0], dict) and rows[0]
     # pandas' default to_json() parses as one row whose values are whole columns: say so, not "lacks column"
-    if first and all(isinstance(value, (dict, list)) for value in first.values()):
+    if one and all(isinstance(value, (dict, list)) for value in one.values()):
         raise DataError(
             f"{source}: the file is one JSON object of columns (pandas' to_json() layout), not rows: "
             "write a list of row objects (orient='records') or JSON Lines (orient='records', lines=True)"

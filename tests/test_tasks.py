@@ -11,7 +11,7 @@ import pytest
 import tasks
 from plumbing import data
 from rewards import countdown_reward
-from tasks import BOXED, POETRY_SYSTEM, DataError, get_task, solve_countdown
+from tasks import BOXED, POETRY_SYSTEM, DataError, get_task, reward_weights, solve_countdown
 
 FIXTURES = Path(__file__).parent / "fixtures"
 HUB_FIXTURES = {  # hub id -> invented rows with that dataset's column names
@@ -137,8 +137,8 @@ def test_non_verifiable_tasks(fake_hub):
     assert "Speaker 1" in meeting.prompt[-1]["content"] and meeting.reference
     for task, example in [(get_task("poetry"), poem), (get_task("meetingbank"), meeting)]:
         assert not task.has_verifier
-        with pytest.raises(ValueError, match=f"{task.name} has no verifier: use --reward sim"):
-            task.reward("anything", example, kind="exact")
+        with pytest.raises(ValueError, match=f"{task.name} has no verifier, so no exact term: use --reward sim"):
+            reward_weights(task, "exact", "")  # the door: Task.reward is never asked for "exact" on it
         assert task.reward(f"<think>x</think>{example.reference}", example, kind="sim") == 1.0
         words = example.reference.split()
         partial = " ".join(words[: len(words) // 2])
@@ -354,7 +354,7 @@ def test_openthoughts_examples_from_a_local_file_and_the_hub(tmp_path, monkeypat
     assert task.reward(f"<think>x</think>{example.reference}", example, kind="sim") == 1.0
     assert task.reward("<think>x</think>Fluorine.", example, kind="format") == 1.0  # a REWARD_TERMS term
     with pytest.raises(ValueError, match="openthoughts has no verifier"):
-        task.reward("x", example, kind="exact")
+        reward_weights(task, "exact", "")
 
     # the hub's rows (parquet: conversations as a list of {from, value} structs) give the same examples
     parquet = tmp_path / "openthoughts.parquet"
@@ -590,7 +590,9 @@ def test_reward_weights_errors_are_one_line(task, text, message):
 def test_reward_weights_default_refuses_exact_without_a_verifier():
     from tasks import reward_weights
 
-    with pytest.raises(ValueError, match="task poetry has no verifier: use --reward sim"):
+    with pytest.raises(
+        ValueError, match="--reward exact: task poetry has no verifier, so no exact term: use --reward sim"
+    ):
         reward_weights(get_task("poetry"), "exact", "")
 
 
