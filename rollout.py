@@ -227,7 +227,7 @@ def completion(tokenizer, token_ids, logprobs, stopped: bool) -> Completion:
 class HFSampler:
     """Hugging Face sampling on its own copy of the model."""
 
-    def __init__(self, model_path, *, dtype, seed, device="cpu", fast=None):
+    def __init__(self, model_path, *, dtype, device="cpu", fast=None):
         self.tokenizer = load_tokenizer(model_path)
         self.model = load_model(model_path, getattr(torch, dtype), device).eval().requires_grad_(False)
         self.shapes = {name: p.shape for name, p in self.model.named_parameters(remove_duplicate=False)}
@@ -236,45 +236,44 @@ class HFSampler:
             fast = self.model.device.type == "cpu"
         # SPEED TRICK: speed/cpu_sampler.py; tests/test_rollout.py::test_cpu_fast_path_samples_what_the_plain_loop_*
         self.fast = cpu_sampler.FastPath(self.model) if fast else None
+        self.draw = cpu_sampler.draw if fast else draw
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = {self.tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
-        self.seed = seed
-        self.calls = 0
 
     @torch.inference_mode()
-    def generate(self, prompts, *, n, max_tokens, seed=None, **filters):
+    def generate(self, prompts, *, n, max_tokens, seed=0, **filters):
         """G lists of n Completions; sample k of prompt i draws stream seed + i * n + k, as vLLM does. `filters`:
-        next_tokens' temperature, top_p, top_k and min_p."""
-        if self._empty_weights():  # asleep, or a sync left weights out: never sample from empty weights
-            raise RuntimeError("the HF sampler is asleep: update_weights must give it weights before it samples")
-        self.calls += 1
+        next_tokens' temperature, top_p, top_k and min_p. Every caller that samples names its streams (step_seed)."""
+        if empty := self._empty_weights():  # asleep, or a sync left weights out: never sample from empty weights
+            raise RuntimeError(
+                f"the HF sampler is asleep, {len(empty)} weights empty (e.g. {empty[0]}): update_weights must give it "
+                "every weight before it samples"
+            )
         device = self.model.device
-        base = self.seed * 1_000_003 + self.calls if seed is None else seed  # unseeded: new streams every call
-        generators = [torch.Generator(device).manual_seed(base + row) for row in range(len(prompts) * n)]
+        # a generator a row: a sample never depends on the rest of the batch
+        generators = [torch.Generator(device).manual_seed(seed + row) for row in range(len(prompts) * n)]
         width = max(len(p) for p in prompts)
         input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts], device=device)  # (G, P)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)  # left-padded
-        choose = functools.partial(next_tokens, draw=cpu_sampler.draw if self.fast else draw, **filters)
-        tokens, logps = self._decode(input_ids, mask, generators, n, max_tokens, choose)
+        tokens, logps = self._decode(input_ids, mask, generators, n, max_tokens, filters)
         results = []
         for ids, lps in zip(tokens.tolist(), logps.tolist()):
             end = next((i + 1 for i, t in enumerate(ids) if t in self.eos_ids), None)  # EOS included
             results.append(completion(self.tokenizer, ids[:end], lps[:end], end is not None))
         return [results[i * n : (i + 1) * n] for i in range(len(prompts))]
 
-    def _decode(self, input_ids, mask, generators, n, max_tokens, choose):
+    def _decode(self, input_ids, mask, generators, n, max_tokens, filters):
         """Prefill, KV cache repeated n times, decode: tokens and log-probs (R, K); self.fast: speed/cpu_sampler.py."""
         fast = self.fast is not None
         device = input_ids.device
         eos = torch.tensor(sorted(self.eos_ids), device=device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
         if fast:
             cache = Cache(layers=[cpu_sampler.BucketedLayer() for _ in range(self.model.config.num_hidden_layers)])
         else:
             cache = DynamicCache(config=self.model.config)
 
-        def forward(ids, keep):  # (A, V) float32 logits at the last position, under mask and positions as they are now
+        def forward(ids, keep, positions):  # (A, V) float32 logits at the last position, under the mask as it is now
             out = self.model(
                 input_ids=ids,
                 attention_mask=mask,
@@ -287,16 +286,16 @@ class HFSampler:
 
         # fast: an index, not logits_to_keep=1: its strided slice sends a bf16 lm_head down a slow path (pytorch#151934)
         last = torch.tensor([input_ids.shape[1] - 1], device=device) if fast else 1
-        logits = forward(input_ids, last).repeat_interleave(n, 0)  # (R, V)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: a prompt's first token is at 0
+        logits = forward(input_ids, last, positions).repeat_interleave(n, 0)  # (R, V)
         cache.batch_repeat_interleave(n)  # one prefill for the n samples of a prompt
         mask = mask.repeat_interleave(n, 0)
-        positions = positions.repeat_interleave(n, 0)[:, -1:]
         tokens = torch.full((len(logits), max_tokens), self.pad_id, device=device)  # (R, K)
         logps = torch.zeros(len(logits), max_tokens, device=device)  # (R, K)
         rows = torch.arange(len(logits), device=device)  # (A,): output row of each batch row
         live = torch.ones(len(logits), dtype=torch.bool, device=device)  # (A,)
         for i in range(max_tokens):
-            token, logp = choose(logits, generators)  # (A,), (A,)
+            token, logp = next_tokens(logits, generators, draw=self.draw, **filters)  # (A,), (A,)
             tokens[rows[live], i] = token[live]
             logps[rows[live], i] = logp[live]
             token = torch.where(live, token, self.pad_id)
@@ -310,11 +309,9 @@ class HFSampler:
                 live = live[keep]
                 token = token[keep]
                 mask = mask[keep]
-                positions = positions[keep]
                 generators = [generators[j] for j in keep.tolist()]
-            positions = positions + 1
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            logits = forward(token[:, None], 1)  # (A, V)
+            logits = forward(token[:, None], 1, mask.sum(-1, keepdim=True) - 1)  # (A, V)
         return tokens, logps
 
     @torch.no_grad()
@@ -328,10 +325,6 @@ class HFSampler:
             if not (self.fast and self.fast.load(name, tensor)):  # a copy of its own: asleep, it has no storage
                 param.data = tensor.to(param.device, param.dtype, copy=True)
             del tensor  # hold one gathered parameter at a time
-        if missing := self._empty_weights():  # a sleeping sampler must get every weight back
-            raise ValueError(
-                f"update_weights left {len(missing)} weights of the sleeping sampler empty, e.g. {missing[0]}"
-            )
         if self.fast:
             self.fast.repack(self.model)
 
@@ -380,7 +373,6 @@ class VLLMSampler:
     def __init__(self, model_path, *, dtype, seed, max_model_len=2048, gpu_memory_utilization=0.3, max_num_seqs=None):
         self.on_gpu = torch.cuda.is_available()
         self.asleep = False
-        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
         os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")  # usage stats' thread tries the network
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: it shares our GPU
         if not self.on_gpu:
@@ -405,15 +397,13 @@ class VLLMSampler:
         )
         self.dtype = self.llm.model_config.dtype  # the weight check casts to it
 
-    def generate(self, prompts, *, n, max_tokens, seed=None, **filters):
+    def generate(self, prompts, *, n, max_tokens, seed=0, **filters):
         """As HFSampler.generate; `filters` left out take vLLM's defaults, which are next_tokens'."""
         if self.asleep:  # level 2 kept no weights
             raise RuntimeError("the vLLM engine is asleep: update_weights must give it weights before it samples")
         from vllm import SamplingParams
 
-        seeds = (
-            [None] * len(prompts) if seed is None else range(seed, seed + len(prompts) * n, n)
-        )  # prompt i: seed + i * n
+        seeds = range(seed, seed + len(prompts) * n, n)  # prompt i: seed + i * n
         params = [
             SamplingParams(n=n, max_tokens=max_tokens, seed=s, logprobs=0, detokenize=False, **filters) for s in seeds
         ]  # logprobs=0: the sampled token's
@@ -499,5 +489,5 @@ def make_sampler(backend, model_path, *, dtype="bfloat16", seed=0, device="cpu",
     max_num_seqs), which the HF sampler does without."""
     path = resolve_model(model_path)
     if backend == "hf":
-        return HFSampler(path, dtype=dtype, seed=seed, device=device)
+        return HFSampler(path, dtype=dtype, device=device)
     return VLLMSampler(path, dtype=dtype, seed=seed, **engine)
