@@ -103,12 +103,10 @@ def set_rng_state(rng: dict):
 
 @contextlib.contextmanager
 def kept_rng_state():
-    """vLLM's set-up reseeds the global RNGs."""
-    python, numpy = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng(devices=range(torch.cuda.device_count())):
-        yield
-    random.setstate(python)
-    np.random.set_state(numpy)
+    """vLLM's set-up reseeds the global RNGs: the ones a checkpoint saves come back as they were."""
+    rng = rng_state()
+    yield
+    set_rng_state(rng)
 
 
 def _step(name: str) -> int:
@@ -342,8 +340,8 @@ def prune_checkpoints(out_dir: str, keep: int, master: bool = True) -> list[str]
     return deleted
 
 
-def load_checkpoint(ckpt, model, optimizer, scheduler, rank, lr=None, weight_decay=None, ref_model=None, rollout=None):
-    """Restore (resharded) and the --rollout entry's state; the step. `lr`, `weight_decay` override the saved."""
+def load_checkpoint(ckpt, model, optimizer, scheduler, rank, lr, weight_decay, ref_model=None, rollout=None):
+    """Restore (resharded) and the --rollout entry's state; the step. this run's `lr`, `weight_decay` win."""
     state = read_trainer_state(ckpt)  # before DCP unpickles
     if not state.get("reference"):  # a run without a moving reference saved none
         ref_model = None
@@ -361,11 +359,9 @@ def load_checkpoint(ckpt, model, optimizer, scheduler, rank, lr=None, weight_dec
     own = ("params", "param_names", "fused", "foreach", "capturable")  # this run's kernels: the saver's may not exist
     for i, (group, saved) in enumerate(zip(optimizer.param_groups, state["param_groups"])):
         group.update({k: v for k, v in saved.items() if k not in own})
-        if lr is not None:  # LambdaLR: lr = base_lr * lambda(step)
-            scheduler.base_lrs[i] = group["initial_lr"] = lr
-            group["lr"] = lr * scheduler.lr_lambdas[i](scheduler.last_epoch)
-        if weight_decay is not None:
-            group["weight_decay"] = weight_decay
+        scheduler.base_lrs[i] = group["initial_lr"] = lr  # LambdaLR: lr = base_lr * lambda(step)
+        group["lr"] = lr * scheduler.lr_lambdas[i](scheduler.last_epoch)
+        group["weight_decay"] = weight_decay
     scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
     saved_rank = rank if rank < len(state["rng"]) else 0  # more ranks than saved: the new ones take rank 0's
     set_rng_state(state["rng"][saved_rank])

@@ -81,7 +81,7 @@ def model_context(model: str) -> int | None:
             context = json.load(f).get("max_position_embeddings")
     except (OSError, TypeError, ValueError, AttributeError):
         return None
-    return context if isinstance(context, int) and not isinstance(context, bool) and context > 0 else None
+    return context if type(context) is int and context > 0 else None  # not True, not a float
 
 
 def hub_context(path) -> int | None:

@@ -222,7 +222,7 @@ def report_eval(evals: dict, when: str, scores: dict, out_dir: str, task, n: int
     if not master:
         return
     write_json(os.path.join(out_dir, "eval.json"), evals)
-    for key, value in evals.get("sets", {}).get(when, {}).items():
+    for key, value in others.items():
         print(f"held-out {key.removeprefix('eval/')}: {value:.3f}")
     name = "greedy pass@1" if task.has_verifier else "greedy similarity reward"
     if "after" in evals:
