@@ -62,14 +62,12 @@ def safe_load(ckpt: str, name: str):
             with open(os.path.join(ckpt, name), "rb") as f:
                 return _MetadataUnpickler(f).load()
         return torch.load(os.path.join(ckpt, name), weights_only=True)
-    except pickle.UnpicklingError as err:
-        if needs := re.search(r"Unsupported global: GLOBAL (\S+)", str(err)):
+    except Exception as err:
+        if needs := re.search(r"Unsupported global: GLOBAL (\S+)", str(err)):  # the unpicklers' refusal
             raise CheckpointError(
                 f"checkpoint {ckpt}: {name} needs {needs.group(1)} to load, and loading anything "
                 "but tensors, numbers, strings, lists and dicts could run code; refused"
             ) from None
-        raise CheckpointError(f"checkpoint {ckpt} is corrupt: cannot read {name}") from None
-    except Exception as err:
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: cannot read {name} ({type(err).__name__})") from None
 
 
