@@ -78,7 +78,7 @@ def read_trainer_state(ckpt: str) -> dict:
         raise CheckpointError(f"checkpoint {ckpt} is incomplete: missing {', '.join(missing)}")
     safe_load(ckpt, "trainer/.metadata")  # refused here, before DCP's own reader unpickles it
     state = safe_load(ckpt, "trainer_state.pt")
-    if not isinstance(state, dict) or not isinstance(state.get("args"), dict):
+    if not isinstance(state, dict) or not isinstance(state.get("args"), dict):  # a file torch wrote, but not train.py
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: trainer_state.pt holds no run arguments")
     return state
 
@@ -95,7 +95,7 @@ def set_rng_state(rng: dict):
     random.setstate(rng["python"])
     np.random.set_state(rng["numpy"])
     torch.set_rng_state(rng["torch"])
-    if torch.cuda.is_available() and rng["cuda"] is not None:
+    if torch.cuda.is_available() and rng["cuda"] is not None:  # a CPU-saved run resumed on a GPU: no GPU state saved
         torch.cuda.set_rng_state(rng["cuda"])
 
 
@@ -114,7 +114,7 @@ def _step(name: str) -> int:
 def complete_checkpoints(run: str) -> list[str]:
     """Oldest first; a save's trainer_state.pt is written last, so a folder without it is no checkpoint."""
     names = [os.path.dirname(p) for p in glob.glob("checkpoint-*/trainer_state.pt", root_dir=run)]
-    return sorted([name for name in names if name[11:].isdigit()], key=_step)
+    return sorted([name for name in names if name[11:].isdigit()], key=_step)  # checkpoint-best is a user's, not ours
 
 
 def find_checkpoint(path: str) -> str | None:
@@ -381,7 +381,7 @@ def run_dir(args) -> str:
 @contextlib.contextmanager
 def lock_run_folder(out: str, hold: bool = True):
     """One run per folder: flock out/.lock (dies with the process), else CheckpointError; yields whether held."""
-    if not hold:
+    if not hold:  # torchrun's other ranks: rank 0 holds the one lock for them all
         yield False
         return
     made = not os.path.isdir(out)

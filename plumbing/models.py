@@ -131,7 +131,7 @@ def resolve_model(name_or_path: str) -> str:
 
 
 def check_finite(row_values):
-    if not bool((torch.isfinite(row_values) & (row_values != 0)).all()):
+    if not bool((torch.isfinite(row_values) & (row_values != 0)).all()):  # a zero row: every probability underflowed
         raise SamplingError(
             "the model's next-token distribution is not finite (NaN/inf logits): its weights are "
             "broken, e.g. training diverged; lower --lr or resume from an earlier checkpoint"

@@ -67,7 +67,7 @@ def check_probe(probe, before, step: int, tolerance: float, device) -> dict:
     """SyncError on every rank unless each probe is within `tolerance` and the sampler moved with the trainer."""
     moved_alone = 0.0  # the trainer's log-probs moved while the sampler's did not
     engine_moved = 0.0
-    if before is not None:
+    if before is not None:  # the start's probe has no earlier one to compare with
         engine_moved = probe.sampler_moved(before)
         if before.token_ids == probe.token_ids and torch.equal(before.sampler_logp, probe.sampler_logp):
             moved = (probe.trainer_logp - before.trainer_logp).abs() * probe.mask
@@ -131,7 +131,7 @@ def checksum(t: torch.Tensor, dtype, chunk: int = 1 << 22) -> tuple[float, float
 
 def weight_checksums(sampler, model, step: int = 0, every: int = 1) -> tuple[dict, dict] | None:
     """(engine, trainer) checksums (a collective under FSDP2); None unless `step` is a multiple of `every` > 0."""
-    if not every or step % every:
+    if not every or step % every:  # every weight gathered and summed: only every few steps
         return None
     shapes = {
         hf_name(name): tuple(p.shape)
@@ -147,7 +147,7 @@ def weight_checksums(sampler, model, step: int = 0, every: int = 1) -> tuple[dic
 
 def check_weights(sums, step: int, device) -> dict:
     """SyncError on every rank unless each engine holds every family of the trainer's weights; None passes."""
-    if sums is None:
+    if sums is None:  # not a checksum step
         return {}
     engine, trainer = sums
     labels = list(dict.fromkeys(FAMILIES.values()))
