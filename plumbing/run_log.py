@@ -63,7 +63,7 @@ class SampleLog:
     def __init__(self, out_dir: str, start_step: int, n: int, master: bool):
         self.out_dir, self.n, self.master = out_dir, n, master
         self.path = os.path.join(out_dir, "completions.jsonl")
-        if master and os.path.isdir(out_dir):  # a resumed run drops what was logged after its checkpoint
+        if master:  # a resumed run drops what was logged after its checkpoint (lock_run_folder made the folder)
             keep_steps(self.path, start_step)
             for name in os.listdir(out_dir):
                 if name.startswith("eval-") and name[5:-6].isdigit() and int(name[5:-6]) > start_step:
@@ -115,7 +115,6 @@ class MetricsLog:
         self.path, self.master, self.wandb = os.path.join(out_dir, "metrics.jsonl"), master, None
         if not master:
             return
-        os.makedirs(out_dir, exist_ok=True)
         keep_steps(self.path, start_step)
         if args.wandb:
             try:
