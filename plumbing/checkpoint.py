@@ -62,14 +62,12 @@ def safe_load(ckpt: str, name: str):
             with open(os.path.join(ckpt, name), "rb") as f:
                 return _MetadataUnpickler(f).load()
         return torch.load(os.path.join(ckpt, name), weights_only=True)
-    except pickle.UnpicklingError as err:
-        if needs := re.search(r"Unsupported global: GLOBAL (\S+)", str(err)):
+    except Exception as err:
+        if needs := re.search(r"Unsupported global: GLOBAL (\S+)", str(err)):  # the unpicklers' refusal
             raise CheckpointError(
                 f"checkpoint {ckpt}: {name} needs {needs.group(1)} to load, and loading anything "
                 "but tensors, numbers, strings, lists and dicts could run code; refused"
             ) from None
-        raise CheckpointError(f"checkpoint {ckpt} is corrupt: cannot read {name}") from None
-    except Exception as err:
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: cannot read {name} ({type(err).__name__})") from None
 
 
@@ -80,7 +78,7 @@ def read_trainer_state(ckpt: str) -> dict:
         raise CheckpointError(f"checkpoint {ckpt} is incomplete: missing {', '.join(missing)}")
     safe_load(ckpt, "trainer/.metadata")  # refused here, before DCP's own reader unpickles it
     state = safe_load(ckpt, "trainer_state.pt")
-    if not isinstance(state, dict) or not isinstance(state.get("args"), dict):
+    if not isinstance(state, dict) or not isinstance(state.get("args"), dict):  # a file torch wrote, but not train.py
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: trainer_state.pt holds no run arguments")
     return state
 
@@ -97,18 +95,16 @@ def set_rng_state(rng: dict):
     random.setstate(rng["python"])
     np.random.set_state(rng["numpy"])
     torch.set_rng_state(rng["torch"])
-    if torch.cuda.is_available() and rng["cuda"] is not None:
+    if torch.cuda.is_available() and rng["cuda"] is not None:  # a CPU-saved run resumed on a GPU: no GPU state saved
         torch.cuda.set_rng_state(rng["cuda"])
 
 
 @contextlib.contextmanager
 def kept_rng_state():
-    """vLLM's set-up reseeds the global RNGs."""
-    python, numpy = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng(devices=range(torch.cuda.device_count())):
-        yield
-    random.setstate(python)
-    np.random.set_state(numpy)
+    """vLLM's set-up reseeds the global RNGs: the ones a checkpoint saves come back as they were."""
+    rng = rng_state()
+    yield
+    set_rng_state(rng)
 
 
 def _step(name: str) -> int:
@@ -118,7 +114,7 @@ def _step(name: str) -> int:
 def complete_checkpoints(run: str) -> list[str]:
     """Oldest first; a save's trainer_state.pt is written last, so a folder without it is no checkpoint."""
     names = [os.path.dirname(p) for p in glob.glob("checkpoint-*/trainer_state.pt", root_dir=run)]
-    return sorted([name for name in names if name[11:].isdigit()], key=_step)
+    return sorted([name for name in names if name[11:].isdigit()], key=_step)  # checkpoint-best is a user's, not ours
 
 
 def find_checkpoint(path: str) -> str | None:
@@ -342,8 +338,8 @@ def prune_checkpoints(out_dir: str, keep: int, master: bool = True) -> list[str]
     return deleted
 
 
-def load_checkpoint(ckpt, model, optimizer, scheduler, rank, lr=None, weight_decay=None, ref_model=None, rollout=None):
-    """Restore (resharded) and the --rollout entry's state; the step. `lr`, `weight_decay` override the saved."""
+def load_checkpoint(ckpt, model, optimizer, scheduler, rank, lr, weight_decay, ref_model=None, rollout=None):
+    """Restore (resharded) and the --rollout entry's state; the step. this run's `lr`, `weight_decay` win."""
     state = read_trainer_state(ckpt)  # before DCP unpickles
     if not state.get("reference"):  # a run without a moving reference saved none
         ref_model = None
@@ -361,11 +357,9 @@ def load_checkpoint(ckpt, model, optimizer, scheduler, rank, lr=None, weight_dec
     own = ("params", "param_names", "fused", "foreach", "capturable")  # this run's kernels: the saver's may not exist
     for i, (group, saved) in enumerate(zip(optimizer.param_groups, state["param_groups"])):
         group.update({k: v for k, v in saved.items() if k not in own})
-        if lr is not None:  # LambdaLR: lr = base_lr * lambda(step)
-            scheduler.base_lrs[i] = group["initial_lr"] = lr
-            group["lr"] = lr * scheduler.lr_lambdas[i](scheduler.last_epoch)
-        if weight_decay is not None:
-            group["weight_decay"] = weight_decay
+        scheduler.base_lrs[i] = group["initial_lr"] = lr  # LambdaLR: lr = base_lr * lambda(step)
+        group["lr"] = lr * scheduler.lr_lambdas[i](scheduler.last_epoch)
+        group["weight_decay"] = weight_decay
     scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
     saved_rank = rank if rank < len(state["rng"]) else 0  # more ranks than saved: the new ones take rank 0's
     set_rng_state(state["rng"][saved_rank])
@@ -387,7 +381,7 @@ def run_dir(args) -> str:
 @contextlib.contextmanager
 def lock_run_folder(out: str, hold: bool = True):
     """One run per folder: flock out/.lock (dies with the process), else CheckpointError; yields whether held."""
-    if not hold:
+    if not hold:  # torchrun's other ranks: rank 0 holds the one lock for them all
         yield False
         return
     made = not os.path.isdir(out)

@@ -18,10 +18,6 @@ class CheckpointError(Exception):
 class WriteError(OSError):
     """One line; the file is as it was."""
 
-    def __init__(self, message: str, strerror: str | None = None):
-        super().__init__(message)
-        self.strerror = strerror
-
 
 def _write_failed(verb: str, path: str, err: OSError, kept: str) -> WriteError:
     why = "is the disk full or failing?"  # EIO and the rest
@@ -29,7 +25,7 @@ def _write_failed(verb: str, path: str, err: OSError, kept: str) -> WriteError:
         why = "is the disk full?"
     if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         why = "its folder is not writable (made read-only during the run?)"
-    return WriteError(f"cannot {verb} {path} ({err.strerror or first_line(err)}): {why} {kept}", err.strerror)
+    return WriteError(f"cannot {verb} {path} ({err.strerror or first_line(err)}): {why} {kept}")
 
 
 def write_whole(path: str, write) -> None:

@@ -81,7 +81,7 @@ def model_context(model: str) -> int | None:
             context = json.load(f).get("max_position_embeddings")
     except (OSError, TypeError, ValueError, AttributeError):
         return None
-    return context if isinstance(context, int) and not isinstance(context, bool) and context > 0 else None
+    return context if type(context) is int and context > 0 else None  # not True, not a float
 
 
 def hub_context(path) -> int | None:
@@ -131,7 +131,7 @@ def resolve_model(name_or_path: str) -> str:
 
 
 def check_finite(row_values):
-    if not bool((torch.isfinite(row_values) & (row_values != 0)).all()):
+    if not bool((torch.isfinite(row_values) & (row_values != 0)).all()):  # a zero row: every probability underflowed
         raise SamplingError(
             "the model's next-token distribution is not finite (NaN/inf logits): its weights are "
             "broken, e.g. training diverged; lower --lr or resume from an earlier checkpoint"

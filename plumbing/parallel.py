@@ -102,7 +102,7 @@ def init_distributed(seed: int, timeout_s: float = 1800):
 
     hf_logging.disable_progress_bar()
     cuda = torch.cuda.is_available()
-    if not cuda:
+    if not cuda:  # CPU: glibc would page-fault each step's activations in afresh (speed/allocator.py)
         keep_freed_memory()
     if distributed := "RANK" in os.environ:
         dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))

@@ -63,7 +63,7 @@ class SampleLog:
     def __init__(self, out_dir: str, start_step: int, n: int, master: bool):
         self.out_dir, self.n, self.master = out_dir, n, master
         self.path = os.path.join(out_dir, "completions.jsonl")
-        if master and os.path.isdir(out_dir):
+        if master:  # a resumed run drops what was logged after its checkpoint (lock_run_folder made the folder)
             keep_steps(self.path, start_step)
             for name in os.listdir(out_dir):
                 if name.startswith("eval-") and name[5:-6].isdigit() and int(name[5:-6]) > start_step:
@@ -115,7 +115,6 @@ class MetricsLog:
         self.path, self.master, self.wandb = os.path.join(out_dir, "metrics.jsonl"), master, None
         if not master:
             return
-        os.makedirs(out_dir, exist_ok=True)
         keep_steps(self.path, start_step)
         if args.wandb:
             try:
@@ -222,7 +221,7 @@ def report_eval(evals: dict, when: str, scores: dict, out_dir: str, task, n: int
     if not master:
         return
     write_json(os.path.join(out_dir, "eval.json"), evals)
-    for key, value in evals.get("sets", {}).get(when, {}).items():
+    for key, value in others.items():
         print(f"held-out {key.removeprefix('eval/')}: {value:.3f}")
     name = "greedy pass@1" if task.has_verifier else "greedy similarity reward"
     if "after" in evals:

@@ -5,6 +5,7 @@ python -m pytest tests/test_rollout.py tests/test_train.py -k "sync or weight"
 
 import functools
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -33,13 +34,16 @@ class SyncProbe:
     @property
     def diff(self) -> float:
         """Mean |sampler - trainer| log-prob (in bf16 one token can be half a nat off)."""
-        return ((self.sampler_logp - self.trainer_logp).abs() * self.mask).sum().item() / self.mask.sum().item()
+        gap = (self.sampler_logp - self.trainer_logp).abs() * self.mask
+        return gap.sum().item() / self.mask.sum().item()
 
     def sampler_moved(self, before: "SyncProbe") -> float:
         """Mean |sampler log-prob now - at `before`| up to each row's first differing token."""
-        moved, count = 0.0, 0
+        moved = 0.0
+        count = 0
         for i, (now, then) in enumerate(zip(self.token_ids, before.token_ids)):
-            k = 1 + next((j for j, (a, b) in enumerate(zip(now, then)) if a != b), min(len(now), len(then)) - 1)
+            same = os.path.commonprefix([now, then])  # any sequences, not only paths
+            k = min(len(same) + 1, len(now), len(then))  # through the first differing token
             moved += (self.sampler_logp[i, :k] - before.sampler_logp[i, :k]).abs().sum().item()
             count += k
         return moved / max(count, 1)
@@ -52,24 +56,22 @@ def probe_sync(sampler, model, prompts, max_tokens=4) -> SyncProbe:
     token_ids = [c.token_ids for c in completions]
     input_ids, attention_mask, completion_mask = pad_batch(prompts, token_ids, 0)
     device = next(model.parameters()).device
-    logp = (
-        sequence_logprobs(model, input_ids.to(device), attention_mask.to(device), completion_mask.shape[1])
-        .float()
-        .cpu()
-    )  # (B, K)
-    sampler_logp = torch.zeros_like(logp)
+    logp = sequence_logprobs(model, input_ids.to(device), attention_mask.to(device), completion_mask.shape[1])
+    sampler_logp = torch.zeros(logp.shape)
     for i, c in enumerate(completions):
         sampler_logp[i, : len(c.logprobs)] = torch.tensor(c.logprobs)
-    return SyncProbe(token_ids, sampler_logp, logp, completion_mask.float())
+    return SyncProbe(token_ids, sampler_logp, logp.float().cpu(), completion_mask.float())  # (B, K) each
 
 
 def check_probe(probe, before, step: int, tolerance: float, device) -> dict:
     """SyncError on every rank unless each probe is within `tolerance` and the sampler moved with the trainer."""
-    moved_alone = engine_moved = 0.0  # moved_alone: the trainer's log-probs moved while the sampler's did not
-    if before is not None:
+    moved_alone = 0.0  # the trainer's log-probs moved while the sampler's did not
+    engine_moved = 0.0
+    if before is not None:  # the start's probe has no earlier one to compare with
         engine_moved = probe.sampler_moved(before)
         if before.token_ids == probe.token_ids and torch.equal(before.sampler_logp, probe.sampler_logp):
-            moved_alone = ((probe.trainer_logp - before.trainer_logp).abs() * probe.mask).max().item()
+            moved = (probe.trainer_logp - before.trainer_logp).abs() * probe.mask
+            moved_alone = moved.max().item()
     worst_diff, worst_moved, least_engine_moved = all_reduce_sum(
         [probe.diff, moved_alone, -engine_moved], device, op=dist.ReduceOp.MAX
     )  # -min over ranks
@@ -114,11 +116,14 @@ def _fixed_vector(n: int, device) -> torch.Tensor:
 def checksum(t: torch.Tensor, dtype, chunk: int = 1 << 22) -> tuple[float, float, int]:
     """(u . W v, sum of squares, count) of `t` cast to `dtype`, in float64; u, v fixed random vectors."""
     rows = t.detach().reshape(t.shape[0] if t.dim() > 1 else 1, -1)
-    u, v = _fixed_vector(rows.shape[0], rows.device), _fixed_vector(rows.shape[1], rows.device)
-    projected, squares = 0.0, 0.0
+    u = _fixed_vector(rows.shape[0], rows.device)
+    v = _fixed_vector(rows.shape[1], rows.device)
+    projected = 0.0
+    squares = 0.0
     block = max(1, chunk // rows.shape[1])
     for start in range(0, rows.shape[0], block):
-        x = rows[start : start + block].to(dtype).to(torch.float64, memory_format=torch.contiguous_format)
+        x = rows[start : start + block].to(dtype)  # the engine's rounding first, then exact sums
+        x = x.to(torch.float64, memory_format=torch.contiguous_format)
         projected += torch.dot(u[start : start + block], x @ v).item()
         squares += torch.dot(x.view(-1), x.view(-1)).item()
     return projected, squares, t.numel()
@@ -126,7 +131,7 @@ def checksum(t: torch.Tensor, dtype, chunk: int = 1 << 22) -> tuple[float, float
 
 def weight_checksums(sampler, model, step: int = 0, every: int = 1) -> tuple[dict, dict] | None:
     """(engine, trainer) checksums (a collective under FSDP2); None unless `step` is a multiple of `every` > 0."""
-    if not every or step % every:
+    if not every or step % every:  # every weight gathered and summed: only every few steps
         return None
     shapes = {
         hf_name(name): tuple(p.shape)
@@ -135,22 +140,26 @@ def weight_checksums(sampler, model, step: int = 0, every: int = 1) -> tuple[dic
     }  # LoRA: the engine holds the merged weights alone
     engine = sampler.weight_checksums(shapes)
     trainer = {name: checksum(tensor, sampler.dtype) for name, tensor in full_weights(model, sampler.dtype)}
-    return engine, trainer | {hf_name(name): trainer[hf_name(other)] for name, other in tied_names(model).items()}
+    for name, other in tied_names(model).items():  # a tied head: the engine may hold it under its own name
+        trainer[hf_name(name)] = trainer[hf_name(other)]
+    return engine, trainer
 
 
 def check_weights(sums, step: int, device) -> dict:
     """SyncError on every rank unless each engine holds every family of the trainer's weights; None passes."""
-    if sums is None:
+    if sums is None:  # not a checksum step
         return {}
     engine, trainer = sums
     labels = list(dict.fromkeys(FAMILIES.values()))
-    worst, example = dict.fromkeys(labels, 0.0), {}
+    worst = dict.fromkeys(labels, 0.0)
+    example = {}
     for name in [*trainer, *(engine.keys() - trainer.keys())]:  # a name on one side only is a missed tensor
         ours, theirs = trainer.get(name), engine.get(name)
-        module = name.rpartition(".")[0].rpartition(".")[2]  # its family, as errors name it:
+        module = name.split(".")[-2]  # its family, as errors name it (every name is module.parameter):
         family = "norm" if "norm" in module else module
         label = FAMILIES["bias"] if name.endswith(".bias") else FAMILIES.get(family, FAMILIES["rest"])
-        diff, where = math.inf, ", on one side only"
+        diff = math.inf
+        where = ", on one side only"
         if ours and theirs:  # relative to the tensor's norm: one tolerance for every size and dtype
             scale = max(ours[1], theirs[1], 1e-30)
             diff = max(abs(ours[0] - theirs[0]) / math.sqrt(scale * ours[2]), abs(ours[1] - theirs[1]) / scale)
