@@ -115,6 +115,11 @@ REWARD_TERMS = {
 }
 
 
+def reward_limits(max_tokens: int, overlong_buffer: int = 0) -> dict:
+    """The run's lengths that a term may declare (overlong's); a buffer of 0 is DAPO's L_cache of L_max / 5."""
+    return dict(max_tokens=max_tokens, overlong_buffer=overlong_buffer or max(1, max_tokens // 5))
+
+
 def declared_lengths(kind: str, **lengths) -> dict:
     """The `lengths` that the term `kind` takes."""
     term = REWARD_TERMS.get(kind)

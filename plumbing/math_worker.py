@@ -42,7 +42,7 @@ def _reply(child: Popen, timeout: float) -> bytes:
 class MathWorker:
     """The active child plus a warm spare. Thread-safe: a caller may score from any thread."""
 
-    def __init__(self, timeout: float, on_failure=lambda message: None):
+    def __init__(self, timeout: float, on_failure):
         self.timeout = timeout
         self.on_failure = on_failure
         self.lock = threading.Lock()  # one request in flight: replies carry no id
