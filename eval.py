@@ -37,7 +37,9 @@ def sampled_scores(rewards: list[list[float]], passes: list[list[bool]] | None) 
     per_prompt = [sum(row) / K for row in rewards]
     score = sum(per_prompt) / n
     squares = sum((m - score) ** 2 for m in per_prompt)
-    spread = math.sqrt(squares / (n - 1)) if n > 1 else 0.0
+    spread = 0.0  # one prompt: no spread to estimate
+    if n > 1:
+        spread = math.sqrt(squares / (n - 1))
     half = 1.96 * spread / math.sqrt(n)
     out = {f"mean@{K}": score, f"mean@{K}_ci95_low": score - half, f"mean@{K}_ci95_high": score + half}
     if passes is not None:
@@ -160,12 +162,15 @@ def gather_samples(records: list[dict], field: str, size: int, K: int, device) -
     rows = [[sample[field] for sample in r["samples"]] for r in records]
     rows += [[math.nan] * K] * (size - len(records))  # every rank sends `size` rows: NaN rows pad
     table = gather_rows(torch.tensor(rows, dtype=torch.float64), device)  # (world * size, K)
-    return table[~table[:, 0].isnan()]
+    real = ~table[:, 0].isnan()  # a rank's padding rows
+    return table[real]
 
 
 def load_sampler(args, examples):
     """rollout.py's sampler, its context sized for the longest prompt plus --max-tokens."""
-    backend = args.sampler or ("vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf")
+    backend = args.sampler
+    if backend is None:  # vLLM where it can run: it samples much faster than HF
+        backend = "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf"
     try:
         path = models.resolve_model(args.model)
         tokenizer = models.load_tokenizer(path)  # first: its ModelLoadError names what is wrong with the folder
@@ -179,10 +184,11 @@ def load_sampler(args, examples):
         at_once = min(len(prompts), args.batch_size) * max(args.samples, 1)  # sequences a batch samples at once
         kept = len(prompts) * (args.samples + 1)
         lower = "--samples, --limit or --batch-size"
-        at = dict(max_tokens=args.max_tokens, dtype="bfloat16", hf=backend == "hf", device=torch.device("cpu"))
+        hf = backend == "hf"
+        at = dict(max_tokens=args.max_tokens, dtype="bfloat16", hf=hf, device=torch.device("cpu"))
         if error := sampling_memory_error(config, at_once, kept, longest, **at, lower=lower):
             raise models.SamplingError(error)  # said before the model loads, not as an out-of-memory error later
-        dtype = "bfloat16" if backend == "hf" else "auto"
+        dtype = "bfloat16" if hf else "auto"
         return make_sampler(backend, path, dtype=dtype, seed=args.seed, max_model_len=longest + args.max_tokens)
     except (models.ModelLoadError, DataError):
         raise  # already one line
@@ -246,18 +252,6 @@ def model_flag_error(args) -> str | None:
     return models.model_error(args.model) or no_room_error(args.max_tokens, models.model_context(args.model))
 
 
-def demo_file_error(task, demo_file: str | None, sim: bool) -> str | None:
-    """Why --demo-file would go unread, or None: eval.py's door (config.py: check_args is train.py's)."""
-    if demo_file and task.demos is None:
-        return (
-            f"--demo-file: {task.name} takes no --demo-file (its demonstrations are its own; a 'reference' "
-            "column in --data-file replaces them)"
-        )
-    if demo_file and not sim:
-        return "--demo-file is read only when the reward uses sim (--reward sim, or a sim term in --reward-weights)"
-    return None
-
-
 def no_room_error(max_tokens: int, context: int | None) -> str | None:
     """The line for a --max-tokens that leaves a prompt no room in `context` (None: unknown), or None."""
     if context is not None and max_tokens >= context:
@@ -290,9 +284,8 @@ def parse_args(argv=None):
     add("--out", default=None, help="JSON path (default: <model dir or .>/eval_<task>_<split>.json)")
     judge.add_judge_args(parser)
     args = parser.parse_args(argv)
-    args.out = args.out or os.path.join(
-        args.model if os.path.isdir(args.model) else ".", f"eval_{args.task}_{args.split}.json"
-    )
+    folder = args.model if os.path.isdir(args.model) else "."  # a checkpoint keeps its own evaluations
+    args.out = args.out or os.path.join(folder, f"eval_{args.task}_{args.split}.json")
     if error := (
         judge.judge_args_error(args)
         or number_error(args, SAMPLING_RULES + EVAL_RULES)
@@ -309,13 +302,23 @@ def main(argv=None) -> dict:
 
     bad_input = (ValueError, models.ModelLoadError, models.SamplingError, CheckpointError)  # exit 2
     args = parse_args(argv)
-    out, partial = args.out, args.out + ".partial"
+    out = args.out
+    partial = out + ".partial"  # tools/judge.py's verdicts so far: an interrupted judging resumes from them
     try:
         task = get_task(args.task)
-        weights = reward_weights(task, args.reward, args.reward_weights) if args.reward_weights else None
+        weights = None  # None: the one --reward term, reported unweighted
+        if args.reward_weights:
+            weights = reward_weights(task, args.reward, args.reward_weights)
         sim = "sim" in (weights or {args.reward: 1})
-        if error := demo_file_error(task, args.demo_file, sim):
-            raise DataError(error)
+        if args.demo_file and task.demos is None:  # config.py: reward_error is train.py's door for this rule
+            raise DataError(
+                f"--demo-file: {task.name} takes no --demo-file (its demonstrations are its own; a 'reference' "
+                "column in --data-file replaces them)"
+            )
+        if args.demo_file and not sim:  # it would go unread
+            raise DataError(
+                "--demo-file is read only when the reward uses sim (--reward sim, or a sim term in --reward-weights)"
+            )
         if args.split == "train" and task.held_out_only:  # a benchmark has no train split to score
             raise DataError(f"{task.name} is a held-out benchmark: score its test split (--split test)")
         examples = task.load(
@@ -331,9 +334,11 @@ def main(argv=None) -> dict:
         judges = judge.connect_judges(args) if args.judge_url else []
         sampler = load_sampler(args, examples)
         try:
-            is_checkpoint = os.path.isfile(os.path.join(args.model, "trainer_state.pt"))  # its step seeds the samples
-            state = safe_load(args.model, "trainer_state.pt") if is_checkpoint else {}
-            step = int(state.get("step", 0)) if isinstance(state, dict) else 0
+            step = 0  # a checkpoint's step seeds the samples, as train.py's evaluation at that step
+            if os.path.isfile(os.path.join(args.model, "trainer_state.pt")):
+                state = safe_load(args.model, "trainer_state.pt")
+                step = int(state.get("step", 0)) if isinstance(state, dict) else 0  # a foreign file: step 0
+            seed = eval_seed(args.seed, step)
             result = evaluate(
                 sampler,
                 task,
@@ -341,7 +346,7 @@ def main(argv=None) -> dict:
                 samples=args.samples,
                 max_tokens=args.max_tokens,
                 batch_size=args.batch_size,
-                seed=eval_seed(args.seed, step),
+                seed=seed,
                 reward_kind=args.reward,
                 weights=weights,
                 temperature=args.temperature,
@@ -359,7 +364,8 @@ def main(argv=None) -> dict:
         except OSError as err:
             raise OSError(f"{err} The summary above is the result.") from None
     except KeyboardInterrupt:
-        sys.exit(f"eval.py: interrupted; {out} is {'as it was' if os.path.exists(out) else 'not written'}")
+        kept = "as it was" if os.path.exists(out) else "not written"
+        sys.exit(f"eval.py: interrupted; {out} is {kept}")
     except (*bad_input, OSError, judge.JudgeError) as err:
         print(f"eval.py: error: {err}", file=sys.stderr)
         sys.exit(2 if isinstance(err, bad_input) else 1)
