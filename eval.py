@@ -117,7 +117,8 @@ def evaluate(
             scored = [score(c, ex) for c in group]
             passed = [t.get("exact", 0.0) >= 0.5 for _, t in [(reward, terms), *scored]]
             record = {"uid": ex.uid, "prompt": ex.prompt, "gold": ex.gold, "reference": ex.reference}
-            record.update(reply(best, reward), answer=task.extract(best.text))
+            record.update(reply(best, reward))
+            record["answer"] = task.extract(best.text)
             if weighted:
                 record["terms"] = terms
             if samples > 0:
