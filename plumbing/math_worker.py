@@ -51,8 +51,10 @@ class MathWorker:
 
     def verify(self, pred: str, gold: str) -> float:
         with self.lock:
-            if self.active is None or self.active.poll() is not None:
-                self.active, self.spare, self.ready = self.spare or _start(), None, False
+            if self.active is None or self.active.poll() is not None:  # none yet, or it died: the spare takes over
+                self.active = self.spare or _start()
+                self.spare = None
+                self.ready = False
             self.spare = self.spare or _start()  # warm while the active one works: a kill costs no sympy import
             if not self.ready:  # the first reply waits out the sympy import, untimed
                 self.ready = _reply(self.active, timeout=120) == b"ready"
