@@ -20,7 +20,7 @@ from plumbing.cli import OneLineParser, first_line, number
 from plumbing.data import data_file_error
 from plumbing.files import write_error, write_json
 from plumbing.parallel import gather_rows
-from rewards import declared_lengths
+from rewards import declared_lengths, reward_limits
 from rollout import make_sampler, sampling_memory_error
 from tasks import REWARD_TERMS, DataError, encode_prompts, get_task, reward_weights
 
@@ -37,7 +37,9 @@ def sampled_scores(rewards: list[list[float]], passes: list[list[bool]] | None) 
     per_prompt = [sum(row) / K for row in rewards]
     score = sum(per_prompt) / n
     squares = sum((m - score) ** 2 for m in per_prompt)
-    spread = math.sqrt(squares / (n - 1)) if n > 1 else 0.0
+    spread = 0.0  # one prompt: no spread to estimate
+    if n > 1:
+        spread = math.sqrt(squares / (n - 1))
     half = 1.96 * spread / math.sqrt(n)
     out = {f"mean@{K}": score, f"mean@{K}_ci95_low": score - half, f"mean@{K}_ci95_high": score + half}
     if passes is not None:
@@ -77,19 +79,24 @@ def evaluate(
         reward_kind = "sim"
     weighted = weights is not None
     weights = weights or {reward_kind: 1.0}
-    limits = dict(max_tokens=max_tokens, overlong_buffer=max(1, max_tokens // 5))
+    limits = reward_limits(max_tokens)
 
     def score(completion, example) -> tuple[float, dict]:
+        lengths = dict(n_tokens=len(completion.token_ids), **limits)
         terms = {
-            term: task.reward(
-                completion.text,
-                example,
-                kind=term,
-                **declared_lengths(term, n_tokens=len(completion.token_ids), **limits),
-            )
+            term: task.reward(completion.text, example, kind=term, **declared_lengths(term, **lengths))
             for term in weights
         }
         return sum(weight * terms[term] for term, weight in weights.items()), terms  # r = sum_k w_k r_k
+
+    def reply(completion, reward) -> dict:
+        """What a record keeps of one completion."""
+        return {
+            "completion": completion.text,
+            "reward": reward,
+            "length": len(completion.token_ids),
+            "finish_reason": completion.finish_reason,
+        }
 
     records = []
     passes = []  # every prompt is chat text: the row gate (plumbing/data.py: check_rows) saw to it
@@ -109,34 +116,18 @@ def evaluate(
             reward, terms = score(best, ex)
             scored = [score(c, ex) for c in group]
             passed = [t.get("exact", 0.0) >= 0.5 for _, t in [(reward, terms), *scored]]
-            record = {
-                "uid": ex.uid,
-                "prompt": ex.prompt,
-                "gold": ex.gold,
-                "reference": ex.reference,
-                "completion": best.text,
-                "answer": task.extract(best.text),
-                "reward": reward,
-                "length": len(best.token_ids),
-                "finish_reason": best.finish_reason,
-            }
+            record = {"uid": ex.uid, "prompt": ex.prompt, "gold": ex.gold, "reference": ex.reference}
+            record.update(reply(best, reward))
+            record["answer"] = task.extract(best.text)
             if weighted:
                 record["terms"] = terms
             if samples > 0:
                 record["sampled_rewards"] = [r for r, _ in scored]
-                record["samples"] = [
-                    {
-                        "completion": c.text,
-                        "reward": r,
-                        "length": len(c.token_ids),
-                        "finish_reason": c.finish_reason,
-                        "passed": p,
-                    }
-                    for c, (r, _), p in zip(group, scored, passed[1:])
-                ]
+                record["samples"] = [{**reply(c, r), "passed": p} for c, (r, _), p in zip(group, scored, passed[1:])]
             records.append(record)
             passes.append(passed)
 
+    rewards = [r["reward"] for r in records]
     kind = "weighted" if weighted else reward_kind
     summary = {
         "task": task.name,
@@ -148,17 +139,18 @@ def evaluate(
     if "exact" in weights:
         summary["pass@1"] = mean([p[0] for p in passes])  # Table 2
     elif not weighted:
-        summary["sim_reward"] = mean([r["reward"] for r in records])
+        summary["sim_reward"] = mean(rewards)
     if weighted:
-        summary["reward/mean"] = mean([r["reward"] for r in records])
+        summary["reward/mean"] = mean(rewards)
         summary.update({f"reward/{term}": mean([r["terms"][term] for r in records]) for term in weights})
     if samples > 0:
+        sampled_rewards = [r["sampled_rewards"] for r in records]
         summary.update(temperature=temperature, top_p=top_p)
-        summary["sampled_reward_mean"] = mean([x for r in records for x in r["sampled_rewards"]])
-        sampled_passes = None
+        summary["sampled_reward_mean"] = mean([x for row in sampled_rewards for x in row])
+        sampled_passes = None  # pass@k needs the verifier
         if "exact" in weights:
             sampled_passes = [p[1:] for p in passes]
-        summary.update(sampled_scores([r["sampled_rewards"] for r in records], sampled_passes))
+        summary.update(sampled_scores(sampled_rewards, sampled_passes))
     return {"summary": summary, "examples": records}
 
 
@@ -168,42 +160,40 @@ def mean(values) -> float:
 
 def gather_samples(records: list[dict], field: str, size: int, K: int, device) -> torch.Tensor:
     """(n, K) float64: `field` of every rank's samples, in rank order."""
-    rows = [[sample[field] for sample in r["samples"]] for r in records] + [[math.nan] * K] * (size - len(records))
-    table = gather_rows(torch.tensor(rows, dtype=torch.float64), device)  # (world * size, K): NaN rows pad
-    return table[~table[:, 0].isnan()]
+    rows = [[sample[field] for sample in r["samples"]] for r in records]
+    rows += [[math.nan] * K] * (size - len(records))  # every rank sends `size` rows: NaN rows pad
+    table = gather_rows(torch.tensor(rows, dtype=torch.float64), device)  # (world * size, K)
+    real = ~table[:, 0].isnan()  # a rank's padding rows
+    return table[real]
 
 
 def load_sampler(args, examples):
     """rollout.py's sampler, its context sized for the longest prompt plus --max-tokens."""
-    backend = args.sampler or ("vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf")
+    backend = args.sampler
+    if backend is None:  # vLLM where it can run: it samples much faster than HF
+        backend = "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf"
     try:
         path = models.resolve_model(args.model)
-        context = models.model_context(path) or models.hub_context(path)  # vLLM needs it up front
+        tokenizer = models.load_tokenizer(path)  # first: its ModelLoadError names what is wrong with the folder
+        config = AutoConfig.from_pretrained(path)
+        context = getattr(config, "max_position_embeddings", None)  # vLLM needs it up front
         if error := no_room_error(args.max_tokens, context):
             raise DataError(error)
         room = (context or math.inf) - args.max_tokens
-        prompts = encode_prompts(models.load_tokenizer(path), examples, max_len=room)
+        prompts = encode_prompts(tokenizer, examples, max_len=room)
         longest = max(map(len, prompts), default=0)
-        n = len(prompts)
-        at_once = min(n, args.batch_size) * max(args.samples, 1)  # sequences a batch's sampling holds at once
-        error = sampling_memory_error(
-            AutoConfig.from_pretrained(path),
-            at_once,
-            n * (args.samples + 1),
-            longest,
-            max_tokens=args.max_tokens,
-            dtype="bfloat16",
-            hf=backend == "hf",
-            device=torch.device("cpu"),
-            lower="--samples, --limit or --batch-size",
-        )
-        if error:  # said before the model loads, not as an out-of-memory error minutes later
-            raise models.SamplingError(error)
-        dtype = "bfloat16" if backend == "hf" else "auto"
+        at_once = min(len(prompts), args.batch_size) * max(args.samples, 1)  # sequences a batch samples at once
+        kept = len(prompts) * (args.samples + 1)
+        lower = "--samples, --limit or --batch-size"
+        hf = backend == "hf"
+        at = dict(max_tokens=args.max_tokens, dtype="bfloat16", hf=hf, device=torch.device("cpu"))
+        if error := sampling_memory_error(config, at_once, kept, longest, **at, lower=lower):
+            raise models.SamplingError(error)  # said before the model loads, not as an out-of-memory error later
+        dtype = "bfloat16" if hf else "auto"
         return make_sampler(backend, path, dtype=dtype, seed=args.seed, max_model_len=longest + args.max_tokens)
+    except (models.ModelLoadError, DataError):
+        raise  # already one line
     except (OSError, ValueError) as err:
-        if isinstance(err, (models.ModelLoadError, DataError)):
-            raise
         raise models.ModelLoadError(f"cannot use model {args.model!r}: {first_line(err, limit=None)}") from None
 
 
@@ -263,18 +253,6 @@ def model_flag_error(args) -> str | None:
     return models.model_error(args.model) or no_room_error(args.max_tokens, models.model_context(args.model))
 
 
-def demo_file_error(task, demo_file: str | None, sim: bool) -> str | None:
-    """Why --demo-file would go unread, or None: eval.py's door (config.py: check_args is train.py's)."""
-    if demo_file and task.demos is None:
-        return (
-            f"--demo-file: {task.name} takes no --demo-file (its demonstrations are its own; a 'reference' "
-            "column in --data-file replaces them)"
-        )
-    if demo_file and not sim:
-        return "--demo-file is read only when the reward uses sim (--reward sim, or a sim term in --reward-weights)"
-    return None
-
-
 def no_room_error(max_tokens: int, context: int | None) -> str | None:
     """The line for a --max-tokens that leaves a prompt no room in `context` (None: unknown), or None."""
     if context is not None and max_tokens >= context:
@@ -307,9 +285,8 @@ def parse_args(argv=None):
     add("--out", default=None, help="JSON path (default: <model dir or .>/eval_<task>_<split>.json)")
     judge.add_judge_args(parser)
     args = parser.parse_args(argv)
-    args.out = args.out or os.path.join(
-        args.model if os.path.isdir(args.model) else ".", f"eval_{args.task}_{args.split}.json"
-    )
+    folder = args.model if os.path.isdir(args.model) else "."  # a checkpoint keeps its own evaluations
+    args.out = args.out or os.path.join(folder, f"eval_{args.task}_{args.split}.json")
     if error := (
         judge.judge_args_error(args)
         or number_error(args, SAMPLING_RULES + EVAL_RULES)
@@ -326,19 +303,29 @@ def main(argv=None) -> dict:
 
     bad_input = (ValueError, models.ModelLoadError, models.SamplingError, CheckpointError)  # exit 2
     args = parse_args(argv)
-    out, partial = args.out, args.out + ".partial"
+    out = args.out
+    partial = out + ".partial"  # tools/judge.py's verdicts so far: an interrupted judging resumes from them
     try:
         task = get_task(args.task)
-        weights = reward_weights(task, args.reward, args.reward_weights) if args.reward_weights else None
+        weights = None  # None: the one --reward term, reported unweighted
+        if args.reward_weights:
+            weights = reward_weights(task, args.reward, args.reward_weights)
         sim = "sim" in (weights or {args.reward: 1})
-        if error := demo_file_error(task, args.demo_file, sim):
-            raise DataError(error)
+        if args.demo_file and task.demos is None:  # config.py: reward_error is train.py's door for this rule
+            raise DataError(
+                f"--demo-file: {task.name} takes no --demo-file (its demonstrations are its own; a 'reference' "
+                "column in --data-file replaces them)"
+            )
+        if args.demo_file and not sim:  # it would go unread
+            raise DataError(
+                "--demo-file is read only when the reward uses sim (--reward sim, or a sim term in --reward-weights)"
+            )
         if args.split == "train" and task.held_out_only:  # a benchmark has no train split to score
             raise DataError(f"{task.name} is a held-out benchmark: score its test split (--split test)")
         examples = task.load(
             args.split, data_file=args.data_file, limit=args.limit, seed=args.seed, demos=sim, demo_file=args.demo_file
         )
-        if error := model_flag_error(args):
+        if error := models.model_error(args.model):  # the context's room: load_sampler, from the model's config
             raise models.ModelLoadError(error)
         if not examples:
             raise DataError(
@@ -348,9 +335,11 @@ def main(argv=None) -> dict:
         judges = judge.connect_judges(args) if args.judge_url else []
         sampler = load_sampler(args, examples)
         try:
-            is_checkpoint = os.path.isfile(os.path.join(args.model, "trainer_state.pt"))  # its step seeds the samples
-            state = safe_load(args.model, "trainer_state.pt") if is_checkpoint else {}
-            step = int(state.get("step", 0)) if isinstance(state, dict) else 0
+            step = 0  # a checkpoint's step seeds the samples, as train.py's evaluation at that step
+            if os.path.isfile(os.path.join(args.model, "trainer_state.pt")):
+                state = safe_load(args.model, "trainer_state.pt")
+                step = int(state.get("step", 0)) if isinstance(state, dict) else 0  # a foreign file: step 0
+            seed = eval_seed(args.seed, step)
             result = evaluate(
                 sampler,
                 task,
@@ -358,7 +347,7 @@ def main(argv=None) -> dict:
                 samples=args.samples,
                 max_tokens=args.max_tokens,
                 batch_size=args.batch_size,
-                seed=eval_seed(args.seed, step),
+                seed=seed,
                 reward_kind=args.reward,
                 weights=weights,
                 temperature=args.temperature,
@@ -376,7 +365,8 @@ def main(argv=None) -> dict:
         except OSError as err:
             raise OSError(f"{err} The summary above is the result.") from None
     except KeyboardInterrupt:
-        sys.exit(f"eval.py: interrupted; {out} is {'as it was' if os.path.exists(out) else 'not written'}")
+        kept = "as it was" if os.path.exists(out) else "not written"
+        sys.exit(f"eval.py: interrupted; {out} is {kept}")
     except (*bad_input, OSError, judge.JudgeError) as err:
         print(f"eval.py: error: {err}", file=sys.stderr)
         sys.exit(2 if isinstance(err, bad_input) else 1)

@@ -115,10 +115,17 @@ REWARD_TERMS = {
 }
 
 
+def reward_limits(max_tokens: int, overlong_buffer: int = 0) -> dict:
+    """The run's lengths that a term may declare (overlong's); a buffer of 0 is DAPO's L_cache of L_max / 5."""
+    return dict(max_tokens=max_tokens, overlong_buffer=overlong_buffer or max(1, max_tokens // 5))
+
+
 def declared_lengths(kind: str, **lengths) -> dict:
     """The `lengths` that the term `kind` takes."""
-    term = REWARD_TERMS.get(kind)
-    return {k: v for k, v in lengths.items() if term is not None and k in inspect.signature(term).parameters}
+    if kind not in REWARD_TERMS:  # "exact": a task's verifier takes no lengths
+        return {}
+    declared = inspect.signature(REWARD_TERMS[kind]).parameters  # once a call, not once a length
+    return {k: v for k, v in lengths.items() if k in declared}
 
 
 def final_answer(text) -> str:
@@ -310,21 +317,21 @@ MAX_WORDS = 20_000  # per side, for the LCS
 _NO_PUNCTUATION = str.maketrans("", "", string.punctuation)
 
 STRICT = os.environ.get("SOFTMAX_GRPO_STRICT_REWARDS") == "1"  # the tests: a reward bug fails them
-_errors = {"count": 0, "printed": False}
+_errors = Counter()  # "count": since the last take_error_count; "printed": the first one has printed
 _errors_lock = threading.Lock()
 
 
 def take_error_count() -> int:
     """Reward exceptions since the last call."""
     with _errors_lock:
-        count, _errors["count"] = _errors["count"], 0
-    return count
+        return _errors.pop("count", 0)
 
 
 def _count_error(message: str):
     with _errors_lock:
         _errors["count"] += 1
-        first, _errors["printed"] = not _errors["printed"], True
+        first = not _errors["printed"]
+        _errors["printed"] = True
     if first:
         print(f"rewards.py: {message}; later errors are only counted (reward/errors).", file=sys.stderr, flush=True)
 

@@ -42,7 +42,7 @@ def _reply(child: Popen, timeout: float) -> bytes:
 class MathWorker:
     """The active child plus a warm spare. Thread-safe: a caller may score from any thread."""
 
-    def __init__(self, timeout: float, on_failure=lambda message: None):
+    def __init__(self, timeout: float, on_failure):
         self.timeout = timeout
         self.on_failure = on_failure
         self.lock = threading.Lock()  # one request in flight: replies carry no id
@@ -51,8 +51,10 @@ class MathWorker:
 
     def verify(self, pred: str, gold: str) -> float:
         with self.lock:
-            if self.active is None or self.active.poll() is not None:
-                self.active, self.spare, self.ready = self.spare or _start(), None, False
+            if self.active is None or self.active.poll() is not None:  # none yet, or it died: the spare takes over
+                self.active = self.spare or _start()
+                self.spare = None
+                self.ready = False
             self.spare = self.spare or _start()  # warm while the active one works: a kill costs no sympy import
             if not self.ready:  # the first reply waits out the sympy import, untimed
                 self.ready = _reply(self.active, timeout=120) == b"ready"
