@@ -253,6 +253,18 @@ def model_flag_error(args) -> str | None:
     return models.model_error(args.model) or no_room_error(args.max_tokens, models.model_context(args.model))
 
 
+def demo_file_error(task, demo_file: str | None, sim: bool) -> str | None:
+    """Why --demo-file would go unread, or None: the one rule eval.py's main and config.reward_error both read."""
+    if demo_file and task.demos is None:
+        return (
+            f"--demo-file: {task.name} takes no --demo-file (its demonstrations are its own; a 'reference' "
+            "column in --data-file replaces them)"
+        )
+    if demo_file and not sim:
+        return "--demo-file is read only when the reward uses sim (--reward sim, or a sim term in --reward-weights)"
+    return None
+
+
 def no_room_error(max_tokens: int, context: int | None) -> str | None:
     """The line for a --max-tokens that leaves a prompt no room in `context` (None: unknown), or None."""
     if context is not None and max_tokens >= context:
@@ -311,15 +323,9 @@ def main(argv=None) -> dict:
         if args.reward_weights:
             weights = reward_weights(task, args.reward, args.reward_weights)
         sim = "sim" in (weights or {args.reward: 1})
-        if args.demo_file and task.demos is None:  # config.py: reward_error is train.py's door for this rule
-            raise DataError(
-                f"--demo-file: {task.name} takes no --demo-file (its demonstrations are its own; a 'reference' "
-                "column in --data-file replaces them)"
-            )
-        if args.demo_file and not sim:  # it would go unread
-            raise DataError(
-                "--demo-file is read only when the reward uses sim (--reward sim, or a sim term in --reward-weights)"
-            )
+        demo_error = demo_file_error(task, args.demo_file, sim)
+        if demo_error:
+            raise DataError(demo_error)
         if args.split == "train" and task.held_out_only:  # a benchmark has no train split to score
             raise DataError(f"{task.name} is a held-out benchmark: score its test split (--split test)")
         examples = task.load(

@@ -534,7 +534,7 @@ def load_data(args, task: Task, weights: dict, master: bool = True) -> tuple[lis
     named = parse_eval_tasks(args.eval_tasks, TASKS)
     if task.name in named and test_set:
         raise DataError(f"--eval-tasks: {task.name} is the task's own held-out set, scored already")
-    decontaminate = task.decontaminate
+    decontaminate = getattr(task, "decontaminate", ())  # a fork's task need not subclass Task
     held = {}
     for name in dict.fromkeys([*decontaminate, *named]):
         limit = None if name in decontaminate else args.eval_examples  # read whole once: its first rows are scored
