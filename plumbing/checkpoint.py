@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import state_dict as dcp_state
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
 from plumbing.cli import first_line
 from plumbing.files import CheckpointError, fsync, fsync_tree, write_error
@@ -76,7 +77,15 @@ def read_trainer_state(ckpt: str) -> dict:
     missing = [f for f in ("config.json", "trainer/.metadata") if not os.path.isfile(os.path.join(ckpt, f))]
     if missing:
         raise CheckpointError(f"checkpoint {ckpt} is incomplete: missing {', '.join(missing)}")
-    safe_load(ckpt, "trainer/.metadata")  # refused here, before DCP's own reader unpickles it
+    metadata = safe_load(ckpt, "trainer/.metadata")  # refused here, before DCP's own reader unpickles it
+    # DCP reads a byte entry with torch.load(weights_only=False), which can run code; our saves write tensors only
+    entries = getattr(metadata, "state_dict_metadata", {})
+    byte_entries = [name for name, entry in entries.items() if isinstance(entry, BytesStorageMetadata)]
+    if byte_entries:
+        raise CheckpointError(
+            f"checkpoint {ckpt}: trainer/.metadata holds {len(byte_entries)} pickled entries (e.g. {byte_entries[0]}), "
+            "which DCP would unpickle and which could run code; a checkpoint train.py saves holds tensors only; refused"
+        )
     state = safe_load(ckpt, "trainer_state.pt")
     if not isinstance(state, dict) or not isinstance(state.get("args"), dict):  # a file torch wrote, but not train.py
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: trainer_state.pt holds no run arguments")

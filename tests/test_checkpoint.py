@@ -304,3 +304,23 @@ def test_a_tied_head_is_saved_once_and_every_file_is_fsynced_before_the_rename(t
     assert load_checkpoint(str(ckpt), fresh, fresh_optimizer, fresh_scheduler, 0, args.lr, args.weight_decay) == 1
     assert fresh.lm_head.weight is fresh.get_input_embeddings().weight
     assert torch.equal(fresh.lm_head.weight, model.get_input_embeddings().weight)  # resumed, still tied
+
+
+def test_dcp_metadata_with_a_pickled_entry_is_refused_before_it_loads(tmp_path, capsys):
+    """DCP loads a byte entry with torch.load(weights_only=False): a folder holding one is refused, payload unrun."""
+    import torch.distributed.checkpoint as dcp
+    from test_bad_input import WritesAFile, fake_checkpoint
+
+    import train
+
+    marker = tmp_path / "ran.txt"
+    ckpt = fake_checkpoint(tmp_path / "run", 1, {"step": 1, "args": {"task": "arith", "model": "smollm2-135m"}})
+    tampered = {"model.weight": torch.zeros(2), "payload": WritesAFile(marker)}
+    dcp.save(tampered, storage_writer=dcp.FileSystemWriter(str(ckpt / "trainer")), no_dist=True)
+    assert not marker.exists()  # saving pickles the payload without running it
+    with pytest.raises(SystemExit) as exit_info:
+        train.parse_args(["--resume", str(ckpt), "--out-dir", str(tmp_path / "out"), "--steps", "5"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err
+    assert "1 pickled entries (e.g. payload)" in err and "refused" in err and "corrupt" not in err
+    assert not marker.exists()
