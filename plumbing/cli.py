@@ -39,6 +39,9 @@ def number(text, limit: float = math.inf) -> float:
     raise ValueError(f"{text!r} is not a finite number of size at most {limit:.2g}")
 
 
+FLOAT32_NORMAL_MIN = 2.0**-126  # torch.finfo(torch.float32).tiny
+
+
 def parse_weights(text: str, flag: str, valid, pair: str, limit: float = math.inf) -> dict[str, float]:
     """{name: weight} of a flag's list "a=0.35,b=0.65"; ValueError "FLAG: ..." otherwise."""
     weights = {}
@@ -56,4 +59,7 @@ def parse_weights(text: str, flag: str, valid, pair: str, limit: float = math.in
         except ValueError:
             bound = f" (at most {limit:.2g})" if limit < math.inf else ""
             raise ValueError(f"{flag}: the weight of {name} must be a finite number, not {value!r}{bound}") from None
+        # rewards and losses are float32 tensors: a weight below float32's normal range scales every one to 0
+        if 0 < abs(weights[name]) < FLOAT32_NORMAL_MIN:
+            raise ValueError(f"{flag}: the weight of {name}, {value}, is zero or subnormal in float32 (below 1.2e-38)")
     return weights

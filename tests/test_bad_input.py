@@ -687,6 +687,8 @@ def test_a_second_run_on_a_held_folder_is_one_line_and_a_dead_holder_frees_it(ti
         (["--temperature", "1e-40"], "--temperature must be finite and >= 0.001"),
         (["--seed", "-1"], "--seed must be >= 0, got -1"),
         (["--reward-weights", "exact=1e39"], "must be a finite number, not '1e39' (at most 3.4e+38)"),
+        (["--reward-weights", "exact=1e-320"], "the weight of exact, 1e-320, is zero or subnormal in float32"),
+        (["--reward-weights", "exact=1,format=1e-39"], "the weight of format, 1e-39, is zero or subnormal"),
     ],
 )
 def test_values_that_would_train_nothing_or_nan_are_one_line(flags, message, tmp_path):
