@@ -17,7 +17,7 @@ from advantage import ESTIMATORS, REWARD_FLOOR, estimator_params, hyperparameter
 from eval import SAMPLING_RULES, SEED_LIMIT, demo_file_error, flag, model_flag_error, number_error
 from loss import LOSS_TERMS, OPTION_CHOICES, REFERENCES, ROW_FILTERS, policy_loss
 from plumbing.checkpoint import find_checkpoint, resume_error, run_dir, run_folder_error
-from plumbing.cli import OneLineParser, first_line, number, parse_weights
+from plumbing.cli import OneLineParser, first_line, number, parse_weights, unused_flag_error
 from plumbing.data import data_file_error
 from plumbing.models import has_bf16_units
 from plumbing.sync import SYNC_TOLERANCE
@@ -444,6 +444,15 @@ def file_error(args: Args) -> str | None:
     return run_folder_error(run_dir(args), resumed)
 
 
+# Flags read only when another is set: given without it, each would be silently ignored (checked on the flags given)
+UNUSED_WITHOUT = {
+    "lora_alpha": "lora_rank",
+    "lora_targets": "lora_rank",
+    "eval_temperature": "eval_samples",
+    "eval_top_p": "eval_samples",
+}
+
+
 def check_args(args: Args) -> str | None:
     """The first problem with `args` as one line, or None: each rule here, once per start."""
     try:
@@ -476,6 +485,6 @@ def parse_args(argv=None) -> Args:
         parser.add_argument(flag(f.name), default=argparse.SUPPRESS, help=f.metadata["help"] + default, **kind)
     given = vars(parser.parse_args(argv))
     args = Args(**{**PRESETS.get(given.get("task", Args.task), {}), **given})
-    if error := check_args(args):
+    if error := unused_flag_error(given, asdict(args), UNUSED_WITHOUT) or check_args(args):
         parser.error(error)
     return args

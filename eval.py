@@ -16,7 +16,7 @@ from transformers import AutoConfig
 
 from plumbing import models
 from plumbing.checkpoint import CheckpointError, safe_load
-from plumbing.cli import OneLineParser, first_line, number
+from plumbing.cli import OneLineParser, first_line, number, unused_flag_error
 from plumbing.data import data_file_error
 from plumbing.files import write_error, write_json
 from plumbing.parallel import gather_rows
@@ -284,8 +284,8 @@ def parse_args(argv=None):
     add("--split", default="test", choices=["train", "test"])
     add("--limit", type=int, default=None, help="evaluate the first N examples")
     add("--samples", type=int, default=0, help="K samples per prompt for pass@k (0: greedy only)")
-    add("--temperature", type=number, default=1.0, help="sampling temperature for pass@k")
-    add("--top-p", type=number, default=1.0, help="nucleus sampling for pass@k and mean@K")
+    add("--temperature", type=number, default=None, help="sampling temperature for pass@k (default 1.0)")
+    add("--top-p", type=number, default=None, help="nucleus sampling for pass@k and mean@K (default 1.0)")
     add("--max-tokens", type=int, default=256)
     add("--batch-size", type=int, default=64)
     add("--reward", default="exact", choices=("exact", *REWARD_TERMS), help="verifier, or a term")
@@ -297,6 +297,11 @@ def parse_args(argv=None):
     add("--out", default=None, help="JSON path (default: <model dir or .>/eval_<task>_<split>.json)")
     judge.add_judge_args(parser)
     args = parser.parse_args(argv)
+    # None marks a sampling flag the command line left out: given without --samples, it would go unread
+    given = [name for name in ("temperature", "top_p") if getattr(args, name) is not None]
+    for name in ("temperature", "top_p"):
+        if getattr(args, name) is None:
+            setattr(args, name, 1.0)
     folder = args.model if os.path.isdir(args.model) else "."  # a checkpoint keeps its own evaluations
     args.out = args.out or os.path.join(folder, f"eval_{args.task}_{args.split}.json")
     if error := (
@@ -304,6 +309,7 @@ def parse_args(argv=None):
         or number_error(args, SAMPLING_RULES + EVAL_RULES)
         or (args.data_file and data_file_error(args.data_file, splits=(args.split,)))
         or write_error(args.out, "--out")
+        or unused_flag_error(given, vars(args), {"temperature": "samples", "top_p": "samples"})
     ):
         parser.error(error)
     return args

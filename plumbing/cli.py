@@ -63,3 +63,14 @@ def parse_weights(text: str, flag: str, valid, pair: str, limit: float = math.in
         if 0 < abs(weights[name]) < FLOAT32_NORMAL_MIN:
             raise ValueError(f"{flag}: the weight of {name}, {value}, is zero or subnormal in float32 (below 1.2e-38)")
     return weights
+
+
+def unused_flag_error(given, values: dict, needs: dict) -> str | None:
+    """The line for a flag given on the command line that no code would read, or None.
+    `needs` maps a flag's name to the flag whose truthy value makes the run read it."""
+    for name, needed in needs.items():
+        if name in given and not values[needed]:
+            flag_name = "--" + name.replace("_", "-")
+            needed_name = "--" + needed.replace("_", "-")
+            return f"{flag_name} is read only with {needed_name}, which this run leaves unset"
+    return None

@@ -932,3 +932,32 @@ def test_an_explicit_vllm_sampler_without_vllm_is_one_line_before_any_model_load
         "--sampler hf",
     )
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "script, flags, message",
+    [
+        ("train.py", ["--lora-alpha", "8"], "--lora-alpha is read only with --lora-rank, which this run leaves unset"),
+        ("train.py", ["--lora-targets", "q_proj"], "--lora-targets is read only with --lora-rank"),
+        ("train.py", ["--eval-temperature", "0.5"], "--eval-temperature is read only with --eval-samples"),
+        ("train.py", ["--eval-top-p", "0.9"], "--eval-top-p is read only with --eval-samples"),
+        ("eval.py", ["--temperature", "0.5"], "--temperature is read only with --samples, which this run leaves unset"),
+        ("eval.py", ["--top-p", "0.9"], "--top-p is read only with --samples"),
+    ],
+)
+def test_a_flag_given_but_unread_is_refused_naming_the_flag_that_reads_it(script, flags, message, tmp_path):
+    """Issue 61, class 2: a flag that only another flag's setting makes the run read is refused, not ignored."""
+    out = ["--out-dir", tmp_path / "run"] if script == "train.py" else ["--out", tmp_path / "e.json"]
+    task = [] if script == "train.py" else ["--model", "m", "--task", "arith"]
+    assert_one_line(run(script, *task, *flags, *out), 2, f"{script}: error: ", message)
+    assert not os.listdir(tmp_path)  # nothing written
+
+
+def test_the_flag_that_reads_it_makes_the_unused_flag_valid():
+    import eval as eval_py
+    import train
+
+    args = train.parse_args(["--lora-rank", "4", "--lora-alpha", "8", "--eval-samples", "2", "--eval-top-p", "0.9"])
+    assert (args.lora_alpha, args.eval_top_p) == (8.0, 0.9)
+    args = eval_py.parse_args(["--model", "m", "--task", "arith", "--samples", "2", "--top-p", "0.9", "--out", "-"])
+    assert (args.top_p, args.temperature) == (0.9, 1.0)  # the one left out keeps its default

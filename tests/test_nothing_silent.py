@@ -556,7 +556,18 @@ def test_float_flags_read_a_unicode_minus_and_fullwidth_digits(tmp_path):
     args = train.parse_args(["--lr", "1e\u22125", "--entropy-coef", "\uff0d0.5", "--out-dir", str(tmp_path / "r")])
     assert (args.lr, args.entropy_coef) == (1e-5, -0.5)
     args = eval_py.parse_args(
-        ["--model", "m", "--task", "arith", "--temperature", "\uff10.\uff15", "--out", str(tmp_path / "e.json")]
+        [
+            "--model",
+            "m",
+            "--task",
+            "arith",
+            "--samples",
+            "2",
+            "--temperature",
+            "\uff10.\uff15",
+            "--out",
+            str(tmp_path / "e.json"),
+        ]
     )
     assert args.temperature == 0.5
 
