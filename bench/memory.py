@@ -277,7 +277,10 @@ def measure_ours(opts) -> dict:
         watcher()
 
     def policy_forward(module, args_, kwargs):
-        state.saved.seq_len = kwargs["input_ids"].shape[1]
+        input_ids = (
+            kwargs["input_ids"] if "input_ids" in kwargs else args_[0]
+        )  # sequence_logprobs passes it by position
+        state.saved.seq_len = input_ids.shape[1]
         if torch.is_grad_enabled():
             state.phase = f"step {step + 1}: policy forward/backward, micro-batch {next(counter) + 1}"
 
