@@ -421,8 +421,9 @@ class VLLMSampler:
         first = next(tensors, None)
         if first is None:  # an empty reload re-reads the checkpoint from disk: a silent undo of training
             raise ValueError("update_weights got no tensors")
-        stream = itertools.chain([first], tensors)
-        del first  # then only the stream holds it, and lets go of it once consumed
+        # chain keeps its arguments: a list iterator, unlike a list, lets go of the first tensor once it is consumed
+        stream = itertools.chain(iter([first]), tensors)
+        del first
         if self.asleep:  # else the wake finds training's cached blocks taken
             torch.cuda.empty_cache()
             self.llm.wake_up(tags=["weights"])
