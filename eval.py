@@ -274,6 +274,10 @@ def no_room_error(max_tokens: int, context: int | None) -> str | None:
         )
 
 
+# Flags read only when another is set (config.py holds train.py's table); their default, 1.0, is filled after the check
+UNUSED_WITHOUT = {"temperature": "samples", "top_p": "samples"}
+
+
 def parse_args(argv=None):
     from tools import judge  # never imported by train.py
 
@@ -298,8 +302,8 @@ def parse_args(argv=None):
     judge.add_judge_args(parser)
     args = parser.parse_args(argv)
     # None marks a sampling flag the command line left out: given without --samples, it would go unread
-    given = [name for name in ("temperature", "top_p") if getattr(args, name) is not None]
-    for name in ("temperature", "top_p"):
+    given = [name for name in UNUSED_WITHOUT if getattr(args, name) is not None]
+    for name in UNUSED_WITHOUT:
         if getattr(args, name) is None:
             setattr(args, name, 1.0)
     folder = args.model if os.path.isdir(args.model) else "."  # a checkpoint keeps its own evaluations
@@ -309,7 +313,7 @@ def parse_args(argv=None):
         or number_error(args, SAMPLING_RULES + EVAL_RULES)
         or (args.data_file and data_file_error(args.data_file, splits=(args.split,)))
         or write_error(args.out, "--out")
-        or unused_flag_error(given, vars(args), {"temperature": "samples", "top_p": "samples"})
+        or unused_flag_error(given, vars(args), UNUSED_WITHOUT)
     ):
         parser.error(error)
     return args
