@@ -130,7 +130,8 @@ def declared_lengths(kind: str, **lengths) -> dict:
 
 def final_answer(text) -> str:
     """Text after the last </think>, inside the last <answer>; "" for an unclosed <think>."""
-    _, closed, text = _text(text).rpartition("</think>")
+    # the one normaliser every verifier reads through: fullwidth "\uff15" is 5, U+2212 a minus
+    _, closed, text = plain(_text(text)).rpartition("</think>")
     if not closed and "<think>" in text:
         return ""  # departure 4
     if "<answer>" in text:
@@ -142,12 +143,15 @@ _UNIT_WORDS = re.compile(
     r"(?:\\(?:text|mbox|textrm)\{\s*)?(-?[0-9][0-9,]*(?:\.[0-9]+)?)"
     r"(?:\s+|\s*\}?\s*\\(?:text|mbox|textrm)\{\s*)[A-Za-z]{2,}(?:\s+[A-Za-z]+)*\.?\s*\}?"
 )
+_OPERATOR = r"(?:[-+*/^×÷·]|\\cdot|\\times|\\div)"
+_OPERATOR_BEFORE = re.compile(rf"[0-9)}}]\s*{_OPERATOR}\s*$")  # a number ends an expression
+_OPERATOR_AFTER = re.compile(rf"\s*{_OPERATOR}\s*[0-9A-Za-z({{\\]")  # a boxed number starts one
 _NUMBER = re.compile(r"-?[0-9]+(?:[.,/][0-9]+)*(?:[eE][-+]?[0-9]+)?")
 
 
 def math_answer(completion) -> str:
     """What math-verify judges: the last box run, a later "final answer is" line, else the tail (departure 4)."""
-    answer = final_answer(completion).replace("\u2212", "-")
+    answer = final_answer(completion)
     boxes, box_end = last_box_run(answer, limit=MAX_ANSWER_CHARS)
     stated = [match.start() for match in re.finditer(r"final answer is\b", answer, re.IGNORECASE)]
     if stated and stated[-1] > box_end:
@@ -162,12 +166,23 @@ def math_answer(completion) -> str:
 
 def integer_answer(text) -> str:
     """Last number of the last \\boxed{} (else of the answer), a whole one as digits ("1,234" -> "1234")."""
-    answer = plain(final_answer(text))  # fullwidth "８０" is 80
+    answer = final_answer(text)
     boxed = last_boxed(answer)
     if boxed is not None and re.search(r"[0-9]\s*(?:;|\s,|,(?:\s|~|\\[ ,;:]))\s*-?[0-9]", boxed):
         return ""  # a boxed list, "[8, 0]", holds no one answer
     tail = answer if boxed is None else boxed
-    number = ([""] + _NUMBER.findall(tail[-MAX_ANSWER_CHARS:]))[-1]
+    tail = tail[-MAX_ANSWER_CHARS:]
+    numbers = list(_NUMBER.finditer(tail))
+    if not numbers:
+        return ""
+    last = numbers[-1]
+    operand_end = last.start() + last[0].startswith("-")  # "3-2": the minus is an operator, not a sign
+    # an expression is not its last number: "2\cdot 3" is no 3, "10^2" no 2
+    if _OPERATOR_BEFORE.search(tail, 0, operand_end):
+        return ""
+    if boxed is not None and _OPERATOR_AFTER.match(tail, last.end()):
+        return ""
+    number = last[0]
     whole = re.fullmatch(r"-?[0-9]{1,3}(?:,[0-9]{3})+|-?[0-9]+(?:\.0+)?", number)
     return str(int(number.replace(",", "").split(".")[0])) if whole else number
 
@@ -175,7 +190,7 @@ def integer_answer(text) -> str:
 def math_text(text) -> str:
     """The one normaliser of a math gold and a boxed prediction: U+2212 a minus, a unit word dropped ("72 dollars",
     "5\\text{ cm}"), commas as thousands ("7,425,000") or a decimal comma ("1,22")."""
-    text = _text(text).replace("\u2212", "-").strip()
+    text = plain(_text(text)).strip()
     units = _UNIT_WORDS.fullmatch(text)
     if units:
         text = units.group(1)
@@ -309,7 +324,9 @@ def _text(value) -> str:
     return "" if value is None else str(value)
 
 
-MATH_TIMEOUT_S = 3.0  # per math-verify call, then the worker is killed: one pathological answer costs 3 s, not a run
+MATH_TIMEOUT_S = (
+    3.0  # CPU seconds per math-verify call, then the worker is killed: one pathological answer costs 3 s, not a run
+)
 MAX_ANSWER_CHARS = 1000  # reaching sympy
 MAX_DEPTH = 10  # deeper scores 0 unparsed: parsing can outlast the timeout
 MAX_EXPR_CHARS = 200

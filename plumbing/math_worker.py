@@ -1,14 +1,19 @@
 """math-verify in a `python -c` child with a warm spare: its SIGALRM timeout works in the main thread only, so the
-timeout is ours (a select on the reply) and a child that overruns it is killed, the spare taking over.
+timeout is ours (a select on the reply, counting the child's CPU seconds) and a child that overruns it is killed,
+the spare taking over.
 
 python -m pytest tests/test_rewards.py -q -k math
 """
 
 import json
+import os
 import select
 import sys
 import threading
+import time
 from subprocess import DEVNULL, PIPE, Popen
+
+WALL_FACTOR = 10  # a child that neither answers nor computes for this many timeouts is stuck, not slow
 
 _WORKER = r"""
 import functools, json, sys
@@ -33,10 +38,35 @@ def _start() -> Popen:
     return Popen([sys.executable, "-c", _WORKER], stdin=PIPE, stdout=PIPE, stderr=DEVNULL)
 
 
+def _cpu_seconds(child: Popen) -> float | None:
+    """The CPU seconds `child` has used (Linux /proc), or None where they cannot be read."""
+    try:
+        with open(f"/proc/{child.pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()  # after the command name, which may hold spaces
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime, in clock ticks
+
+
 def _reply(child: Popen, timeout: float) -> bytes:
-    """The child's next line; b"" after `timeout` seconds or a death (EOF)."""
-    readable, _, _ = select.select([child.stdout], [], [], timeout)  # a hung sympy call never blocks training
-    return child.stdout.readline().strip() if readable else b""
+    """The child's next line; b"" once it has spent `timeout` CPU seconds on it, or a death (EOF).
+    CPU seconds, not wall seconds: on a loaded machine a call within the limit would otherwise score 0.
+    Where CPU time cannot be read, and for a child that waits without computing, `WALL_FACTOR` x `timeout`
+    wall seconds end the wait."""
+    start_cpu = _cpu_seconds(child)
+    deadline = time.monotonic() + WALL_FACTOR * timeout
+    spent = 0.0
+    while spent < timeout:
+        # the child is single-threaded: its CPU time grows no faster than the clock, so this waits at least
+        # the CPU seconds it has left
+        readable, _, _ = select.select([child.stdout], [], [], timeout - spent)  # a hung call never blocks training
+        if readable:
+            return child.stdout.readline().strip()
+        now_cpu = _cpu_seconds(child)
+        if start_cpu is None or now_cpu is None or time.monotonic() > deadline:
+            return b""
+        spent = now_cpu - start_cpu
+    return b""
 
 
 class MathWorker:
@@ -68,7 +98,8 @@ class MathWorker:
             line = _reply(self.active, timeout=self.timeout)
             if not line:
                 return self._fail(
-                    f"a math-verify call took over {self.timeout:g} s and scored 0 (answer of {len(pred)} characters)"
+                    f"a math-verify call took over {self.timeout:g} CPU seconds and scored 0 "
+                    f"(answer of {len(pred)} characters)"
                 )
             return float(line == b"1")
 

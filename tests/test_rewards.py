@@ -1,7 +1,9 @@
 """Rewards: known answers, hand-computed similarity, and an adversarial corpus that must score 0."""
 
 import multiprocessing
+import os
 import random
+import signal
 import threading
 
 import pytest
@@ -178,6 +180,35 @@ def test_integer_reward():
 )
 def test_integer_answer_reads_no_list_as_a_number(completion, answer):
     assert rewards.integer_answer(completion) == answer
+
+
+@pytest.mark.parametrize(
+    "completion, gold, score",
+    [
+        (r"\boxed{2\cdot 3}", "3", 0.0),  # an expression is never read as its last number: was 1
+        (r"\boxed{2 \times 3}", "3", 0.0),
+        (r"\boxed{10^2}", "2", 0.0),
+        (r"\boxed{3-2}", "2", 0.0),  # the minus is an operator here, not a sign
+        (r"\boxed{3 + x}", "3", 0.0),
+        (r"The product is 2*3", "3", 0.0),
+        (r"\boxed{x = -3}", "-3", 1.0),  # a sign, an equation's value: still read
+        (r"\boxed{2 \cdot 3 = 6}", "6", 1.0),
+        ("5 - 8 = \u22123", "-3", 1.0),
+        ("The answer is -3", "-3", 1.0),
+    ],
+)
+def test_an_expression_is_never_read_as_its_last_number(completion, gold, score):
+    assert integer_reward(completion, gold) == score
+
+
+@pytest.mark.parametrize("fullwidth, ascii_text", [("\uff0d\uff15", "-5"), ("\uff15", "5"), ("\uff11\uff12", "12")])
+def test_every_verifier_reads_fullwidth_forms_as_ascii(fullwidth, ascii_text):
+    """One normaliser (final_answer, through plumbing.cli.plain) for every verifier: math-verify scored these 0."""
+    assert math_reward(f"\\boxed{{{fullwidth}}}", ascii_text) == 1.0
+    assert math_reward(f"\\boxed{{{ascii_text}}}", fullwidth) == 1.0  # a gold is read the same way
+    assert integer_reward(f"\\boxed{{{fullwidth}}}", ascii_text) == 1.0
+    assert similarity_reward(fullwidth, ascii_text) == 1.0
+    assert countdown_reward("\\boxed{\uff13\uff0b\uff15}", [3, 5], 8) == 1.0  # fullwidth 3+5
 
 
 def test_format_reward():
@@ -519,8 +550,26 @@ def test_a_math_verify_timeout_is_counted_and_said_once(monkeypatch, capsys):
     assert math_reward("9**9**9**9", "2") == 0.0  # outlasts MATH_TIMEOUT_S: the worker is killed
     assert rewards.take_error_count() == 1
     err = capsys.readouterr().err
-    assert f"took over {rewards.MATH_TIMEOUT_S:g} s and scored 0" in err and len(err.strip().splitlines()) == 1
+    assert (
+        f"took over {rewards.MATH_TIMEOUT_S:g} CPU seconds and scored 0" in err and len(err.strip().splitlines()) == 1
+    )
     assert math_reward(r"\boxed{2}", "2") == 1.0 and rewards.take_error_count() == 0
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="CPU seconds are read from Linux /proc")
+def test_a_worker_held_off_the_cpu_past_the_timeout_still_answers():
+    """The timeout counts the worker's CPU seconds, not the clock's: a stopped worker stands in for a loaded
+    machine, where a correct answer used to score 0 after MATH_TIMEOUT_S of waiting for a core."""
+    failures = []
+    worker = rewards.MathWorker(timeout=1.0, on_failure=failures.append)
+    try:
+        assert worker.verify(r"\boxed{2}", r"\boxed{2}") == 1.0  # started and warm
+        os.kill(worker.active.pid, signal.SIGSTOP)
+        threading.Timer(2.5, os.kill, (worker.active.pid, signal.SIGCONT)).start()
+        assert worker.verify(r"\boxed{3}", r"\boxed{3}") == 1.0  # 2.5 s on the clock, ~0 on the CPU
+        assert failures == []
+    finally:
+        worker.close()
 
 
 def test_deep_nesting_scores_the_same_in_a_fresh_worker_as_in_a_warm_one(monkeypatch):
