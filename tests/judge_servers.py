@@ -111,12 +111,13 @@ class ScriptedServer:
     """A local OpenAI-compatible chat server whose answer is `answer(model, messages)`.
 
     `answer` may return a string (the reply), or an int HTTP status to fail that request with.
-    `delay` seconds pass before each reply. `requests` logs (model, messages) of every chat request,
+    `delay` seconds pass before each reply; with `trickle`, the reply's body is sent one byte every `trickle`
+    seconds. `requests` logs (model, messages) of every chat request,
     `max_in_flight` the most requests it held at once.
     """
 
-    def __init__(self, answer, models=("judge",), delay: float = 0.0):
-        self.answer, self.models, self.delay = answer, list(models), delay
+    def __init__(self, answer, models=("judge",), delay: float = 0.0, trickle: float = 0.0):
+        self.answer, self.models, self.delay, self.trickle = answer, list(models), delay, trickle
         self.requests, self.in_flight, self.max_in_flight = [], 0, 0
         self.lock = threading.Lock()
         server = self
@@ -131,7 +132,13 @@ class ScriptedServer:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                if not server.trickle or self.command == "GET":
+                    self.wfile.write(data)
+                    return
+                for i in range(len(data)):  # headers at once, then the body a byte at a time
+                    self.wfile.write(data[i : i + 1])
+                    self.wfile.flush()
+                    time.sleep(server.trickle)
 
             def do_GET(self):
                 if self.path.rstrip("/") == "/v1/models":

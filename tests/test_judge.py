@@ -9,6 +9,7 @@ a real vLLM server from .venv-vllm on the tiny model and runs `eval.py --judge-u
 import json
 import os
 import shutil
+import time
 
 import pytest
 from judge_servers import VLLM_PYTHON, ScriptedServer, VLLMServer, free_port
@@ -282,6 +283,24 @@ def test_retries_then_resume_after_failure(tmp_path):
     with ScriptedServer(poetry_judge) as server:  # back up: only what is missing is asked
         judge_result(poetry_result(), [Judge(server.url, "judge", retries=0)], path, progress=False)
         assert len(server.requests) == 8 - judged
+
+
+def test_a_server_that_trickles_its_answer_times_out_per_request(tmp_path):
+    """--judge-timeout bounds each whole request: a server sending a byte every 0.2 s (each read well inside the
+    timeout) used to hold the run for as long as it kept sending."""
+    with ScriptedServer(poetry_judge, trickle=0.2) as server:
+        started = time.monotonic()
+        with pytest.raises(judge.JudgeError, match="TimeoutError.*judge-timeout 1 s.*rerun the same command"):
+            judge_result(
+                poetry_result(),
+                [Judge(server.url, "judge", timeout=1.0, retries=1)],
+                str(tmp_path / "o.json"),
+                concurrency=1,
+                progress=False,
+            )
+        elapsed = time.monotonic() - started
+        assert len(server.requests) == 2  # the first try and its one retry
+    assert elapsed < 10  # two tries of 1 s and a 0.5 s backoff; the answer alone would take a minute or more
 
 
 def test_rejected_request_is_reported_not_retried(tmp_path):

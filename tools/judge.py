@@ -261,8 +261,10 @@ def spearman(x, y) -> float | None:
 
 # ---------------------------------------------------------------- the client
 class Judge:
-    """One judge model behind an OpenAI-compatible endpoint. The openai client retries connection
-    errors, timeouts, 429 and 5xx answers with exponential backoff (0.5 s doubling, at most 8 s)."""
+    """One judge model behind an OpenAI-compatible endpoint. `ask` retries connection errors, timeouts, 429 and
+    5xx answers with exponential backoff (0.5 s doubling, at most 8 s). Each try ends `timeout` seconds after
+    it began, its whole answer read: the client's own timeout is per read, so a server that sends a byte every
+    few seconds would hold a request for ever."""
 
     def __init__(
         self,
@@ -279,7 +281,9 @@ class Judge:
 
         self.url, self.model, self.name = url, model, model
         self.temperature, self.max_tokens = temperature, max_tokens
-        self.client = OpenAI(base_url=url, api_key=api_key or "EMPTY", timeout=timeout, max_retries=retries)
+        self.timeout, self.retries = timeout, retries
+        # the retries are ask's own, so that each try, not only each read, has the deadline
+        self.client = OpenAI(base_url=url, api_key=api_key or "EMPTY", timeout=timeout, max_retries=0)
 
     def check(self) -> None:
         """Fail in seconds, with one line, when the server is down or does not serve the model."""
@@ -309,6 +313,38 @@ class Judge:
 
     def ask(self, messages: list[dict]) -> dict:
         """The judge's answer: {"raw", "finish_reason"} (+ "reasoning" when the server splits it off)."""
+        import openai
+
+        transient = (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError, TimeoutError)
+        for attempt in range(self.retries + 1):
+            try:
+                return self._ask_once(messages)
+            except transient:
+                if attempt == self.retries:
+                    raise
+                time.sleep(min(8.0, 0.5 * 2**attempt))
+
+    def _ask_once(self, messages: list[dict]) -> dict:
+        """One try, in a daemon thread given `timeout` seconds in all: a trickling server's thread is left to
+        finish or die with the process, never waited for."""
+        outcome = {}
+
+        def request():
+            try:
+                outcome["answer"] = self._answer(messages)
+            except Exception as err:
+                outcome["error"] = err
+
+        worker = threading.Thread(target=request, daemon=True)
+        worker.start()
+        worker.join(self.timeout)
+        if worker.is_alive():
+            raise TimeoutError(f"the judge sent no whole answer within --judge-timeout {self.timeout:g} s")
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["answer"]
+
+    def _answer(self, messages: list[dict]) -> dict:
         response = self.client.chat.completions.create(
             model=self.model, messages=messages, temperature=self.temperature, max_tokens=self.max_tokens
         )
