@@ -9,6 +9,7 @@ python -m pytest tests/test_advantage.py -q
 
 from __future__ import annotations  # POSITIVE, named in the annotations, is defined below the estimators
 
+import functools
 import inspect
 import math
 import numbers
@@ -53,6 +54,27 @@ def rloo_advantages(rewards):
     return rewards - others
 
 
+def holds_for_rewards_at_least(floor: float):
+    """An estimator's reward domain, stated once on it: config.py refuses --reward-weights that could leave it
+    (`reward_floor`), and a call, direct or not, refuses a reward below it: rewards change every step."""
+
+    def declare(estimator):
+        @functools.wraps(estimator)
+        def checked(rewards, *args, **kwargs):
+            rewards = torch.as_tensor(rewards)
+            below = rewards[rewards < floor]
+            if below.numel():
+                least = below.min().item()
+                raise ValueError(f"{estimator.__name__} holds for rewards >= {floor:g}, got a reward of {least:g}")
+            return estimator(rewards, *args, **kwargs)
+
+        checked.reward_floor = floor
+        return checked
+
+    return declare
+
+
+@holds_for_rewards_at_least(0.0)  # it divides by the group mean: a negative reward flips signs
 def maxrl_advantages(rewards, eps: typing.Annotated[float, POSITIVE] = 1e-6):
     """MaxRL: A_i = (R_i - mean) / mean, zero in groups whose |mean| <= eps (Table 1)."""
     rewards = _as_groups(rewards, "maxrl_advantages")
@@ -76,7 +98,6 @@ ESTIMATORS = {
     "maxrl": maxrl_advantages,
     "reinforce": reinforce_advantages,
 }
-REWARD_FLOOR = {"maxrl": 0.0}  # the least reward each formula holds for (MaxRL divides by the mean); others: any real
 
 
 def _as_groups(rewards, name):
@@ -173,10 +194,5 @@ def compute_advantages(name, rewards, tau=None, **hparams):
     every one) and `tau` (a float; None: its default)."""
     if tau is not None:
         hparams["tau"] = tau
-    rewards = torch.as_tensor(rewards)
-    floor = REWARD_FLOOR.get(name, -math.inf)
-    below = rewards[rewards < floor]  # the rewards change every step; config.py's check sees only their weights
-    if below.numel():
-        raise ValueError(f"estimator {name} holds for rewards >= {floor:g}, got a reward of {below.min().item():g}")
     own = hyperparameters(ESTIMATORS[name])
     return ESTIMATORS[name](rewards, **{k: v for k, v in hparams.items() if k in own})

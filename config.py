@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields, make_dataclass, replac
 
 import torch
 
-from advantage import ESTIMATORS, REWARD_FLOOR, estimator_params, hyperparameter_ranges, hyperparameters
+from advantage import ESTIMATORS, estimator_params, hyperparameter_ranges, hyperparameters
 from eval import SAMPLING_RULES, SEED_LIMIT, demo_file_error, flag, model_flag_error, number_error
 from loss import LOSS_TERMS, OPTION_CHOICES, REFERENCES, ROW_FILTERS, policy_loss
 from plumbing.checkpoint import find_checkpoint, resume_error, run_dir, run_folder_error
@@ -402,10 +402,10 @@ def reward_error(args: Args, task) -> str | None:
         return first_line(err, limit=None)
     if args.overlong_buffer and "overlong" not in weights:
         return "--overlong-buffer is read by the overlong reward term only: add it to --reward-weights"
-    # MaxRL divides by the group mean: it holds only for rewards above its floor
+    # an estimator may hold only for rewards above a floor (MaxRL divides by the group mean)
     least = sum(min(weight, 0.0) for weight in weights.values())  # every term is in [0, 1] (rewards.py)
     for name in alloc_estimators(args):
-        floor = REWARD_FLOOR.get(name, -math.inf)
+        floor = getattr(ESTIMATORS[name], "reward_floor", -math.inf)  # advantage.holds_for_rewards_at_least
         if least < floor:
             given = "--advantage" if name == args.advantage else f"--alloc-estimators {args.alloc_estimators} includes"
             return (

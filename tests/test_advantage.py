@@ -8,7 +8,6 @@ import torch
 
 from advantage import (
     ESTIMATORS,
-    REWARD_FLOOR,
     compute_advantages,
     drgrpo_advantages,
     estimator_params,
@@ -308,6 +307,10 @@ def test_declared_ranges_accept_the_defaults_and_small_float32_values():
 
 
 # ---------------------------------------------------------------- invariants over random rewards in each domain
+# each estimator states its own reward domain (advantage.holds_for_rewards_at_least)
+REWARD_FLOOR = {name: fn.reward_floor for name, fn in ESTIMATORS.items() if hasattr(fn, "reward_floor")}
+
+
 def random_rewards(name: str, M: int, seed: int) -> list[torch.Tensor]:
     """(64, M) groups in `name`'s reward domain: binary, continuous in [0, 1], and signed where it takes any real."""
     gen = torch.Generator().manual_seed(seed)
@@ -357,10 +360,14 @@ def test_an_estimator_refuses_rewards_below_its_floor_by_name(name):
     """MaxRL's (R - mean) / mean flipped every sign for a penalty (exact=-1) and reached +-4,000 with mixed-sign
     weights (exact=1,format=-0.9); the registry's door refuses any reward below the estimator's declared floor."""
     floor = REWARD_FLOOR[name]
+    estimator = ESTIMATORS[name]
     weighted = floor + torch.tensor([[1.0, -0.9, 0.1, 0.0], [0.0, 0.0, 1.0, 0.1]])  # exact=1,format=-0.9: 4 terms
-    with pytest.raises(ValueError) as info:
-        compute_advantages(name, weighted)
-    assert str(info.value) == f"estimator {name} holds for rewards >= {floor:g}, got a reward of {floor - 0.9:g}"
-    with pytest.raises(ValueError, match=f"^estimator {name} holds for rewards >= {floor:g}, got a reward of "):
-        compute_advantages(name, torch.tensor([[floor - 1.0, floor + 1.0]]))  # exact=-1: a penalty
-    assert torch.isfinite(compute_advantages(name, torch.full((2, 4), floor))).all()  # the floor itself is in
+    for call in (lambda r: compute_advantages(name, r), estimator):  # by name, and directly as a fork would
+        with pytest.raises(ValueError) as info:
+            call(weighted)
+        expected = f"{estimator.__name__} holds for rewards >= {floor:g}, got a reward of {floor - 0.9:g}"
+        assert str(info.value) == expected
+        with pytest.raises(ValueError, match=f"^{estimator.__name__} holds for rewards >= {floor:g}, got a reward "):
+            call(torch.tensor([[floor - 1.0, floor + 1.0]]))  # exact=-1: a penalty
+        assert torch.isfinite(call(torch.full((2, 4), floor))).all()  # the floor itself is in
+    assert "maxrl" in REWARD_FLOOR  # MaxRL divides by the group mean
