@@ -84,6 +84,19 @@ def maxrl_advantages(rewards, eps: typing.Annotated[float, POSITIVE] = 1e-6):
     return torch.where(signal, (rewards - mean) / safe, torch.zeros_like(rewards))
 
 
+def gdpo_advantages(rewards, eps: typing.Annotated[float, POSITIVE] = 1e-6, *, terms: dict | None = None):
+    """GDPO (Liu et al. 2026, arXiv 2601.05242, Sec. 3): each reward term z-scored within its group, summed by its
+    --reward-weights weight, then the sum z-scored over the batch. `terms` maps a term to (weight, (G, M) rewards);
+    without it, the summed `rewards` are the one term. Both steps use the population std, as grpo here does; with
+    every group of one M, a sample std would scale all totals alike, which the batch step cancels."""
+    rewards = _as_groups(rewards, "gdpo_advantages")
+    if terms is None:
+        terms = {"reward": (1.0, rewards)}
+    # per term: summing raw rewards first would let two reward mixes collapse to one advantage (the paper's Sec. 2)
+    total = sum(weight * grpo_advantages(term, eps) for weight, term in terms.values())
+    return (total - total.mean()) / (total.std(correction=0) + eps)  # batch-wise: a range that no term count grows
+
+
 def reinforce_advantages(rewards, baseline: typing.Annotated[float | None, FINITE_OR_NONE] = None):
     """REINFORCE: A_i = R_i - a constant `baseline`, else minus the batch mean."""
     rewards = _as_groups(rewards, "reinforce_advantages")
@@ -96,6 +109,7 @@ ESTIMATORS = {
     "drgrpo": drgrpo_advantages,
     "rloo": rloo_advantages,
     "maxrl": maxrl_advantages,
+    "gdpo": gdpo_advantages,
     "reinforce": reinforce_advantages,
 }
 
@@ -154,9 +168,10 @@ FINITE_OR_NONE = Range(optional=True, means="finite, or None")
 
 
 def hyperparameters(fn):
-    """{name: inspect.Parameter} of an estimator's hyperparameters: its parameters after `rewards` with a default."""
+    """{name: inspect.Parameter} of an estimator's hyperparameters: its parameters after `rewards` with a default.
+    Keyword-only ones (GDPO's `terms`) are the step's inputs, given by compute_advantages, not flags."""
     params = list(inspect.signature(fn).parameters.values())[1:]
-    return {p.name: p for p in params if p.default is not inspect.Parameter.empty}
+    return {p.name: p for p in params if p.default is not p.empty and p.kind is not p.KEYWORD_ONLY}
 
 
 def hyperparameter_ranges():
@@ -189,10 +204,14 @@ def estimator_params():
     return out
 
 
-def compute_advantages(name, rewards, tau=None, **hparams):
+def compute_advantages(name, rewards, tau=None, terms=None, **hparams):
     """Advantages (G, M) of estimator `name` on rewards (G, M), which takes its own of `hparams` (train.py passes
-    every one) and `tau` (a float; None: its default)."""
+    every one) and `tau` (a float; None: its default). `terms`, {term: (weight, (G, M) rewards)}, reaches an
+    estimator that declares it (GDPO)."""
     if tau is not None:
         hparams["tau"] = tau
-    own = hyperparameters(ESTIMATORS[name])
-    return ESTIMATORS[name](rewards, **{k: v for k, v in hparams.items() if k in own})
+    estimator = ESTIMATORS[name]
+    own = {k: v for k, v in hparams.items() if k in hyperparameters(estimator)}
+    if terms is not None and "terms" in inspect.signature(estimator).parameters:
+        own["terms"] = terms
+    return estimator(rewards, **own)

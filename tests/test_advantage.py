@@ -11,6 +11,7 @@ from advantage import (
     compute_advantages,
     drgrpo_advantages,
     estimator_params,
+    gdpo_advantages,
     grpo_advantages,
     hyperparameter_ranges,
     hyperparameters,
@@ -371,3 +372,33 @@ def test_an_estimator_refuses_rewards_below_its_floor_by_name(name):
             call(torch.tensor([[floor - 1.0, floor + 1.0]]))  # exact=-1: a penalty
         assert torch.isfinite(call(torch.full((2, 4), floor))).all()  # the floor itself is in
     assert "maxrl" in REWARD_FLOOR  # MaxRL divides by the group mean
+
+
+# ---------------------------------------------------------------- GDPO, against values worked by hand
+def test_gdpo_keeps_apart_the_reward_mixes_that_grpo_collapses():
+    """Two binary terms, M = 2. GRPO on the sums [1, 0] and [2, 0] gives both groups [1, -1]; GDPO z-scores each
+    term in its group (group 1: [1, -1] + 0; group 2: [1, -1] + [1, -1]), so the totals are [1, -1] and [2, -2],
+    and the batch step divides by their population std, sqrt(10 / 4)."""
+    a = torch.tensor([[1.0, 0.0], [1.0, 0.0]], dtype=torch.float64)
+    b = torch.tensor([[0.0, 0.0], [1.0, 0.0]], dtype=torch.float64)
+    terms = {"exact": (1.0, a), "format": (1.0, b)}
+    adv = compute_advantages("gdpo", a + b, terms=terms, eps=1e-12)
+    expected = torch.tensor([[1.0, -1.0], [2.0, -2.0]], dtype=torch.float64) / math.sqrt(2.5)
+    assert torch.allclose(adv, expected, atol=1e-9)
+    grpo = compute_advantages("grpo", a + b, eps=1e-12)
+    assert torch.allclose(grpo[0], grpo[1], atol=1e-9)  # the collapse GDPO undoes
+
+
+def test_gdpo_weights_each_terms_group_z_score():
+    """One group of 4: z(a) = [1, 1, -1, -1]; b = [1, 0, 0, 0] has mean 1/4 and std sqrt(3) / 4, so
+    z(b) = [sqrt(3), -1/sqrt(3), -1/sqrt(3), -1/sqrt(3)]. With weights 1 and 0.5 the total is z(a) + z(b) / 2,
+    and its batch z-score (mean 0 already) divides by the root mean square."""
+    a = torch.tensor([[1.0, 1.0, 0.0, 0.0]], dtype=torch.float64)
+    b = torch.tensor([[1.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    r3 = math.sqrt(3)
+    total = [1 + r3 / 2, 1 - 1 / (2 * r3), -1 - 1 / (2 * r3), -1 - 1 / (2 * r3)]
+    rms = math.sqrt(sum(t * t for t in total) / 4)
+    expected = torch.tensor([[t / rms for t in total]], dtype=torch.float64)
+    adv = gdpo_advantages(a + 0.5 * b, eps=1e-12, terms={"a": (1.0, a), "b": (0.5, b)})
+    assert torch.allclose(adv, expected, atol=1e-9)
+    assert "terms" not in hyperparameters(gdpo_advantages)  # a step input, not a flag
