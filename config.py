@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass, field, fields, make_dataclass, replac
 import torch
 
 from advantage import ESTIMATORS, REWARD_FLOOR, estimator_params, hyperparameter_ranges, hyperparameters
-from eval import SAMPLING_RULES, SEED_LIMIT, demo_file_error, flag, model_flag_error, number_error
+from eval import SAMPLING_RULES, SEED_LIMIT, demo_file_error, model_flag_error, number_error
 from loss import LOSS_TERMS, OPTION_CHOICES, REFERENCES, ROW_FILTERS, policy_loss
 from plumbing.checkpoint import find_checkpoint, resume_error, run_dir, run_folder_error
-from plumbing.cli import OneLineParser, first_line, number, parse_weights, unused_flag_error
+from plumbing.cli import OneLineParser, first_line, flag, number, parse_weights, unused_flag_error
 from plumbing.data import data_file_error
 from plumbing.models import has_bf16_units
 from plumbing.sync import SYNC_TOLERANCE

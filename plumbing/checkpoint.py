@@ -21,7 +21,7 @@ from torch.distributed.checkpoint import state_dict as dcp_state
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
-from plumbing.cli import first_line
+from plumbing.cli import first_line, flag
 from plumbing.files import CheckpointError, fsync, fsync_tree, write_error
 from plumbing.parallel import full_weights, gather_objects, tied_names
 from plumbing.run_log import read_evals, read_log
@@ -184,12 +184,11 @@ def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...]) -> 
         )
     differ = [name for name in keeps if name in saved and saved[name] != given[name]]
     if differ and not changed:  # a run mixed of two settings would be no one run's result
-        flag = "--" + differ[0].replace("_", "-")
+        name = differ[0]
         return (
-            f"checkpoint {ckpt} was trained with {flag} {saved[differ[0]]}, not {given[differ[0]]}; "
-            f"pass {flag} {saved[differ[0]]} to resume it, --resume-changed to change it, or start a new run"
+            f"checkpoint {ckpt} was trained with {flag(name)} {saved[name]}, not {given[name]}; "
+            f"pass {flag(name)} {saved[name]} to resume it, --resume-changed to change it, or start a new run"
         )
-    return None
 
 
 def changed_flags(ckpt: str, given: dict) -> str:
@@ -197,7 +196,7 @@ def changed_flags(ckpt: str, given: dict) -> str:
     saved = read_trainer_state(ckpt)["args"]
     own = ("resume", "resume_changed", "out_dir", "steps", "plan", "plan_gpus", "plan_gpu_gb")
     return ", ".join(
-        f"--{name.replace('_', '-')} {saved[name]} -> {value}"
+        f"{flag(name)} {saved[name]} -> {value}"
         for name, value in given.items()
         if name not in own and name in saved and saved[name] != value
     )
@@ -435,4 +434,3 @@ def run_folder_error(out: str, resume_ckpt: str | None) -> str | None:
             f"--out-dir {out} already holds another run: resuming {resume_ckpt} there would overwrite it; pick a "
             "new --out-dir to fork into"
         )
-    return None
