@@ -191,17 +191,6 @@ def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...]) -> 
         )
 
 
-def changed_flags(ckpt: str, given: dict) -> str:
-    """The flags it changes: "--lr 0.001 -> 1e-05, ..."."""
-    saved = read_trainer_state(ckpt)["args"]
-    own = ("resume", "resume_changed", "out_dir", "steps", "plan", "plan_gpus", "plan_gpu_gb")
-    return ", ".join(
-        f"{flag(name)} {saved[name]} -> {value}"
-        for name, value in given.items()
-        if name not in own and name in saved and saved[name] != value
-    )
-
-
 def untied(model, state: dict) -> dict:
     """Each tensor once: a tied head is saved under the embedding's name alone."""
     tied = tied_names(model)
@@ -346,9 +335,17 @@ def prune_checkpoints(out_dir: str, keep: int, master: bool = True) -> list[str]
     return deleted
 
 
-def load_checkpoint(ckpt, model, optimizer, scheduler, rank, lr, weight_decay, ref_model=None, rollout=None):
-    """Restore (resharded) and the --rollout entry's state; the step. this run's `lr`, `weight_decay` win."""
+def load_checkpoint(ckpt, model, optimizer, scheduler, rank, args, ref_model=None, rollout=None):
+    """Restore (resharded) and the --rollout entry's state; the step. This run's --lr and --weight-decay win; rank 0
+    names the flags that differ from the saved run's."""
     state = read_trainer_state(ckpt)  # before DCP unpickles
+    own = ("resume", "resume_changed", "out_dir", "steps", "plan", "plan_gpus", "plan_gpu_gb")  # a resume's own
+    before = state["args"]
+    changed = [
+        f"{flag(k)} {before[k]} -> {v}" for k, v in asdict(args).items() if k not in own and before.get(k, v) != v
+    ]
+    if rank == 0 and changed:
+        print(f"resume: continuing {ckpt} with changed flags: {', '.join(changed)}")
     if not state.get("reference"):  # a run without a moving reference saved none
         ref_model = None
     shards = sharded_state(model, optimizer, ref_model)[0]  # the live tensors: DCP loads into them in place
@@ -362,12 +359,12 @@ def load_checkpoint(ckpt, model, optimizer, scheduler, rank, lr, weight_decay, r
             f"{first_line(inner, limit=120)})"
         ) from None
     scheduler.load_state_dict(state["scheduler"])
-    own = ("params", "param_names", "fused", "foreach", "capturable")  # this run's kernels: the saver's may not exist
+    kernels = ("params", "param_names", "fused", "foreach", "capturable")  # this run's: the saver's may not exist
     for i, (group, saved) in enumerate(zip(optimizer.param_groups, state["param_groups"])):
-        group.update({k: v for k, v in saved.items() if k not in own})
-        scheduler.base_lrs[i] = group["initial_lr"] = lr  # LambdaLR: lr = base_lr * lambda(step)
-        group["lr"] = lr * scheduler.lr_lambdas[i](scheduler.last_epoch)
-        group["weight_decay"] = weight_decay
+        group.update({k: v for k, v in saved.items() if k not in kernels})
+        scheduler.base_lrs[i] = group["initial_lr"] = args.lr  # LambdaLR: lr = base_lr * lambda(step)
+        group["lr"] = args.lr * scheduler.lr_lambdas[i](scheduler.last_epoch)
+        group["weight_decay"] = args.weight_decay
     scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
     saved_rank = rank if rank < len(state["rng"]) else 0  # more ranks than saved: the new ones take rank 0's
     set_rng_state(state["rng"][saved_rank])
