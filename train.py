@@ -442,8 +442,8 @@ def evaluate_held_out(sampler, eval_sets, args: Args, rank: int, world: int, dev
             rewards = gather_samples(result["examples"], "reward", size, args.eval_samples, device)  # (n, K)
             passed = gather_samples(result["examples"], "passed", size, args.eval_samples, device).bool()
             found = sampled_scores(rewards.tolist(), passed.tolist() if task.has_verifier else None)
-            scores.update({f"eval/{name}/{k}": v for k, v in found.items() if k != "pass@k"})
-            passes = found.get("pass@k", {})
+            passes = found.pop("pass@k", {})
+            scores.update({f"eval/{name}/{k}": v for k, v in found.items()})
             scores.update({f"eval/{name}/pass@{k}": v for k, v in passes.items()})
     samples.write_eval(step, *records)
     return scores
