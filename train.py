@@ -334,7 +334,8 @@ def ppo_update(
 
 def update_reference(ref_model, model, step: int, args: Args):
     """--reference's update after optimizer step `step`, on this rank's shards."""
-    if (update := REFERENCES[args.reference]) is None or ref_model is None:
+    update = REFERENCES[args.reference]
+    if update is None:  # a moving reference always has its model: check_args refuses one with --beta 0 or LoRA
         return
     with torch.no_grad():
         for ref, policy in zip(ref_model.parameters(), model.parameters()):

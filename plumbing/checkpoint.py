@@ -136,6 +136,11 @@ def find_checkpoint(path: str) -> str | None:
     return os.path.join(path, done[-1])
 
 
+def run_of(ckpt: str) -> str:
+    """The run folder that holds checkpoint folder `ckpt`."""
+    return os.path.dirname(os.path.abspath(ckpt))
+
+
 def resume_hint(out: str) -> str:
     ckpt = find_checkpoint(out)
     if ckpt is None:
@@ -148,7 +153,7 @@ def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...]) -> 
     ckpt = find_checkpoint(resume)
     if ckpt is None:
         return f"--resume {resume}: no checkpoint there"
-    run = os.path.dirname(os.path.abspath(ckpt))
+    run = run_of(ckpt)
     try:
         state = read_trainer_state(ckpt)
     except CheckpointError as err:
@@ -380,7 +385,7 @@ def run_dir(args) -> str:
     ckpt = find_checkpoint(args.resume) if args.resume else None
     if ckpt is None:
         return f"runs/{args.task}-{args.advantage}-s{args.seed}"
-    return os.path.dirname(os.path.abspath(ckpt))
+    return run_of(ckpt)
 
 
 @contextlib.contextmanager
@@ -426,7 +431,7 @@ def run_folder_error(out: str, resume_ckpt: str | None) -> str | None:
     taken = any(name == "metrics.jsonl" or name.startswith("checkpoint-") for name in names)
     if taken and resume_ckpt is None:
         return f"{out} already holds a run: continue it with --resume {out}, or pick another --out-dir"
-    if taken and os.path.realpath(out) != os.path.realpath(os.path.dirname(os.path.abspath(resume_ckpt))):
+    if taken and os.path.realpath(out) != os.path.realpath(run_of(resume_ckpt)):
         return (
             f"--out-dir {out} already holds another run: resuming {resume_ckpt} there would overwrite it; pick a "
             "new --out-dir to fork into"
