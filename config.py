@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass, field, fields, make_dataclass, replac
 import torch
 
 from advantage import ESTIMATORS, estimator_params, hyperparameter_ranges, hyperparameters
-from eval import SAMPLING_RULES, SEED_LIMIT, demo_file_error, flag, model_flag_error, number_error
+from eval import SAMPLING_RULES, SEED_LIMIT, demo_file_error, model_flag_error, number_error
 from loss import LOSS_TERMS, OPTION_CHOICES, REFERENCES, ROW_FILTERS, policy_loss
 from plumbing.checkpoint import find_checkpoint, resume_error, run_dir, run_folder_error
-from plumbing.cli import OneLineParser, first_line, number, parse_weights, unused_flag_error
+from plumbing.cli import OneLineParser, first_line, flag, number, parse_weights, unused_flag_error
 from plumbing.data import data_file_error
 from plumbing.models import has_bf16_units
 from plumbing.sync import SYNC_TOLERANCE
@@ -205,6 +205,7 @@ PAPER = dict(
 TABLE_B1 = dict(
     PAPER, tau=0.1, M=8, rollout_batch=64, max_tokens=256, micro_batch=64, gpu_memory_utilization=0.12
 )  # gsm8k and countdown: Table B.1
+TABLE_B2 = dict(PAPER, tau=0.3, M=8, reward="sim")  # poetry, meetingbank and openthoughts: Table B.2's shared rows
 PRESETS = {  # explicit flags override these; micro_batch, gpu_memory_utilization: tools/memory_plan.py, 80 GB
     "arith": dict(alloc_estimators="all"),  # the CPU demo
     "countdown24": dict(max_tokens=128),
@@ -221,35 +222,16 @@ PRESETS = {  # explicit flags override these; micro_batch, gpu_memory_utilizatio
         gpu_memory_utilization=0.45,
     ),
     "poetry": dict(
-        PAPER,
-        tau=0.3,
-        M=8,
-        rollout_batch=64,
-        steps=1350,
-        max_tokens=1024,
-        reward="sim",  # B.2
-        micro_batch=32,
-        gpu_memory_utilization=0.12,
+        TABLE_B2, rollout_batch=64, steps=1350, max_tokens=1024, micro_batch=32, gpu_memory_utilization=0.12
     ),
     "meetingbank": dict(
-        PAPER,
-        tau=0.3,
-        M=8,
-        rollout_batch=512,
-        steps=3220,
-        max_tokens=4096,
-        reward="sim",
-        micro_batch=8,
-        gpu_memory_utilization=0.6,
+        TABLE_B2, rollout_batch=512, steps=3220, max_tokens=4096, micro_batch=8, gpu_memory_utilization=0.6
     ),
     "openthoughts": dict(
-        PAPER,
-        tau=0.3,
-        M=8,
+        TABLE_B2,
         rollout_batch=512,
         steps=3220,
         max_tokens=6144,
-        reward="sim",
         reward_weights="format=0.35,sim=0.65",
         micro_batch=8,
         gpu_memory_utilization=0.78,

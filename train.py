@@ -10,7 +10,6 @@ import math
 import os
 import signal
 import sys
-from dataclasses import asdict
 from functools import partial
 
 import torch
@@ -28,7 +27,6 @@ from loss import REFERENCES, Share, kept_samples, loss_denominator, policy_loss
 from plumbing import run_log
 from plumbing.checkpoint import (
     CheckpointError,
-    changed_flags,
     find_checkpoint,
     kept_rng_state,
     load_checkpoint,
@@ -72,8 +70,6 @@ def train(args: Args, out_dir: str, ckpt: str | None) -> dict:
     weights = reward_weights(task, args.reward, args.reward_weights)  # r = sum_k w_k r_k
     train_set, test_set, eval_sets = load_data(args, task, weights, master)
     init_path = resolve_model(args.model)
-    if ckpt and master and (changed := changed_flags(ckpt, asdict(args))):
-        print(f"resume: continuing {ckpt} with changed flags: {changed}")
     tokenizer, model, ref_model = load_models(args, ckpt, init_path, device)
     moving_ref = ref_model if REFERENCES[args.reference] else None
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -84,9 +80,7 @@ def train(args: Args, out_dir: str, ckpt: str | None) -> dict:
         rollout = rollout()
     start_step = 0
     if ckpt:
-        start_step = load_checkpoint(
-            ckpt, model, optimizer, scheduler, rank, args.lr, args.weight_decay, moving_ref, rollout
-        )
+        start_step = load_checkpoint(ckpt, model, optimizer, scheduler, rank, args, moving_ref, rollout)
     n_params = run_log.param_counts(model)
     n_forwards = 1 + 3 * args.ppo_epochs + (ref_model is not None) + (not reuses_training_logprobs(args))
     if error := no_room_error(args.max_tokens, model.config.max_position_embeddings):
@@ -340,7 +334,8 @@ def ppo_update(
 
 def update_reference(ref_model, model, step: int, args: Args):
     """--reference's update after optimizer step `step`, on this rank's shards."""
-    if (update := REFERENCES[args.reference]) is None or ref_model is None:
+    update = REFERENCES[args.reference]
+    if update is None:  # a moving reference always has its model: check_args refuses one with --beta 0 or LoRA
         return
     with torch.no_grad():
         for ref, policy in zip(ref_model.parameters(), model.parameters()):
@@ -448,8 +443,8 @@ def evaluate_held_out(sampler, eval_sets, args: Args, rank: int, world: int, dev
             rewards = gather_samples(result["examples"], "reward", size, args.eval_samples, device)  # (n, K)
             passed = gather_samples(result["examples"], "passed", size, args.eval_samples, device).bool()
             found = sampled_scores(rewards.tolist(), passed.tolist() if task.has_verifier else None)
-            scores.update({f"eval/{name}/{k}": v for k, v in found.items() if k != "pass@k"})
-            passes = found.get("pass@k", {})
+            passes = found.pop("pass@k", {})
+            scores.update({f"eval/{name}/{k}": v for k, v in found.items()})
             scores.update({f"eval/{name}/pass@{k}": v for k, v in passes.items()})
     samples.write_eval(step, *records)
     return scores

@@ -21,7 +21,7 @@ from torch.distributed.checkpoint import state_dict as dcp_state
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
-from plumbing.cli import first_line
+from plumbing.cli import first_line, flag
 from plumbing.files import CheckpointError, fsync, fsync_tree, write_error
 from plumbing.parallel import full_weights, gather_objects, tied_names
 from plumbing.run_log import read_evals, read_log
@@ -136,6 +136,11 @@ def find_checkpoint(path: str) -> str | None:
     return os.path.join(path, done[-1])
 
 
+def run_of(ckpt: str) -> str:
+    """The run folder that holds checkpoint folder `ckpt`."""
+    return os.path.dirname(os.path.abspath(ckpt))
+
+
 def resume_hint(out: str) -> str:
     ckpt = find_checkpoint(out)
     if ckpt is None:
@@ -148,7 +153,7 @@ def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...]) -> 
     ckpt = find_checkpoint(resume)
     if ckpt is None:
         return f"--resume {resume}: no checkpoint there"
-    run = os.path.dirname(os.path.abspath(ckpt))
+    run = run_of(ckpt)
     try:
         state = read_trainer_state(ckpt)
     except CheckpointError as err:
@@ -184,23 +189,11 @@ def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...]) -> 
         )
     differ = [name for name in keeps if name in saved and saved[name] != given[name]]
     if differ and not changed:  # a run mixed of two settings would be no one run's result
-        flag = "--" + differ[0].replace("_", "-")
+        name = differ[0]
         return (
-            f"checkpoint {ckpt} was trained with {flag} {saved[differ[0]]}, not {given[differ[0]]}; "
-            f"pass {flag} {saved[differ[0]]} to resume it, --resume-changed to change it, or start a new run"
+            f"checkpoint {ckpt} was trained with {flag(name)} {saved[name]}, not {given[name]}; "
+            f"pass {flag(name)} {saved[name]} to resume it, --resume-changed to change it, or start a new run"
         )
-    return None
-
-
-def changed_flags(ckpt: str, given: dict) -> str:
-    """The flags it changes: "--lr 0.001 -> 1e-05, ..."."""
-    saved = read_trainer_state(ckpt)["args"]
-    own = ("resume", "resume_changed", "out_dir", "steps", "plan", "plan_gpus", "plan_gpu_gb")
-    return ", ".join(
-        f"--{name.replace('_', '-')} {saved[name]} -> {value}"
-        for name, value in given.items()
-        if name not in own and name in saved and saved[name] != value
-    )
 
 
 def untied(model, state: dict) -> dict:
@@ -347,9 +340,17 @@ def prune_checkpoints(out_dir: str, keep: int, master: bool = True) -> list[str]
     return deleted
 
 
-def load_checkpoint(ckpt, model, optimizer, scheduler, rank, lr, weight_decay, ref_model=None, rollout=None):
-    """Restore (resharded) and the --rollout entry's state; the step. this run's `lr`, `weight_decay` win."""
+def load_checkpoint(ckpt, model, optimizer, scheduler, rank, args, ref_model=None, rollout=None):
+    """Restore (resharded) and the --rollout entry's state; the step. This run's --lr and --weight-decay win; rank 0
+    names the flags that differ from the saved run's."""
     state = read_trainer_state(ckpt)  # before DCP unpickles
+    own = ("resume", "resume_changed", "out_dir", "steps", "plan", "plan_gpus", "plan_gpu_gb")  # a resume's own
+    before = state["args"]
+    changed = [
+        f"{flag(k)} {before[k]} -> {v}" for k, v in asdict(args).items() if k not in own and before.get(k, v) != v
+    ]
+    if rank == 0 and changed:
+        print(f"resume: continuing {ckpt} with changed flags: {', '.join(changed)}")
     if not state.get("reference"):  # a run without a moving reference saved none
         ref_model = None
     shards = sharded_state(model, optimizer, ref_model)[0]  # the live tensors: DCP loads into them in place
@@ -363,12 +364,12 @@ def load_checkpoint(ckpt, model, optimizer, scheduler, rank, lr, weight_decay, r
             f"{first_line(inner, limit=120)})"
         ) from None
     scheduler.load_state_dict(state["scheduler"])
-    own = ("params", "param_names", "fused", "foreach", "capturable")  # this run's kernels: the saver's may not exist
+    kernels = ("params", "param_names", "fused", "foreach", "capturable")  # this run's: the saver's may not exist
     for i, (group, saved) in enumerate(zip(optimizer.param_groups, state["param_groups"])):
-        group.update({k: v for k, v in saved.items() if k not in own})
-        scheduler.base_lrs[i] = group["initial_lr"] = lr  # LambdaLR: lr = base_lr * lambda(step)
-        group["lr"] = lr * scheduler.lr_lambdas[i](scheduler.last_epoch)
-        group["weight_decay"] = weight_decay
+        group.update({k: v for k, v in saved.items() if k not in kernels})
+        scheduler.base_lrs[i] = group["initial_lr"] = args.lr  # LambdaLR: lr = base_lr * lambda(step)
+        group["lr"] = args.lr * scheduler.lr_lambdas[i](scheduler.last_epoch)
+        group["weight_decay"] = args.weight_decay
     scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
     saved_rank = rank if rank < len(state["rng"]) else 0  # more ranks than saved: the new ones take rank 0's
     set_rng_state(state["rng"][saved_rank])
@@ -384,7 +385,7 @@ def run_dir(args) -> str:
     ckpt = find_checkpoint(args.resume) if args.resume else None
     if ckpt is None:
         return f"runs/{args.task}-{args.advantage}-s{args.seed}"
-    return os.path.dirname(os.path.abspath(ckpt))
+    return run_of(ckpt)
 
 
 @contextlib.contextmanager
@@ -430,9 +431,8 @@ def run_folder_error(out: str, resume_ckpt: str | None) -> str | None:
     taken = any(name == "metrics.jsonl" or name.startswith("checkpoint-") for name in names)
     if taken and resume_ckpt is None:
         return f"{out} already holds a run: continue it with --resume {out}, or pick another --out-dir"
-    if taken and os.path.realpath(out) != os.path.realpath(os.path.dirname(os.path.abspath(resume_ckpt))):
+    if taken and os.path.realpath(out) != os.path.realpath(run_of(resume_ckpt)):
         return (
             f"--out-dir {out} already holds another run: resuming {resume_ckpt} there would overwrite it; pick a "
             "new --out-dir to fork into"
         )
-    return None

@@ -19,6 +19,11 @@ def first_line(err: BaseException, limit: int | None = 300, typed: bool = False)
     return (f"{type(err).__name__}: {line}" if typed else line or type(err).__name__)[:limit]
 
 
+def flag(name: str) -> str:
+    """A field's command-line spelling: lora_rank -> --lora-rank."""
+    return "--" + name.replace("_", "-")
+
+
 def choose(registry: dict, name: str, what: str):
     if name not in registry:
         raise ValueError(f"unknown {what} {name!r}; choose one of {', '.join(registry)}")
@@ -70,7 +75,4 @@ def unused_flag_error(given, values: dict, needs: dict) -> str | None:
     `needs` maps a flag's name to the flag whose truthy value makes the run read it."""
     for name, needed in needs.items():
         if name in given and not values[needed]:
-            flag_name = "--" + name.replace("_", "-")
-            needed_name = "--" + needed.replace("_", "-")
-            return f"{flag_name} is read only with {needed_name}, which this run leaves unset"
-    return None
+            return f"{flag(name)} is read only with {flag(needed)}, which this run leaves unset"

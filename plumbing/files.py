@@ -117,4 +117,3 @@ def write_error(path: str, flag: str, folder: bool = False) -> str | None:
             if folder
             else f"cannot write {path}: {parent} is not writable ({err.strerror}); pass {flag} PATH"
         )
-    return None

@@ -63,9 +63,7 @@ def load_one(ckpt, model_dir, out_path, rank, device):
     args = run_args(os.path.dirname(ckpt), model_dir, 3, resume=ckpt)
     _, model, ref_model = train.load_models(args, ckpt, model_dir, device)
     optimizer = train.make_optimizer(model, args)
-    step = train.load_checkpoint(
-        ckpt, model, optimizer, train.make_scheduler(optimizer, args), rank, args.lr, args.weight_decay, ref_model
-    )
+    step = train.load_checkpoint(ckpt, model, optimizer, train.make_scheduler(optimizer, args), rank, args, ref_model)
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_state, optim_state = get_state_dict(model, optimizer, options=full)
     ref_state = get_model_state_dict(ref_model, options=full)
@@ -157,9 +155,7 @@ def measure_resume(ckpt, model_dir, reference="ema"):
     ref_model = ref_model if reference == "ema" else None
     optimizer = train.make_optimizer(model, args)
     with RssPeak() as watch:
-        train.load_checkpoint(
-            ckpt, model, optimizer, train.make_scheduler(optimizer, args), rank, args.lr, args.weight_decay, ref_model
-        )
+        train.load_checkpoint(ckpt, model, optimizer, train.make_scheduler(optimizer, args), rank, args, ref_model)
     report("resume", world, rank, watch)
 
 

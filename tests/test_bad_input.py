@@ -472,9 +472,7 @@ def test_a_ctrl_c_during_a_save_or_a_load_is_an_interrupt_and_leaves_the_folder_
 
     monkeypatch.setattr(FileSystemReader, "read_data", interrupt)  # and a Ctrl-C while a resume reads the shards
     with pytest.raises(KeyboardInterrupt):
-        checkpoint.load_checkpoint(
-            str(tmp_path / "checkpoint-000002"), model, optimizer, scheduler, 0, args.lr, args.weight_decay
-        )
+        checkpoint.load_checkpoint(str(tmp_path / "checkpoint-000002"), model, optimizer, scheduler, 0, args)
 
 
 def test_orphaned_temporary_saves_are_removed_and_named(tmp_path):

@@ -301,7 +301,7 @@ def test_a_tied_head_is_saved_once_and_every_file_is_fsynced_before_the_rename(t
     reloaded = AutoModelForCausalLM.from_pretrained(ckpt)
     assert torch.equal(reloaded.lm_head.weight, model.get_input_embeddings().weight)
     _, fresh, fresh_optimizer, fresh_scheduler, _ = tiny_trainer(tiny_model_dir)
-    assert load_checkpoint(str(ckpt), fresh, fresh_optimizer, fresh_scheduler, 0, args.lr, args.weight_decay) == 1
+    assert load_checkpoint(str(ckpt), fresh, fresh_optimizer, fresh_scheduler, 0, args) == 1
     assert fresh.lm_head.weight is fresh.get_input_embeddings().weight
     assert torch.equal(fresh.lm_head.weight, model.get_input_embeddings().weight)  # resumed, still tied
 

@@ -121,9 +121,7 @@ def test_a_lora_run_trains_only_the_adapters_and_saves_the_merged_policy(tiny_mo
     args = lora_args(tiny_model_dir, tmp_path / "unused")
     _, policy, _ = train.load_models(args, str(ckpt), tiny_model_dir, torch.device("cpu"))
     optimizer = train.make_optimizer(policy, args)
-    train.load_checkpoint(
-        str(ckpt), policy, optimizer, train.make_scheduler(optimizer, args), 0, args.lr, args.weight_decay
-    )
+    train.load_checkpoint(str(ckpt), policy, optimizer, train.make_scheduler(optimizer, args), 0, args)
     ids = torch.randint(4, 90, (3, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = policy(input_ids=ids).logits
