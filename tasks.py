@@ -454,9 +454,10 @@ def get_task(name: str) -> Task:
 
 def reward_weights(task: Task, reward: str, text: str) -> dict[str, float]:
     """{term: weight} of --reward-weights, else {reward: 1.0}; r = sum_k w_k r_k. The one check of both flags."""
-    flag = "--reward-weights" if text.strip() else f"--reward {reward}"
+    flag = f"--reward {reward}"
     weights = {reward: 1.0}
     if text.strip():
+        flag = "--reward-weights"
         form = "TERM=WEIGHT (e.g. format=0.35,sim=0.65)"
         weights = parse_weights(text, flag, ("exact", *REWARD_TERMS), form, limit=3.4028234663852886e38)  # float32 max
     if "exact" in weights and not task.has_verifier:
