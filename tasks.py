@@ -508,9 +508,7 @@ def parse_eval_tasks(text: str, registry: dict) -> dict[str, str | None]:
     """{task name: file or None} of --eval-tasks "NAME[=FILE],..."."""
     sets = {}
     for piece in filter(str.strip, text.split(",")):
-        name, equals, path = piece.partition("=")
-        name = name.strip()
-        path = path.strip()
+        name, equals, path = map(str.strip, piece.partition("="))
         if name not in registry:
             raise ValueError(f"--eval-tasks: unknown task {name!r}: choose from {', '.join(registry)}")
         if equals and not os.path.isfile(path):
