@@ -124,9 +124,8 @@ class Task:
             keep = joined
         random.Random(seed).shuffle(keep)
         keep = keep[:limit]  # None: every row
-        made = _each(
-            lambda row: (self.make_example(row), row.get("reference")), rows.select(keep), lines, source, what, keep
-        )
+        chosen = rows.select(keep)  # only the rows kept become examples: a bad row outside them is never read
+        made = _each(lambda row: (self.make_example(row), row.get("reference")), chosen, lines, source, what, keep)
         revision = rows_revision(path, rows)
         golds = {}  # {prompt digest: its golds}
         for i, (example, own) in zip(keep, made):
@@ -179,7 +178,10 @@ BOXED = "Please reason step by step, and put your final answer within \\boxed{}.
 
 
 def _chat(user: str, system: str | None = SYSTEM) -> list[dict]:
-    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+    turn = {"role": "user", "content": user}
+    if not system:
+        return [turn]
+    return [{"role": "system", "content": system}, turn]
 
 
 def _boxed_or_answer(completion: str) -> str:
@@ -279,7 +281,8 @@ def _arith(split: str, limit: int, seed: int) -> list[Example]:
     examples = []
     for (a, b), p in itertools.islice(seeded_passes(problems, seed, split == "train"), limit):
         prompt = _chat(f"What is {a} + {b}?", system=None)
-        examples.append(Example(prompt, str(a + b), f"{a} + {b} = {a + b}", {"a": a, "b": b}, f"arith-{a}+{b}#{p}"))
+        example = Example(prompt, str(a + b), f"{a} + {b} = {a + b}", {"a": a, "b": b}, f"arith-{a}+{b}#{p}")
+        examples.append(example)
     return examples
 
 
@@ -368,76 +371,80 @@ POEMS_HINT = (
     "them with --data-file (columns instruction, poem)"
 )
 
-TASKS: dict[str, Task] = {}
-TASKS["gsm8k"] = Task(
-    name="gsm8k",
-    hub_id="openai/gsm8k",
-    hub_config="main",
-    hub_test_split="test",
-    columns={"question": str, "answer": str},
-    make_example=_gsm8k,
-    **MATH,
-)
-TASKS["countdown"] = Task(
-    name="countdown",
-    hub_id="Jiayi-Pan/Countdown-Tasks-3to4",
-    columns={"nums": list[int], "target": int},
-    key=("nums", "target"),
-    make_example=_countdown,
-    verifier=_countdown_verifier,
-    answer=rewards.countdown_expression,
-    demos=COUNTDOWN_GOLD,
-)
-TASKS["deepmath"] = Task(
-    name="deepmath", hub_id="zwhe99/DeepMath-103K", columns=DEEPMATH, make_example=_deepmath, **MATH
-)
-TASKS["poetry"] = Task(
-    name="poetry", hub_id="jnb666/poems", columns={"instruction": str, "poem": str}, make_example=_poem, hint=POEMS_HINT
-)
-TASKS["meetingbank"] = Task(
-    name="meetingbank",
-    hub_id="microsoft/MeetingBank-LLMCompressed",
-    prompt_tokens=2048,
-    columns={"prompt": str, "compressed_prompt": str},
-    make_example=_meeting,
-)
-TASKS["openthoughts"] = Task(
-    name="openthoughts",
-    hub_id="open-thoughts/OpenThoughts3-1.2M",
-    columns={"conversations": list[dict]},
-    key_text=lambda row: _openthoughts_turns(row["conversations"])[:1],  # the question, not its answer
-    make_example=_openthoughts,
-    prompt_tokens=2048,
-)
-TASKS["arith"] = Task(
-    name="arith",
-    generate=_arith,
-    verifier=lambda completion, ex: rewards.integer_reward(completion, ex.gold),
-    answer=rewards.integer_answer,
-    prompt_tokens=40,
-)
-TASKS["countdown24"] = Task(
-    name="countdown24",
-    generate=_countdown24,
-    verifier=_countdown_verifier,
-    answer=rewards.countdown_expression,
-    prompt_tokens=120,
-)
-TASKS["polaris"] = Task(
-    name="polaris",
-    hub_id="POLARIS-Project/Polaris-Dataset-53K",
-    columns=PROBLEMS,
-    decontaminate=("aime25", "math500"),
-    make_example=_polaris,
-    **MATH,
-)
+BUILT_IN = [
+    Task(
+        name="gsm8k",
+        hub_id="openai/gsm8k",
+        hub_config="main",
+        hub_test_split="test",
+        columns={"question": str, "answer": str},
+        make_example=_gsm8k,
+        **MATH,
+    ),
+    Task(
+        name="countdown",
+        hub_id="Jiayi-Pan/Countdown-Tasks-3to4",
+        columns={"nums": list[int], "target": int},
+        key=("nums", "target"),
+        make_example=_countdown,
+        verifier=_countdown_verifier,
+        answer=rewards.countdown_expression,
+        demos=COUNTDOWN_GOLD,
+    ),
+    Task(name="deepmath", hub_id="zwhe99/DeepMath-103K", columns=DEEPMATH, make_example=_deepmath, **MATH),
+    Task(
+        name="poetry",
+        hub_id="jnb666/poems",
+        columns={"instruction": str, "poem": str},
+        make_example=_poem,
+        hint=POEMS_HINT,
+    ),
+    Task(
+        name="meetingbank",
+        hub_id="microsoft/MeetingBank-LLMCompressed",
+        prompt_tokens=2048,
+        columns={"prompt": str, "compressed_prompt": str},
+        make_example=_meeting,
+    ),
+    Task(
+        name="openthoughts",
+        hub_id="open-thoughts/OpenThoughts3-1.2M",
+        columns={"conversations": list[dict]},
+        key_text=lambda row: _openthoughts_turns(row["conversations"])[:1],  # the question, not its answer
+        make_example=_openthoughts,
+        prompt_tokens=2048,
+    ),
+    Task(
+        name="arith",
+        generate=_arith,
+        verifier=lambda completion, ex: rewards.integer_reward(completion, ex.gold),
+        answer=rewards.integer_answer,
+        prompt_tokens=40,
+    ),
+    Task(
+        name="countdown24",
+        generate=_countdown24,
+        verifier=_countdown_verifier,
+        answer=rewards.countdown_expression,
+        prompt_tokens=120,
+    ),
+    Task(
+        name="polaris",
+        hub_id="POLARIS-Project/Polaris-Dataset-53K",
+        columns=PROBLEMS,
+        decontaminate=("aime25", "math500"),
+        make_example=_polaris,
+        **MATH,
+    ),
+]
 # held-out benchmarks (docs/eval.md)
-for name, hub_id, split in [
+BENCHMARKS = [
     ("math500", "HuggingFaceH4/MATH-500", "test"),
     ("aime24", "HuggingFaceH4/aime_2024", "train"),
     ("aime25", "MathArena/aime_2025", "train"),
-]:
-    TASKS[name] = Task(
+]
+BUILT_IN += [
+    Task(
         name=name,
         hub_id=hub_id,
         hub_test_split=split,
@@ -446,6 +453,9 @@ for name, hub_id, split in [
         make_example=_benchmark,
         **MATH,
     )
+    for name, hub_id, split in BENCHMARKS
+]
+TASKS: dict[str, Task] = {task.name: task for task in BUILT_IN}  # a fork adds TASKS["name"] = Task(...) below
 
 
 def get_task(name: str) -> Task:
