@@ -270,7 +270,7 @@ def seeded_passes(items: list, seed: int, repeat: bool):
         order = list(items)
         rng.shuffle(order)
         yield from ((item, pass_index) for item in order)
-        if not repeat or not items:
+        if not repeat:
             return
 
 
