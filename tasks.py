@@ -98,7 +98,7 @@ class Task:
             whole = self.hub_test_split is not None  # the hub's own test split holds out, not the hash
         what = f"{self.name} example"
         keys = records(rows, self.key)
-        digests = _each(lambda key: digest(*self.key_text(key)), keys, lines, source, what)
+        digests = _each(lambda key: digest(*self.key_text(key)), enumerate(keys), lines, source, what)
         seen, uids = {}, []
         for row_digest in digests:  # a repeated prompt gets #1, #2, ...: every uid names one row
             seen[row_digest] = seen.get(row_digest, -1) + 1
@@ -108,7 +108,7 @@ class Task:
         join = demos and self.demos is not None and "reference" not in rows.column_names
         if join:  # before the limit: --eval-examples counts rows that have a demonstration
             references, demo_source = _demonstrations(self, demo_file)
-            puzzles = _each(self.demos.puzzle, keys, lines, source, what)
+            puzzles = _each(self.demos.puzzle, enumerate(keys), lines, source, what)
             joined = [i for i in keep if puzzles[i] in references]
             if keep and not joined:
                 raise DataError(
@@ -125,7 +125,7 @@ class Task:
         random.Random(seed).shuffle(keep)
         keep = keep[:limit]  # None: every row
         chosen = rows.select(keep)  # only the rows kept become examples: a bad row outside them is never read
-        made = _each(lambda row: (self.make_example(row), row.get("reference")), chosen, lines, source, what, keep)
+        made = _each(lambda row: (self.make_example(row), row.get("reference")), zip(keep, chosen), lines, source, what)
         revision = rows_revision(path, rows)
         golds = {}  # {prompt digest: its golds}
         for i, (example, own) in zip(keep, made):
@@ -494,17 +494,16 @@ def _demonstrations(task: Task, demo_file: str | None) -> tuple[dict[tuple, str]
     what = f"{task.name} demonstration"
     rows, lines, source = read_rows(demo_file, "--demo-file", demos.hub, demos.columns, f"a {what}")
     references = {}
-    for puzzle, reference in _each(demos.read, records(rows, demos.columns), lines, source, what):
+    for puzzle, reference in _each(demos.read, enumerate(records(rows, demos.columns)), lines, source, what):
         if puzzle not in references or len(reference) < len(references[puzzle]):
             references[puzzle] = reference
     return references, source
 
 
-def _each(read: Callable, rows, lines, source: str, what: str, indices=None) -> list:
-    """read(row) of each row; DataError naming the first refused."""
+def _each(read: Callable, numbered, lines, source: str, what: str) -> list:
+    """read(row) of each (row number, row); DataError naming the first refused."""
     out = []
-    numbers = range(len(rows)) if indices is None else indices
-    for i, row in zip(numbers, rows):
+    for i, row in numbered:
         try:
             out.append(read(row))
         except Exception as err:
