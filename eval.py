@@ -186,8 +186,19 @@ def load_sampler(args, examples):
         kept = len(prompts) * (args.samples + 1)
         lower = "--samples, --limit or --batch-size"
         hf = backend == "hf"
-        at = dict(max_tokens=args.max_tokens, dtype="bfloat16", hf=hf, device=torch.device("cpu"))
-        if error := sampling_memory_error(config, at_once, kept, longest, **at, lower=lower):
+        device = torch.device("cpu")
+        error = sampling_memory_error(
+            config,
+            at_once,
+            kept,
+            longest,
+            max_tokens=args.max_tokens,
+            dtype="bfloat16",
+            hf=hf,
+            device=device,
+            lower=lower,
+        )
+        if error:
             raise models.SamplingError(error)  # said before the model loads, not as an out-of-memory error later
         dtype = "bfloat16" if hf else "auto"
         return make_sampler(backend, path, dtype=dtype, seed=args.seed, max_model_len=longest + args.max_tokens)
@@ -333,8 +344,7 @@ def main(argv=None) -> dict:
         if args.reward_weights:
             weights = reward_weights(task, args.reward, args.reward_weights)
         sim = "sim" in (weights or {args.reward: 1})
-        demo_error = demo_file_error(task, args.demo_file, sim)
-        if demo_error:
+        if demo_error := demo_file_error(task, args.demo_file, sim):
             raise DataError(demo_error)
         if args.split == "train" and task.held_out_only:  # a benchmark has no train split to score
             raise DataError(f"{task.name} is a held-out benchmark: score its test split (--split test)")

@@ -98,7 +98,7 @@ class Task:
             whole = self.hub_test_split is not None  # the hub's own test split holds out, not the hash
         what = f"{self.name} example"
         keys = records(rows, self.key)
-        digests = _each(lambda key: digest(*self.key_text(key)), keys, lines, source, what)
+        digests = _each(lambda key: digest(*self.key_text(key)), enumerate(keys), lines, source, what)
         seen, uids = {}, []
         for row_digest in digests:  # a repeated prompt gets #1, #2, ...: every uid names one row
             seen[row_digest] = seen.get(row_digest, -1) + 1
@@ -108,7 +108,7 @@ class Task:
         join = demos and self.demos is not None and "reference" not in rows.column_names
         if join:  # before the limit: --eval-examples counts rows that have a demonstration
             references, demo_source = _demonstrations(self, demo_file)
-            puzzles = _each(self.demos.puzzle, keys, lines, source, what)
+            puzzles = _each(self.demos.puzzle, enumerate(keys), lines, source, what)
             joined = [i for i in keep if puzzles[i] in references]
             if keep and not joined:
                 raise DataError(
@@ -124,9 +124,8 @@ class Task:
             keep = joined
         random.Random(seed).shuffle(keep)
         keep = keep[:limit]  # None: every row
-        made = _each(
-            lambda row: (self.make_example(row), row.get("reference")), rows.select(keep), lines, source, what, keep
-        )
+        chosen = rows.select(keep)  # only the rows kept become examples: a bad row outside them is never read
+        made = _each(lambda row: (self.make_example(row), row.get("reference")), zip(keep, chosen), lines, source, what)
         revision = rows_revision(path, rows)
         golds = {}  # {prompt digest: its golds}
         for i, (example, own) in zip(keep, made):
@@ -179,7 +178,10 @@ BOXED = "Please reason step by step, and put your final answer within \\boxed{}.
 
 
 def _chat(user: str, system: str | None = SYSTEM) -> list[dict]:
-    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+    turn = {"role": "user", "content": user}
+    if not system:
+        return [turn]
+    return [{"role": "system", "content": system}, turn]
 
 
 def _boxed_or_answer(completion: str) -> str:
@@ -268,7 +270,7 @@ def seeded_passes(items: list, seed: int, repeat: bool):
         order = list(items)
         rng.shuffle(order)
         yield from ((item, pass_index) for item in order)
-        if not repeat or not items:
+        if not repeat:
             return
 
 
@@ -279,7 +281,8 @@ def _arith(split: str, limit: int, seed: int) -> list[Example]:
     examples = []
     for (a, b), p in itertools.islice(seeded_passes(problems, seed, split == "train"), limit):
         prompt = _chat(f"What is {a} + {b}?", system=None)
-        examples.append(Example(prompt, str(a + b), f"{a} + {b} = {a + b}", {"a": a, "b": b}, f"arith-{a}+{b}#{p}"))
+        example = Example(prompt, str(a + b), f"{a} + {b} = {a + b}", {"a": a, "b": b}, f"arith-{a}+{b}#{p}")
+        examples.append(example)
     return examples
 
 
@@ -368,76 +371,80 @@ POEMS_HINT = (
     "them with --data-file (columns instruction, poem)"
 )
 
-TASKS: dict[str, Task] = {}
-TASKS["gsm8k"] = Task(
-    name="gsm8k",
-    hub_id="openai/gsm8k",
-    hub_config="main",
-    hub_test_split="test",
-    columns={"question": str, "answer": str},
-    make_example=_gsm8k,
-    **MATH,
-)
-TASKS["countdown"] = Task(
-    name="countdown",
-    hub_id="Jiayi-Pan/Countdown-Tasks-3to4",
-    columns={"nums": list[int], "target": int},
-    key=("nums", "target"),
-    make_example=_countdown,
-    verifier=_countdown_verifier,
-    answer=rewards.countdown_expression,
-    demos=COUNTDOWN_GOLD,
-)
-TASKS["deepmath"] = Task(
-    name="deepmath", hub_id="zwhe99/DeepMath-103K", columns=DEEPMATH, make_example=_deepmath, **MATH
-)
-TASKS["poetry"] = Task(
-    name="poetry", hub_id="jnb666/poems", columns={"instruction": str, "poem": str}, make_example=_poem, hint=POEMS_HINT
-)
-TASKS["meetingbank"] = Task(
-    name="meetingbank",
-    hub_id="microsoft/MeetingBank-LLMCompressed",
-    prompt_tokens=2048,
-    columns={"prompt": str, "compressed_prompt": str},
-    make_example=_meeting,
-)
-TASKS["openthoughts"] = Task(
-    name="openthoughts",
-    hub_id="open-thoughts/OpenThoughts3-1.2M",
-    columns={"conversations": list[dict]},
-    key_text=lambda row: _openthoughts_turns(row["conversations"])[:1],  # the question, not its answer
-    make_example=_openthoughts,
-    prompt_tokens=2048,
-)
-TASKS["arith"] = Task(
-    name="arith",
-    generate=_arith,
-    verifier=lambda completion, ex: rewards.integer_reward(completion, ex.gold),
-    answer=rewards.integer_answer,
-    prompt_tokens=40,
-)
-TASKS["countdown24"] = Task(
-    name="countdown24",
-    generate=_countdown24,
-    verifier=_countdown_verifier,
-    answer=rewards.countdown_expression,
-    prompt_tokens=120,
-)
-TASKS["polaris"] = Task(
-    name="polaris",
-    hub_id="POLARIS-Project/Polaris-Dataset-53K",
-    columns=PROBLEMS,
-    decontaminate=("aime25", "math500"),
-    make_example=_polaris,
-    **MATH,
-)
+BUILT_IN = [
+    Task(
+        name="gsm8k",
+        hub_id="openai/gsm8k",
+        hub_config="main",
+        hub_test_split="test",
+        columns={"question": str, "answer": str},
+        make_example=_gsm8k,
+        **MATH,
+    ),
+    Task(
+        name="countdown",
+        hub_id="Jiayi-Pan/Countdown-Tasks-3to4",
+        columns={"nums": list[int], "target": int},
+        key=("nums", "target"),
+        make_example=_countdown,
+        verifier=_countdown_verifier,
+        answer=rewards.countdown_expression,
+        demos=COUNTDOWN_GOLD,
+    ),
+    Task(name="deepmath", hub_id="zwhe99/DeepMath-103K", columns=DEEPMATH, make_example=_deepmath, **MATH),
+    Task(
+        name="poetry",
+        hub_id="jnb666/poems",
+        columns={"instruction": str, "poem": str},
+        make_example=_poem,
+        hint=POEMS_HINT,
+    ),
+    Task(
+        name="meetingbank",
+        hub_id="microsoft/MeetingBank-LLMCompressed",
+        prompt_tokens=2048,
+        columns={"prompt": str, "compressed_prompt": str},
+        make_example=_meeting,
+    ),
+    Task(
+        name="openthoughts",
+        hub_id="open-thoughts/OpenThoughts3-1.2M",
+        columns={"conversations": list[dict]},
+        key_text=lambda row: _openthoughts_turns(row["conversations"])[:1],  # the question, not its answer
+        make_example=_openthoughts,
+        prompt_tokens=2048,
+    ),
+    Task(
+        name="arith",
+        generate=_arith,
+        verifier=lambda completion, ex: rewards.integer_reward(completion, ex.gold),
+        answer=rewards.integer_answer,
+        prompt_tokens=40,
+    ),
+    Task(
+        name="countdown24",
+        generate=_countdown24,
+        verifier=_countdown_verifier,
+        answer=rewards.countdown_expression,
+        prompt_tokens=120,
+    ),
+    Task(
+        name="polaris",
+        hub_id="POLARIS-Project/Polaris-Dataset-53K",
+        columns=PROBLEMS,
+        decontaminate=("aime25", "math500"),
+        make_example=_polaris,
+        **MATH,
+    ),
+]
 # held-out benchmarks (docs/eval.md)
-for name, hub_id, split in [
+BENCHMARKS = [
     ("math500", "HuggingFaceH4/MATH-500", "test"),
     ("aime24", "HuggingFaceH4/aime_2024", "train"),
     ("aime25", "MathArena/aime_2025", "train"),
-]:
-    TASKS[name] = Task(
+]
+BUILT_IN += [
+    Task(
         name=name,
         hub_id=hub_id,
         hub_test_split=split,
@@ -446,6 +453,9 @@ for name, hub_id, split in [
         make_example=_benchmark,
         **MATH,
     )
+    for name, hub_id, split in BENCHMARKS
+]
+TASKS: dict[str, Task] = {task.name: task for task in BUILT_IN}  # a fork adds TASKS["name"] = Task(...) below
 
 
 def get_task(name: str) -> Task:
@@ -454,9 +464,10 @@ def get_task(name: str) -> Task:
 
 def reward_weights(task: Task, reward: str, text: str) -> dict[str, float]:
     """{term: weight} of --reward-weights, else {reward: 1.0}; r = sum_k w_k r_k. The one check of both flags."""
-    flag = "--reward-weights" if text.strip() else f"--reward {reward}"
+    flag = f"--reward {reward}"
     weights = {reward: 1.0}
     if text.strip():
+        flag = "--reward-weights"
         form = "TERM=WEIGHT (e.g. format=0.35,sim=0.65)"
         weights = parse_weights(text, flag, ("exact", *REWARD_TERMS), form, limit=3.4028234663852886e38)  # float32 max
     if "exact" in weights and not task.has_verifier:
@@ -483,17 +494,16 @@ def _demonstrations(task: Task, demo_file: str | None) -> tuple[dict[tuple, str]
     what = f"{task.name} demonstration"
     rows, lines, source = read_rows(demo_file, "--demo-file", demos.hub, demos.columns, f"a {what}")
     references = {}
-    for puzzle, reference in _each(demos.read, records(rows, demos.columns), lines, source, what):
+    for puzzle, reference in _each(demos.read, enumerate(records(rows, demos.columns)), lines, source, what):
         if puzzle not in references or len(reference) < len(references[puzzle]):
             references[puzzle] = reference
     return references, source
 
 
-def _each(read: Callable, rows, lines, source: str, what: str, indices=None) -> list:
-    """read(row) of each row; DataError naming the first refused."""
+def _each(read: Callable, numbered, lines, source: str, what: str) -> list:
+    """read(row) of each (row number, row); DataError naming the first refused."""
     out = []
-    numbers = range(len(rows)) if indices is None else indices
-    for i, row in zip(numbers, rows):
+    for i, row in numbered:
         try:
             out.append(read(row))
         except Exception as err:
@@ -507,9 +517,7 @@ def parse_eval_tasks(text: str, registry: dict) -> dict[str, str | None]:
     """{task name: file or None} of --eval-tasks "NAME[=FILE],..."."""
     sets = {}
     for piece in filter(str.strip, text.split(",")):
-        name, equals, path = piece.partition("=")
-        name = name.strip()
-        path = path.strip()
+        name, equals, path = map(str.strip, piece.partition("="))
         if name not in registry:
             raise ValueError(f"--eval-tasks: unknown task {name!r}: choose from {', '.join(registry)}")
         if equals and not os.path.isfile(path):

@@ -188,7 +188,7 @@ def is_a(value, kind) -> bool:
     )
 
 
-def check_rows(rows, lines, columns: dict, source: str, who: str, hint: str = "") -> None:
+def check_rows(rows, lines, columns: dict, source: str, who: str, hint: str) -> None:
     """The one gate for rows: DataError when `rows` lack a column, or a row a value of its column's type ({name:
     type}; a type that admits None is optional), or one of over MAX_ROW_CHARS."""
     required = [name for name, kind in columns.items() if not is_a(None, kind)]  # str | None: optional

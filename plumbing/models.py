@@ -84,15 +84,6 @@ def model_context(model: str) -> int | None:
     return context if type(context) is int and context > 0 else None  # not True, not a float
 
 
-def hub_context(path) -> int | None:
-    from transformers import AutoConfig
-
-    try:
-        return getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
-    except (OSError, ValueError):
-        return None
-
-
 def _embedded_folder(name: str) -> str:
     return os.path.join(os.environ.get("SOFTMAX_GRPO_CACHE", os.path.expanduser("~/.cache/softmax-grpo")), name)
 
