@@ -16,7 +16,7 @@ from plumbing.data import batch_indices
 from plumbing.models import SamplingError, check_finite, load_model, load_tokenizer, repack_tied_lm_head, resolve_model
 from plumbing.parallel import all_reduce_sum, gather_rows
 from plumbing.sync import FUSED, checksum
-from rewards import declared_lengths, take_error_count
+from rewards import declared_lengths, reward_limits, take_error_count
 from speed import cpu_sampler
 
 
@@ -97,8 +97,7 @@ def sample_round(
         min_p=args.min_p,
         seed=seed,
     )
-    overlong_buffer = args.overlong_buffer or max(1, args.max_tokens // 5)  # 0: DAPO's L_cache of L_max / 5
-    limits = dict(max_tokens=args.max_tokens, overlong_buffer=overlong_buffer)
+    limits = reward_limits(args.max_tokens, args.overlong_buffer)
     return Batch(examples, prompts, groups, score(task, examples, groups, weights, device, limits))
 
 
@@ -127,17 +126,11 @@ def score(task, examples, groups, weights: dict, device, limits=None) -> dict:
     """This rank's groups scored, then gathered, (G, M) each; and the error count."""
 
     def table(term):  # (G_local, M)
-        return torch.tensor(
-            [
-                [
-                    task.reward(
-                        c.text, ex, kind=term, **declared_lengths(term, n_tokens=len(c.token_ids), **(limits or {}))
-                    )
-                    for c in g
-                ]
-                for ex, g in zip(examples, groups)
-            ]
-        )
+        rows = []
+        for ex, g in zip(examples, groups):
+            lengths = [declared_lengths(term, n_tokens=len(c.token_ids), **(limits or {})) for c in g]
+            rows.append([task.reward(c.text, ex, kind=term, **kw) for c, kw in zip(g, lengths)])
+        return torch.tensor(rows)
 
     terms = {term: table(term) for term in weights}
     rewards = sum(weight * terms[term] for term, weight in weights.items())  # r = sum_k w_k r_k
@@ -146,14 +139,11 @@ def score(task, examples, groups, weights: dict, device, limits=None) -> dict:
     passed = terms["exact"] if "exact" in terms else 0 * rewards
     lengths = torch.tensor([[len(c.token_ids) for c in g] for g in groups], dtype=torch.float32)  # (G_local, M)
     cut = torch.tensor([[c.finish_reason == "length" for c in g] for g in groups], dtype=torch.float32)
-    return {
-        "rewards": gather_rows(rewards, device),
-        "passed": gather_rows((passed >= 0.5).float(), device),
-        "lengths": gather_rows(lengths, device),
-        "cut": gather_rows(cut, device),
-        "terms": {term: gather_rows(terms[term], device) for term in weights},
-        "errors": all_reduce_sum([take_error_count()], device)[0],
-    }
+    local = {"rewards": rewards, "passed": (passed >= 0.5).float(), "lengths": lengths, "cut": cut}
+    scores = {key: gather_rows(value, device) for key, value in local.items()}  # every rank, in rank order
+    scores["terms"] = {term: gather_rows(terms[term], device) for term in weights}
+    scores["errors"] = all_reduce_sum([take_error_count()], device)[0]
+    return scores
 
 
 def next_tokens(logits, generators, *, draw, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0):
