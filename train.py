@@ -164,7 +164,9 @@ def train(args: Args, out_dir: str, ckpt: str | None) -> dict:
             phase.sleep(sampler)
         # reward: advantages over the gathered batch, so batch-level baselines see all of it
         with phase("reward"):
-            adv_all = compute_advantages(args.advantage, batch.scores["rewards"], **hparams)  # Eq. (1)
+            # per-term rewards, for an estimator that normalises each term (GDPO); the others read the sum
+            terms = {term: (weight, batch.scores["terms"][term]) for term, weight in weights.items()}
+            adv_all = compute_advantages(args.advantage, batch.scores["rewards"], terms=terms, **hparams)  # Eq. (1)
             keep = kept_samples(batch.scores["rewards"], batch.scores["cut"], args.row_filter, args.mask_truncated)
             adv = adv_all[mine].reshape(-1)
             keep = keep[mine].reshape(-1)
@@ -185,7 +187,12 @@ def train(args: Args, out_dir: str, ckpt: str | None) -> dict:
             ),
             **batch.metrics,
             **allocation_metrics(  # Table 3
-                batch.scores["rewards"], batch.scores["lengths"], estimators, must=args.advantage, **hparams
+                batch.scores["rewards"],
+                batch.scores["lengths"],
+                estimators,
+                must=args.advantage,
+                terms=terms,
+                **hparams,
             ),
         }
         samples.write(step + 1, task, batch, adv_all, rank)
