@@ -51,8 +51,8 @@ def _cpu_seconds(child: Popen) -> float | None:
 def _reply(child: Popen, timeout: float) -> bytes:
     """The child's next line; b"" once it has spent `timeout` CPU seconds on it, or a death (EOF).
     CPU seconds, not wall seconds: on a loaded machine a call within the limit would otherwise score 0.
-    Where CPU time cannot be read, and for a child that waits without computing, `WALL_FACTOR` x `timeout`
-    wall seconds end the wait."""
+    Where CPU time cannot be read, `timeout` wall seconds end the wait; for a child that waits without
+    computing, `WALL_FACTOR` x `timeout` wall seconds."""
     start_cpu = _cpu_seconds(child)
     deadline = time.monotonic() + WALL_FACTOR * timeout
     spent = 0.0
