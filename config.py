@@ -14,16 +14,16 @@ from dataclasses import asdict, dataclass, field, fields, make_dataclass, replac
 import torch
 
 from advantage import ESTIMATORS, estimator_params, hyperparameter_ranges, hyperparameters
-from eval import SAMPLING_RULES, SEED_LIMIT, demo_file_error, model_flag_error, number_error
-from loss import LOSS_TERMS, OPTION_CHOICES, REFERENCES, ROW_FILTERS, policy_loss
+from eval import SAMPLING_RULES, SEED_LIMIT, demo_file_error, number_error
+from loss import OPTION_CHOICES, REFERENCES, ROW_FILTERS, loss_term_coefs, policy_loss
 from plumbing.checkpoint import find_checkpoint, resume_error, run_dir, run_folder_error
-from plumbing.cli import OneLineParser, first_line, flag, number, parse_weights, unused_flag_error
+from plumbing.cli import OneLineParser, first_line, flag, number, unused_flag_error
 from plumbing.data import data_file_error
-from plumbing.models import has_bf16_units
+from plumbing.models import has_bf16_units, model_context, model_error
 from plumbing.sync import SYNC_TOLERANCE
 from rewards import REWARD_TERMS
 from rollout import MAX_REFILLS, ROLLOUTS, SAMPLERS
-from tasks import TASKS, get_task, parse_eval_tasks, reward_weights
+from tasks import TASKS, get_task, no_room_error, parse_eval_tasks, reward_weights
 
 
 def arg(default, help):
@@ -358,13 +358,8 @@ def train_rule_error(args: Args, task, world: int) -> str | None:
         )
     if not set(alloc_estimators(args)) <= set(ESTIMATORS):
         return f"--alloc-estimators must name estimators of {', '.join(ESTIMATORS)}, or all"
-    dapo_flags = (args.filter_std, args.max_refill_rounds)
-    if args.rollout != "dapo" and dapo_flags != (_Args.filter_std, _Args.max_refill_rounds):
-        return "--filter-std and --max-refill-rounds are read by --rollout dapo only"
     if not args.overlong_buffer < args.max_tokens:
         return "--overlong-buffer must be in [0, --max-tokens)"
-    if args.lr_schedule != "cosine" and args.min_lr_ratio:
-        return "--min-lr-ratio is read by --lr-schedule cosine only"
     # an empty range: loss.is_weights' mask keeps ratios in [1/C, C]
     if args.is_correction in ("token-mask", "seq-mask") and not args.is_cap >= 1:
         return f"--is-cap {args.is_cap}: a mask correction keeps ratios in [1/C, C], empty for C < 1"
@@ -378,7 +373,7 @@ def reward_error(args: Args, task) -> str | None:
     """The first problem with the reward flags, the loss terms or --eval-tasks, as one line, or None."""
     try:
         parse_eval_tasks(args.eval_tasks, TASKS)
-        parse_weights(args.loss_terms, "--loss-terms", LOSS_TERMS, "NAME=COEF (e.g. l2=0.1)")
+        loss_term_coefs(args.loss_terms)
         weights = reward_weights(task, args.reward, args.reward_weights)
     except ValueError as err:
         return first_line(err, limit=None)
@@ -417,7 +412,8 @@ def file_error(args: Args) -> str | None:
     splits = ("train", "test") if args.eval_examples else ("train",)
     if args.data_file and (error := data_file_error(args.data_file, splits=splits)):
         return error
-    if error := model_flag_error(args):
+    # the room --max-tokens leaves in the model's context: again per prompt once the tokenizer is loaded
+    if error := model_error(args.model) or no_room_error(args.max_tokens, model_context(args.model)):
         return error
     resumed = find_checkpoint(args.resume) if args.resume else None
     keeps = (*RESUME_KEEPS, *hyperparameters(ESTIMATORS[args.advantage]))
@@ -426,12 +422,16 @@ def file_error(args: Args) -> str | None:
     return run_folder_error(run_dir(args), resumed)
 
 
-# Flags read only when another is set: given without it, each would be silently ignored (checked on the flags given)
+# Flags read only when another is set ("FLAG") or has a value ("FLAG=VALUE"): given without it, each would be
+# silently ignored (checked on the flags given; plumbing/cli.py: reads)
 UNUSED_WITHOUT = {
     "lora_alpha": "lora_rank",
     "lora_targets": "lora_rank",
     "eval_temperature": "eval_samples",
     "eval_top_p": "eval_samples",
+    "filter_std": "rollout=dapo",
+    "max_refill_rounds": "rollout=dapo",
+    "min_lr_ratio": "lr_schedule=cosine",
 }
 
 

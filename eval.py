@@ -16,7 +16,7 @@ from transformers import AutoConfig
 
 from plumbing import models
 from plumbing.checkpoint import CheckpointError, safe_load
-from plumbing.cli import OneLineParser, first_line, number, unused_flag_error
+from plumbing.cli import OneLineParser, first_line, flag, number, unused_flag_error
 from plumbing.data import data_file_error
 from plumbing.files import write_error, write_json
 from plumbing.parallel import gather_rows
@@ -177,10 +177,7 @@ def load_sampler(args, examples):
         tokenizer = models.load_tokenizer(path)  # first: its ModelLoadError names what is wrong with the folder
         config = AutoConfig.from_pretrained(path)
         context = getattr(config, "max_position_embeddings", None)  # vLLM needs it up front
-        if error := no_room_error(args.max_tokens, context):
-            raise DataError(error)
-        room = (context or math.inf) - args.max_tokens
-        prompts = encode_prompts(tokenizer, examples, max_len=room)
+        prompts = encode_prompts(tokenizer, examples, args.max_tokens, context)
         longest = max(map(len, prompts), default=0)
         at_once = min(len(prompts), args.batch_size) * max(args.samples, 1)  # sequences a batch samples at once
         kept = len(prompts) * (args.samples + 1)
@@ -245,10 +242,6 @@ EVAL_RULES = [
 ]
 
 
-def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def number_error(args, rules) -> str | None:
     """The first number flag of `args` that breaks its rule, as one line, or None (NaN breaks each rule)."""
     for names, valid, means in rules:
@@ -257,11 +250,6 @@ def number_error(args, rules) -> str | None:
             if value is not None and not valid(value):
                 return f"{flag(name)} must be {means}, got {value:,}"
     return None
-
-
-def model_flag_error(args) -> str | None:
-    """The problem with --model or with --max-tokens against its context, or None."""
-    return models.model_error(args.model) or no_room_error(args.max_tokens, models.model_context(args.model))
 
 
 def demo_file_error(task, demo_file: str | None, sim: bool) -> str | None:
@@ -274,15 +262,6 @@ def demo_file_error(task, demo_file: str | None, sim: bool) -> str | None:
     if demo_file and not sim:
         return "--demo-file is read only when the reward uses sim (--reward sim, or a sim term in --reward-weights)"
     return None
-
-
-def no_room_error(max_tokens: int, context: int | None) -> str | None:
-    """The line for a --max-tokens that leaves a prompt no room in `context` (None: unknown), or None."""
-    if context is not None and max_tokens >= context:
-        return (
-            f"--max-tokens {max_tokens:,} leaves no room for a prompt in the model's context of {context:,} "
-            "tokens: pass a smaller --max-tokens"
-        )
 
 
 # Flags read only when another is set (config.py holds train.py's table); their default, 1.0, is filled after the check

@@ -5,6 +5,7 @@ python -m pytest tests/test_tasks.py -q
 
 import hashlib
 import itertools
+import math
 import os
 import random
 import re
@@ -571,10 +572,22 @@ def _user_digest(example: Example) -> str:
     return digest(*example.prompt[-1]["content"].split())  # the user turn, spacing aside
 
 
-def encode_prompts(tokenizer, examples, max_len: int | None = None) -> list[list[int]]:
-    """Chat-template token ids of each prompt, ending with the assistant header; DataError for bad rows."""
+def no_room_error(max_tokens: int, context: int | None) -> str | None:
+    """The line for a --max-tokens that leaves a prompt no room in `context` (None: unknown), or None."""
+    if context is not None and max_tokens >= context:
+        return (
+            f"--max-tokens {max_tokens:,} leaves no room for a prompt in the model's context of {context:,} "
+            "tokens: pass a smaller --max-tokens"
+        )
+
+
+def encode_prompts(tokenizer, examples, max_tokens: int = 0, context: int | None = None) -> list[list[int]]:
+    """Chat-template token ids of each prompt, ending with the assistant header, each leaving `max_tokens` of the
+    model's `context` (None: unknown) to its completion; DataError for bad rows."""
     import jinja2  # transformers renders chat templates with it
 
+    if error := no_room_error(max_tokens, context):
+        raise DataError(error)
     if not tokenizer.chat_template:
         raise ModelLoadError("the tokenizer has no chat template; use an instruct/chat model")
     added = [token.content for token in tokenizer.added_tokens_decoder.values() if token.special]
@@ -598,12 +611,13 @@ def encode_prompts(tokenizer, examples, max_len: int | None = None) -> list[list
             f"the model's chat template cannot render a prompt ({first_line(err, typed=True)}); "
             "use a model whose tokenizer_config.json has a working chat_template"
         ) from None
-    too_long = [i for i, p in enumerate(ids) if max_len is not None and len(p) > max_len]
+    room = math.inf if context is None else context - max_tokens
+    too_long = [i for i, p in enumerate(ids) if len(p) > room]
     if too_long:
         first = too_long[0]
         raise DataError(
             f"{_row_name(examples[first], first)}: its prompt is {len(ids[first])} tokens, more than the "
-            f"{max_len} the model's context leaves beside --max-tokens ({len(too_long)} such rows)"
+            f"{room} the model's context leaves beside --max-tokens ({len(too_long)} such rows)"
         )
     return ids
 

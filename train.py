@@ -21,7 +21,7 @@ from tqdm import tqdm
 import config
 from advantage import compute_advantages
 from config import Args, parse_args
-from eval import eval_seed, evaluate, gather_samples, no_room_error, sampled_scores
+from eval import eval_seed, evaluate, gather_samples, sampled_scores
 from grad_alloc import allocation_metrics
 from loss import REFERENCES, Share, kept_samples, loss_denominator, policy_loss
 from plumbing import run_log
@@ -83,12 +83,10 @@ def train(args: Args, out_dir: str, ckpt: str | None) -> dict:
         start_step = load_checkpoint(ckpt, model, optimizer, scheduler, rank, args, moving_ref, rollout)
     n_params = run_log.param_counts(model)
     n_forwards = 1 + 3 * args.ppo_epochs + (ref_model is not None) + (not reuses_training_logprobs(args))
-    if error := no_room_error(args.max_tokens, model.config.max_position_embeddings):
-        raise DataError(error)
-    room = model.config.max_position_embeddings - args.max_tokens
-    train_ids = encode_prompts(tokenizer, train_set, max_len=room)
+    context = model.config.max_position_embeddings
+    train_ids = encode_prompts(tokenizer, train_set, args.max_tokens, context)
     test_rows = [ex for _, rows in eval_sets.values() for ex in rows]
-    test_ids = encode_prompts(tokenizer, test_rows, max_len=room)
+    test_ids = encode_prompts(tokenizer, test_rows, args.max_tokens, context)
     max_prompt = max(len(p) for p in train_ids + test_ids)
     n_local = args.rollout_batch // world  # prompts a rank samples a step
     eval_shard = -(-len(test_ids) // world)  # held-out prompts a rank scores
@@ -104,7 +102,7 @@ def train(args: Args, out_dir: str, ckpt: str | None) -> dict:
     for rows, kept, lower in sampling:
         if error := sampling_memory_error(model.config, rows, kept, max_prompt, **at, lower=lower):
             raise SamplingError(error)
-    context = max_prompt + args.max_tokens  # the sampler's: the longest prompt and a whole completion
+    sampler_context = max_prompt + args.max_tokens  # the longest prompt and a whole completion
     phase = run_log.Phases(device)
     with kept_rng_state():  # vLLM reseeds the global RNGs
         sampler = phase.build(
@@ -113,7 +111,7 @@ def train(args: Args, out_dir: str, ckpt: str | None) -> dict:
             ckpt or init_path,
             dtype=args.dtype,
             device=device,
-            max_model_len=context,
+            max_model_len=sampler_context,
             seed=args.seed + rank,
             gpu_memory_utilization=args.gpu_memory_utilization,
             max_num_seqs=args.max_num_seqs or n_samples,

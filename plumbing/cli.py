@@ -70,9 +70,18 @@ def parse_weights(text: str, flag: str, valid, pair: str, limit: float = math.in
     return weights
 
 
+def reads(needed: str, values: dict) -> bool:
+    """Whether a run of `values` reads a flag that needs `needed`: "FLAG" (set to a truthy value) or "FLAG=VALUE"."""
+    name, _, wanted = needed.partition("=")
+    if wanted:
+        return values[name] == wanted
+    return bool(values[name])
+
+
 def unused_flag_error(given, values: dict, needs: dict) -> str | None:
     """The line for a flag given on the command line that no code would read, or None.
-    `needs` maps a flag's name to the flag whose truthy value makes the run read it."""
+    `needs` maps a flag's name to what makes the run read it (`reads`)."""
     for name, needed in needs.items():
-        if name in given and not values[needed]:
-            return f"{flag(name)} is read only with {flag(needed)}, which this run leaves unset"
+        if name in given and not reads(needed, values):
+            other, _, wanted = needed.partition("=")
+            return f"{flag(name)} is read only with {flag(other)} {wanted or 'set'}"

@@ -935,11 +935,13 @@ def test_an_explicit_vllm_sampler_without_vllm_is_one_line_before_any_model_load
 @pytest.mark.parametrize(
     "script, flags, message",
     [
-        ("train.py", ["--lora-alpha", "8"], "--lora-alpha is read only with --lora-rank, which this run leaves unset"),
+        ("train.py", ["--lora-alpha", "8"], "--lora-alpha is read only with --lora-rank set"),
         ("train.py", ["--lora-targets", "q_proj"], "--lora-targets is read only with --lora-rank"),
         ("train.py", ["--eval-temperature", "0.5"], "--eval-temperature is read only with --eval-samples"),
         ("train.py", ["--eval-top-p", "0.9"], "--eval-top-p is read only with --eval-samples"),
-        ("eval.py", ["--temperature", "0.5"], "--temperature is read only with --samples, which this run leaves unset"),
+        ("train.py", ["--filter-std", "0.1"], "--filter-std is read only with --rollout dapo"),
+        ("train.py", ["--max-refill-rounds", "3"], "--max-refill-rounds is read only with --rollout dapo"),
+        ("eval.py", ["--temperature", "0.5"], "--temperature is read only with --samples set"),
         ("eval.py", ["--top-p", "0.9"], "--top-p is read only with --samples"),
     ],
 )

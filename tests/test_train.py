@@ -475,7 +475,7 @@ def test_the_cosine_schedule_keeps_the_warmup_then_falls_to_its_floor_at_the_las
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--min-lr-ratio", "0.1"], "--min-lr-ratio is read by --lr-schedule cosine only"),
+        (["--min-lr-ratio", "0.1"], "--min-lr-ratio is read only with --lr-schedule cosine"),
         (["--lr-schedule", "cosine", "--min-lr-ratio", "1.5"], "--min-lr-ratio must be in [0, 1]"),
         (["--lr-schedule", "linear"], "--lr-schedule must be one of constant, cosine"),
     ],

@@ -249,13 +249,14 @@ def launch(argv: list[str], log_path: str) -> int:
 
 def train_argv(args: dict, seed: int, path: str, state: str) -> list[str]:
     from config import UNUSED_WITHOUT
+    from plumbing.cli import reads
 
     flags = [sys.executable, "train.py"]
     for key, value in args.items():
         flag = "--" + key.replace("_", "-")
         if value is None:  # an optional hyperparameter left unset (reinforce's --baseline): train.py's default
             continue
-        if key in UNUSED_WITHOUT and not args[UNUSED_WITHOUT[key]]:  # train.py refuses a flag it would not read
+        if key in UNUSED_WITHOUT and not reads(UNUSED_WITHOUT[key], args):  # train.py refuses a flag it would not read
             continue
         if isinstance(value, bool):  # on/off flags take no value
             flags.append(flag if value else "--no-" + flag[2:])
