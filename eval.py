@@ -8,6 +8,7 @@ import importlib.util
 import math
 import os
 import signal
+import statistics
 import sys
 
 import torch
@@ -34,12 +35,11 @@ def sampled_scores(rewards: list[list[float]], passes: list[list[bool]] | None) 
     """mean@K with a 95% normal interval over prompts; given passes, pass@k for k = 1, 2, 4, ..., K."""
     if not (n := len(rewards)) or not (K := len(rewards[0])):
         return {}
-    per_prompt = [sum(row) / K for row in rewards]
-    score = sum(per_prompt) / n
-    squares = sum((m - score) ** 2 for m in per_prompt)
+    per_prompt = [statistics.fmean(row) for row in rewards]
+    score = statistics.fmean(per_prompt)
     spread = 0.0  # one prompt: no spread to estimate
     if n > 1:
-        spread = math.sqrt(squares / (n - 1))
+        spread = statistics.stdev(per_prompt)  # the sample std over prompts
     half = 1.96 * spread / math.sqrt(n)
     out = {f"mean@{K}": score, f"mean@{K}_ci95_low": score - half, f"mean@{K}_ci95_high": score + half}
     if passes is not None:
