@@ -81,25 +81,23 @@ def evaluate(
     weights = weights or {reward_kind: 1.0}
     limits = reward_limits(max_tokens)
 
-    def score(completion, example) -> tuple[float, dict]:
+    def scored(completion, example) -> tuple[dict, dict]:
+        """(what a record keeps of one completion, its reward terms)."""
         lengths = dict(n_tokens=len(completion.token_ids), **limits)
         terms = {
             term: task.reward(completion.text, example, kind=term, **declared_lengths(term, **lengths))
             for term in weights
         }
-        return sum(weight * terms[term] for term, weight in weights.items()), terms  # r = sum_k w_k r_k
-
-    def reply(completion, reward) -> dict:
-        """What a record keeps of one completion."""
-        return {
+        reply = {
             "completion": completion.text,
-            "reward": reward,
+            "reward": sum(weight * terms[term] for term, weight in weights.items()),  # r = sum_k w_k r_k
             "length": len(completion.token_ids),
             "finish_reason": completion.finish_reason,
+            "passed": terms.get("exact", 0.0) >= 0.5,  # the verifier's; False without one
         }
+        return reply, terms
 
-    records = []
-    passes = []  # every prompt is chat text: the row gate (plumbing/data.py: check_rows) saw to it
+    records = []  # every prompt is chat text: the row gate (plumbing/data.py: check_rows) saw to it
     for start in tqdm(
         range(0, len(examples), batch_size), desc=f"eval {task.name}", unit="batch", disable=not progress
     ):
@@ -113,19 +111,16 @@ def evaluate(
                 prompt_ids, n=samples, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=stream
             )
         for ex, (best,), group in zip(batch, greedy, sampled):
-            reward, terms = score(best, ex)
-            scored = [score(c, ex) for c in group]
-            passed = [t.get("exact", 0.0) >= 0.5 for _, t in [(reward, terms), *scored]]
-            record = {"uid": ex.uid, "prompt": ex.prompt, "gold": ex.gold, "reference": ex.reference}
-            record.update(reply(best, reward))
+            reply, terms = scored(best, ex)
+            record = {"uid": ex.uid, "prompt": ex.prompt, "gold": ex.gold, "reference": ex.reference, **reply}
             record["answer"] = task.extract(best.text)
             if weighted:
                 record["terms"] = terms
             if samples > 0:
-                record["sampled_rewards"] = [r for r, _ in scored]
-                record["samples"] = [{**reply(c, r), "passed": p} for c, (r, _), p in zip(group, scored, passed[1:])]
+                replies = [scored(c, ex)[0] for c in group]
+                record["sampled_rewards"] = [r["reward"] for r in replies]
+                record["samples"] = replies
             records.append(record)
-            passes.append(passed)
 
     rewards = [r["reward"] for r in records]
     kind = "weighted" if weighted else reward_kind
@@ -137,7 +132,7 @@ def evaluate(
         "trunc_frac": mean([r["finish_reason"] == "length" for r in records]),
     }
     if "exact" in weights:
-        summary["pass@1"] = mean([p[0] for p in passes])  # Table 2
+        summary["pass@1"] = mean([r["passed"] for r in records])  # Table 2
     elif not weighted:
         summary["sim_reward"] = mean(rewards)
     if weighted:
@@ -149,7 +144,7 @@ def evaluate(
         summary["sampled_reward_mean"] = mean([x for row in sampled_rewards for x in row])
         sampled_passes = None  # pass@k needs the verifier
         if "exact" in weights:
-            sampled_passes = [p[1:] for p in passes]
+            sampled_passes = [[sample["passed"] for sample in r["samples"]] for r in records]
         summary.update(sampled_scores(sampled_rewards, sampled_passes))
     return {"summary": summary, "examples": records}
 
