@@ -40,7 +40,7 @@ from plumbing.checkpoint import (
 from plumbing.cli import first_line
 from plumbing.files import WriteError, write_json
 from plumbing.models import ModelLoadError, SamplingError, load_model, load_tokenizer
-from plumbing.parallel import all_reduce_sum, full_weights, init_distributed, local, shard
+from plumbing.parallel import all_reduce_sum, full_weights, init_distributed, local, shard, tied_names
 from plumbing.sync import SyncError, check_probe, check_weights, probe_sync, weight_checksums
 from rollout import ROLLOUTS, make_sampler, resolve_model, sampling_memory_error
 from speed.backward import configure_backward, store_linears_bf16
@@ -371,17 +371,10 @@ def load_models(args: Args, ckpt, init_path, device):
     if args.lora_rank:  # the reference is this model with its adapters off (ppo_update), as TRL's
         from peft import LoraConfig, get_peft_model
 
-        names = [name for name, _ in model.named_modules()]
-        targets = args.lora_targets.split(",")
-        # peft's match; peft itself fails only when no target matches, and adapts the others silently
-        unknown = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]
-        if unknown:
-            raise ModelLoadError(f"--lora-targets {args.lora_targets}: the model has no module {unknown[0]!r}")
-        try:
-            lora = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, target_modules=targets)
-            model = get_peft_model(model, lora)
-        except ValueError as err:  # a module peft cannot adapt (a whole decoder layer)
-            raise ModelLoadError(f"--lora-targets {args.lora_targets}: {first_line(err)}") from None
+        if error := lora_error(model, args):  # before peft, which fails late, unclearly or not at all
+            raise ModelLoadError(error)
+        lora = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, target_modules=args.lora_targets.split(","))
+        model = get_peft_model(model, lora)
     ref_model = load_reference(init_path, args, device, empty) if args.beta > 0 and not args.lora_rank else None
     if dist.is_initialized():
         model = shard(model, device, bf16=bf16)
@@ -389,6 +382,27 @@ def load_models(args: Args, ckpt, init_path, device):
     if args.lora_rank and args.beta > 0:
         ref_model = model  # the policy with its adapters off (ppo_update)
     return tokenizer, model, ref_model
+
+
+def lora_error(model, args: Args) -> str | None:
+    """Why --lora-targets or --lora-rank cannot adapt `model`, as one line, or None. A target is matched as peft
+    matches it; each module it names must be a linear layer whose weight is its own (a tied head would come apart
+    from its embedding at the first sync) and at least --lora-rank wide."""
+    tied = {name.removesuffix(".weight") for name in tied_names(model)}
+    given = f"--lora-targets {args.lora_targets}"
+    for target in args.lora_targets.split(","):
+        found = [(name, m) for name, m in model.named_modules() if name == target or name.endswith(f".{target}")]
+        if not found:  # peft fails only when no target matches, and adapts the others silently
+            return f"{given}: the model has no module {target!r}"
+        for name, module in found:
+            if not isinstance(module, torch.nn.Linear):
+                return f"{given}: {name} is a {type(module).__name__}, not a linear layer, which LoRA here adapts"
+            if name in tied:
+                return f"{given}: {name}'s weight is tied to the embedding, which adapting it alone would untie"
+            width = min(module.in_features, module.out_features)
+            if args.lora_rank > width:  # B A would have more rank than the layer it adds to
+                return f"--lora-rank {args.lora_rank} is above the width of {name} ({width}): pass at most {width}"
+    return None
 
 
 def make_optimizer(model, args: Args):

@@ -66,14 +66,32 @@ def test_lora_flags_are_checked_in_one_line():
     [
         ("c_attn", "c_attn"),
         ("q_proj,c_attn", "c_attn"),  # one of two unknown
-        ("self_attn.q_proj,mlp", None),
+        ("self_attn.q_proj,mlp", "LlamaMLP, not a linear layer"),  # a block peft cannot adapt
+        ("embed_tokens", "Embedding, not a linear layer"),
+        ("lm_head", "lm_head's weight is tied to the embedding"),  # the tiny model ties its head, as SmolLM2
     ],
-)  # mlp: a block peft cannot adapt
+)
 def test_targets_the_model_lacks_are_one_line(tiny_model_dir, targets, named):
     args = lora_args(tiny_model_dir, "unused", lora_targets=targets)
     with pytest.raises(train.ModelLoadError, match=f"--lora-targets {targets}: ") as info:
         train.load_models(args, None, tiny_model_dir, torch.device("cpu"))
-    assert "\n" not in str(info.value) and (named is None or repr(named) in str(info.value))
+    assert "\n" not in str(info.value) and (repr(named) in str(info.value) or named in str(info.value))
+
+
+def test_a_rank_above_a_layers_width_is_one_line_before_training(tiny_model_dir, tmp_path):
+    """Issue 61, class 8: the tiny model's k_proj is 64 wide (one 64-wide KV head); peft gave a 19-line traceback."""
+    result = subprocess.run(
+        [sys.executable, "train.py", "--model", tiny_model_dir, "--lora-rank", "100", "--out-dir", tmp_path / "run"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-2000:]
+    assert (
+        "--lora-rank 100 is above the width of model.layers.0.self_attn.k_proj (64): pass at most 64" in result.stderr
+    )
+    assert not os.path.exists(tmp_path / "run" / "metrics.jsonl")  # nothing trained
 
 
 def test_a_lora_run_trains_only_the_adapters_and_saves_the_merged_policy(tiny_model_dir, tmp_path, digits, monkeypatch):
