@@ -263,6 +263,15 @@ def demo_file_error(task, demo_file: str | None, sim: bool) -> str | None:
 UNUSED_WITHOUT = {"temperature": "samples", "top_p": "samples"}
 
 
+def out_error(args) -> str | None:
+    """The line for an --out that names one of the run's inputs, which writing the result would replace, or None."""
+    data_file = args.data_file and args.data_file.replace("{split}", args.split)
+    inputs = {os.path.realpath(path) for path in (data_file, args.demo_file) if path}
+    if os.path.realpath(args.out) in inputs:
+        return f"--out {args.out} is an input of this run (--data-file or --demo-file): writing it would replace it"
+    return None
+
+
 def parse_args(argv=None):
     from tools import judge  # never imported by train.py
 
@@ -298,6 +307,7 @@ def parse_args(argv=None):
         or number_error(args, SAMPLING_RULES + EVAL_RULES)
         or (args.data_file and data_file_error(args.data_file, splits=(args.split,)))
         or write_error(args.out, "--out")
+        or out_error(args)
         or unused_flag_error(given, vars(args), UNUSED_WITHOUT)
     ):
         parser.error(error)

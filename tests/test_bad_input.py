@@ -961,3 +961,16 @@ def test_the_flag_that_reads_it_makes_the_unused_flag_valid():
     assert (args.lora_alpha, args.eval_top_p) == (8.0, 0.9)
     args = eval_py.parse_args(["--model", "m", "--task", "arith", "--samples", "2", "--top-p", "0.9", "--out", "-"])
     assert (args.top_p, args.temperature) == (0.9, 1.0)  # the one left out keeps its default
+
+
+@pytest.mark.parametrize("flag", ["--data-file", "--demo-file"])
+def test_eval_refuses_an_out_that_is_one_of_its_inputs(flag, tmp_path):
+    """Issue 61, class 3: `eval.py --data-file d.jsonl --out d.jsonl` replaced the data with the result."""
+    data = tmp_path / "d_test.jsonl"
+    data.write_text('{"question": "q", "answer": "#### 1"}\n')
+    named = str(tmp_path / "d_{split}.jsonl") if flag == "--data-file" else str(data)  # a {split} file too
+    task = "gsm8k" if flag == "--data-file" else "countdown"
+    extra = [] if flag == "--data-file" else ["--reward", "sim"]
+    result = run("eval.py", "--model", "m", "--task", task, flag, named, *extra, "--out", data)
+    assert_one_line(result, 2, "eval.py: error: --out ", "is an input of this run")
+    assert data.read_text() == '{"question": "q", "answer": "#### 1"}\n'  # the data is as it was
