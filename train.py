@@ -6,6 +6,7 @@ torchrun --nproc_per_node 8 train.py --task countdown
 """
 
 import contextlib
+import json
 import math
 import os
 import signal
@@ -128,8 +129,18 @@ def train(args: Args, out_dir: str, ckpt: str | None) -> dict:
     if eval_sets and start_step == 0:
         run_log.report_eval(evals, "before", held_out(0), out_dir, task, len(test_set), master)
     if master and train_set[0].revision:  # the data's sha256 or hub commit, as the official prepare_data.py's manifest
-        revisions = {name: rows[0].revision for name, (_, rows) in eval_sets.items()}
-        write_json(os.path.join(out_dir, "data.json"), {"train": train_set[0].revision, **revisions})
+        revisions = {"train": train_set[0].revision}
+        revisions.update({name: rows[0].revision for name, (_, rows) in eval_sets.items()})
+        data_path = os.path.join(out_dir, "data.json")
+        if ckpt and os.path.isfile(data_path):  # the same --data-file path may hold other rows now
+            with open(data_path) as f:
+                recorded = json.load(f)
+            changed = [name for name, revision in revisions.items() if recorded.get(name) != revision]
+            if changed:
+                print(
+                    f"note: the {', '.join(changed)} data changed since {data_path} recorded it; the run resumes on it"
+                )
+        write_json(data_path, revisions)
 
     metrics = {}
     hparams = config.estimator_hparams(args)

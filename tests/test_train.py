@@ -1443,3 +1443,21 @@ def test_fsdp2_bf16_mixed_precision_update_is_as_close_to_float32_as_autocast(ti
     error = {name: (update(state) - exact).norm().item() / exact.norm().item() for name, state in runs.items()}
     assert error["fsdp2 float32"] < BF16_MOVES < error["autocast"], error  # float32 and bf16 on either side
     assert BF16_MOVES < error["fsdp2 bf16"] < 1.5 * error["autocast"], error  # in bf16, no worse than autocast
+
+
+def test_a_resume_on_changed_data_says_so_once_and_records_the_new_hash(tiny_model_dir, tmp_path, capsys):
+    """Issue 61, class 3: the same --data-file path with other rows rewrote data.json's hash with no note."""
+    data = tmp_path / "gsm8k.jsonl"
+    rows = [{"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1} #### {i + 1}"} for i in range(20)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = tiny_args(tiny_model_dir, tmp_path / "run", task="gsm8k", data_file=str(data), steps=1)
+    train.main(args)
+    capsys.readouterr()
+    data.write_text(data.read_text() + json.dumps({"question": "What is 1 + 1?", "answer": "#### 2"}) + "\n")
+    train.main(replace(args, steps=2, resume=str(tmp_path / "run")))
+    notes = [line for line in capsys.readouterr().out.splitlines() if "data changed" in line]
+    assert notes == [
+        f"note: the train data changed since {tmp_path / 'run' / 'data.json'} recorded it; the run resumes on it"
+    ]
+    recorded = json.loads((tmp_path / "run" / "data.json").read_text())
+    assert recorded == {"train": hashlib.sha256(data.read_bytes()).hexdigest()}  # the rows it trains on now
