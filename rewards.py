@@ -199,10 +199,10 @@ def math_text(text) -> str:
     return text.replace(",", ".") if re.fullmatch(r"-?\d+,\d+", text) else text
 
 
+# model spellings of the operators; U+2212 has none: final_answer's plain() already made it "-"
 _OPERATORS = {
     "×": "*",
     "÷": "/",
-    "−": "-",
     "–": "-",
     "·": "*",
     "\\times": "*",
@@ -263,9 +263,9 @@ def _box_at(text: str, start: int, limit: int):
     return None
 
 
-def last_boxed(text: str, limit: int = 2000) -> str | None:
-    """Content of the last balanced \\boxed{...}, else None."""
-    run, _ = last_box_run(text, limit)
+def last_boxed(text: str) -> str | None:
+    """Content of the last balanced \\boxed{...} (of at most 2000 characters), else None."""
+    run, _ = last_box_run(text, 2000)
     return run[-1] if run else None
 
 
@@ -324,9 +324,8 @@ def _text(value) -> str:
     return "" if value is None else str(value)
 
 
-MATH_TIMEOUT_S = (
-    3.0  # CPU seconds per math-verify call, then the worker is killed: one pathological answer costs 3 s, not a run
-)
+# CPU seconds per math-verify call, then the worker is killed: one pathological answer costs 3 s, not a run
+MATH_TIMEOUT_S = 3.0
 MAX_ANSWER_CHARS = 1000  # reaching sympy
 MAX_DEPTH = 10  # deeper scores 0 unparsed: parsing can outlast the timeout
 MAX_EXPR_CHARS = 200
