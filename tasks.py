@@ -8,6 +8,7 @@ import itertools
 import os
 import random
 import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
@@ -88,7 +89,7 @@ class Task:
             default = 5000 if split == "train" else 500  # departure 5
             return self.generate(split, default if limit is None else limit, seed)
         path = data_file.replace("{split}", split) if data_file else None
-        hub_split = self.hub_test_split if split == "test" and self.hub_test_split else "train"
+        hub_split = (split == "test" and self.hub_test_split) or "train"  # no test split: the hash holds out
         hub = self.hub_id and (self.hub_id, self.hub_config, hub_split)
         columns = {**self.columns, "reference": str | None}  # a file may bring its own demonstrations
         rows, lines, source = read_rows(path, "--data-file", hub, columns, self.name, self.hint)
@@ -99,10 +100,11 @@ class Task:
         what = f"{self.name} example"
         keys = records(rows, self.key)
         digests = _each(lambda key: digest(*self.key_text(key)), enumerate(keys), lines, source, what)
-        seen, uids = {}, []
-        for row_digest in digests:  # a repeated prompt gets #1, #2, ...: every uid names one row
-            seen[row_digest] = seen.get(row_digest, -1) + 1
-            uids.append(f"{self.name}-{row_digest[:12]}" + (f"#{seen[row_digest]}" if seen[row_digest] else ""))
+        earlier = Counter()  # a repeated prompt gets #1, #2, ...: every uid names one row
+        uids = []
+        for row_digest in digests:
+            uids.append(f"{self.name}-{row_digest[:12]}" + (f"#{earlier[row_digest]}" if earlier[row_digest] else ""))
+            earlier[row_digest] += 1
         # departure 4: without a test split, ~10% held out by prompt hash: the same rows on every run, rank and copy
         keep = [i for i, row_digest in enumerate(digests) if whole or in_test(row_digest) == (split == "test")]
         join = demos and self.demos is not None and "reference" not in rows.column_names
@@ -198,9 +200,9 @@ def _countdown_verifier(completion: str, example: Example) -> float:
 
 
 def _gsm8k(row: dict) -> Example:
-    if "####" not in str(row["answer"]):
+    reasoning, marked, answer = str(row["answer"]).rpartition("####")
+    if not marked:
         raise ValueError("its answer has no final '#### N'")
-    reasoning, _, answer = str(row["answer"]).rpartition("####")
     gold = rewards.math_text(answer)  # as every math gold and boxed prediction: "1,500 dollars" is 1500
     if not re.fullmatch(r"-?[0-9]+(?:\.[0-9]+)?", gold):
         raise ValueError(f"its final answer '#### {answer.strip()}' is not one number")
@@ -493,10 +495,10 @@ def _demonstrations(task: Task, demo_file: str | None) -> tuple[dict[tuple, str]
     demos = task.demos
     what = f"{task.name} demonstration"
     rows, lines, source = read_rows(demo_file, "--demo-file", demos.hub, demos.columns, f"a {what}")
+    pairs = _each(demos.read, enumerate(records(rows, demos.columns)), lines, source, what)
     references = {}
-    for puzzle, reference in _each(demos.read, enumerate(records(rows, demos.columns)), lines, source, what):
-        if puzzle not in references or len(reference) < len(references[puzzle]):
-            references[puzzle] = reference
+    for puzzle, reference in sorted(pairs, key=lambda pair: len(pair[1])):  # stable: the first of the shortest
+        references.setdefault(puzzle, reference)
     return references, source
 
 
