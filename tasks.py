@@ -138,14 +138,9 @@ class Task:
             example.source = f"{source} {where(lines, i)}"
             example.revision = revision
             if demos and not example.reference.strip():  # sim would score every completion against ""
-                why = (
-                    "its 'reference' is empty"
-                    if "reference" in rows.column_names
-                    else f"the {self.name} row gives none"
-                )
                 raise DataError(
-                    f"{source}: {where(lines, i)} has no demonstration for the similarity reward ({why}); "
-                    "every row needs one for --reward sim"
+                    f"{source}: {where(lines, i)} has no demonstration for the similarity reward (its 'reference' "
+                    f"is empty or absent, and the {self.name} row gives none); every row needs one for --reward sim"
                 )
         clash = sum(len(each) > 1 for each in golds.values())
         if clash:
@@ -237,7 +232,7 @@ def _gold_demonstration(row: dict) -> tuple[tuple, str]:
 
 def _deepmath(row: dict) -> Example:
     solutions = [str(row[f"r1_solution_{i}"]) for i in (1, 2, 3) if row.get(f"r1_solution_{i}")]
-    shortest = min(solutions, key=len) if solutions else ""  # Appendix B.3: shortest of three
+    shortest = min(solutions, key=len, default="")  # Appendix B.3: shortest of three
     return Example(_chat(f"{row['question']}\n{BOXED}"), str(row["final_answer"]).strip(), final_answer(shortest))
 
 
@@ -271,7 +266,8 @@ def seeded_passes(items: list, seed: int, repeat: bool):
     for pass_index in itertools.count():
         order = list(items)
         rng.shuffle(order)
-        yield from ((item, pass_index) for item in order)
+        for item in order:
+            yield item, pass_index
         if not repeat:
             return
 
