@@ -32,16 +32,6 @@ class Example:
 
 
 @dataclass(kw_only=True)
-class Demonstrations:
-    """Similarity-reward demonstrations from another dataset, joined by puzzle (departure 3)."""
-
-    hub: tuple[str, str | None, str]  # (id, config, split), as read_rows takes it
-    columns: dict[str, type]
-    read: Callable[[dict], tuple[tuple, str]]
-    puzzle: Callable[[dict], tuple]
-
-
-@dataclass(kw_only=True)
 class Task:
     """A hub-backed (hub_id, columns, make_example) or procedural (generate) task; `columns`: {name: type}, the
     row gate's (plumbing/data.py: check_rows), where a type that admits None makes the column optional."""
@@ -58,7 +48,10 @@ class Task:
     hub_test_split: str | None = None  # None: held out by prompt hash
     generate: Callable[[str, int, int], list[Example]] | None = None
     hint: str = ""
-    demos: Demonstrations | None = None
+    # sim's demonstrations from another dataset (departure 3): ({puzzle: demonstration}, source) of a --demo-file
+    # or None (the hub's), joined to each row by the puzzle of its key
+    demos: Callable[[str | None], tuple[dict[tuple, str], str]] | None = None
+    puzzle: Callable[[dict], tuple] | None = None
     prompt_tokens: int = 1024  # for tools/memory_plan.py
     held_out_only: bool = False  # a benchmark: never trained on
     decontaminate: tuple[str, ...] = ()  # held-out sets whose prompts training drops (load_data)
@@ -109,8 +102,8 @@ class Task:
         keep = [i for i, row_digest in enumerate(digests) if whole or in_test(row_digest) == (split == "test")]
         join = demos and self.demos is not None and "reference" not in rows.column_names
         if join:  # before the limit: --eval-examples counts rows that have a demonstration
-            references, demo_source = _demonstrations(self, demo_file)
-            puzzles = _each(self.demos.puzzle, enumerate(keys), lines, source, what)
+            references, demo_source = self.demos(demo_file)
+            puzzles = _each(self.puzzle, enumerate(keys), lines, source, what)
             joined = [i for i in keep if puzzles[i] in references]
             if keep and not joined:
                 raise DataError(
@@ -228,6 +221,19 @@ def _gold_demonstration(row: dict) -> tuple[tuple, str]:
     if not (reference := final_answer(str(said[-1] or ""))):
         raise ValueError("its assistant turn has no answer after its thinking")
     return _countdown_puzzle(row), reference
+
+
+def _countdown_gold(demo_file: str | None) -> tuple[dict[tuple, str], str]:
+    """({puzzle: shortest demonstration}, source) of `demo_file`, else of the hub's Countdown-Task-GOLD."""
+    hub = ("HuggingFaceTB/Countdown-Task-GOLD", "verified_Qwen2.5-7B-Instruct", "train")
+    columns = {"nums": list[int], "target": int, "messages": list[dict]}
+    what = "countdown demonstration"
+    rows, lines, source = read_rows(demo_file, "--demo-file", hub, columns, f"a {what}")
+    pairs = _each(_gold_demonstration, enumerate(records(rows, columns)), lines, source, what)
+    references = {}
+    for puzzle, reference in sorted(pairs, key=lambda pair: len(pair[1])):  # stable: the first of the shortest
+        references.setdefault(puzzle, reference)
+    return references, source
 
 
 def _deepmath(row: dict) -> Example:
@@ -353,12 +359,6 @@ def _benchmark(row: dict) -> Example:
 
 MATH = dict(verifier=_math_verifier, answer=_boxed_or_answer)  # math-verify scores a boxed or final answer
 PROBLEMS = {"problem": str, "answer": str | int | float}
-COUNTDOWN_GOLD = Demonstrations(
-    hub=("HuggingFaceTB/Countdown-Task-GOLD", "verified_Qwen2.5-7B-Instruct", "train"),
-    columns={"nums": list[int], "target": int, "messages": list[dict]},
-    read=_gold_demonstration,
-    puzzle=_countdown_puzzle,
-)
 DEEPMATH = {
     "question": str,
     "final_answer": str | int | float,
@@ -387,7 +387,8 @@ BUILT_IN = [
         make_example=_countdown,
         verifier=_countdown_verifier,
         answer=rewards.countdown_expression,
-        demos=COUNTDOWN_GOLD,
+        demos=_countdown_gold,
+        puzzle=_countdown_puzzle,
     ),
     Task(name="deepmath", hub_id="zwhe99/DeepMath-103K", columns=DEEPMATH, make_example=_deepmath, **MATH),
     Task(
@@ -484,18 +485,6 @@ def digest(*parts) -> str:
 
 def in_test(digest: str) -> bool:
     return int(digest[:8], 16) % 100 < 10  # the held-out share when a dataset has no test split
-
-
-def _demonstrations(task: Task, demo_file: str | None) -> tuple[dict[tuple, str], str]:
-    """({puzzle: shortest reference}, source) of `demo_file` or the task's `demos`."""
-    demos = task.demos
-    what = f"{task.name} demonstration"
-    rows, lines, source = read_rows(demo_file, "--demo-file", demos.hub, demos.columns, f"a {what}")
-    pairs = _each(demos.read, enumerate(records(rows, demos.columns)), lines, source, what)
-    references = {}
-    for puzzle, reference in sorted(pairs, key=lambda pair: len(pair[1])):  # stable: the first of the shortest
-        references.setdefault(puzzle, reference)
-    return references, source
 
 
 def _each(read: Callable, numbered, lines, source: str, what: str) -> list:
