@@ -199,15 +199,12 @@ def check_rows(rows, lines, columns: dict, source: str, who: str, hint: str) -> 
             f"{source} lacks column(s) {', '.join(missing)} needed by {who} (it has: {', '.join(names)}){hint}"
         )
     present = [column for column in columns if column in names]
-    bad = []
-    for i, row in enumerate(records(rows, present)):
-        problem = _row_problem(row, required, columns)
-        if problem:
-            bad.append((where(lines, i), problem))
+    problems = [_row_problem(row, required, columns) for row in records(rows, present)]
+    bad = [i for i, problem in enumerate(problems) if problem]  # all of them: the message counts them
     if bad:
         raise DataError(
-            f"{source}: {bad[0][0]} {bad[0][1]}; {len(bad)} of {len(rows)} rows are bad ({who} needs "
-            f"{', '.join(required)} in every row){hint}"
+            f"{source}: {where(lines, bad[0])} {problems[bad[0]]}; {len(bad)} of {len(rows)} rows are bad ({who} "
+            f"needs {', '.join(required)} in every row){hint}"
         )
 
 
