@@ -179,10 +179,11 @@ def _empty(value) -> bool:
 
 def is_a(value, kind) -> bool:
     """isinstance for a column's declared type: str, int (3.0 too), float, dict, list[T], A | B; a bool is none."""
+    args = typing.get_args(kind)  # list[T]: (T,); A | B: (A, B); a plain type: ()
     if typing.get_origin(kind) is list:
-        return isinstance(value, list) and all(is_a(each, typing.get_args(kind)[0]) for each in value)
-    if typing.get_args(kind):  # A | B
-        return any(is_a(value, each) for each in typing.get_args(kind))
+        return isinstance(value, list) and all(is_a(each, args[0]) for each in value)
+    if args:
+        return any(is_a(value, each) for each in args)
     return not isinstance(value, bool) and (
         isinstance(value, kind) or kind is int and isinstance(value, float) and value.is_integer()
     )
