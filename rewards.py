@@ -58,6 +58,7 @@ def countdown_reward(completion, numbers, target) -> float:
     expr = countdown_expression(completion)
     if expr.count("=") == 1:
         expr, rhs = expr.split("=")
+        # at most 12 digits: int() of a long digit string is slow, and past 4,300 digits it raises
         if not re.fullmatch(r"\s*-?[0-9]{1,12}\s*", rhs) or int(rhs) != target:
             return 0.0
     # whitelisted, short and shallow before parsing: model text never reaches eval, deep nesting never the parser
@@ -302,6 +303,7 @@ def squad_words(text) -> list[str]:
 
 def lcs_length(a: list[str], b: list[str]) -> int:
     """LCS length of two word lists, bit-parallel (Hyyro 2004)."""
+    # a whole DP row per big-int operation: a cell-by-cell table of MAX_WORDS x MAX_WORDS is too slow in Python
     positions = {}
     for j, word in enumerate(b):
         positions[word] = positions.get(word, 0) | (1 << j)

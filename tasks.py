@@ -480,6 +480,7 @@ def reward_weights(task: Task, reward: str, text: str) -> dict[str, float]:
 
 
 def digest(*parts) -> str:
+    # joined by the unit separator, which no text holds: ("a b", "c") and ("a", "b c") hash apart
     return hashlib.sha1("\x1f".join(str(part) for part in parts).encode()).hexdigest()
 
 
@@ -493,7 +494,7 @@ def _each(read: Callable, numbered, lines, source: str, what: str) -> list:
     for i, row in numbered:
         try:
             out.append(read(row))
-        except Exception as err:
+        except Exception as err:  # any error in a row's reader is the data's: one line naming the row, no traceback
             raise DataError(
                 f"{source}: {where(lines, i)} is not a valid {what} ({first_line(err, typed=True)})"
             ) from None

@@ -235,7 +235,7 @@ def _row_problem(row: dict, required: list, columns: dict) -> str | None:
     return None
 
 
-@lru_cache(maxsize=2)
+@lru_cache(maxsize=2)  # a step's prompts may straddle two epochs: both permutations stay at hand
 def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(n)
 
