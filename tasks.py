@@ -312,14 +312,15 @@ def _countdown24(split: str, limit: int, seed: int) -> list[Example]:
 @cache
 def solve_countdown(numbers: tuple[int, ...], target: int = 24) -> str | None:
     """An expression of the numbers, each once, equal to `target`, or None."""
-    return _search([(float(n), str(n)) for n in numbers], list(numbers), target)
+    return _search([(float(n), str(n)) for n in numbers], target)
 
 
-def _search(items: list[tuple[float, str]], numbers: list[int], target: int) -> str | None:
+def _search(items: list[tuple[float, str]], target: int) -> str | None:
     if len(items) == 1:
         value, expr = items[0]
         expr = expr[1:-1] if expr.startswith("(") else expr
-        return expr if abs(value - target) < 1e-6 and countdown_reward(expr, numbers, target) == 1.0 else None
+        # exact here: any other value p/q that four integers up to 13 make is at least 1/q, far over 1e-6, away
+        return expr if abs(value - target) < 1e-6 else None
     for i, j in itertools.combinations(range(len(items)), 2):
         (a, left), (b, right) = items[i], items[j]
         rest = [item for k, item in enumerate(items) if k not in (i, j)]
@@ -334,7 +335,7 @@ def _search(items: list[tuple[float, str]], numbers: list[int], target: int) -> 
         if a:
             options.append((b / a, f"({right} / {left})"))
         for option in options:
-            if found := _search(rest + [option], numbers, target):
+            if found := _search(rest + [option], target):
                 return found
     return None
 
