@@ -58,6 +58,7 @@ def countdown_reward(completion, numbers, target) -> float:
     expr = countdown_expression(completion)
     if expr.count("=") == 1:
         expr, rhs = expr.split("=")
+        # at most 12 digits: int() of a long digit string is slow, and past 4,300 digits it raises
         if not re.fullmatch(r"\s*-?[0-9]{1,12}\s*", rhs) or int(rhs) != target:
             return 0.0
     # whitelisted, short and shallow before parsing: model text never reaches eval, deep nesting never the parser
@@ -199,10 +200,10 @@ def math_text(text) -> str:
     return text.replace(",", ".") if re.fullmatch(r"-?\d+,\d+", text) else text
 
 
+# model spellings of the operators; U+2212 has none: final_answer's plain() already made it "-"
 _OPERATORS = {
     "×": "*",
     "÷": "/",
-    "−": "-",
     "–": "-",
     "·": "*",
     "\\times": "*",
@@ -263,9 +264,9 @@ def _box_at(text: str, start: int, limit: int):
     return None
 
 
-def last_boxed(text: str, limit: int = 2000) -> str | None:
-    """Content of the last balanced \\boxed{...}, else None."""
-    run, _ = last_box_run(text, limit)
+def last_boxed(text: str) -> str | None:
+    """Content of the last balanced \\boxed{...} (of at most 2000 characters), else None."""
+    run, _ = last_box_run(text, 2000)
     return run[-1] if run else None
 
 
@@ -302,6 +303,7 @@ def squad_words(text) -> list[str]:
 
 def lcs_length(a: list[str], b: list[str]) -> int:
     """LCS length of two word lists, bit-parallel (Hyyro 2004)."""
+    # a whole DP row per big-int operation: a cell-by-cell table of MAX_WORDS x MAX_WORDS is too slow in Python
     positions = {}
     for j, word in enumerate(b):
         positions[word] = positions.get(word, 0) | (1 << j)
@@ -324,9 +326,8 @@ def _text(value) -> str:
     return "" if value is None else str(value)
 
 
-MATH_TIMEOUT_S = (
-    3.0  # CPU seconds per math-verify call, then the worker is killed: one pathological answer costs 3 s, not a run
-)
+# CPU seconds per math-verify call, then the worker is killed: one pathological answer costs 3 s, not a run
+MATH_TIMEOUT_S = 3.0
 MAX_ANSWER_CHARS = 1000  # reaching sympy
 MAX_DEPTH = 10  # deeper scores 0 unparsed: parsing can outlast the timeout
 MAX_EXPR_CHARS = 200

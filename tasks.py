@@ -9,6 +9,7 @@ import math
 import os
 import random
 import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
@@ -32,16 +33,6 @@ class Example:
 
 
 @dataclass(kw_only=True)
-class Demonstrations:
-    """Similarity-reward demonstrations from another dataset, joined by puzzle (departure 3)."""
-
-    hub: tuple[str, str | None, str]  # (id, config, split), as read_rows takes it
-    columns: dict[str, type]
-    read: Callable[[dict], tuple[tuple, str]]
-    puzzle: Callable[[dict], tuple]
-
-
-@dataclass(kw_only=True)
 class Task:
     """A hub-backed (hub_id, columns, make_example) or procedural (generate) task; `columns`: {name: type}, the
     row gate's (plumbing/data.py: check_rows), where a type that admits None makes the column optional."""
@@ -58,7 +49,10 @@ class Task:
     hub_test_split: str | None = None  # None: held out by prompt hash
     generate: Callable[[str, int, int], list[Example]] | None = None
     hint: str = ""
-    demos: Demonstrations | None = None
+    # sim's demonstrations from another dataset (departure 3): ({puzzle: demonstration}, source) of a --demo-file
+    # or None (the hub's), joined to each row by the puzzle of its key
+    demos: Callable[[str | None], tuple[dict[tuple, str], str]] | None = None
+    puzzle: Callable[[dict], tuple] | None = None
     prompt_tokens: int = 1024  # for tools/memory_plan.py
     held_out_only: bool = False  # a benchmark: never trained on
     decontaminate: tuple[str, ...] = ()  # held-out sets whose prompts training drops (load_data)
@@ -89,7 +83,7 @@ class Task:
             default = 5000 if split == "train" else 500  # departure 5
             return self.generate(split, default if limit is None else limit, seed)
         path = data_file.replace("{split}", split) if data_file else None
-        hub_split = self.hub_test_split if split == "test" and self.hub_test_split else "train"
+        hub_split = (split == "test" and self.hub_test_split) or "train"  # no test split: the hash holds out
         hub = self.hub_id and (self.hub_id, self.hub_config, hub_split)
         columns = {**self.columns, "reference": str | None}  # a file may bring its own demonstrations
         rows, lines, source = read_rows(path, "--data-file", hub, columns, self.name, self.hint)
@@ -100,16 +94,17 @@ class Task:
         what = f"{self.name} example"
         keys = records(rows, self.key)
         digests = _each(lambda key: digest(*self.key_text(key)), enumerate(keys), lines, source, what)
-        seen, uids = {}, []
-        for row_digest in digests:  # a repeated prompt gets #1, #2, ...: every uid names one row
-            seen[row_digest] = seen.get(row_digest, -1) + 1
-            uids.append(f"{self.name}-{row_digest[:12]}" + (f"#{seen[row_digest]}" if seen[row_digest] else ""))
+        earlier = Counter()  # a repeated prompt gets #1, #2, ...: every uid names one row
+        uids = []
+        for row_digest in digests:
+            uids.append(f"{self.name}-{row_digest[:12]}" + (f"#{earlier[row_digest]}" if earlier[row_digest] else ""))
+            earlier[row_digest] += 1
         # departure 4: without a test split, ~10% held out by prompt hash: the same rows on every run, rank and copy
         keep = [i for i, row_digest in enumerate(digests) if whole or in_test(row_digest) == (split == "test")]
         join = demos and self.demos is not None and "reference" not in rows.column_names
         if join:  # before the limit: --eval-examples counts rows that have a demonstration
-            references, demo_source = _demonstrations(self, demo_file)
-            puzzles = _each(self.demos.puzzle, enumerate(keys), lines, source, what)
+            references, demo_source = self.demos(demo_file)
+            puzzles = _each(self.puzzle, enumerate(keys), lines, source, what)
             joined = [i for i in keep if puzzles[i] in references]
             if keep and not joined:
                 raise DataError(
@@ -137,14 +132,9 @@ class Task:
             example.source = f"{source} {where(lines, i)}"
             example.revision = revision
             if demos and not example.reference.strip():  # sim would score every completion against ""
-                why = (
-                    "its 'reference' is empty"
-                    if "reference" in rows.column_names
-                    else f"the {self.name} row gives none"
-                )
                 raise DataError(
-                    f"{source}: {where(lines, i)} has no demonstration for the similarity reward ({why}); "
-                    "every row needs one for --reward sim"
+                    f"{source}: {where(lines, i)} has no demonstration for the similarity reward (its 'reference' "
+                    f"is empty or absent, and the {self.name} row gives none); every row needs one for --reward sim"
                 )
         clash = sum(len(each) > 1 for each in golds.values())
         if clash:
@@ -199,9 +189,9 @@ def _countdown_verifier(completion: str, example: Example) -> float:
 
 
 def _gsm8k(row: dict) -> Example:
-    if "####" not in str(row["answer"]):
+    reasoning, marked, answer = str(row["answer"]).rpartition("####")
+    if not marked:
         raise ValueError("its answer has no final '#### N'")
-    reasoning, _, answer = str(row["answer"]).rpartition("####")
     gold = rewards.math_text(answer)  # as every math gold and boxed prediction: "1,500 dollars" is 1500
     if not re.fullmatch(r"-?[0-9]+(?:\.[0-9]+)?", gold):
         raise ValueError(f"its final answer '#### {answer.strip()}' is not one number")
@@ -234,9 +224,22 @@ def _gold_demonstration(row: dict) -> tuple[tuple, str]:
     return _countdown_puzzle(row), reference
 
 
+def _countdown_gold(demo_file: str | None) -> tuple[dict[tuple, str], str]:
+    """({puzzle: shortest demonstration}, source) of `demo_file`, else of the hub's Countdown-Task-GOLD."""
+    hub = ("HuggingFaceTB/Countdown-Task-GOLD", "verified_Qwen2.5-7B-Instruct", "train")
+    columns = {"nums": list[int], "target": int, "messages": list[dict]}
+    what = "countdown demonstration"
+    rows, lines, source = read_rows(demo_file, "--demo-file", hub, columns, f"a {what}")
+    pairs = _each(_gold_demonstration, enumerate(records(rows, columns)), lines, source, what)
+    references = {}
+    for puzzle, reference in sorted(pairs, key=lambda pair: len(pair[1])):  # stable: the first of the shortest
+        references.setdefault(puzzle, reference)
+    return references, source
+
+
 def _deepmath(row: dict) -> Example:
     solutions = [str(row[f"r1_solution_{i}"]) for i in (1, 2, 3) if row.get(f"r1_solution_{i}")]
-    shortest = min(solutions, key=len) if solutions else ""  # Appendix B.3: shortest of three
+    shortest = min(solutions, key=len, default="")  # Appendix B.3: shortest of three
     return Example(_chat(f"{row['question']}\n{BOXED}"), str(row["final_answer"]).strip(), final_answer(shortest))
 
 
@@ -270,7 +273,8 @@ def seeded_passes(items: list, seed: int, repeat: bool):
     for pass_index in itertools.count():
         order = list(items)
         rng.shuffle(order)
-        yield from ((item, pass_index) for item in order)
+        for item in order:
+            yield item, pass_index
         if not repeat:
             return
 
@@ -309,14 +313,15 @@ def _countdown24(split: str, limit: int, seed: int) -> list[Example]:
 @cache
 def solve_countdown(numbers: tuple[int, ...], target: int = 24) -> str | None:
     """An expression of the numbers, each once, equal to `target`, or None."""
-    return _search([(float(n), str(n)) for n in numbers], list(numbers), target)
+    return _search([(float(n), str(n)) for n in numbers], target)
 
 
-def _search(items: list[tuple[float, str]], numbers: list[int], target: int) -> str | None:
+def _search(items: list[tuple[float, str]], target: int) -> str | None:
     if len(items) == 1:
         value, expr = items[0]
         expr = expr[1:-1] if expr.startswith("(") else expr
-        return expr if abs(value - target) < 1e-6 and countdown_reward(expr, numbers, target) == 1.0 else None
+        # exact here: any other value p/q that four integers up to 13 make is at least 1/q, far over 1e-6, away
+        return expr if abs(value - target) < 1e-6 else None
     for i, j in itertools.combinations(range(len(items)), 2):
         (a, left), (b, right) = items[i], items[j]
         rest = [item for k, item in enumerate(items) if k not in (i, j)]
@@ -331,7 +336,7 @@ def _search(items: list[tuple[float, str]], numbers: list[int], target: int) -> 
         if a:
             options.append((b / a, f"({right} / {left})"))
         for option in options:
-            if found := _search(rest + [option], numbers, target):
+            if found := _search(rest + [option], target):
                 return found
     return None
 
@@ -356,12 +361,6 @@ def _benchmark(row: dict) -> Example:
 
 MATH = dict(verifier=_math_verifier, answer=_boxed_or_answer)  # math-verify scores a boxed or final answer
 PROBLEMS = {"problem": str, "answer": str | int | float}
-COUNTDOWN_GOLD = Demonstrations(
-    hub=("HuggingFaceTB/Countdown-Task-GOLD", "verified_Qwen2.5-7B-Instruct", "train"),
-    columns={"nums": list[int], "target": int, "messages": list[dict]},
-    read=_gold_demonstration,
-    puzzle=_countdown_puzzle,
-)
 DEEPMATH = {
     "question": str,
     "final_answer": str | int | float,
@@ -390,7 +389,8 @@ BUILT_IN = [
         make_example=_countdown,
         verifier=_countdown_verifier,
         answer=rewards.countdown_expression,
-        demos=COUNTDOWN_GOLD,
+        demos=_countdown_gold,
+        puzzle=_countdown_puzzle,
     ),
     Task(name="deepmath", hub_id="zwhe99/DeepMath-103K", columns=DEEPMATH, make_example=_deepmath, **MATH),
     Task(
@@ -482,23 +482,12 @@ def reward_weights(task: Task, reward: str, text: str) -> dict[str, float]:
 
 
 def digest(*parts) -> str:
+    # joined by the unit separator, which no text holds: ("a b", "c") and ("a", "b c") hash apart
     return hashlib.sha1("\x1f".join(str(part) for part in parts).encode()).hexdigest()
 
 
 def in_test(digest: str) -> bool:
     return int(digest[:8], 16) % 100 < 10  # the held-out share when a dataset has no test split
-
-
-def _demonstrations(task: Task, demo_file: str | None) -> tuple[dict[tuple, str], str]:
-    """({puzzle: shortest reference}, source) of `demo_file` or the task's `demos`."""
-    demos = task.demos
-    what = f"{task.name} demonstration"
-    rows, lines, source = read_rows(demo_file, "--demo-file", demos.hub, demos.columns, f"a {what}")
-    references = {}
-    for puzzle, reference in _each(demos.read, enumerate(records(rows, demos.columns)), lines, source, what):
-        if puzzle not in references or len(reference) < len(references[puzzle]):
-            references[puzzle] = reference
-    return references, source
 
 
 def _each(read: Callable, numbered, lines, source: str, what: str) -> list:
@@ -507,7 +496,7 @@ def _each(read: Callable, numbered, lines, source: str, what: str) -> list:
     for i, row in numbered:
         try:
             out.append(read(row))
-        except Exception as err:
+        except Exception as err:  # any error in a row's reader is the data's: one line naming the row, no traceback
             raise DataError(
                 f"{source}: {where(lines, i)} is not a valid {what} ({first_line(err, typed=True)})"
             ) from None

@@ -179,10 +179,11 @@ def _empty(value) -> bool:
 
 def is_a(value, kind) -> bool:
     """isinstance for a column's declared type: str, int (3.0 too), float, dict, list[T], A | B; a bool is none."""
+    args = typing.get_args(kind)  # list[T]: (T,); A | B: (A, B); a plain type: ()
     if typing.get_origin(kind) is list:
-        return isinstance(value, list) and all(is_a(each, typing.get_args(kind)[0]) for each in value)
-    if typing.get_args(kind):  # A | B
-        return any(is_a(value, each) for each in typing.get_args(kind))
+        return isinstance(value, list) and all(is_a(each, args[0]) for each in value)
+    if args:
+        return any(is_a(value, each) for each in args)
     return not isinstance(value, bool) and (
         isinstance(value, kind) or kind is int and isinstance(value, float) and value.is_integer()
     )
@@ -199,15 +200,12 @@ def check_rows(rows, lines, columns: dict, source: str, who: str, hint: str) -> 
             f"{source} lacks column(s) {', '.join(missing)} needed by {who} (it has: {', '.join(names)}){hint}"
         )
     present = [column for column in columns if column in names]
-    bad = []
-    for i, row in enumerate(records(rows, present)):
-        problem = _row_problem(row, required, columns)
-        if problem:
-            bad.append((where(lines, i), problem))
+    problems = [_row_problem(row, required, columns) for row in records(rows, present)]
+    bad = [i for i, problem in enumerate(problems) if problem]  # all of them: the message counts them
     if bad:
         raise DataError(
-            f"{source}: {bad[0][0]} {bad[0][1]}; {len(bad)} of {len(rows)} rows are bad ({who} needs "
-            f"{', '.join(required)} in every row){hint}"
+            f"{source}: {where(lines, bad[0])} {problems[bad[0]]}; {len(bad)} of {len(rows)} rows are bad ({who} "
+            f"needs {', '.join(required)} in every row){hint}"
         )
 
 
@@ -237,7 +235,7 @@ def _row_problem(row: dict, required: list, columns: dict) -> str | None:
     return None
 
 
-@lru_cache(maxsize=2)
+@lru_cache(maxsize=2)  # a step's prompts may straddle two epochs: both permutations stay at hand
 def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(n)
 

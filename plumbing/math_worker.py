@@ -77,22 +77,18 @@ class MathWorker:
         self.on_failure = on_failure
         self.lock = threading.Lock()  # one request in flight: replies carry no id
         self.active = self.spare = None
-        self.ready = False
 
     def verify(self, pred: str, gold: str) -> float:
         with self.lock:
             if self.active is None or self.active.poll() is not None:  # none yet, or it died: the spare takes over
                 self.active = self.spare or _start()
-                self.spare = None
-                self.ready = False
-            self.spare = self.spare or _start()  # warm while the active one works: a kill costs no sympy import
-            if not self.ready:  # the first reply waits out the sympy import, untimed
-                self.ready = _reply(self.active, timeout=120) == b"ready"
-            if not self.ready:
-                return self._fail(
-                    "the math-verify worker failed to start, so math rewards are 0 "
-                    f"(try `{sys.executable} -c 'import math_verify'`)"
-                )
+                self.spare = _start()  # warm while the active one works: a kill costs no sympy import
+                # the first reply waits out the sympy import, untimed
+                if _reply(self.active, timeout=120) != b"ready":
+                    return self._fail(
+                        "the math-verify worker failed to start, so math rewards are 0 "
+                        f"(try `{sys.executable} -c 'import math_verify'`)"
+                    )
             self.active.stdin.write(json.dumps([pred, gold]).encode() + b"\n")
             self.active.stdin.flush()
             line = _reply(self.active, timeout=self.timeout)
