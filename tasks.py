@@ -543,16 +543,26 @@ def load_data(args, task: Task, weights: dict, master: bool = True) -> tuple[lis
         if master:
             print(f"note: dropped {len(train_set) - len(kept)} training prompt(s) in {'/'.join(decontaminate)}")
         train_set = kept
+        if not train_set:
+            raise DataError(f"every training prompt is in {'/'.join(decontaminate)}, which training must not see")
     if args.eval_examples and not test_set and master:
         print(
             f"note: --data-file {args.data_file} leaves no held-out rows (tasks.py holds out ~10% by prompt "
             "hash): no evaluation before, during (--eval-every) or after training, no eval.json"
         )
     eval_sets = {task.name: (task, test_set)} if test_set else {}
+    trained = set()
+    if named:
+        trained = {_user_digest(ex) for ex in train_set}
     for name, path in named.items():
         rows = held[name][: args.eval_examples]
         if not rows:
             raise DataError(f"--eval-tasks: {name} has no held-out rows" + (f" in {path}" if path else ""))
+        seen = sum(_user_digest(ex) in trained for ex in rows)  # a held-out score on trained prompts is no score
+        if seen:
+            raise DataError(
+                f"--eval-tasks: {seen} of the {len(rows)} {name} prompts are training prompts too, so not held out"
+            )
         eval_sets[name] = (TASKS[name], rows)
     return train_set, test_set, eval_sets
 

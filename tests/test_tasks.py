@@ -702,3 +702,23 @@ def test_polaris_from_the_hub_reads_its_train_split_and_records_the_commit(tmp_p
     assert sorted((ex.uid, ex.prompt[-1]["content"]) for ex in hub) == sorted(
         (ex.uid, ex.prompt[-1]["content"]) for ex in local
     )
+
+
+def test_a_held_out_set_that_holds_training_prompts_is_refused(tmp_path, monkeypatch):
+    """Issue 61, class 5: --eval-tasks aime24=TRAINFILE scored training prompts as held-out, with no note."""
+    monkeypatch.setattr(data, "hub_reachable", lambda timeout=3.0: False)
+    args = polaris_args(tmp_path)
+    args.eval_tasks += f",aime24={FIXTURES / 'polaris.jsonl'}"  # the training file itself, as AIME 2024
+    with pytest.raises(DataError, match=r"--eval-tasks: \d+ of the 8 aime24 prompts are training prompts too"):
+        tasks.load_data(args, get_task("polaris"), {"exact": 1.0}, master=False)
+    train_set, _, eval_sets = tasks.load_data(polaris_args(tmp_path), get_task("polaris"), {"exact": 1.0}, False)
+    assert len(train_set) == 7 and set(eval_sets) == {"polaris", "aime25", "math500"}  # disjoint sets still load
+
+
+def test_a_training_file_that_decontamination_empties_is_one_line(tmp_path, monkeypatch):
+    """Issue 61, class 5: a polaris file whose every row an eval set holds was a 22-line traceback after the note."""
+    monkeypatch.setattr(data, "hub_reachable", lambda timeout=3.0: False)
+    args = polaris_args(tmp_path)
+    (tmp_path / "aime25.jsonl").write_text((FIXTURES / "polaris.jsonl").read_text())  # aime25 holds every row
+    with pytest.raises(DataError, match="every training prompt is in aime25/math500, which training must not see"):
+        tasks.load_data(args, get_task("polaris"), {"exact": 1.0}, master=False)
