@@ -137,8 +137,9 @@ def _read_json(path: str, source: str) -> tuple:
                 if raw.strip():  # as datasets does
                     lines.append(number)
                     rows.append(_parse(raw))
-    one = len(rows) == 1 and not array and isinstance(rows[0], dict) and rows[0]
-    # pandas' default to_json() parses as one row whose values are whole columns: say so, not "lacks column"
+    one = len(rows) == 1 and path.lower().endswith(".json") and not array and isinstance(rows[0], dict) and rows[0]
+    # pandas' default to_json() parses as one row whose values are whole columns: say so, not "lacks column"; a
+    # .jsonl file is rows by its name, so a one-row file of list columns (an openthoughts conversation) is one row
     if one and all(isinstance(value, (dict, list)) for value in one.values()):
         raise DataError(
             f"{source}: the file is one JSON object of columns (pandas' to_json() layout), not rows: "

@@ -722,3 +722,15 @@ def test_a_training_file_that_decontamination_empties_is_one_line(tmp_path, monk
     (tmp_path / "aime25.jsonl").write_text((FIXTURES / "polaris.jsonl").read_text())  # aime25 holds every row
     with pytest.raises(DataError, match="every training prompt is in aime25/math500, which training must not see"):
         tasks.load_data(args, get_task("polaris"), {"exact": 1.0}, master=False)
+
+
+def test_a_one_row_jsonl_of_list_columns_is_a_row_not_pandas_columns(tmp_path):
+    """Issue 61, class 9: a valid one-row openthoughts JSONL was refused as "pandas to_json() layout"."""
+    row = {"conversations": openthoughts_row("Name the symbol of element 2.", "It is He.")["conversations"]}
+    path = write_jsonl(tmp_path / "one.jsonl", [row])
+    task = get_task("openthoughts")
+    [example] = task.load("train", data_file=path) + task.load("test", data_file=path)
+    assert example.prompt[-1]["content"] == "Name the symbol of element 2." and example.reference == "It is He."
+    (tmp_path / "one.json").write_text(json.dumps({"conversations": {"0": row["conversations"]}}))
+    with pytest.raises(DataError, match="one JSON object of columns"):  # a .json file of columns is still refused
+        task.load("train", data_file=str(tmp_path / "one.json"))
