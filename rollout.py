@@ -236,7 +236,8 @@ class HFSampler:
     def generate(self, prompts, *, n, max_tokens, seed=0, **filters):
         """G lists of n Completions; sample k of prompt i draws stream seed + i * n + k, as vLLM does. `filters`:
         next_tokens' temperature, top_p, top_k and min_p. Every caller that samples names its streams (step_seed)."""
-        if empty := self._empty_weights():  # asleep, or a sync left weights out: never sample from empty weights
+        empty = [name for name, tensor in self._weights() if tensor.numel() == 0]
+        if empty:  # asleep, or a sync left weights out: never sample from empty weights
             raise RuntimeError(
                 f"the HF sampler is asleep, {len(empty)} weights empty (e.g. {empty[0]}): update_weights must give it "
                 "every weight before it samples"
@@ -319,10 +320,12 @@ class HFSampler:
         if self.fast:
             self.fast.repack(self.model)
 
-    def _empty_weights(self) -> list[str]:
-        packed = self.fast.packed_only if self.fast else {}  # those are empty: their weight is the packed copy
-        empty = [name for name, p in self.model.named_parameters(remove_duplicate=False) if p.numel() == 0]
-        return [name for name in empty if name not in packed or packed[name].packed_weight is None]
+    def _weights(self):
+        """(name, tensor) of each weight as it computes: a packed linear's is its packed copy (speed/cpu_sampler.py)."""
+        for name, param in self.model.named_parameters(remove_duplicate=False):
+            module_name, _, kind = name.rpartition(".")
+            packed = getattr(self.model.get_submodule(module_name), "packed_weight", None)
+            yield name, packed if kind == "weight" and packed is not None else param
 
     def sleep(self) -> int:
         """Free the weights for training; the bytes freed."""
@@ -336,12 +339,7 @@ class HFSampler:
 
     def weight_checksums(self, shapes) -> dict:
         """{name: checksum} of each weight as it computes (a packed linear's from its packed copy)."""
-        sums = {}
-        for name, param in self.model.named_parameters(remove_duplicate=False):
-            module_name, _, kind = name.rpartition(".")
-            packed = getattr(self.model.get_submodule(module_name), "packed_weight", None) if kind == "weight" else None
-            sums[name] = checksum(packed.to_dense() if packed is not None else param, self.dtype)
-        return sums
+        return {name: checksum(tensor.to_dense(), self.dtype) for name, tensor in self._weights()}  # strided: itself
 
     def close(self):
         del self.model
