@@ -18,6 +18,7 @@ from plumbing.parallel import all_reduce_sum, gather_rows
 from plumbing.sync import FUSED, checksum
 from rewards import declared_lengths, reward_limits, take_error_count
 from speed import cpu_sampler
+from speed.logprobs import pad_batch
 
 
 @dataclass
@@ -245,9 +246,10 @@ class HFSampler:
         device = self.model.device
         # a generator a row: a sample never depends on the rest of the batch
         generators = [torch.Generator(device).manual_seed(seed + row) for row in range(len(prompts) * n)]
-        width = max(len(p) for p in prompts)
-        input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts], device=device)  # (G, P)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)  # left-padded
+        # left-padded (G, P): pad_batch's prompt half, less the one slot it gives empty completions
+        ids, mask, _ = pad_batch(prompts, [[]] * len(prompts), self.pad_id)
+        input_ids = ids[:, :-1].to(device)
+        mask = mask[:, :-1].to(device)
         tokens, logps = self._decode(input_ids, mask, generators, n, max_tokens, filters)
         results = []
         for ids, lps in zip(tokens.tolist(), logps.tolist()):
