@@ -361,7 +361,8 @@ def allocator_conf_error(environ) -> str | None:
 class VLLMSampler:
     """In-process vLLM engine, tensor parallel 1; one per rank under torchrun."""
 
-    def __init__(self, model_path, *, dtype, seed, max_model_len=2048, gpu_memory_utilization=0.3, max_num_seqs=None):
+    def __init__(self, model_path, *, dtype, seed, **engine):
+        """`engine`: vllm.LLM's sizes (max_model_len, gpu_memory_utilization, max_num_seqs) over ours below."""
         self.on_gpu = torch.cuda.is_available()
         self.asleep = False
         os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")  # usage stats' thread tries the network
@@ -373,18 +374,17 @@ class VLLMSampler:
         from vllm import LLM
 
         self.tokenizer = load_tokenizer(model_path)
+        sizes = {"max_model_len": 2048, "gpu_memory_utilization": 0.3, **engine}
+        launcher = "external_launcher" if "RANK" in os.environ else None  # torchrun: an engine a rank, TP 1
         self.llm = LLM(
-            model=model_path,
+            model_path,
             dtype=dtype,
-            max_model_len=max_model_len,
             seed=seed,
-            tensor_parallel_size=1,
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_num_seqs=max_num_seqs,
-            distributed_executor_backend="external_launcher" if "RANK" in os.environ else None,
+            distributed_executor_backend=launcher,
             enforce_eager=not self.on_gpu,
             enable_sleep_mode=self.on_gpu,
             logprobs_mode="processed_logprobs",  # after temperature and the filters, as the trainer computes
+            **sizes,
         )
         self.dtype = self.llm.model_config.dtype  # the weight check casts to it
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.nn.utils.rnn import pad_sequence
 
 from plumbing.parallel import all_reduce_sum, full_weights, hf_name, per_rank, tied_names
 from speed.logprobs import pad_batch, sequence_logprobs
@@ -57,9 +58,8 @@ def probe_sync(sampler, model, prompts, max_tokens=4) -> SyncProbe:
     input_ids, attention_mask, completion_mask = pad_batch(prompts, token_ids, 0)
     device = next(model.parameters()).device
     logp = sequence_logprobs(model, input_ids.to(device), attention_mask.to(device), completion_mask.shape[1])
-    sampler_logp = torch.zeros(logp.shape)
-    for i, c in enumerate(completions):
-        sampler_logp[i, : len(c.logprobs)] = torch.tensor(c.logprobs)
+    # right-padded with zeros as pad_batch pads the tokens: every completion holds a token, so the widths agree
+    sampler_logp = pad_sequence([torch.tensor(c.logprobs) for c in completions], batch_first=True)
     return SyncProbe(token_ids, sampler_logp, logp.float().cpu(), completion_mask.float())  # (B, K) each
 
 
@@ -115,7 +115,7 @@ def _fixed_vector(n: int, device) -> torch.Tensor:
 @torch.no_grad()
 def checksum(t: torch.Tensor, dtype, chunk: int = 1 << 22) -> tuple[float, float, int]:
     """(u . W v, sum of squares, count) of `t` cast to `dtype`, in float64; u, v fixed random vectors."""
-    rows = t.detach().reshape(t.shape[0] if t.dim() > 1 else 1, -1)
+    rows = t.reshape(t.shape[0] if t.dim() > 1 else 1, -1)
     u = _fixed_vector(rows.shape[0], rows.device)
     v = _fixed_vector(rows.shape[1], rows.device)
     projected = 0.0
@@ -162,7 +162,8 @@ def check_weights(sums, step: int, device) -> dict:
         where = ", on one side only"
         if ours and theirs:  # relative to the tensor's norm: one tolerance for every size and dtype
             scale = max(ours[1], theirs[1], 1e-30)
-            diff = max(abs(ours[0] - theirs[0]) / math.sqrt(scale * ours[2]), abs(ours[1] - theirs[1]) / scale)
+            projected = abs(ours[0] - theirs[0]) / math.sqrt(scale * ours[2])
+            diff = max(projected, abs(ours[1] - theirs[1]) / scale)
             where = ""
         if diff > RELATIVE_TOLERANCE and diff >= worst[label]:
             worst[label] = diff
