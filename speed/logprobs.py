@@ -38,7 +38,7 @@ class _TokenLogprobs(torch.autograd.Function):
                 ent[rows] = lse[rows] - pz.sum(-1)
         ctx.temperature = temperature
         ctx.entropy_grad = entropy and entropy_grad
-        ctx.save_for_backward(logits, targets, lse, ent if ctx.entropy_grad else None)
+        ctx.save_for_backward(logits, targets, lse, ent)  # ent: (N,), read only for the entropy's gradient
         ctx.set_materialize_grads(not ctx.entropy_grad)  # a None says which output the loss used
         if not ctx.entropy_grad:
             ctx.mark_non_differentiable(ent)
@@ -97,12 +97,10 @@ def sequence_logprobs(
     """Log-probs (B, K) of the last K tokens under `model` (and entropies), by the kernel."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     keep = n_completion + 1  # the last prompt position predicts the first completion token
-    out = model(
-        input_ids, attention_mask, position_ids=position_ids, logits_to_keep=keep, use_cache=False
-    )  # (B, K + 1, V)
+    out = model(input_ids, attention_mask, position_ids=position_ids, logits_to_keep=keep, use_cache=False)
     # all K + 1 positions, the last target a dummy: logits[:, :-1] would copy the logits
     targets = torch.nn.functional.pad(input_ids[:, -n_completion:], (0, 1))
     logp = chunked_token_logprobs(out.logits, targets, temperature, entropy, entropy_grad)  # (B, K + 1)
-    if entropy:
-        return logp[0][:, :-1], logp[1][:, :-1]
+    if entropy:  # and the entropies
+        return tuple(t[:, :-1] for t in logp)
     return logp[:, :-1]
