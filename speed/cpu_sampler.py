@@ -33,7 +33,8 @@ class FastPath:
 
     def load(self, name, tensor) -> bool:
         """Pack a weight kept only packed straight from the new tensor; False for any other weight."""
-        if (layer := self.packed_only.get(name)) is not None:
+        layer = self.packed_only.get(name)
+        if layer is not None:
             layer.packed_weight = _pack(tensor.to(layer.weight.device, layer.weight.dtype))
         return layer is not None
 
@@ -137,7 +138,8 @@ def _packed_linear_forward(self, x):
 # float64 cumsum runs over the whole vocabulary for every row and every token
 def draw(probs, uniforms, block=256):
     """rollout.draw in two levels: the block, then the token inside it (a V / block + block scan, not V)."""
-    if pad := -probs.shape[-1] % block:  # zeros up to a whole block
+    pad = -probs.shape[-1] % block
+    if pad:  # zeros up to a whole block
         probs = F.pad(probs, (0, pad))
     by_block = probs.view(len(probs), -1, block)  # (R, B, b)
     cdf = by_block.sum(-1, dtype=torch.float64).cumsum(-1)  # (R, B); float64 keeps every token's share
