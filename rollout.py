@@ -61,10 +61,11 @@ def dapo_rollout(step: int, **run) -> Batch:
         signal = (rewards.std(-1, correction=0) > args.filter_std).view(len(rounds), world, n_local)
         if (signal.sum((0, 2)) >= n_local).all():  # every rank's share can be filled with signal
             break
-    candidates = [(r, i) for r in range(len(rounds)) for i in range(n_local)]  # oldest first
+    candidates = signal.transpose(0, 1).flatten(1)  # (world, rounds * n_local): rank q's, oldest first
     # stable sort: a rank keeps its oldest signal groups first, then its oldest zero-signal ones
-    picks = [sorted(candidates, key=lambda c: not signal[c[0], q, c[1]])[:n_local] for q in range(world)]
-    kept = torch.tensor([float(signal[r, q, i]) for q, chosen in enumerate(picks) for r, i in chosen])  # (G,)
+    chosen = (~candidates).sort(stable=True).indices[:, :n_local]  # (world, n_local)
+    kept = candidates.gather(1, chosen).flatten().float()  # (G,)
+    picks = [[divmod(c, n_local) for c in row] for row in chosen.tolist()]  # (round, local index) pairs
     metrics = {
         "rollout/rounds": len(rounds),
         "rollout/groups_dropped": int((~signal).sum()) - int((1 - kept).sum()),
