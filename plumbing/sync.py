@@ -72,9 +72,8 @@ def check_probe(probe, before, step: int, tolerance: float, device) -> dict:
         if before.token_ids == probe.token_ids and torch.equal(before.sampler_logp, probe.sampler_logp):
             moved = (probe.trainer_logp - before.trainer_logp).abs() * probe.mask
             moved_alone = moved.max().item()
-    worst_diff, worst_moved, least_engine_moved = all_reduce_sum(
-        [probe.diff, moved_alone, -engine_moved], device, op=dist.ReduceOp.MAX
-    )  # -min over ranks
+    local = [probe.diff, moved_alone, -engine_moved]  # the last: -min over ranks
+    worst_diff, worst_moved, least_engine_moved = all_reduce_sum(local, device, op=dist.ReduceOp.MAX)
     if worst_diff > tolerance:
         raise SyncError(
             f"step {step}: the sampler's log-probs differ from the trainer's by {worst_diff:.3g} nats "
@@ -115,7 +114,8 @@ def _fixed_vector(n: int, device) -> torch.Tensor:
 @torch.no_grad()
 def checksum(t: torch.Tensor, dtype, chunk: int = 1 << 22) -> tuple[float, float, int]:
     """(u . W v, sum of squares, count) of `t` cast to `dtype`, in float64; u, v fixed random vectors."""
-    rows = t.reshape(t.shape[0] if t.dim() > 1 else 1, -1)
+    height = t.shape[0] if t.dim() > 1 else 1  # a vector is one row
+    rows = t.reshape(height, -1)
     u = _fixed_vector(rows.shape[0], rows.device)
     v = _fixed_vector(rows.shape[1], rows.device)
     projected = 0.0
@@ -153,8 +153,10 @@ def check_weights(sums, step: int, device) -> dict:
     labels = list(dict.fromkeys(FAMILIES.values()))
     worst = dict.fromkeys(labels, 0.0)
     example = {}
-    for name in [*trainer, *(engine.keys() - trainer.keys())]:  # a name on one side only is a missed tensor
-        ours, theirs = trainer.get(name), engine.get(name)
+    names = [*trainer, *(engine.keys() - trainer.keys())]  # a name on one side only is a missed tensor
+    for name in names:
+        ours = trainer.get(name)
+        theirs = engine.get(name)
         module = name.split(".")[-2]  # its family, as errors name it (every name is module.parameter):
         family = "norm" if "norm" in module else module
         label = FAMILIES["bias"] if name.endswith(".bias") else FAMILIES.get(family, FAMILIES["rest"])
@@ -168,12 +170,14 @@ def check_weights(sums, step: int, device) -> dict:
         if diff > RELATIVE_TOLERANCE and diff >= worst[label]:
             worst[label] = diff
             example[label] = f"e.g. {name}{where}"
-    verdicts = all_reduce_sum([min(worst[f], 1e300) for f in labels], device, op=dist.ReduceOp.MAX)  # inf: NaN-free
+    capped = [min(worst[f], 1e300) for f in labels]  # inf: NaN-free
+    verdicts = all_reduce_sum(capped, device, op=dist.ReduceOp.MAX)
     bad = [f for f, v in zip(labels, verdicts) if v > RELATIVE_TOLERANCE]
     if bad:
         also = "; also " + ", ".join(bad[1:]) if bad[1:] else ""
+        where = example.get(bad[0], "on another rank")  # this rank's example, if its own tensors differ
         raise SyncError(
             f"the engine's {bad[0]} differ from the trainer's after the step-{step} sync "
-            f"({example.get(bad[0], 'on another rank')}){also}: the sync skipped them, or the engine did not load them"
+            f"({where}){also}: the sync skipped them, or the engine did not load them"
         )
     return {"sync/weight_diff": max(verdicts)}
