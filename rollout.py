@@ -66,9 +66,10 @@ def dapo_rollout(step: int, **run) -> Batch:
     chosen = (~candidates).sort(stable=True).indices[:, :n_local]  # (world, n_local)
     kept = candidates.gather(1, chosen).flatten().float()  # (G,)
     picks = [[divmod(c, n_local) for c in row] for row in chosen.tolist()]  # (round, local index) pairs
+    dropped = int((~signal).sum()) - int((1 - kept).sum())  # zero-signal groups sampled, less those kept
     metrics = {
         "rollout/rounds": len(rounds),
-        "rollout/groups_dropped": int((~signal).sum()) - int((1 - kept).sum()),
+        "rollout/groups_dropped": dropped,
         "rollout/signal_frac_first": signal[0].float().mean().item(),
         "rollout/signal_frac": kept.mean().item(),
     }
@@ -89,16 +90,8 @@ def sample_round(
     prompts = [train_ids[i] for i in mine]
     first_prompt = rank * (args.rollout_batch // world)
     seed = step_seed(args.seed, step, first_prompt, args.rollout_batch, args.M, refill)
-    groups = sampler.generate(
-        prompts,
-        n=args.M,
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        min_p=args.min_p,
-        seed=seed,
-    )
+    filters = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p)
+    groups = sampler.generate(prompts, n=args.M, max_tokens=args.max_tokens, seed=seed, **filters)
     limits = reward_limits(args.max_tokens, args.overlong_buffer)
     return Batch(examples, prompts, groups, score(task, examples, groups, weights, device, limits))
 
@@ -110,18 +103,16 @@ def step_seed(run_seed: int, step: int, first_prompt: int, prompts_per_step: int
 
 def assemble(rounds: list[Batch], picks: list[list[tuple[int, int]]], rank: int, metrics=None) -> Batch:
     """The batch of the groups `picks` names (picks[q]: rank q's (round, local index) pairs)."""
-    order = [(rounds[r].scores, q * len(rounds[0].groups) + i) for q, chosen in enumerate(picks) for r, i in chosen]
+    n_local = len(rounds[0].groups)
+    order = [(rounds[r].scores, q * n_local + i) for q, chosen in enumerate(picks) for r, i in chosen]  # rank order
     scores = {key: torch.stack([s[key][j] for s, j in order]) for key in ("rewards", "passed", "lengths", "cut")}
     scores["terms"] = {term: torch.stack([s["terms"][term][j] for s, j in order]) for term in rounds[0].scores["terms"]}
     scores["errors"] = sum(b.scores["errors"] for b in rounds)
-    mine = picks[rank]
-    return Batch(
-        [rounds[r].examples[i] for r, i in mine],
-        [rounds[r].prompts[i] for r, i in mine],
-        [rounds[r].groups[i] for r, i in mine],
-        scores,
-        metrics or {},
-    )
+    mine = [(rounds[r], i) for r, i in picks[rank]]
+    examples = [b.examples[i] for b, i in mine]
+    prompts = [b.prompts[i] for b, i in mine]
+    groups = [b.groups[i] for b, i in mine]
+    return Batch(examples, prompts, groups, scores, metrics or {})
 
 
 def score(task, examples, groups, weights: dict, device, limits=None) -> dict:
@@ -159,7 +150,8 @@ def next_tokens(logits, generators, *, draw, temperature=1.0, top_p=1.0, top_k=0
         if min_p > 0:  # below min_p x the likeliest token's probability, after temperature
             kept = kept.masked_fill(kept < min_p * kept.amax(-1, keepdim=True), 0.0)
         if top_k > 0:  # the k likeliest, and any tied with the k-th; a k past the vocabulary keeps it all
-            kept = kept.masked_fill(kept < kept.topk(min(top_k, kept.shape[-1]), -1).values[:, -1:], 0.0)
+            kth = kept.topk(min(top_k, kept.shape[-1]), -1).values[:, -1:]  # (A, 1)
+            kept = kept.masked_fill(kept < kth, 0.0)
         if top_p < 1.0:  # the nucleus: the smallest top set whose mass reaches top_p
             sorted_probs, order = kept.sort(-1, descending=True)  # (A, V)
             mass = kept.sum(-1, keepdim=True) if top_k or min_p else 1  # of what min-p and top-k kept, as vLLM
@@ -182,7 +174,8 @@ def draw(probs, uniforms):
     total = cdf[:, -1:]
     check_finite(total)  # a NaN, inf or all-zero row would draw an arbitrary token
     # below the total: u * total can round up to it, and searchsorted would step past the last token
-    u = torch.minimum(uniforms.double()[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    below = torch.nextafter(total, torch.zeros_like(total))
+    u = torch.minimum(uniforms.double()[:, None] * total, below)
     return torch.searchsorted(cdf, u, right=True).squeeze(-1)  # (R,)
 
 
@@ -231,8 +224,10 @@ class HFSampler:
         self.fast = cpu_sampler.FastPath(self.model) if fast else None
         self.draw = cpu_sampler.draw if fast else draw
         eos = self.model.generation_config.eos_token_id
-        self.eos_ids = {self.tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
+        eos = eos if isinstance(eos, list) else [eos]  # a model's config may name one or several
+        self.eos_ids = {self.tokenizer.eos_token_id, *eos} - {None}
+        pad_id = self.tokenizer.pad_token_id
+        self.pad_id = pad_id if pad_id is not None else min(self.eos_ids)
 
     @torch.inference_mode()
     def generate(self, prompts, *, n, max_tokens, seed=0, **filters):
