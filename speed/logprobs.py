@@ -32,7 +32,8 @@ class _TokenLogprobs(torch.autograd.Function):
             # float32 copy of one chunk at a time: the whole (N, V) in float32 is what this saves
             chunk = logits[rows].to(torch.float32, copy=True).div_(temperature)
             lse[rows] = torch.logsumexp(chunk, dim=-1)
-            out[rows] = chunk.gather(-1, targets[rows, None]).squeeze(-1) - lse[rows]
+            target = chunk.gather(-1, targets[rows, None]).squeeze(-1)  # z[y]
+            out[rows] = target - lse[rows]
             if entropy:  # float32: a bf16 dot would round the large sum H cancels
                 pz = (chunk - lse[rows, None]).exp_().mul_(chunk)  # p_v z_v
                 ent[rows] = lse[rows] - pz.sum(-1)
@@ -69,7 +70,7 @@ class _TokenLogprobs(torch.autograd.Function):
 
 def chunked_token_logprobs(logits, targets, temperature=1.0, entropy=False, entropy_grad=False):
     """The plain version's log-probs (and entropies), computed by the row-chunked kernel."""
-    flat = logits.reshape(-1, logits.shape[-1])  # (N, V): the kernel's rows
+    flat = logits.flatten(0, -2)  # (N, V): the kernel's rows
     logp, ent = _TokenLogprobs.apply(flat, targets.reshape(-1), float(temperature), entropy, entropy_grad)
     logp = logp.view(targets.shape)
     if entropy:
