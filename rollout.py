@@ -55,10 +55,12 @@ def dapo_rollout(step: int, **run) -> Batch:
     n_local = args.rollout_batch // world
     rounds = []
     while len(rounds) <= args.max_refill_rounds:
-        indices = batch_indices(step, args.rollout_batch, len(run["train_set"]), args.seed, len(rounds))
-        rounds.append(sample_round(step, len(rounds), indices, **run))
+        refill = len(rounds)
+        indices = batch_indices(step, args.rollout_batch, len(run["train_set"]), args.seed, refill)
+        rounds.append(sample_round(step, refill, indices, **run))
         rewards = torch.stack([b.scores["rewards"] for b in rounds])  # (rounds, G, M)
-        signal = (rewards.std(-1, correction=0) > args.filter_std).view(len(rounds), world, n_local)
+        spread = rewards.std(-1, correction=0)  # (rounds, G): a group's reward std, DAPO's signal
+        signal = (spread > args.filter_std).view(len(rounds), world, n_local)
         if (signal.sum((0, 2)) >= n_local).all():  # every rank's share can be filled with signal
             break
     candidates = signal.transpose(0, 1).flatten(1)  # (world, rounds * n_local): rank q's, oldest first
@@ -394,7 +396,8 @@ class VLLMSampler:
         params = [
             SamplingParams(n=n, max_tokens=max_tokens, seed=s, logprobs=0, detokenize=False, **filters) for s in seeds
         ]  # logprobs=0: the sampled token's
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)  # TokensPrompts
+        token_prompts = [{"prompt_token_ids": p} for p in prompts]  # vLLM's TokensPrompt: no re-tokenizing
+        outputs = self.llm.generate(token_prompts, params, use_tqdm=False)
         return [[self._completion(c) for c in out.outputs] for out in outputs]
 
     def _completion(self, output) -> Completion:
@@ -459,19 +462,18 @@ def engine_checksums(model, shapes: dict, dtype) -> dict:
         start = 0
         if fused:  # vLLM stacks q/k/v (gate/up) in one module: this weight's rows follow its siblings'
             parts = FUSED[fused]
-            start = sum(shapes[f"{parent}.{p}.{kind}"][0] for p in parts[: parts.index(leaf)])
+            siblings = parts[: parts.index(leaf)]  # those stacked above it
+            start = sum(shapes[f"{parent}.{p}.{kind}"][0] for p in siblings)
             module_name = f"{parent}.{fused}"
         try:
             module = model.get_submodule(module_name)
         except AttributeError:  # a weight this engine has no module for (a tied lm_head)
             continue
-        linear = (
-            kind == "weight"
-            and hasattr(module, "quant_method")
-            and (isinstance(module, ParallelLMHead) or not isinstance(module, VocabParallelEmbedding))
-        )
+        # an lm_head computes through a kernel; an embedding (its base class) only looks rows up
+        embedding = isinstance(module, VocabParallelEmbedding) and not isinstance(module, ParallelLMHead)
+        linear = kind == "weight" and hasattr(module, "quant_method") and not embedding
         if linear and module_name not in applied:  # one kernel pass a fused module, held until the next one
-            eye = torch.eye(shape[1], dtype=dtype, device=getattr(module, kind).device)
+            eye = torch.eye(shape[1], dtype=dtype, device=module.weight.device)
             applied = {module_name: module.quant_method.apply(module, eye).t()}  # (out, in)
         tensor = applied[module_name] if linear else getattr(module, kind)
         sums[name] = checksum(tensor[start : start + shape[0]], dtype)
