@@ -68,11 +68,12 @@ def dapo_rollout(step: int, **run) -> Batch:
     chosen = (~candidates).sort(stable=True).indices[:, :n_local]  # (world, n_local)
     kept = candidates.gather(1, chosen).flatten().float()  # (G,)
     picks = [[divmod(c, n_local) for c in row] for row in chosen.tolist()]  # (round, local index) pairs
+    first_round = signal[0].float().mean().item()  # the first round's share of groups with signal
     dropped = int((~signal).sum()) - int((1 - kept).sum())  # zero-signal groups sampled, less those kept
     metrics = {
         "rollout/rounds": len(rounds),
         "rollout/groups_dropped": dropped,
-        "rollout/signal_frac_first": signal[0].float().mean().item(),
+        "rollout/signal_frac_first": first_round,
         "rollout/signal_frac": kept.mean().item(),
     }
     return assemble(rounds, picks, run["rank"], metrics)
@@ -160,9 +161,8 @@ def next_tokens(logits, generators, *, draw, temperature=1.0, top_p=1.0, top_k=0
             drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p * mass
             kept = kept.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
         # one float64 uniform a row from the row's own stream: a sample never depends on the rest of the batch
-        uniforms = torch.cat(
-            [torch.rand(1, generator=g, dtype=torch.float64, device=logits.device) for g in generators]
-        )
+        draws = [torch.rand(1, generator=g, dtype=torch.float64, device=logits.device) for g in generators]
+        uniforms = torch.cat(draws)
         token = draw(kept, uniforms)  # (A,)
     logp = logp_all.gather(-1, token[:, None]).squeeze(-1)  # (A,)
     if temperature != 0 and (top_p < 1.0 or top_k or min_p):  # renormalised over the kept set it was drawn from
@@ -186,7 +186,8 @@ def sampling_bytes(model_config, rows: int, length: int, dtype: str) -> int:
     heads = model_config.num_attention_heads
     head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // heads
     kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
-    layer = 2 * kv_heads * head_dim * torch.finfo(getattr(torch, dtype)).bits // 8 * length
+    bits = torch.finfo(getattr(torch, dtype)).bits
+    layer = 2 * kv_heads * head_dim * bits // 8 * length
     return rows * ((model_config.num_hidden_layers + 1) * layer + model_config.vocab_size * 4 * 3 + 5_000)
 
 
@@ -200,10 +201,11 @@ def sampling_memory_error(model_config, rows, kept, prompt_len, *, max_tokens, d
         need += sampling_bytes(model_config, rows, prompt_len + max_tokens, dtype)
     on_gpu = hf and device.type == "cuda"
     free = torch.cuda.mem_get_info(device)[0] if on_gpu else psutil.virtual_memory().available
+    where = device.type if hf else "cpu"
     if need > free:  # on a GPU the completions (host memory) count against the GPU's: an over-count
         return (
             f"sampling {rows:,} sequences at once and keeping {kept:,} completions needs about {need / 1e9:.1f} "
-            f"GB, more than the {free / 1e9:.1f} GB free on {device.type if hf else 'cpu'}: lower {lower}"
+            f"GB, more than the {free / 1e9:.1f} GB free on {where}: lower {lower}"
         )
 
 
@@ -252,7 +254,8 @@ class HFSampler:
         results = []
         for ids, lps in zip(tokens.tolist(), logps.tolist()):
             end = next((i + 1 for i, t in enumerate(ids) if t in self.eos_ids), None)  # EOS included
-            results.append(completion(self.tokenizer, ids[:end], lps[:end], end is not None))
+            stopped = end is not None  # else it ran to max_tokens
+            results.append(completion(self.tokenizer, ids[:end], lps[:end], stopped))
         return [results[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def _decode(self, input_ids, mask, generators, n, max_tokens, filters):
@@ -261,7 +264,8 @@ class HFSampler:
         device = input_ids.device
         eos = torch.tensor(sorted(self.eos_ids), device=device)
         if fast:
-            cache = Cache(layers=[cpu_sampler.BucketedLayer() for _ in range(self.model.config.num_hidden_layers)])
+            layers = [cpu_sampler.BucketedLayer() for _ in range(self.model.config.num_hidden_layers)]
+            cache = Cache(layers=layers)
         else:
             cache = DynamicCache(config=self.model.config)
 
@@ -282,10 +286,11 @@ class HFSampler:
         logits = forward(input_ids, last, positions).repeat_interleave(n, 0)  # (R, V)
         cache.batch_repeat_interleave(n)  # one prefill for the n samples of a prompt
         mask = mask.repeat_interleave(n, 0)
-        tokens = torch.full((len(logits), max_tokens), self.pad_id, device=device)  # (R, K)
-        logps = torch.zeros(len(logits), max_tokens, device=device)  # (R, K)
-        rows = torch.arange(len(logits), device=device)  # (A,): output row of each batch row
-        live = torch.ones(len(logits), dtype=torch.bool, device=device)  # (A,)
+        R = len(logits)  # n samples of each prompt
+        tokens = torch.full((R, max_tokens), self.pad_id, device=device)  # (R, K)
+        logps = torch.zeros(R, max_tokens, device=device)  # (R, K)
+        rows = torch.arange(R, device=device)  # (A,): output row of each batch row
+        live = torch.ones(R, dtype=torch.bool, device=device)  # (A,)
         for i in range(max_tokens):
             token, logp = next_tokens(logits, generators, draw=self.draw, **filters)  # (A,), (A,)
             tokens[rows[live], i] = token[live]
@@ -303,7 +308,8 @@ class HFSampler:
                 mask = mask[keep]
                 generators = [generators[j] for j in keep.tolist()]
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            logits = forward(token[:, None], 1, mask.sum(-1, keepdim=True) - 1)  # (A, V)
+            positions = mask.sum(-1, keepdim=True) - 1  # the new token's, after the left padding
+            logits = forward(token[:, None], 1, positions)  # (A, V)
         return tokens, logps
 
     @torch.no_grad()
@@ -314,7 +320,8 @@ class HFSampler:
             if tensor.shape != shape:  # before it replaces the weight; a packed-only weight has no shape of its own
                 raise ValueError(f"update_weights: {name} has shape {tuple(tensor.shape)}, not {tuple(shape)}")
             param = self.model.get_parameter(name)
-            if not (self.fast and self.fast.load(name, tensor)):  # a copy of its own: asleep, it has no storage
+            packed = self.fast and self.fast.load(name, tensor)  # a weight kept only packed: straight to its copy
+            if not packed:  # a copy of its own: asleep, it has no storage
                 param.data = tensor.to(param.device, param.dtype, copy=True)
             del tensor  # hold one gathered parameter at a time
         if self.fast:
@@ -332,7 +339,9 @@ class HFSampler:
         freed = sum(p.numel() * p.element_size() for p in self.model.parameters())  # tied lm_head: counted once
         for p in self.model.parameters():
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
-        return freed + (self.fast.sleep(self.model) if self.fast else 0)
+        if self.fast:  # and the packed copies
+            freed += self.fast.sleep(self.model)
+        return freed
 
     def device(self) -> torch.device:
         return self.model.device
@@ -393,9 +402,8 @@ class VLLMSampler:
         from vllm import SamplingParams
 
         seeds = range(seed, seed + len(prompts) * n, n)  # prompt i: seed + i * n
-        params = [
-            SamplingParams(n=n, max_tokens=max_tokens, seed=s, logprobs=0, detokenize=False, **filters) for s in seeds
-        ]  # logprobs=0: the sampled token's
+        sampling = dict(n=n, max_tokens=max_tokens, logprobs=0, detokenize=False, **filters)  # 0: the sampled token's
+        params = [SamplingParams(seed=s, **sampling) for s in seeds]
         token_prompts = [{"prompt_token_ids": p} for p in prompts]  # vLLM's TokensPrompt: no re-tokenizing
         outputs = self.llm.generate(token_prompts, params, use_tqdm=False)
         return [[self._completion(c) for c in out.outputs] for out in outputs]
@@ -438,7 +446,8 @@ class VLLMSampler:
 
     def weight_checksums(self, shapes) -> dict:
         """{trainer's name: checksum} of the tensors the engine computes with."""
-        return self.llm.apply_model(functools.partial(engine_checksums, shapes=shapes, dtype=self.dtype))[0]
+        checksums = functools.partial(engine_checksums, shapes=shapes, dtype=self.dtype)
+        return self.llm.apply_model(checksums)[0]  # one engine in this process: one result
 
     def device(self) -> torch.device:
         return self.llm.apply_model(lambda model: next(model.parameters()).device)[0]
