@@ -286,7 +286,7 @@ class HFSampler:
         logits = forward(input_ids, last, positions).repeat_interleave(n, 0)  # (R, V)
         cache.batch_repeat_interleave(n)  # one prefill for the n samples of a prompt
         mask = mask.repeat_interleave(n, 0)
-        R = len(logits)  # n samples of each prompt
+        R = len(logits)  # rows: n a prompt
         tokens = torch.full((R, max_tokens), self.pad_id, device=device)  # (R, K)
         logps = torch.zeros(R, max_tokens, device=device)  # (R, K)
         rows = torch.arange(R, device=device)  # (A,): output row of each batch row
