@@ -150,8 +150,7 @@ def check_weights(sums, step: int, device) -> dict:
     if sums is None:  # not a checksum step
         return {}
     engine, trainer = sums
-    labels = list(dict.fromkeys(FAMILIES.values()))
-    worst = dict.fromkeys(labels, 0.0)
+    worst = dict.fromkeys(FAMILIES.values(), 0.0)  # a label each (q/k/v share one), in FAMILIES' order
     example = {}
     names = [*trainer, *(engine.keys() - trainer.keys())]  # a name on one side only is a missed tensor
     for name in names:
@@ -170,9 +169,9 @@ def check_weights(sums, step: int, device) -> dict:
         if diff > RELATIVE_TOLERANCE and diff >= worst[label]:
             worst[label] = diff
             example[label] = f"e.g. {name}{where}"
-    capped = [min(worst[f], 1e300) for f in labels]  # inf: NaN-free
+    capped = [min(v, 1e300) for v in worst.values()]  # inf: NaN-free
     verdicts = all_reduce_sum(capped, device, op=dist.ReduceOp.MAX)
-    bad = [f for f, v in zip(labels, verdicts) if v > RELATIVE_TOLERANCE]
+    bad = [f for f, v in zip(worst, verdicts) if v > RELATIVE_TOLERANCE]
     if bad:
         also = "; also " + ", ".join(bad[1:]) if bad[1:] else ""
         where = example.get(bad[0], "on another rank")  # this rank's example, if its own tensors differ

@@ -87,7 +87,8 @@ class BucketedLayer(DynamicLayer):
         return self.length
 
     def get_mask_sizes(self, query_length):  # asked before update
-        return -(-(self.length + query_length) // self.bucket) * self.bucket, 0
+        end = self.length + query_length
+        return end + -end % self.bucket, 0  # update's buffer length: the next multiple of `bucket`
 
 
 # SPEED TRICK: tests/test_rollout.py::test_grouped_attention_matches_eager: repeat_kv copies every cached key and
