@@ -112,7 +112,7 @@ def _fixed_vector(n: int, device) -> torch.Tensor:
 
 
 @torch.no_grad()
-def checksum(t: torch.Tensor, dtype, chunk: int = 1 << 22) -> tuple[float, float, int]:
+def checksum(t: torch.Tensor, dtype) -> tuple[float, float, int]:
     """(u . W v, sum of squares, count) of `t` cast to `dtype`, in float64; u, v fixed random vectors."""
     height = t.shape[0] if t.dim() > 1 else 1  # a vector is one row
     rows = t.reshape(height, -1)
@@ -120,7 +120,7 @@ def checksum(t: torch.Tensor, dtype, chunk: int = 1 << 22) -> tuple[float, float
     v = _fixed_vector(rows.shape[1], rows.device)
     projected = 0.0
     squares = 0.0
-    block = max(1, chunk // rows.shape[1])
+    block = max(1, (1 << 22) // rows.shape[1])  # rows of ~4M elements at a time: small float64 copies
     for start in range(0, rows.shape[0], block):
         x = rows[start : start + block].to(dtype)  # the engine's rounding first, then exact sums
         x = x.to(torch.float64, memory_format=torch.contiguous_format)
