@@ -18,6 +18,7 @@ from plumbing.parallel import all_reduce_sum, gather_rows
 from plumbing.sync import FUSED, checksum
 from rewards import declared_lengths, reward_limits, take_error_count
 from speed import cpu_sampler
+from speed.logprobs import pad_batch
 
 
 @dataclass
@@ -54,20 +55,25 @@ def dapo_rollout(step: int, **run) -> Batch:
     n_local = args.rollout_batch // world
     rounds = []
     while len(rounds) <= args.max_refill_rounds:
-        indices = batch_indices(step, args.rollout_batch, len(run["train_set"]), args.seed, len(rounds))
-        rounds.append(sample_round(step, len(rounds), indices, **run))
+        refill = len(rounds)
+        indices = batch_indices(step, args.rollout_batch, len(run["train_set"]), args.seed, refill)
+        rounds.append(sample_round(step, refill, indices, **run))
         rewards = torch.stack([b.scores["rewards"] for b in rounds])  # (rounds, G, M)
-        signal = (rewards.std(-1, correction=0) > args.filter_std).view(len(rounds), world, n_local)
+        spread = rewards.std(-1, correction=0)  # (rounds, G): a group's reward std, DAPO's signal
+        signal = (spread > args.filter_std).view(len(rounds), world, n_local)
         if (signal.sum((0, 2)) >= n_local).all():  # every rank's share can be filled with signal
             break
-    candidates = [(r, i) for r in range(len(rounds)) for i in range(n_local)]  # oldest first
+    candidates = signal.transpose(0, 1).flatten(1)  # (world, rounds * n_local): rank q's, oldest first
     # stable sort: a rank keeps its oldest signal groups first, then its oldest zero-signal ones
-    picks = [sorted(candidates, key=lambda c: not signal[c[0], q, c[1]])[:n_local] for q in range(world)]
-    kept = torch.tensor([float(signal[r, q, i]) for q, chosen in enumerate(picks) for r, i in chosen])  # (G,)
+    chosen = (~candidates).sort(stable=True).indices[:, :n_local]  # (world, n_local)
+    kept = candidates.gather(1, chosen).flatten().float()  # (G,)
+    picks = [[divmod(c, n_local) for c in row] for row in chosen.tolist()]  # (round, local index) pairs
+    first_round = signal[0].float().mean().item()  # the first round's share of groups with signal
+    dropped = int((~signal).sum()) - int((1 - kept).sum())  # zero-signal groups sampled, less those kept
     metrics = {
         "rollout/rounds": len(rounds),
-        "rollout/groups_dropped": int((~signal).sum()) - int((1 - kept).sum()),
-        "rollout/signal_frac_first": signal[0].float().mean().item(),
+        "rollout/groups_dropped": dropped,
+        "rollout/signal_frac_first": first_round,
         "rollout/signal_frac": kept.mean().item(),
     }
     return assemble(rounds, picks, run["rank"], metrics)
@@ -87,16 +93,8 @@ def sample_round(
     prompts = [train_ids[i] for i in mine]
     first_prompt = rank * (args.rollout_batch // world)
     seed = step_seed(args.seed, step, first_prompt, args.rollout_batch, args.M, refill)
-    groups = sampler.generate(
-        prompts,
-        n=args.M,
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        min_p=args.min_p,
-        seed=seed,
-    )
+    filters = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p)
+    groups = sampler.generate(prompts, n=args.M, max_tokens=args.max_tokens, seed=seed, **filters)
     limits = reward_limits(args.max_tokens, args.overlong_buffer)
     return Batch(examples, prompts, groups, score(task, examples, groups, weights, device, limits))
 
@@ -108,18 +106,16 @@ def step_seed(run_seed: int, step: int, first_prompt: int, prompts_per_step: int
 
 def assemble(rounds: list[Batch], picks: list[list[tuple[int, int]]], rank: int, metrics=None) -> Batch:
     """The batch of the groups `picks` names (picks[q]: rank q's (round, local index) pairs)."""
-    order = [(rounds[r].scores, q * len(rounds[0].groups) + i) for q, chosen in enumerate(picks) for r, i in chosen]
+    n_local = len(rounds[0].groups)
+    order = [(rounds[r].scores, q * n_local + i) for q, chosen in enumerate(picks) for r, i in chosen]  # rank order
     scores = {key: torch.stack([s[key][j] for s, j in order]) for key in ("rewards", "passed", "lengths", "cut")}
     scores["terms"] = {term: torch.stack([s["terms"][term][j] for s, j in order]) for term in rounds[0].scores["terms"]}
     scores["errors"] = sum(b.scores["errors"] for b in rounds)
-    mine = picks[rank]
-    return Batch(
-        [rounds[r].examples[i] for r, i in mine],
-        [rounds[r].prompts[i] for r, i in mine],
-        [rounds[r].groups[i] for r, i in mine],
-        scores,
-        metrics or {},
-    )
+    mine = [(rounds[r], i) for r, i in picks[rank]]
+    examples = [b.examples[i] for b, i in mine]
+    prompts = [b.prompts[i] for b, i in mine]
+    groups = [b.groups[i] for b, i in mine]
+    return Batch(examples, prompts, groups, scores, metrics or {})
 
 
 def score(task, examples, groups, weights: dict, device, limits=None) -> dict:
@@ -157,16 +153,16 @@ def next_tokens(logits, generators, *, draw, temperature=1.0, top_p=1.0, top_k=0
         if min_p > 0:  # below min_p x the likeliest token's probability, after temperature
             kept = kept.masked_fill(kept < min_p * kept.amax(-1, keepdim=True), 0.0)
         if top_k > 0:  # the k likeliest, and any tied with the k-th; a k past the vocabulary keeps it all
-            kept = kept.masked_fill(kept < kept.topk(min(top_k, kept.shape[-1]), -1).values[:, -1:], 0.0)
+            kth = kept.topk(min(top_k, kept.shape[-1]), -1).values[:, -1:]  # (A, 1)
+            kept = kept.masked_fill(kept < kth, 0.0)
         if top_p < 1.0:  # the nucleus: the smallest top set whose mass reaches top_p
             sorted_probs, order = kept.sort(-1, descending=True)  # (A, V)
             mass = kept.sum(-1, keepdim=True) if top_k or min_p else 1  # of what min-p and top-k kept, as vLLM
             drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p * mass
             kept = kept.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
         # one float64 uniform a row from the row's own stream: a sample never depends on the rest of the batch
-        uniforms = torch.cat(
-            [torch.rand(1, generator=g, dtype=torch.float64, device=logits.device) for g in generators]
-        )
+        draws = [torch.rand(1, generator=g, dtype=torch.float64, device=logits.device) for g in generators]
+        uniforms = torch.cat(draws)
         token = draw(kept, uniforms)  # (A,)
     logp = logp_all.gather(-1, token[:, None]).squeeze(-1)  # (A,)
     if temperature != 0 and (top_p < 1.0 or top_k or min_p):  # renormalised over the kept set it was drawn from
@@ -180,7 +176,8 @@ def draw(probs, uniforms):
     total = cdf[:, -1:]
     check_finite(total)  # a NaN, inf or all-zero row would draw an arbitrary token
     # below the total: u * total can round up to it, and searchsorted would step past the last token
-    u = torch.minimum(uniforms.double()[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    below = torch.nextafter(total, torch.zeros_like(total))
+    u = torch.minimum(uniforms.double()[:, None] * total, below)
     return torch.searchsorted(cdf, u, right=True).squeeze(-1)  # (R,)
 
 
@@ -189,7 +186,8 @@ def sampling_bytes(model_config, rows: int, length: int, dtype: str) -> int:
     heads = model_config.num_attention_heads
     head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // heads
     kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
-    layer = 2 * kv_heads * head_dim * torch.finfo(getattr(torch, dtype)).bits // 8 * length
+    bits = torch.finfo(getattr(torch, dtype)).bits
+    layer = 2 * kv_heads * head_dim * bits // 8 * length
     return rows * ((model_config.num_hidden_layers + 1) * layer + model_config.vocab_size * 4 * 3 + 5_000)
 
 
@@ -203,10 +201,11 @@ def sampling_memory_error(model_config, rows, kept, prompt_len, *, max_tokens, d
         need += sampling_bytes(model_config, rows, prompt_len + max_tokens, dtype)
     on_gpu = hf and device.type == "cuda"
     free = torch.cuda.mem_get_info(device)[0] if on_gpu else psutil.virtual_memory().available
+    where = device.type if hf else "cpu"
     if need > free:  # on a GPU the completions (host memory) count against the GPU's: an over-count
         return (
             f"sampling {rows:,} sequences at once and keeping {kept:,} completions needs about {need / 1e9:.1f} "
-            f"GB, more than the {free / 1e9:.1f} GB free on {device.type if hf else 'cpu'}: lower {lower}"
+            f"GB, more than the {free / 1e9:.1f} GB free on {where}: lower {lower}"
         )
 
 
@@ -229,14 +228,17 @@ class HFSampler:
         self.fast = cpu_sampler.FastPath(self.model) if fast else None
         self.draw = cpu_sampler.draw if fast else draw
         eos = self.model.generation_config.eos_token_id
-        self.eos_ids = {self.tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
+        eos = eos if isinstance(eos, list) else [eos]  # a model's config may name one or several
+        self.eos_ids = {self.tokenizer.eos_token_id, *eos} - {None}
+        pad_id = self.tokenizer.pad_token_id
+        self.pad_id = pad_id if pad_id is not None else min(self.eos_ids)
 
     @torch.inference_mode()
     def generate(self, prompts, *, n, max_tokens, seed=0, **filters):
         """G lists of n Completions; sample k of prompt i draws stream seed + i * n + k, as vLLM does. `filters`:
         next_tokens' temperature, top_p, top_k and min_p. Every caller that samples names its streams (step_seed)."""
-        if empty := self._empty_weights():  # asleep, or a sync left weights out: never sample from empty weights
+        empty = [name for name, tensor in self._weights() if tensor.numel() == 0]
+        if empty:  # asleep, or a sync left weights out: never sample from empty weights
             raise RuntimeError(
                 f"the HF sampler is asleep, {len(empty)} weights empty (e.g. {empty[0]}): update_weights must give it "
                 "every weight before it samples"
@@ -244,14 +246,16 @@ class HFSampler:
         device = self.model.device
         # a generator a row: a sample never depends on the rest of the batch
         generators = [torch.Generator(device).manual_seed(seed + row) for row in range(len(prompts) * n)]
-        width = max(len(p) for p in prompts)
-        input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts], device=device)  # (G, P)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)  # left-padded
+        # left-padded (G, P): pad_batch's prompt half, less the one slot it gives empty completions
+        ids, mask, _ = pad_batch(prompts, [[]] * len(prompts), self.pad_id)
+        input_ids = ids[:, :-1].to(device)
+        mask = mask[:, :-1].to(device)
         tokens, logps = self._decode(input_ids, mask, generators, n, max_tokens, filters)
         results = []
         for ids, lps in zip(tokens.tolist(), logps.tolist()):
             end = next((i + 1 for i, t in enumerate(ids) if t in self.eos_ids), None)  # EOS included
-            results.append(completion(self.tokenizer, ids[:end], lps[:end], end is not None))
+            stopped = end is not None  # else it ran to max_tokens
+            results.append(completion(self.tokenizer, ids[:end], lps[:end], stopped))
         return [results[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def _decode(self, input_ids, mask, generators, n, max_tokens, filters):
@@ -260,7 +264,8 @@ class HFSampler:
         device = input_ids.device
         eos = torch.tensor(sorted(self.eos_ids), device=device)
         if fast:
-            cache = Cache(layers=[cpu_sampler.BucketedLayer() for _ in range(self.model.config.num_hidden_layers)])
+            layers = [cpu_sampler.BucketedLayer() for _ in range(self.model.config.num_hidden_layers)]
+            cache = Cache(layers=layers)
         else:
             cache = DynamicCache(config=self.model.config)
 
@@ -281,10 +286,11 @@ class HFSampler:
         logits = forward(input_ids, last, positions).repeat_interleave(n, 0)  # (R, V)
         cache.batch_repeat_interleave(n)  # one prefill for the n samples of a prompt
         mask = mask.repeat_interleave(n, 0)
-        tokens = torch.full((len(logits), max_tokens), self.pad_id, device=device)  # (R, K)
-        logps = torch.zeros(len(logits), max_tokens, device=device)  # (R, K)
-        rows = torch.arange(len(logits), device=device)  # (A,): output row of each batch row
-        live = torch.ones(len(logits), dtype=torch.bool, device=device)  # (A,)
+        R = len(logits)  # rows: n a prompt
+        tokens = torch.full((R, max_tokens), self.pad_id, device=device)  # (R, K)
+        logps = torch.zeros(R, max_tokens, device=device)  # (R, K)
+        rows = torch.arange(R, device=device)  # (A,): output row of each batch row
+        live = torch.ones(R, dtype=torch.bool, device=device)  # (A,)
         for i in range(max_tokens):
             token, logp = next_tokens(logits, generators, draw=self.draw, **filters)  # (A,), (A,)
             tokens[rows[live], i] = token[live]
@@ -302,7 +308,8 @@ class HFSampler:
                 mask = mask[keep]
                 generators = [generators[j] for j in keep.tolist()]
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            logits = forward(token[:, None], 1, mask.sum(-1, keepdim=True) - 1)  # (A, V)
+            positions = mask.sum(-1, keepdim=True) - 1  # the new token's, after the left padding
+            logits = forward(token[:, None], 1, positions)  # (A, V)
         return tokens, logps
 
     @torch.no_grad()
@@ -313,35 +320,35 @@ class HFSampler:
             if tensor.shape != shape:  # before it replaces the weight; a packed-only weight has no shape of its own
                 raise ValueError(f"update_weights: {name} has shape {tuple(tensor.shape)}, not {tuple(shape)}")
             param = self.model.get_parameter(name)
-            if not (self.fast and self.fast.load(name, tensor)):  # a copy of its own: asleep, it has no storage
+            packed = self.fast and self.fast.load(name, tensor)  # a weight kept only packed: straight to its copy
+            if not packed:  # a copy of its own: asleep, it has no storage
                 param.data = tensor.to(param.device, param.dtype, copy=True)
             del tensor  # hold one gathered parameter at a time
         if self.fast:
             self.fast.repack(self.model)
 
-    def _empty_weights(self) -> list[str]:
-        packed = self.fast.packed_only if self.fast else {}  # those are empty: their weight is the packed copy
-        empty = [name for name, p in self.model.named_parameters(remove_duplicate=False) if p.numel() == 0]
-        return [name for name in empty if name not in packed or packed[name].packed_weight is None]
+    def _weights(self):
+        """(name, tensor) of each weight as it computes: a packed linear's is its packed copy (speed/cpu_sampler.py)."""
+        for name, param in self.model.named_parameters(remove_duplicate=False):
+            module_name, _, kind = name.rpartition(".")
+            packed = getattr(self.model.get_submodule(module_name), "packed_weight", None)
+            yield name, packed if kind == "weight" and packed is not None else param
 
     def sleep(self) -> int:
         """Free the weights for training; the bytes freed."""
         freed = sum(p.numel() * p.element_size() for p in self.model.parameters())  # tied lm_head: counted once
         for p in self.model.parameters():
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
-        return freed + (self.fast.sleep(self.model) if self.fast else 0)
+        if self.fast:  # and the packed copies
+            freed += self.fast.sleep(self.model)
+        return freed
 
     def device(self) -> torch.device:
         return self.model.device
 
     def weight_checksums(self, shapes) -> dict:
         """{name: checksum} of each weight as it computes (a packed linear's from its packed copy)."""
-        sums = {}
-        for name, param in self.model.named_parameters(remove_duplicate=False):
-            module_name, _, kind = name.rpartition(".")
-            packed = getattr(self.model.get_submodule(module_name), "packed_weight", None) if kind == "weight" else None
-            sums[name] = checksum(packed.to_dense() if packed is not None else param, self.dtype)
-        return sums
+        return {name: checksum(tensor.to_dense(), self.dtype) for name, tensor in self._weights()}  # strided: itself
 
     def close(self):
         del self.model
@@ -361,7 +368,8 @@ def allocator_conf_error(environ) -> str | None:
 class VLLMSampler:
     """In-process vLLM engine, tensor parallel 1; one per rank under torchrun."""
 
-    def __init__(self, model_path, *, dtype, seed, max_model_len=2048, gpu_memory_utilization=0.3, max_num_seqs=None):
+    def __init__(self, model_path, *, dtype, seed, **engine):
+        """`engine`: vllm.LLM's sizes (max_model_len, gpu_memory_utilization, max_num_seqs) over ours below."""
         self.on_gpu = torch.cuda.is_available()
         self.asleep = False
         os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")  # usage stats' thread tries the network
@@ -373,18 +381,17 @@ class VLLMSampler:
         from vllm import LLM
 
         self.tokenizer = load_tokenizer(model_path)
+        sizes = {"max_model_len": 2048, "gpu_memory_utilization": 0.3, **engine}
+        launcher = "external_launcher" if "RANK" in os.environ else None  # torchrun: an engine a rank, TP 1
         self.llm = LLM(
-            model=model_path,
+            model_path,
             dtype=dtype,
-            max_model_len=max_model_len,
             seed=seed,
-            tensor_parallel_size=1,
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_num_seqs=max_num_seqs,
-            distributed_executor_backend="external_launcher" if "RANK" in os.environ else None,
+            distributed_executor_backend=launcher,
             enforce_eager=not self.on_gpu,
             enable_sleep_mode=self.on_gpu,
             logprobs_mode="processed_logprobs",  # after temperature and the filters, as the trainer computes
+            **sizes,
         )
         self.dtype = self.llm.model_config.dtype  # the weight check casts to it
 
@@ -395,10 +402,10 @@ class VLLMSampler:
         from vllm import SamplingParams
 
         seeds = range(seed, seed + len(prompts) * n, n)  # prompt i: seed + i * n
-        params = [
-            SamplingParams(n=n, max_tokens=max_tokens, seed=s, logprobs=0, detokenize=False, **filters) for s in seeds
-        ]  # logprobs=0: the sampled token's
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)  # TokensPrompts
+        sampling = dict(n=n, max_tokens=max_tokens, logprobs=0, detokenize=False, **filters)  # 0: the sampled token's
+        params = [SamplingParams(seed=s, **sampling) for s in seeds]
+        token_prompts = [{"prompt_token_ids": p} for p in prompts]  # vLLM's TokensPrompt: no re-tokenizing
+        outputs = self.llm.generate(token_prompts, params, use_tqdm=False)
         return [[self._completion(c) for c in out.outputs] for out in outputs]
 
     def _completion(self, output) -> Completion:
@@ -439,7 +446,8 @@ class VLLMSampler:
 
     def weight_checksums(self, shapes) -> dict:
         """{trainer's name: checksum} of the tensors the engine computes with."""
-        return self.llm.apply_model(functools.partial(engine_checksums, shapes=shapes, dtype=self.dtype))[0]
+        checksums = functools.partial(engine_checksums, shapes=shapes, dtype=self.dtype)
+        return self.llm.apply_model(checksums)[0]  # one engine in this process: one result
 
     def device(self) -> torch.device:
         return self.llm.apply_model(lambda model: next(model.parameters()).device)[0]
@@ -463,19 +471,18 @@ def engine_checksums(model, shapes: dict, dtype) -> dict:
         start = 0
         if fused:  # vLLM stacks q/k/v (gate/up) in one module: this weight's rows follow its siblings'
             parts = FUSED[fused]
-            start = sum(shapes[f"{parent}.{p}.{kind}"][0] for p in parts[: parts.index(leaf)])
+            siblings = parts[: parts.index(leaf)]  # those stacked above it
+            start = sum(shapes[f"{parent}.{p}.{kind}"][0] for p in siblings)
             module_name = f"{parent}.{fused}"
         try:
             module = model.get_submodule(module_name)
         except AttributeError:  # a weight this engine has no module for (a tied lm_head)
             continue
-        linear = (
-            kind == "weight"
-            and hasattr(module, "quant_method")
-            and (isinstance(module, ParallelLMHead) or not isinstance(module, VocabParallelEmbedding))
-        )
+        # an lm_head computes through a kernel; an embedding (its base class) only looks rows up
+        embedding = isinstance(module, VocabParallelEmbedding) and not isinstance(module, ParallelLMHead)
+        linear = kind == "weight" and hasattr(module, "quant_method") and not embedding
         if linear and module_name not in applied:  # one kernel pass a fused module, held until the next one
-            eye = torch.eye(shape[1], dtype=dtype, device=getattr(module, kind).device)
+            eye = torch.eye(shape[1], dtype=dtype, device=module.weight.device)
             applied = {module_name: module.quant_method.apply(module, eye).t()}  # (out, in)
         tensor = applied[module_name] if linear else getattr(module, kind)
         sums[name] = checksum(tensor[start : start + shape[0]], dtype)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.nn.utils.rnn import pad_sequence
 
 from plumbing.parallel import all_reduce_sum, full_weights, hf_name, per_rank, tied_names
 from speed.logprobs import pad_batch, sequence_logprobs
@@ -57,9 +58,8 @@ def probe_sync(sampler, model, prompts, max_tokens=4) -> SyncProbe:
     input_ids, attention_mask, completion_mask = pad_batch(prompts, token_ids, 0)
     device = next(model.parameters()).device
     logp = sequence_logprobs(model, input_ids.to(device), attention_mask.to(device), completion_mask.shape[1])
-    sampler_logp = torch.zeros(logp.shape)
-    for i, c in enumerate(completions):
-        sampler_logp[i, : len(c.logprobs)] = torch.tensor(c.logprobs)
+    # right-padded with zeros as pad_batch pads the tokens: every completion holds a token, so the widths agree
+    sampler_logp = pad_sequence([torch.tensor(c.logprobs) for c in completions], batch_first=True)
     return SyncProbe(token_ids, sampler_logp, logp.float().cpu(), completion_mask.float())  # (B, K) each
 
 
@@ -72,9 +72,8 @@ def check_probe(probe, before, step: int, tolerance: float, device) -> dict:
         if before.token_ids == probe.token_ids and torch.equal(before.sampler_logp, probe.sampler_logp):
             moved = (probe.trainer_logp - before.trainer_logp).abs() * probe.mask
             moved_alone = moved.max().item()
-    worst_diff, worst_moved, least_engine_moved = all_reduce_sum(
-        [probe.diff, moved_alone, -engine_moved], device, op=dist.ReduceOp.MAX
-    )  # -min over ranks
+    local = [probe.diff, moved_alone, -engine_moved]  # the last: -min over ranks
+    worst_diff, worst_moved, least_engine_moved = all_reduce_sum(local, device, op=dist.ReduceOp.MAX)
     if worst_diff > tolerance:
         raise SyncError(
             f"step {step}: the sampler's log-probs differ from the trainer's by {worst_diff:.3g} nats "
@@ -113,14 +112,15 @@ def _fixed_vector(n: int, device) -> torch.Tensor:
 
 
 @torch.no_grad()
-def checksum(t: torch.Tensor, dtype, chunk: int = 1 << 22) -> tuple[float, float, int]:
+def checksum(t: torch.Tensor, dtype) -> tuple[float, float, int]:
     """(u . W v, sum of squares, count) of `t` cast to `dtype`, in float64; u, v fixed random vectors."""
-    rows = t.detach().reshape(t.shape[0] if t.dim() > 1 else 1, -1)
+    height = t.shape[0] if t.dim() > 1 else 1  # a vector is one row
+    rows = t.reshape(height, -1)
     u = _fixed_vector(rows.shape[0], rows.device)
     v = _fixed_vector(rows.shape[1], rows.device)
     projected = 0.0
     squares = 0.0
-    block = max(1, chunk // rows.shape[1])
+    block = max(1, (1 << 22) // rows.shape[1])  # rows of ~4M elements at a time: small float64 copies
     for start in range(0, rows.shape[0], block):
         x = rows[start : start + block].to(dtype)  # the engine's rounding first, then exact sums
         x = x.to(torch.float64, memory_format=torch.contiguous_format)
@@ -150,11 +150,12 @@ def check_weights(sums, step: int, device) -> dict:
     if sums is None:  # not a checksum step
         return {}
     engine, trainer = sums
-    labels = list(dict.fromkeys(FAMILIES.values()))
-    worst = dict.fromkeys(labels, 0.0)
+    worst = dict.fromkeys(FAMILIES.values(), 0.0)  # a label each (q/k/v share one), in FAMILIES' order
     example = {}
-    for name in [*trainer, *(engine.keys() - trainer.keys())]:  # a name on one side only is a missed tensor
-        ours, theirs = trainer.get(name), engine.get(name)
+    names = [*trainer, *(engine.keys() - trainer.keys())]  # a name on one side only is a missed tensor
+    for name in names:
+        ours = trainer.get(name)
+        theirs = engine.get(name)
         module = name.split(".")[-2]  # its family, as errors name it (every name is module.parameter):
         family = "norm" if "norm" in module else module
         label = FAMILIES["bias"] if name.endswith(".bias") else FAMILIES.get(family, FAMILIES["rest"])
@@ -162,17 +163,20 @@ def check_weights(sums, step: int, device) -> dict:
         where = ", on one side only"
         if ours and theirs:  # relative to the tensor's norm: one tolerance for every size and dtype
             scale = max(ours[1], theirs[1], 1e-30)
-            diff = max(abs(ours[0] - theirs[0]) / math.sqrt(scale * ours[2]), abs(ours[1] - theirs[1]) / scale)
+            projected = abs(ours[0] - theirs[0]) / math.sqrt(scale * ours[2])
+            diff = max(projected, abs(ours[1] - theirs[1]) / scale)
             where = ""
         if diff > RELATIVE_TOLERANCE and diff >= worst[label]:
             worst[label] = diff
             example[label] = f"e.g. {name}{where}"
-    verdicts = all_reduce_sum([min(worst[f], 1e300) for f in labels], device, op=dist.ReduceOp.MAX)  # inf: NaN-free
-    bad = [f for f, v in zip(labels, verdicts) if v > RELATIVE_TOLERANCE]
+    capped = [min(v, 1e300) for v in worst.values()]  # inf: NaN-free
+    verdicts = all_reduce_sum(capped, device, op=dist.ReduceOp.MAX)
+    bad = [f for f, v in zip(worst, verdicts) if v > RELATIVE_TOLERANCE]
     if bad:
         also = "; also " + ", ".join(bad[1:]) if bad[1:] else ""
+        where = example.get(bad[0], "on another rank")  # this rank's example, if its own tensors differ
         raise SyncError(
             f"the engine's {bad[0]} differ from the trainer's after the step-{step} sync "
-            f"({example.get(bad[0], 'on another rank')}){also}: the sync skipped them, or the engine did not load them"
+            f"({where}){also}: the sync skipped them, or the engine did not load them"
         )
     return {"sync/weight_diff": max(verdicts)}

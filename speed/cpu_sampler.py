@@ -7,6 +7,7 @@ draw): HFSampler(fast=True)._decode uses it, finished rows leaving; the plain ve
 import collections
 
 import torch
+import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
@@ -32,7 +33,8 @@ class FastPath:
 
     def load(self, name, tensor) -> bool:
         """Pack a weight kept only packed straight from the new tensor; False for any other weight."""
-        if (layer := self.packed_only.get(name)) is not None:
+        layer = self.packed_only.get(name)
+        if layer is not None:
             layer.packed_weight = _pack(tensor.to(layer.weight.device, layer.weight.dtype))
         return layer is not None
 
@@ -65,29 +67,28 @@ class BucketedLayer(DynamicLayer):
         self.length = 0
 
     def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
+        if not self.is_initialized:  # its empty buffers, shaped as the states: the first call grows them
             self.lazy_initialization(key_states, value_states)
-        end = self.length + key_states.shape[-2]
-        if self.length == 0 or end > self.keys.shape[-2]:  # a new buffer, the next multiple of `bucket` long
-            size = -(-end // self.bucket) * self.bucket
+            self.keys = key_states[:, :, :0]
+            self.values = value_states[:, :, :0]
+        start = self.length
+        self.length += key_states.shape[-2]
+        if self.length > self.keys.shape[-2]:  # a new buffer, the next multiple of `bucket` long
             # zeros: the masked slots past the cached tokens meet the softmax's 0 weight, and 0 x NaN would be NaN
-            keys = key_states.new_zeros(*key_states.shape[:2], size, key_states.shape[3])
-            values = value_states.new_zeros(*value_states.shape[:2], size, value_states.shape[3])
-            if self.length:  # the first call's buffers are lazy_initialization's empty ones
-                keys[:, :, : self.length] = self.keys[:, :, : self.length]
-                values[:, :, : self.length] = self.values[:, :, : self.length]
-            self.keys = keys
-            self.values = values
-        self.keys[:, :, self.length : end] = key_states
-        self.values[:, :, self.length : end] = value_states
-        self.length = end
+            grow = (0, 0, 0, -self.length % self.bucket)
+            self.keys = F.pad(torch.cat([self.keys[:, :, :start], key_states], -2), grow)
+            self.values = F.pad(torch.cat([self.values[:, :, :start], value_states], -2), grow)
+        else:
+            self.keys[:, :, start : self.length] = key_states
+            self.values[:, :, start : self.length] = value_states
         return self.keys, self.values
 
     def get_seq_length(self):
         return self.length
 
     def get_mask_sizes(self, query_length):  # asked before update
-        return -(-(self.length + query_length) // self.bucket) * self.bucket, 0
+        end = self.length + query_length
+        return end + -end % self.bucket, 0  # update's buffer length: the next multiple of `bucket`
 
 
 # SPEED TRICK: tests/test_rollout.py::test_grouped_attention_matches_eager: repeat_kv copies every cached key and
@@ -100,7 +101,8 @@ def _grouped_eager_attention(module, query, key, value, attention_mask, scaling,
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     if attention_mask is not None:
         scores = (scores.unflatten(2, (heads // groups, length)) + attention_mask[:, :, None]).flatten(2, 3)
-    out = torch.matmul(torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype), value)
+    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    out = torch.matmul(weights, value)
     return out.reshape(batch, heads, length, dim).transpose(1, 2).contiguous(), None  # (B, Q, H, D)
 
 
@@ -137,8 +139,9 @@ def _packed_linear_forward(self, x):
 # float64 cumsum runs over the whole vocabulary for every row and every token
 def draw(probs, uniforms, block=256):
     """rollout.draw in two levels: the block, then the token inside it (a V / block + block scan, not V)."""
-    if pad := -probs.shape[-1] % block:  # zeros up to a whole block
-        probs = torch.nn.functional.pad(probs, (0, pad))
+    pad = -probs.shape[-1] % block
+    if pad:  # zeros up to a whole block
+        probs = F.pad(probs, (0, pad))
     by_block = probs.view(len(probs), -1, block)  # (R, B, b)
     cdf = by_block.sum(-1, dtype=torch.float64).cumsum(-1)  # (R, B); float64 keeps every token's share
     total = cdf[:, -1:]
@@ -147,7 +150,8 @@ def draw(probs, uniforms, block=256):
     # below the total: u * total can round up to it, and searchsorted would step past the last block
     u = torch.minimum(uniforms.to(torch.float64).reshape(-1, 1) * total, torch.nextafter(total, below))
     chosen = torch.searchsorted(cdf, u, right=True)  # first block whose CDF exceeds u
-    u = u - torch.nn.functional.pad(cdf, (1, 0)).gather(-1, chosen)  # the mass of the blocks before it
-    inside = by_block.gather(1, chosen[:, :, None].expand(-1, -1, block)).squeeze(1).double().cumsum(-1)  # (R, b)
+    u = u - F.pad(cdf, (1, 0)).gather(-1, chosen)  # the mass of the blocks before it
+    in_block = by_block.gather(1, chosen[:, :, None].expand(-1, -1, block)).squeeze(1)  # (R, b)
+    inside = in_block.double().cumsum(-1)
     u = torch.minimum(u, torch.nextafter(inside[:, -1:], below))  # the block's scan can end an ulp above its sum
     return (chosen * block + torch.searchsorted(inside, u, right=True)).squeeze(-1)

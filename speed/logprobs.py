@@ -32,13 +32,14 @@ class _TokenLogprobs(torch.autograd.Function):
             # float32 copy of one chunk at a time: the whole (N, V) in float32 is what this saves
             chunk = logits[rows].to(torch.float32, copy=True).div_(temperature)
             lse[rows] = torch.logsumexp(chunk, dim=-1)
-            out[rows] = chunk.gather(-1, targets[rows, None]).squeeze(-1) - lse[rows]
+            target = chunk.gather(-1, targets[rows, None]).squeeze(-1)  # z[y]
+            out[rows] = target - lse[rows]
             if entropy:  # float32: a bf16 dot would round the large sum H cancels
                 pz = (chunk - lse[rows, None]).exp_().mul_(chunk)  # p_v z_v
                 ent[rows] = lse[rows] - pz.sum(-1)
         ctx.temperature = temperature
         ctx.entropy_grad = entropy and entropy_grad
-        ctx.save_for_backward(logits, targets, lse, ent if ctx.entropy_grad else None)
+        ctx.save_for_backward(logits, targets, lse, ent)  # ent: (N,), read only for the entropy's gradient
         ctx.set_materialize_grads(not ctx.entropy_grad)  # a None says which output the loss used
         if not ctx.entropy_grad:
             ctx.mark_non_differentiable(ent)
@@ -69,7 +70,7 @@ class _TokenLogprobs(torch.autograd.Function):
 
 def chunked_token_logprobs(logits, targets, temperature=1.0, entropy=False, entropy_grad=False):
     """The plain version's log-probs (and entropies), computed by the row-chunked kernel."""
-    flat = logits.reshape(-1, logits.shape[-1])  # (N, V): the kernel's rows
+    flat = logits.flatten(0, -2)  # (N, V): the kernel's rows
     logp, ent = _TokenLogprobs.apply(flat, targets.reshape(-1), float(temperature), entropy, entropy_grad)
     logp = logp.view(targets.shape)
     if entropy:
@@ -97,12 +98,10 @@ def sequence_logprobs(
     """Log-probs (B, K) of the last K tokens under `model` (and entropies), by the kernel."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     keep = n_completion + 1  # the last prompt position predicts the first completion token
-    out = model(
-        input_ids, attention_mask, position_ids=position_ids, logits_to_keep=keep, use_cache=False
-    )  # (B, K + 1, V)
+    out = model(input_ids, attention_mask, position_ids=position_ids, logits_to_keep=keep, use_cache=False)
     # all K + 1 positions, the last target a dummy: logits[:, :-1] would copy the logits
     targets = torch.nn.functional.pad(input_ids[:, -n_completion:], (0, 1))
     logp = chunked_token_logprobs(out.logits, targets, temperature, entropy, entropy_grad)  # (B, K + 1)
-    if entropy:
-        return logp[0][:, :-1], logp[1][:, :-1]
+    if entropy:  # and the entropies
+        return tuple(t[:, :-1] for t in logp)
     return logp[:, :-1]
