@@ -6,6 +6,7 @@ python -m pytest tests/test_rollout.py tests/test_rollout_step.py
 import functools
 import itertools
 import os
+import resource
 from dataclasses import dataclass, field
 
 import psutil
@@ -194,13 +195,22 @@ def sampling_bytes(model_config, rows: int, length: int, dtype: str) -> int:
 KEPT_TOKEN_BYTES = 70  # a Completion's bytes a token: tracemalloc over 200 of 256 SmolLM2 tokens (id, log-prob, text)
 
 
+def host_free() -> int:
+    """Bytes this process may still take on the host: the free memory, or less under an address-space limit."""
+    free = psutil.virtual_memory().available
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]  # ulimit -v: past it, an allocation fails however much is free
+    if limit != resource.RLIM_INFINITY:
+        free = min(free, limit - psutil.Process().memory_info().vms)
+    return free
+
+
 def sampling_memory_error(model_config, rows, kept, prompt_len, *, max_tokens, dtype, hf, device, lower) -> str | None:
     """One line when sampling `rows` sequences at once and keeping `kept` completions need more memory than is free."""
     need = kept * max_tokens * KEPT_TOKEN_BYTES
     if hf:  # vLLM sizes its own KV cache
         need += sampling_bytes(model_config, rows, prompt_len + max_tokens, dtype)
     on_gpu = hf and device.type == "cuda"
-    free = torch.cuda.mem_get_info(device)[0] if on_gpu else psutil.virtual_memory().available
+    free = torch.cuda.mem_get_info(device)[0] if on_gpu else host_free()
     where = device.type if hf else "cpu"
     if need > free:  # on a GPU the completions (host memory) count against the GPU's: an over-count
         return (

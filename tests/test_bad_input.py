@@ -899,6 +899,17 @@ def test_a_group_too_big_for_memory_is_refused_before_sampling(tiny_model_dir, t
     assert "held-out" not in result.stdout  # refused before the first sample
 
 
+def test_the_memory_check_holds_the_process_to_its_address_space_limit(tiny_model_dir, tmp_path):
+    """Issue 61, class 9: under `ulimit -v` the check read the host's free memory, passed, and the sampler then
+    failed in a traceback. 40,000 sequences need about 5 GB; the process may take under 4 GB (less what it holds)."""
+    argv = f"{sys.executable} train.py --model {tiny_model_dir} --M 10000 --steps 1 --out-dir {tmp_path / 'r'}"
+    result = subprocess.run(
+        ["bash", "-c", f"ulimit -v 4000000 && exec {argv}"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    line = assert_one_line(result, 1, "40,000 sequences", "GB free on cpu", "lower --M or --rollout-batch")
+    assert float(line.split("than the ")[1].split(" GB")[0]) < 4.1  # the limit's share, not the host's free memory
+
+
 def test_the_sampling_plan_counts_what_the_sampler_holds():
     """The plan scales with the rows and their length: the KV cache and one growing layer's copy, logits, generators."""
     from transformers import LlamaConfig
