@@ -47,7 +47,7 @@ from rollout import ROLLOUTS, make_sampler, resolve_model, sampling_memory_error
 from speed.backward import configure_backward, store_linears_bf16
 from speed.compile import compile_layers
 from speed.logprobs import pad_batch, sequence_logprobs
-from speed.micro_batches import micro_batch_rows
+from speed.micro_batches import agreed, micro_batch_rows
 from tasks import DataError, encode_prompts, get_task, load_data, reward_weights
 
 
@@ -284,7 +284,8 @@ def ppo_update(
     minibatches = []
     with torch.no_grad(), autocast:
         for start in range(0, len(prompts), size):
-            rows = micro_batch_rows(prompts, completions, range(start, start + size), args.micro_batch)
+            cut = micro_batch_rows(prompts, completions, range(start, start + size), args.micro_batch)
+            rows = agreed(cut, device)  # a fork's cutter may cut each rank's rows into more or fewer
             minibatches.append([micro_batch(idx) for idx in rows])
     entropy_grad = args.entropy_coef != 0  # the entropy's backward only for a bonus that trains it
     options = config.loss_options(args)

@@ -50,11 +50,12 @@ class DigitTask:
         return completion[:1]
 
 
-def parity(out_path, model_dir, ref_dir, loss_agg="token-mean", dtype="float32", recast="no"):
+def parity(out_path, model_dir, ref_dir, loss_agg="token-mean", dtype="float32", recast="no", cut="plain"):
     """One PPO update (2 epochs x 2 minibatches, micro-batches of 3, KL to a different model) on a fixed batch, with
     plain SGD: runs compared with each other differ by rounding, which AdamW's division by sqrt(v) would amplify;
     recast="yes": the policy reruns its norms and MLP gates and recasts its linear weights in backward
-    (speed/backward.py), as train.load_models does under bf16."""
+    (speed/backward.py), as train.load_models does under bf16; cut="uneven": rank 1 cuts one row a micro-batch, as a
+    fork's cutter might, so the ranks cut different counts (speed/micro_batches.py: agreed)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from transformers import AutoModelForCausalLM
 
@@ -72,6 +73,9 @@ def parity(out_path, model_dir, ref_dir, loss_agg="token-mean", dtype="float32",
         dtype=dtype,
         loss_agg=loss_agg,
     )
+    if cut == "uneven" and rank == 1:
+        plain = train.micro_batch_rows
+        train.micro_batch_rows = lambda prompts, completions, rows, size: plain(prompts, completions, rows, 1)
     g = torch.Generator().manual_seed(0)
     prompts = [
         torch.randint(4, 90, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()

@@ -750,8 +750,11 @@ def torchrun(*job):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean"])  # a per-sequence denominator too
-def test_one_update_under_torchrun_2_equals_one_process(tiny_model_dir, tmp_path, loss_agg):
+# a per-sequence denominator too; and ranks whose cutter cuts different counts (a fork's), agreed before the update
+@pytest.mark.parametrize(
+    "loss_agg, cut", [("token-mean", "plain"), ("seq-mean-token-mean", "plain"), ("token-mean", "uneven")]
+)
+def test_one_update_under_torchrun_2_equals_one_process(tiny_model_dir, tmp_path, loss_agg, cut):
     from transformers import AutoModelForCausalLM
 
     from tools.tiny_model import build_tiny_model
@@ -771,7 +774,7 @@ def test_one_update_under_torchrun_2_equals_one_process(tiny_model_dir, tmp_path
         text=True,
     )
     assert single.returncode == 0, single.stderr[-3000:]
-    double = torchrun("parity", str(tmp_path / "two.pt"), tiny_model_dir, ref_dir, loss_agg)
+    double = torchrun("parity", str(tmp_path / "two.pt"), tiny_model_dir, ref_dir, loss_agg, "float32", "no", cut)
     assert double.returncode == 0, double.stderr[-3000:]
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     assert one["state"].keys() == two["state"].keys()
@@ -1461,3 +1464,13 @@ def test_a_resume_on_changed_data_says_so_once_and_records_the_new_hash(tiny_mod
     ]
     recorded = json.loads((tmp_path / "run" / "data.json").read_text())
     assert recorded == {"train": hashlib.sha256(data.read_bytes()).hexdigest()}  # the rows it trains on now
+
+
+def test_agreed_micro_batches_halve_the_largest_until_every_rank_has_as_many():
+    from speed.micro_batches import agreed, split_to
+
+    rows = [[0, 1, 2], [3]]
+    assert agreed(rows, torch.device("cpu")) == rows  # one process: its own count, the cut kept
+    assert split_to(rows, 3) == [[0], [1, 2], [3]]  # the largest first, in place, order kept
+    assert split_to(rows, 4) == [[0], [1], [2], [3]]
+    assert split_to([[0, 1, 2, 3, 4]], 2) == [[0, 1], [2, 3, 4]]
