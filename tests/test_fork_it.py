@@ -33,6 +33,18 @@ def floorgrpo_advantages(rewards: torch.Tensor, std_floor: float = 0.1) -> torch
 ESTIMATORS["floorgrpo"] = floorgrpo_advantages
 '''
 
+TERM_ESTIMATOR = '''\
+def termrloo_advantages(rewards: torch.Tensor, *, terms: dict | None = None) -> torch.Tensor:
+    """RLOO on each reward term alone, summed by the terms' --reward-weights weights (GDPO's first step, RLOO's
+    baseline). A keyword-only `terms` is a step input, not a flag: compute_advantages passes the step's terms."""
+    if terms is None:  # a direct call on the summed reward: one term
+        return rloo_advantages(rewards)
+    return sum(weight * rloo_advantages(term) for weight, term in terms.values())  # (G, M)
+
+
+ESTIMATORS["termrloo"] = termrloo_advantages
+'''
+
 TASK = """\
 def _qa(row: dict) -> Example:
     return Example(prompt=_chat(f"{row['problem']}\\n{BOXED}"), gold=str(row["answer"]), reference="")
@@ -142,6 +154,7 @@ REFERENCES["ema-warmup"] = ema_warmup_reference
 
 RECIPES = [
     ("advantage.py", ESTIMATOR),
+    ("advantage.py", TERM_ESTIMATOR),
     ("tasks.py", TASK),
     ("loss.py", AGGREGATION),
     ("rewards.py", REWARD_TERM),
@@ -216,6 +229,15 @@ assert torch.allclose(compute_advantages("floorgrpo", r)[0], compute_advantages(
 assert torch.isfinite(population_weight("floorgrpo", 8, torch.tensor([0.1, 0.5]), std_floor=0.2)).all()
 shares = allocation_by_estimator(r, torch.ones(2, 4), ["floorgrpo"], std_floor=0.2)["floorgrpo"]
 assert sum(shares) == pytest.approx(100)
+
+# 1b. the per-term estimator: its terms from the step, no flag of its own
+a, b = torch.tensor([[1.0, 0.0, 0.0, 0.0]]), torch.tensor([[0.0, 1.0, 1.0, 0.0]])
+terms = {"exact": (1.0, a), "format": (0.5, b)}
+rloo = advantage.rloo_advantages
+assert torch.allclose(compute_advantages("termrloo", a + 0.5 * b, terms=terms), rloo(a) + 0.5 * rloo(b))
+assert torch.equal(compute_advantages("termrloo", a), rloo(a)) and "terms" not in estimator_params()
+terms_shares = allocation_by_estimator(a, torch.ones(1, 4), ["termrloo"])["termrloo"]
+assert sum(terms_shares) == pytest.approx(100)
 
 # 2. the task: held out by hash, scored by math-verify, no hub dataset
 qa = tasks.get_task("qa")
