@@ -17,6 +17,7 @@ from plumbing.cli import first_line
 
 MAX_ROW_CHARS = 1_000_000  # ~250k tokens
 MAX_LINE_BYTES = 16 * MAX_ROW_CHARS  # a few columns of MAX_ROW_CHARS, in UTF-8
+MAX_ARRAY_BYTES = 2**28  # a .json array is parsed whole: 256 MB of text already takes a few GB as Python objects
 
 
 class DataError(ValueError):
@@ -124,6 +125,12 @@ def _read_json(path: str, source: str) -> tuple:
         array = path.lower().endswith(".json") and f.read(4096).lstrip().startswith(b"[")
         f.seek(0)
         if array:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_ARRAY_BYTES:  # JSON Lines is read a row at a time
+                raise DataError(
+                    f"{source}: a .json array is read whole, and this one is {size / 1e6:,.0f} MB, over "
+                    f"{MAX_ARRAY_BYTES / 1e6:.0f} MB (plumbing/data.py: MAX_ARRAY_BYTES): write it as JSON Lines"
+                )
             rows, lines = _parse(f.read()), None
             if isinstance(rows, ValueError):
                 raise DataError(f"{source}: the file {rows}")

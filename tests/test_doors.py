@@ -133,6 +133,23 @@ def test_a_line_is_read_in_bounded_chunks_and_refused_at_the_limit(tmp_path):
     assert peak < 3 * data.MAX_LINE_BYTES, peak  # readline(limit) joins its buffer: up to 2x; whole: 64 MB+
 
 
+def test_a_json_array_past_its_bound_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    """Issue 61, class 3: a 3 GB .json array was read whole (the .jsonl path reads a row at a time)."""
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps([VALID["gsm8k"]] * 50))
+    assert len(get_task("gsm8k").load("train", data_file=str(path))) >= 1  # under the bound: read
+    path.write_text(json.dumps([VALID["gsm8k"]] * 40_000))  # about 2 MB
+    monkeypatch.setattr(data, "MAX_ARRAY_BYTES", 2**20)
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError, match=r"a \.json array is read whole, and this one is .* write it as JSON Lines"):
+            get_task("gsm8k").load("train", data_file=str(path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < path.stat().st_size / 10, peak  # refused before its text is read
+
+
 def test_conflicting_golds_for_one_prompt_are_reported_once_with_a_count(tmp_path, capsys):
     """One prompt with two different golds (22 copies) trained on both with no note."""
     rows = rows_of("gsm8k", 20) + [{"question": "What is 2 plus 2?", "answer": f"#### {4 + i % 2}"} for i in range(22)]
