@@ -42,6 +42,7 @@ class _Args:
     M: int = arg(8, "rollouts per prompt (group size)")
     rollout_batch: int = arg(4, "prompts per step, over all ranks")
     micro_batch: int = arg(8, "sequences per forward/backward pass on one rank (gradient accumulation)")
+    micro_batch_tokens: int = arg(0, "also at most N tokens a micro-batch, as padded (rows x longest); 0: off")
     minibatches: int = arg(1, "optimizer steps per rollout batch and PPO epoch")
     ppo_epochs: int = arg(1, "passes over each rollout batch")
     steps: int = arg(20, "training steps (rollout batches)")
@@ -295,7 +296,7 @@ TRAIN_RULES = [  # (flags, valid, what valid means); NaN breaks each
     ("max_refill_rounds", lambda v: 0 <= v <= MAX_REFILLS, f"in [0, {MAX_REFILLS}]"),  # rollout.step_seed's room
     (
         "warmup_steps save_every eval_every eval_examples keep_checkpoints log_completions weight_check_every "
-        "max_num_seqs ref_reset_every overlong_buffer eval_samples clip_high sync_tolerance "
+        "max_num_seqs ref_reset_every overlong_buffer eval_samples clip_high sync_tolerance micro_batch_tokens "
         "lora_rank",
         lambda v: v >= 0,
         ">= 0",

@@ -9,14 +9,24 @@ import torch.distributed as dist
 
 # MEMORY TRICK: tests/test_train.py::test_micro_batch_grouping_keeps_the_update: rows of like length pad less, and
 # the longest first lets every later micro-batch fit in the blocks the first freed
-def micro_batch_rows(prompts, completions, rows, size) -> list[list[int]]:
-    """`rows` in micro-batches of at most `size`, longest first."""
+def micro_batch_rows(prompts, completions, rows, size, budget=0) -> list[list[int]]:
+    """`rows` in micro-batches of at most `size` sequences, longest first; a token `budget` > 0 also holds each to
+    that many tokens as the padded batch computes them (its rows x (longest prompt + longest completion)), and a
+    sequence longer than the budget gets a micro-batch of its own."""
 
     def length(i):
         return len(completions[i]), len(prompts[i])
 
-    rows = sorted(rows, key=length, reverse=True)
-    return [rows[a : a + size] for a in range(0, len(rows), size)]
+    batches = []
+    for i in sorted(rows, key=length, reverse=True):
+        grown = [*batches[-1], i] if batches else [i]
+        width = max(len(completions[j]) for j in grown) + max(len(prompts[j]) for j in grown)
+        fits = len(grown) <= size and (budget == 0 or len(grown) * width <= budget)
+        if batches and fits:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
 
 
 def agreed(rows: list[list[int]], device) -> list[list[int]]:

@@ -75,7 +75,7 @@ def parity(out_path, model_dir, ref_dir, loss_agg="token-mean", dtype="float32",
     )
     if cut == "uneven" and rank == 1:
         plain = train.micro_batch_rows
-        train.micro_batch_rows = lambda prompts, completions, rows, size: plain(prompts, completions, rows, 1)
+        train.micro_batch_rows = lambda prompts, completions, rows, size, budget: plain(prompts, completions, rows, 1)
     g = torch.Generator().manual_seed(0)
     prompts = [
         torch.randint(4, 90, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()

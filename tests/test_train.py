@@ -893,6 +893,7 @@ def one_update(
     recompute=False,
     compiled=False,
     optimizer="sgd",
+    micro_batch_tokens=0,
 ):
     """train.ppo_update on ppo_batch(): (weights after, metrics, weights before). Plain SGD unless `optimizer` is
     "adamw", so that two updates whose gradients differ by rounding differ by rounding (see the `sgd` fixture)."""
@@ -910,6 +911,7 @@ def one_update(
         max_grad_norm=0.5,
         dtype=dtype,
         loss_agg=loss_agg,
+        micro_batch_tokens=micro_batch_tokens,
     )
     prompts, completions, adv = ppo_batch()
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -1025,6 +1027,23 @@ def test_micro_batch_grouping_keeps_the_update(tiny_model_dir, ref_dir):
     assert_same_update(
         one_update(tiny_model_dir, ref_dir, micro_batch=3), one_update(tiny_model_dir, ref_dir, micro_batch=8), tol=1e-5
     )
+
+
+def test_micro_batches_by_tokens_hold_the_budget_and_keep_the_update(tiny_model_dir, ref_dir):
+    """--micro-batch-tokens (issue 63, item 1): each micro-batch holds at most the budget as padded, a longer
+    sequence alone; no budget is the count cut as before; and the update equals the whole minibatch's."""
+    prompts, completions, _ = ppo_batch()
+    by_count = train.micro_batch_rows(prompts, completions, range(16), 4)
+    rows = sorted(range(16), key=lambda i: (len(completions[i]), len(prompts[i])), reverse=True)
+    assert by_count == [rows[a : a + 4] for a in range(0, 16, 4)]  # budget 0: the count cut, unchanged
+    budget = 40
+    cut = train.micro_batch_rows(prompts, completions, range(16), 16, budget)
+    assert sorted(i for g in cut for i in g) == list(range(16)) and len(cut) > 1
+    for g in cut:
+        assert len(g) == 1 or padded_tokens(prompts, completions, [g]) <= budget, g
+    assert any(len(g) > 1 for g in cut)
+    whole = one_update(tiny_model_dir, ref_dir, micro_batch=8)
+    assert_same_update(one_update(tiny_model_dir, ref_dir, micro_batch=8, micro_batch_tokens=budget), whole, tol=1e-5)
 
 
 @pytest.mark.parametrize("loss_agg", [agg for agg in AGGREGATIONS if agg != "token-mean"])
