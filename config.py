@@ -43,6 +43,7 @@ class _Args:
     rollout_batch: int = arg(4, "prompts per step, over all ranks")
     micro_batch: int = arg(8, "sequences per forward/backward pass on one rank (gradient accumulation)")
     micro_batch_tokens: int = arg(0, "also at most N tokens a micro-batch, as padded (rows x longest); 0: off")
+    pack: bool = arg(False, "train on a micro-batch's sequences packed in one row, no padding (speed/logprobs.py)")
     minibatches: int = arg(1, "optimizer steps per rollout batch and PPO epoch")
     ppo_epochs: int = arg(1, "passes over each rollout batch")
     steps: int = arg(20, "training steps (rollout batches)")

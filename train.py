@@ -46,7 +46,7 @@ from plumbing.sync import SyncError, check_probe, check_weights, probe_sync, wei
 from rollout import ROLLOUTS, make_sampler, resolve_model, sampling_memory_error
 from speed.backward import configure_backward, store_linears_bf16
 from speed.compile import compile_layers
-from speed.logprobs import pad_batch, sequence_logprobs
+from speed.logprobs import pack_batch, packed_logprobs, pad_batch, sequence_logprobs
 from speed.micro_batches import agreed, micro_batch_rows
 from tasks import DataError, encode_prompts, get_task, load_data, reward_weights
 
@@ -274,10 +274,15 @@ def ppo_update(
         sampler_logp = pad_sequence([torch.tensor(sampler_logps[i]) for i in idx], batch_first=True)
         tensors = dict(mask=mask, adv=adv[idx], sampler_logp=sampler_logp)
         mb = {key: value.to(device) for key, value in tensors.items()}
-        mb["inputs"] = (input_ids.to(device), attention_mask.to(device), mask.shape[1], args.temperature)
+        if args.pack:  # one row of the sequences back to back: no pad position is computed
+            packed = [t.to(device) for t in pack_batch(rows, answers)]
+            mb["logprobs"] = partial(packed_logprobs, packed=packed, mask=mb["mask"], temperature=args.temperature)
+        else:
+            inputs = (input_ids.to(device), attention_mask.to(device), mask.shape[1], args.temperature)
+            mb["logprobs"] = lambda module, **kw: sequence_logprobs(module, *inputs, **kw)
         with model.disable_adapter() if ref_model is model else contextlib.nullcontext():  # LoRA: the base
-            mb["ref_logp"] = sequence_logprobs(ref_model, *mb["inputs"]) if ref_model is not None else None
-        mb["old_logp"] = None if on_policy else sequence_logprobs(model, *mb["inputs"])
+            mb["ref_logp"] = mb["logprobs"](ref_model) if ref_model is not None else None
+        mb["old_logp"] = None if on_policy else mb["logprobs"](model)
         return mb
 
     size = len(prompts) // args.minibatches
@@ -302,7 +307,7 @@ def ppo_update(
                 if sharded:  # FSDP2: reduce-scatter once per minibatch
                     model.set_requires_gradient_sync(i == len(micro) - 1)
                 with autocast:
-                    logp, entropy = sequence_logprobs(model, *mb["inputs"], entropy=True, entropy_grad=entropy_grad)
+                    logp, entropy = mb["logprobs"](model, entropy=True, entropy_grad=entropy_grad)
                 mask = mb["mask"]  # (B, K), like logp and entropy
                 old_logp = logp.detach() if on_policy else mb["old_logp"]
                 loss, m = policy_loss(

@@ -25,12 +25,13 @@ class _TokenLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, targets, temperature, entropy, entropy_grad):
-        lse = logits.new_empty(len(logits), dtype=torch.float32)  # (N,)
+        work = torch.promote_types(logits.dtype, torch.float32)  # float32 at least; float64 stays float64 (the tests)
+        lse = logits.new_empty(len(logits), dtype=work)  # (N,)
         out = torch.empty_like(lse)
         ent = torch.empty_like(lse) if entropy else lse.new_empty(0)
         for rows in _chunks(logits):
             # float32 copy of one chunk at a time: the whole (N, V) in float32 is what this saves
-            chunk = logits[rows].to(torch.float32, copy=True).div_(temperature)
+            chunk = logits[rows].to(work, copy=True).div_(temperature)
             lse[rows] = torch.logsumexp(chunk, dim=-1)
             target = chunk.gather(-1, targets[rows, None]).squeeze(-1)  # z[y]
             out[rows] = target - lse[rows]
@@ -50,12 +51,12 @@ class _TokenLogprobs(torch.autograd.Function):
         """With z = logits / T and p = softmax(z): d logp[y] / dz = onehot(y) - p, dH / dz_j = -p_j (log p_j + H)."""
         logits, targets, lse, ent = ctx.saved_tensors
         T = ctx.temperature
-        g = torch.zeros_like(lse) if grad_out is None else grad_out.float()  # (N,)
+        g = torch.zeros_like(lse) if grad_out is None else grad_out.to(lse.dtype)  # (N,)
         if ctx.entropy_grad:
-            g_ent = torch.zeros_like(lse) if grad_entropy is None else grad_entropy.float()
+            g_ent = torch.zeros_like(lse) if grad_entropy is None else grad_entropy.to(lse.dtype)
         grad = torch.empty_like(logits)
         for rows in _chunks(logits):
-            log_p = logits[rows].to(torch.float32, copy=True).div_(T).sub_(lse[rows, None])
+            log_p = logits[rows].to(lse.dtype, copy=True).div_(T).sub_(lse[rows, None])
             if ctx.entropy_grad:
                 probs = log_p.exp()
                 weight = log_p.add_(ent[rows, None]).mul_(-g_ent[rows, None]).sub_(g[rows, None])  # log_p is spent
@@ -105,3 +106,38 @@ def sequence_logprobs(
     if entropy:  # and the entropies
         return tuple(t[:, :-1] for t in logp)
     return logp[:, :-1]
+
+
+# SPEED TRICK: tests/test_train.py::test_packed_log_probs_entropies_and_gradients_equal_the_padded_ones: a packed
+# row computes no pad position, the padded batch (B, P + K) computes every one
+PACKED_ATTENTION = ("eager", "sdpa", "flash_attention_2", "flex_attention")  # each keeps packed sequences apart
+
+
+def pack_batch(prompts: list[list[int]], completions: list[list[int]]):
+    """The sequences back to back in one row, no pad: ids and position ids (1, T), the positions restarting at 0 for
+    each sequence, which transformers reads as packed (a block-diagonal causal mask, attention_mask=None); then the
+    row positions whose logits predict each completion token, and those tokens (N,)."""
+    ids, positions, predict = [], [], []
+    for prompt, completion in zip(prompts, completions):
+        start = len(ids) + len(prompt) - 1  # the last prompt token predicts the first completion token
+        predict.extend(range(start, start + len(completion)))
+        ids.extend([*prompt, *completion])
+        positions.extend(range(len(prompt) + len(completion)))
+    targets = [token for completion in completions for token in completion]
+    return torch.tensor([ids]), torch.tensor([positions]), torch.tensor(predict), torch.tensor(targets)
+
+
+def packed_logprobs(model, packed, mask, temperature=1.0, entropy=False, entropy_grad=False):
+    """sequence_logprobs' (B, K) log-probs (and entropies) from pack_batch's row, scattered back to the padded layout
+    of `mask` (B, K), so the loss reads the same tensors."""
+    input_ids, position_ids, predict, targets = packed
+    out = model(input_ids, attention_mask=None, position_ids=position_ids, logits_to_keep=predict, use_cache=False)
+    logp, ent = _TokenLogprobs.apply(out.logits[0], targets, float(temperature), entropy, entropy_grad)  # (N,)
+    kept = mask.bool()
+
+    def padded(flat):  # (N,) -> (B, K), 0 at the pad positions; masked_scatter keeps the gradient
+        return torch.zeros(mask.shape, dtype=flat.dtype, device=flat.device).masked_scatter(kept, flat)
+
+    if entropy:
+        return padded(logp), padded(ent)
+    return padded(logp)

@@ -55,7 +55,7 @@ def parity(out_path, model_dir, ref_dir, loss_agg="token-mean", dtype="float32",
     plain SGD: runs compared with each other differ by rounding, which AdamW's division by sqrt(v) would amplify;
     recast="yes": the policy reruns its norms and MLP gates and recasts its linear weights in backward
     (speed/backward.py), as train.load_models does under bf16; cut="uneven": rank 1 cuts one row a micro-batch, as a
-    fork's cutter might, so the ranks cut different counts (speed/micro_batches.py: agreed)."""
+    fork's cutter might, so the ranks cut different counts (speed/micro_batches.py: agreed); cut="pack": --pack."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from transformers import AutoModelForCausalLM
 
@@ -72,6 +72,7 @@ def parity(out_path, model_dir, ref_dir, loss_agg="token-mean", dtype="float32",
         max_grad_norm=0.5,
         dtype=dtype,
         loss_agg=loss_agg,
+        pack=cut == "pack",
     )
     if cut == "uneven" and rank == 1:
         plain = train.micro_batch_rows

@@ -752,7 +752,8 @@ def torchrun(*job):
 @pytest.mark.slow
 # a per-sequence denominator too; and ranks whose cutter cuts different counts (a fork's), agreed before the update
 @pytest.mark.parametrize(
-    "loss_agg, cut", [("token-mean", "plain"), ("seq-mean-token-mean", "plain"), ("token-mean", "uneven")]
+    "loss_agg, cut",
+    [("token-mean", "plain"), ("seq-mean-token-mean", "plain"), ("token-mean", "uneven"), ("token-mean", "pack")],
 )
 def test_one_update_under_torchrun_2_equals_one_process(tiny_model_dir, tmp_path, loss_agg, cut):
     from transformers import AutoModelForCausalLM
@@ -894,6 +895,7 @@ def one_update(
     compiled=False,
     optimizer="sgd",
     micro_batch_tokens=0,
+    pack=False,
 ):
     """train.ppo_update on ppo_batch(): (weights after, metrics, weights before). Plain SGD unless `optimizer` is
     "adamw", so that two updates whose gradients differ by rounding differ by rounding (see the `sgd` fixture)."""
@@ -912,6 +914,7 @@ def one_update(
         dtype=dtype,
         loss_agg=loss_agg,
         micro_batch_tokens=micro_batch_tokens,
+        pack=pack,
     )
     prompts, completions, adv = ppo_batch()
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -1044,6 +1047,16 @@ def test_micro_batches_by_tokens_hold_the_budget_and_keep_the_update(tiny_model_
     assert any(len(g) > 1 for g in cut)
     whole = one_update(tiny_model_dir, ref_dir, micro_batch=8)
     assert_same_update(one_update(tiny_model_dir, ref_dir, micro_batch=8, micro_batch_tokens=budget), whole, tol=1e-5)
+
+
+@pytest.mark.parametrize("loss_agg", list(AGGREGATIONS))
+def test_a_packed_update_equals_the_padded_one(tiny_model_dir, ref_dir, loss_agg):
+    """--pack through ppo_update (micro-batches of 3, a KL reference, 2 epochs x 2 minibatches, float32): the same
+    loss and weights as the padded update. Plain SGD moves each weight by lr x its gradient, so float32 rounding of
+    the two forward orders (~1e-7 relative) stays ~1e-7 in the weights; tol 1e-5 is the micro-batch tests' bound."""
+    padded = one_update(tiny_model_dir, ref_dir, micro_batch=3, loss_agg=loss_agg)
+    packed = one_update(tiny_model_dir, ref_dir, micro_batch=3, loss_agg=loss_agg, pack=True)
+    assert_same_update(packed, padded, tol=1e-5)
 
 
 @pytest.mark.parametrize("loss_agg", [agg for agg in AGGREGATIONS if agg != "token-mean"])
@@ -1493,3 +1506,53 @@ def test_agreed_micro_batches_halve_the_largest_until_every_rank_has_as_many():
     assert split_to(rows, 3) == [[0], [1, 2], [3]]  # the largest first, in place, order kept
     assert split_to(rows, 4) == [[0], [1], [2], [3]]
     assert split_to([[0, 1, 2, 3, 4]], 2) == [[0, 1], [2, 3, 4]]
+
+
+@pytest.mark.parametrize("variant", ["plain", "lora", "checkpointing"])
+@pytest.mark.parametrize("attention, tol", [("sdpa", 1e-10), ("eager", 1e-6)])
+def test_packed_log_probs_entropies_and_gradients_equal_the_padded_ones(tiny_model_dir, attention, tol, variant):
+    """--pack (issue 63, item 3): in float64 the packed row gives the padded batch's log-probs, entropies and
+    gradients, under LoRA and under gradient checkpointing. The padded reference runs sdpa: HF's eager attention
+    turns float64 left-padded rows into NaN. Packed sdpa agrees to 1e-10; packed eager to 1e-6, because HF's eager
+    softmax runs in float32 whatever the dtype (about 5e-8 apart from sdpa on one unpadded sequence). A sequence
+    that attended across its neighbours would move its log-probs by far more: the tiny model's moves are ~1e-2."""
+    from transformers import AutoModelForCausalLM
+
+    from speed.logprobs import PACKED_ATTENTION, pack_batch, packed_logprobs, pad_batch, sequence_logprobs
+
+    assert attention in PACKED_ATTENTION
+    prompts, completions, _ = ppo_batch()
+    rows = [0, 3, 5, 6, 9, 12]  # lengths that differ, so the padded batch pads
+    prompts, completions = [prompts[i] for i in rows], [completions[i] for i in rows]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64, attn_implementation="sdpa")
+    if variant == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        torch.manual_seed(0)
+        model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    if variant == "checkpointing":
+        model.gradient_checkpointing_enable()
+        model.train()
+    ids, attention_mask, mask = pad_batch(prompts, completions, pad_id=0)
+    mask = mask.double()
+    weights = torch.randn(mask.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+
+    def run(logprobs):
+        model.zero_grad()
+        logp, entropy = logprobs(entropy=True, entropy_grad=True)
+        kept = mask > 0
+        logp, entropy = torch.where(kept, logp, 0), torch.where(kept, entropy, 0)  # a pad position is no number
+        (logp * weights + 0.1 * entropy).sum().backward()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+        return logp.detach(), entropy.detach(), grads
+
+    K = mask.shape[1]
+    padded = run(lambda **kw: sequence_logprobs(model, ids, attention_mask, K, 0.7, **kw))
+    model.set_attn_implementation(attention)
+    packed = run(lambda **kw: packed_logprobs(model, pack_batch(prompts, completions), mask, 0.7, **kw))
+    assert torch.allclose(packed[0], padded[0], rtol=0, atol=tol)
+    assert torch.allclose(packed[1], padded[1], rtol=0, atol=tol)
+    assert packed[2].keys() == padded[2].keys() and len(packed[2]) > 0
+    for name, grad in padded[2].items():
+        assert torch.allclose(packed[2][name], grad, rtol=0, atol=tol), name
+    assert padded[0].abs().sum() > 1  # real log-probs, not zeros
