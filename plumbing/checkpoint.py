@@ -149,7 +149,7 @@ def resume_hint(out: str) -> str:
 
 
 def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...]) -> str | None:
-    """Why this resume would lose or mix runs, or None; `keeps`: flags only --resume-changed changes."""
+    """Why this resume would lose or mix runs, or None; `keeps`: flags only --resume-changed changes (--model too)."""
     ckpt = find_checkpoint(resume)
     if ckpt is None:
         return f"--resume {resume}: no checkpoint there"
@@ -162,13 +162,15 @@ def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...]) -> 
             return str(err)
         before = os.path.join(os.path.dirname(ckpt), older[-1])
         return f"{err}; to go on from the one before, fork it into a new folder: --resume {before} --out-dir NEW"
-    saved, step = state["args"], int(state.get("step", 0))
-    changed = given["resume_changed"]
-    if (saved["task"], saved["model"]) != (given["task"], given["model"]) and not changed:
+    saved = state["args"]
+    step = int(state.get("step", 0))
+    differ = [name for name in ("model", *keeps) if name in saved and saved[name] != given[name]]
+    if differ and not given["resume_changed"]:  # a run mixed of two settings would be no one run's result
+        name = differ[0]
         return (
-            f"checkpoint {ckpt} is from task {saved['task']} / model {saved['model']}, not task "
-            f"{given['task']} / model {given['model']}; pass the same --task and --model to resume, or "
-            "--resume-changed to change them (e.g. the model folder moved)"
+            f"checkpoint {ckpt} was trained with {flag(name)} {saved[name]}, not {given[name]}; "
+            f"pass {flag(name)} {saved[name]} to resume it, --resume-changed to change it (e.g. the model folder "
+            "moved), or start a new run"
         )
     try:  # the run's own files, read back before any model loads
         evaluated = given["eval_examples"] == 0 or "after" in read_evals(run)
@@ -186,13 +188,6 @@ def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...]) -> 
         return (
             f"--resume {ckpt}: {run} holds newer checkpoints ({', '.join(newer)}), which resuming an older one "
             f"there would overwrite; resume {run} (its newest), or fork into a new run with --out-dir NEW"
-        )
-    differ = [name for name in keeps if name in saved and saved[name] != given[name]]
-    if differ and not changed:  # a run mixed of two settings would be no one run's result
-        name = differ[0]
-        return (
-            f"checkpoint {ckpt} was trained with {flag(name)} {saved[name]}, not {given[name]}; "
-            f"pass {flag(name)} {saved[name]} to resume it, --resume-changed to change it, or start a new run"
         )
 
 
