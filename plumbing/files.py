@@ -64,13 +64,18 @@ def write_json(path: str, obj, indent: int | None = None) -> None:
     write_whole(path, lambda f: json.dump(obj, f, indent=indent))
 
 
-def write_lines(path: str, lines) -> None:
-    write_whole(path, lambda f: f.writelines(lines))
+def jsonl(rows) -> str:
+    """JSON Lines: one object a line."""
+    return "".join(json.dumps(row) + "\n" for row in rows)
 
 
-def append_lines(path: str, lines) -> None:
+def write_jsonl(path: str, rows) -> None:
+    write_whole(path, lambda f: f.write(jsonl(rows)))
+
+
+def append_jsonl(path: str, rows) -> None:
     """All or none."""
-    data = "".join(lines).encode()
+    data = jsonl(rows).encode()
     kept = "The file is as it was before this step, and the last checkpoint is intact"
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
