@@ -198,13 +198,14 @@ def untied(model, state: dict) -> dict:
     return {k: v for k, v in state.items() if k not in tied}
 
 
-def sharded_state(model, optimizer, ref_model=None) -> tuple[dict, list]:
-    """(DCP state with each tensor once, param_groups); creates a fresh optimizer's moments."""
+def sharded_state(model, optimizer, ref_model=None) -> dict:
+    """DCP state with each tensor once; creates a fresh optimizer's moments. No param_groups: make_optimizer builds
+    them from the flags, and load_checkpoint sets the scheduled lr."""
     model_state, optim_state = dcp_state.get_state_dict(model, optimizer)
     state = {"model": untied(model, model_state), "optimizer": optim_state["state"]}
     if ref_model is not None:
         state["reference"] = untied(ref_model, dcp_state.get_model_state_dict(ref_model))
-    return state, optim_state["param_groups"]
+    return state
 
 
 def _reason(err: BaseException) -> str:
@@ -247,7 +248,6 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args,
         trainer_state = {
             "step": step,
             "scheduler": scheduler.state_dict(),
-            "param_groups": param_groups,
             "rng": rngs,
             "args": asdict(args),
             "reference": ref_model is not None,
@@ -271,7 +271,7 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args,
                 "--out-dir on a filesystem that every node shares"
             )
         reason = _any_rank(reason)
-        state, param_groups = sharded_state(model, optimizer, ref_model)
+        state = sharded_state(model, optimizer, ref_model)
         if reason is None:
             reason = _any_rank(_attempt(shards))
         rngs = gather_objects([rng_state()])
@@ -339,19 +339,17 @@ def load_checkpoint(ckpt, model, optimizer, scheduler, rank, args, ref_model=Non
         print(f"resume: continuing {ckpt} with changed flags: {', '.join(changed)}")
     if not state.get("reference"):  # a run without a moving reference saved none
         ref_model = None
-    shards = sharded_state(model, optimizer, ref_model)[0]  # the live tensors: DCP loads into them in place
+    shards = sharded_state(model, optimizer, ref_model)  # the live tensors: DCP loads into them in place
     try:
         reader = dcp.FileSystemReader(os.path.join(ckpt, "trainer"))
         dcp.load(shards, storage_reader=reader, no_dist=not dist.is_initialized())
     except (Exception, CheckpointException) as err:
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: cannot read trainer/ ({_reason(err)})") from None
     scheduler.load_state_dict(state["scheduler"])
-    kernels = ("params", "param_names", "fused", "foreach", "capturable")  # this run's: the saver's may not exist
-    for i, (group, saved) in enumerate(zip(optimizer.param_groups, state["param_groups"])):
-        group.update({k: v for k, v in saved.items() if k not in kernels})
-        scheduler.base_lrs[i] = group["initial_lr"] = args.lr  # LambdaLR: lr = base_lr * lambda(step)
-        group["lr"] = args.lr * scheduler.lr_lambdas[i](scheduler.last_epoch)
-        group["weight_decay"] = args.weight_decay
+    # this run's --lr wins (its --weight-decay is the fresh AdamW's already): LambdaLR's lr = base_lr * lambda(step)
+    scheduler.base_lrs = [args.lr for _ in optimizer.param_groups]
+    for group, factor in zip(optimizer.param_groups, scheduler.lr_lambdas):
+        group["lr"] = args.lr * factor(scheduler.last_epoch)
     scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
     saved_rank = rank if rank < len(state["rng"]) else 0  # more ranks than saved: the new ones take rank 0's
     set_rng_state(state["rng"][saved_rank])
