@@ -236,11 +236,11 @@ def step_metrics(step: int, has_verifier: bool, batch, adv, train_metrics, secon
     """One step's flat metrics, identical on every rank; `adv`: (G, M)."""
     rollout, groups = batch.scores, batch.groups
     n_body, n_head = n_params
-    prompt = sum(len(p) * len(g) for p, g in zip(batch.prompts, groups))
-    completion = sum(len(c.token_ids) for g in groups for c in g)
-    prompt_tokens, completion_tokens = all_reduce_sum([prompt, completion], device)
-    flops = n_forwards * (2 * n_body * (prompt_tokens + completion_tokens) + 2 * n_head * completion_tokens)
     rewards, lengths = rollout["rewards"], rollout["lengths"]
+    prompt = sum(len(p) * len(g) for p, g in zip(batch.prompts, groups))
+    prompt_tokens = all_reduce_sum([prompt], device)[0]
+    completion_tokens = lengths.sum().item()  # the lengths are gathered: every rank's
+    flops = n_forwards * (2 * n_body * (prompt_tokens + completion_tokens) + 2 * n_head * completion_tokens)
     metrics = {"step": step + 1, "reward/mean": rewards.mean().item(), "reward/std": rewards.std(correction=0).item()}
     if has_verifier:
         metrics["reward/pass_rate"] = rollout["passed"].mean().item()
