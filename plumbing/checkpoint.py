@@ -95,9 +95,9 @@ def read_trainer_state(ckpt: str) -> dict:
 
 def rng_state() -> dict:
     """Plain types, so weights_only loads them."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    numpy = list(np.random.get_state())
+    numpy[1] = numpy[1].tolist()  # the Mersenne Twister's keys: weights_only loads a list, not an array
     cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() else None
-    numpy = [kind, keys.tolist(), pos, has_gauss, gauss]
     return {"python": random.getstate(), "numpy": numpy, "torch": torch.get_rng_state(), "cuda": cuda}
 
 
@@ -277,8 +277,8 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args,
         rngs = gather_objects([rng_state()])
         if reason is None:  # every rank gathers each tensor, rank 0 keeps it; LoRA's merged, under the base names
             weights = {name: t.cpu() for name, t in full_weights(model) if master}
-        if master and reason is None:
-            reason = _attempt(publish)
+            if master:
+                reason = _attempt(publish)
         if master and reason is not None:
             shutil.rmtree(tmp, ignore_errors=True)
             tensors = [t for t in tree_leaves([state, state["model"]]) if isinstance(t, torch.Tensor)]
