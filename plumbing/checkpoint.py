@@ -345,12 +345,11 @@ def load_checkpoint(ckpt, model, optimizer, scheduler, rank, args, ref_model=Non
         dcp.load(shards, storage_reader=reader, no_dist=not dist.is_initialized())
     except (Exception, CheckpointException) as err:
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: cannot read trainer/ ({_reason(err)})") from None
-    scheduler.load_state_dict(state["scheduler"])
-    # this run's --lr wins (its --weight-decay is the fresh AdamW's already): LambdaLR's lr = base_lr * lambda(step)
-    scheduler.base_lrs = [args.lr for _ in optimizer.param_groups]
-    for group, factor in zip(optimizer.param_groups, scheduler.lr_lambdas):
-        group["lr"] = args.lr * factor(scheduler.last_epoch)
-    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+    # this run's --lr wins (its --weight-decay is the fresh AdamW's already): its base_lrs, at the saved step
+    saved = {**state["scheduler"], "base_lrs": scheduler.base_lrs}
+    saved["last_epoch"] -= 1
+    scheduler.load_state_dict(saved)
+    scheduler.step()  # back to the saved step, setting each group's lr = base_lr * lambda(step)
     saved_rank = rank if rank < len(state["rng"]) else 0  # more ranks than saved: the new ones take rank 0's
     set_rng_state(state["rng"][saved_rank])
     if hasattr(rollout, "load_state_dict"):
