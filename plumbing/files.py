@@ -64,18 +64,14 @@ def write_json(path: str, obj, indent: int | None = None) -> None:
     write_whole(path, lambda f: json.dump(obj, f, indent=indent))
 
 
-def jsonl(rows) -> str:
-    """JSON Lines: one object a line."""
-    return "".join(json.dumps(row) + "\n" for row in rows)
-
-
 def write_jsonl(path: str, rows) -> None:
-    write_whole(path, lambda f: f.write(jsonl(rows)))
+    """JSON Lines: one object a line."""
+    write_whole(path, lambda f: f.writelines(json.dumps(row) + "\n" for row in rows))
 
 
 def append_jsonl(path: str, rows) -> None:
     """All or none."""
-    data = jsonl(rows).encode()
+    data = "".join(json.dumps(row) + "\n" for row in rows).encode()
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
