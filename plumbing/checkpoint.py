@@ -20,6 +20,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import state_dict as dcp_state
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+from torch.utils._pytree import tree_leaves
 
 from plumbing.cli import first_line, flag
 from plumbing.files import CheckpointError, fsync, fsync_tree, write_error
@@ -94,9 +95,9 @@ def read_trainer_state(ckpt: str) -> dict:
 
 def rng_state() -> dict:
     """Plain types, so weights_only loads them."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    numpy = list(np.random.get_state())
+    numpy[1] = numpy[1].tolist()  # the Mersenne Twister's keys: weights_only loads a list, not an array
     cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() else None
-    numpy = [kind, keys.tolist(), pos, has_gauss, gauss]
     return {"python": random.getstate(), "numpy": numpy, "torch": torch.get_rng_state(), "cuda": cuda}
 
 
@@ -149,7 +150,7 @@ def resume_hint(out: str) -> str:
 
 
 def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...]) -> str | None:
-    """Why this resume would lose or mix runs, or None; `keeps`: flags only --resume-changed changes."""
+    """Why this resume would lose or mix runs, or None; `keeps`: flags only --resume-changed changes (--model too)."""
     ckpt = find_checkpoint(resume)
     if ckpt is None:
         return f"--resume {resume}: no checkpoint there"
@@ -162,13 +163,15 @@ def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...]) -> 
             return str(err)
         before = os.path.join(os.path.dirname(ckpt), older[-1])
         return f"{err}; to go on from the one before, fork it into a new folder: --resume {before} --out-dir NEW"
-    saved, step = state["args"], int(state.get("step", 0))
-    changed = given["resume_changed"]
-    if (saved["task"], saved["model"]) != (given["task"], given["model"]) and not changed:
+    saved = state["args"]
+    step = int(state.get("step", 0))
+    differ = [name for name in ("model", *keeps) if name in saved and saved[name] != given[name]]
+    if differ and not given["resume_changed"]:  # a run mixed of two settings would be no one run's result
+        name = differ[0]
         return (
-            f"checkpoint {ckpt} is from task {saved['task']} / model {saved['model']}, not task "
-            f"{given['task']} / model {given['model']}; pass the same --task and --model to resume, or "
-            "--resume-changed to change them (e.g. the model folder moved)"
+            f"checkpoint {ckpt} was trained with {flag(name)} {saved[name]}, not {given[name]}; "
+            f"pass {flag(name)} {saved[name]} to resume it, --resume-changed to change it (e.g. the model folder "
+            "moved), or start a new run"
         )
     try:  # the run's own files, read back before any model loads
         evaluated = given["eval_examples"] == 0 or "after" in read_evals(run)
@@ -187,13 +190,6 @@ def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...]) -> 
             f"--resume {ckpt}: {run} holds newer checkpoints ({', '.join(newer)}), which resuming an older one "
             f"there would overwrite; resume {run} (its newest), or fork into a new run with --out-dir NEW"
         )
-    differ = [name for name in keeps if name in saved and saved[name] != given[name]]
-    if differ and not changed:  # a run mixed of two settings would be no one run's result
-        name = differ[0]
-        return (
-            f"checkpoint {ckpt} was trained with {flag(name)} {saved[name]}, not {given[name]}; "
-            f"pass {flag(name)} {saved[name]} to resume it, --resume-changed to change it, or start a new run"
-        )
 
 
 def untied(model, state: dict) -> dict:
@@ -202,40 +198,38 @@ def untied(model, state: dict) -> dict:
     return {k: v for k, v in state.items() if k not in tied}
 
 
-def sharded_state(model, optimizer, ref_model=None) -> tuple[dict, list]:
-    """(DCP state with each tensor once, param_groups); creates a fresh optimizer's moments."""
+def sharded_state(model, optimizer, ref_model=None) -> dict:
+    """DCP state with each tensor once; creates a fresh optimizer's moments. No param_groups: make_optimizer builds
+    them from the flags, and load_checkpoint sets the scheduled lr."""
     model_state, optim_state = dcp_state.get_state_dict(model, optimizer)
     state = {"model": untied(model, model_state), "optimizer": optim_state["state"]}
     if ref_model is not None:
         state["reference"] = untied(ref_model, dcp_state.get_model_state_dict(ref_model))
-    return state, optim_state["param_groups"]
+    return state
 
 
-def _first_failure(err: BaseException) -> Exception:
-    """The first rank's own exception in DCP's wrapper; re-raises a Ctrl-C."""
+def _reason(err: BaseException) -> str:
+    """A failure in a few words: the first rank's own exception in DCP's wrapper; re-raises a Ctrl-C."""
     failures = getattr(err, "failures", None)
     inner = next(iter(failures.values()))[0] if failures else err
     if not isinstance(inner, Exception):
         raise inner from None
-    return inner
+    reason = getattr(inner, "strerror", None) or first_line(inner, limit=None)
+    return reason[:200]
+
+
+def _attempt(write) -> str | None:
+    """None, or why `write()` failed."""
+    try:
+        write()
+    except (Exception, CheckpointException) as err:  # DCP's is a BaseException
+        return _reason(err)
+    return None
 
 
 def _any_rank(reason: str | None) -> str | None:
     """The first rank's reason on every rank: all ranks fail a save together, or none does."""
     return next(filter(None, gather_objects([reason])), None)
-
-
-def _reason(err: BaseException) -> str:
-    reason = getattr(err, "strerror", None) or first_line(err, limit=None)
-    return reason[:200]
-
-
-def _nbytes(tree) -> int:
-    if isinstance(tree, dict):
-        return sum(map(_nbytes, tree.values()))
-    if isinstance(tree, torch.Tensor):
-        return tree.numel() * tree.element_size()
-    return 0
 
 
 def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args, ref_model=None, rollout=None):
@@ -244,54 +238,51 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args,
     final = os.path.join(out_dir, f"checkpoint-{step:06d}")
     tmp = os.path.join(out_dir, f".tmp-checkpoint-{step:06d}-save")  # a name every rank knows; a killed save's orphan
     reason = error = None
+
+    def shards():  # each rank writes its own into rank 0's folder
+        dcp.save(
+            state, storage_writer=dcp.FileSystemWriter(os.path.join(tmp, "trainer")), no_dist=not dist.is_initialized()
+        )
+
+    def publish():  # rank 0: the HF folder, then trainer_state.pt, then the rename that marks the save complete
+        trainer_state = {
+            "step": step,
+            "scheduler": scheduler.state_dict(),
+            "rng": rngs,
+            "args": asdict(args),
+            "reference": ref_model is not None,
+            "rollout": getattr(rollout, "state_dict", dict)(),
+        }
+        base = model.get_base_model() if args.lora_rank else model
+        base.save_pretrained(tmp, state_dict=weights)
+        tokenizer.save_pretrained(tmp)
+        torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))  # torch.save's ENOSPC is "unexpected pos"
+        fsync_tree(tmp)  # durable before the rename marks it complete
+        os.rename(tmp, final)
+        fsync(out_dir)
+
     try:
-        if master:
-            try:
-                os.mkdir(tmp)
-            except OSError as err:
-                reason = f"cannot write in {out_dir}: {_reason(err)}"
+        if master and (failed := _attempt(lambda: os.mkdir(tmp))):
+            reason = f"cannot write in {out_dir}: {failed}"
         reason = _any_rank(reason)  # also a barrier: rank 0's folder exists before the others look for it
-        if reason is None and not os.path.isdir(tmp):  # each rank writes its shards into rank 0's folder
+        if reason is None and not os.path.isdir(tmp):
             reason = (
                 f"rank {dist.get_rank()} on {os.uname().nodename} does not see rank 0's {tmp}: put "
                 "--out-dir on a filesystem that every node shares"
             )
         reason = _any_rank(reason)
-        state, param_groups = sharded_state(model, optimizer, ref_model)
+        state = sharded_state(model, optimizer, ref_model)
         if reason is None:
-            try:
-                writer = dcp.FileSystemWriter(os.path.join(tmp, "trainer"))
-                dcp.save(state, storage_writer=writer, no_dist=not dist.is_initialized())
-            except (Exception, CheckpointException) as err:  # DCP's is a BaseException
-                reason = _reason(_first_failure(err))
-            reason = _any_rank(reason)
+            reason = _any_rank(_attempt(shards))
         rngs = gather_objects([rng_state()])
-        weights = {}
         if reason is None:  # every rank gathers each tensor, rank 0 keeps it; LoRA's merged, under the base names
             weights = {name: t.cpu() for name, t in full_weights(model) if master}
-        if master and reason is None:
-            trainer_state = {
-                "step": step,
-                "scheduler": scheduler.state_dict(),
-                "param_groups": param_groups,
-                "rng": rngs,
-                "args": asdict(args),
-                "reference": ref_model is not None,
-                "rollout": getattr(rollout, "state_dict", dict)(),
-            }
-            base = model.get_base_model() if args.lora_rank else model
-            try:
-                base.save_pretrained(tmp, state_dict=weights)
-                tokenizer.save_pretrained(tmp)
-                torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))  # last: it marks the save complete
-                fsync_tree(tmp)  # durable before the rename marks it complete
-                os.rename(tmp, final)
-                fsync(out_dir)
-            except Exception as err:  # torch.save reports ENOSPC as RuntimeError "unexpected pos"
-                reason = _reason(err)
+            if master:
+                reason = _attempt(publish)
         if master and reason is not None:
-            _undo_save(out_dir, f"{step:06d}")
-            needed = (_nbytes(state) + _nbytes(state["model"])) / 1e6  # + the HF folder's copy
+            shutil.rmtree(tmp, ignore_errors=True)
+            tensors = [t for t in tree_leaves([state, state["model"]]) if isinstance(t, torch.Tensor)]
+            needed = sum(t.nbytes for t in tensors) / 1e6  # DCP's shards and the HF folder's copy of the model
             free = shutil.disk_usage(out_dir).free / 1e6 if os.path.isdir(out_dir) else 0
             good = find_checkpoint(out_dir)
             kept = f"the last good checkpoint, {good}, is intact" if good else "no earlier checkpoint exists"
@@ -302,7 +293,7 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args,
         error = _any_rank(error)
     except BaseException:  # a Ctrl-C mid-save leaves the folder as it was
         if master:
-            _undo_save(out_dir, f"{step:06d}")
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     if error:
         raise CheckpointError(error)
@@ -312,17 +303,11 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args,
         print(f"note: could not delete old checkpoints in {out_dir} ({err.strerror or type(err).__name__}); kept")
 
 
-def _undo_save(out_dir: str, step: str = "[0-9]*") -> list[str]:
-    """Remove unfinished saves/deletions of `step`; their names."""
-    names = sorted(glob.glob(f".tmp-checkpoint-{step}-*", root_dir=out_dir))
-    for name in names:
-        shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
-    return names
-
-
 def remove_orphans(out_dir: str, master: bool = True) -> list[str]:
     """A killed save or prune leaves a .tmp- folder that nothing reads: the next start clears it."""
-    names = _undo_save(out_dir) if master else []
+    names = sorted(glob.glob(".tmp-checkpoint-*", root_dir=out_dir)) if master else []
+    for name in names:
+        shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
     if names:
         print(
             f"note: removed {len(names)} unfinished checkpoint save(s) or deletion(s) a killed run left in "
@@ -335,8 +320,9 @@ def prune_checkpoints(out_dir: str, keep: int, master: bool = True) -> list[str]
     """Keep the newest `keep` (0: all); rename, then delete: no half-deleted checkpoint."""
     deleted = complete_checkpoints(out_dir)[:-keep] if master and keep else []
     for name in deleted:
-        os.rename(os.path.join(out_dir, name), os.path.join(out_dir, f".tmp-{name}-deleted"))
-        _undo_save(out_dir, name[11:])
+        gone = os.path.join(out_dir, f".tmp-{name}-deleted")
+        os.rename(os.path.join(out_dir, name), gone)
+        shutil.rmtree(gone, ignore_errors=True)
     return deleted
 
 
@@ -353,24 +339,17 @@ def load_checkpoint(ckpt, model, optimizer, scheduler, rank, args, ref_model=Non
         print(f"resume: continuing {ckpt} with changed flags: {', '.join(changed)}")
     if not state.get("reference"):  # a run without a moving reference saved none
         ref_model = None
-    shards = sharded_state(model, optimizer, ref_model)[0]  # the live tensors: DCP loads into them in place
+    shards = sharded_state(model, optimizer, ref_model)  # the live tensors: DCP loads into them in place
     try:
         reader = dcp.FileSystemReader(os.path.join(ckpt, "trainer"))
         dcp.load(shards, storage_reader=reader, no_dist=not dist.is_initialized())
     except (Exception, CheckpointException) as err:
-        inner = _first_failure(err)
-        raise CheckpointError(
-            f"checkpoint {ckpt} is corrupt: cannot read trainer/ ({type(inner).__name__}: "
-            f"{first_line(inner, limit=120)})"
-        ) from None
-    scheduler.load_state_dict(state["scheduler"])
-    kernels = ("params", "param_names", "fused", "foreach", "capturable")  # this run's: the saver's may not exist
-    for i, (group, saved) in enumerate(zip(optimizer.param_groups, state["param_groups"])):
-        group.update({k: v for k, v in saved.items() if k not in kernels})
-        scheduler.base_lrs[i] = group["initial_lr"] = args.lr  # LambdaLR: lr = base_lr * lambda(step)
-        group["lr"] = args.lr * scheduler.lr_lambdas[i](scheduler.last_epoch)
-        group["weight_decay"] = args.weight_decay
-    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+        raise CheckpointError(f"checkpoint {ckpt} is corrupt: cannot read trainer/ ({_reason(err)})") from None
+    # this run's --lr wins (its --weight-decay is the fresh AdamW's already): its base_lrs, at the saved step
+    saved = {**state["scheduler"], "base_lrs": scheduler.base_lrs}
+    saved["last_epoch"] -= 1
+    scheduler.load_state_dict(saved)
+    scheduler.step()  # back to the saved step, setting each group's lr = base_lr * lambda(step)
     saved_rank = rank if rank < len(state["rng"]) else 0  # more ranks than saved: the new ones take rank 0's
     set_rng_state(state["rng"][saved_rank])
     if hasattr(rollout, "load_state_dict"):

@@ -64,29 +64,30 @@ def write_json(path: str, obj, indent: int | None = None) -> None:
     write_whole(path, lambda f: json.dump(obj, f, indent=indent))
 
 
-def write_lines(path: str, lines) -> None:
-    write_whole(path, lambda f: f.writelines(lines))
+def write_jsonl(path: str, rows) -> None:
+    """JSON Lines: one object a line."""
+    write_whole(path, lambda f: f.writelines(json.dumps(row) + "\n" for row in rows))
 
 
-def append_lines(path: str, lines) -> None:
+def append_jsonl(path: str, rows) -> None:
     """All or none."""
-    data = "".join(lines).encode()
-    kept = "The file is as it was before this step, and the last checkpoint is intact"
+    data = "".join(json.dumps(row) + "\n" for row in rows).encode()
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.lseek(fd, 0, os.SEEK_END)
+            done = 0
+            while done < len(data):  # os.write may write part
+                done += os.write(fd, data[done:])
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)  # no torn last line for a resume to meet
+            raise
+        finally:
+            os.close(fd)
     except OSError as err:
+        kept = "The file is as it was before this step, and the last checkpoint is intact"
         raise _write_failed("append to", path, err, kept) from None
-    try:
-        size = os.lseek(fd, 0, os.SEEK_END)
-        done = 0
-        while done < len(data):
-            done += os.write(fd, data[done:])
-    except OSError as err:
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, size)
-        raise _write_failed("append to", path, err, kept) from None
-    finally:
-        os.close(fd)
 
 
 def write_error(path: str, flag: str, folder: bool = False) -> str | None:

@@ -24,19 +24,6 @@ class SamplingError(RuntimeError):
     """Non-finite logits."""
 
 
-def model_load_error(path, err: BaseException) -> ModelLoadError:
-    where = (
-        "a local folder, but not a loadable model"
-        if os.path.isdir(str(path))
-        else "not a local folder, and not on the Hugging Face Hub or in its local cache"
-    )
-    return ModelLoadError(
-        f"cannot load model {str(path)!r}: {where} ({first_line(err, typed=True)}). Pass --model "
-        "with a Hugging Face model folder, a checkpoint folder written by train.py or the alias "
-        "smollm2-135m; a hub id needs network access, or HF_HUB_OFFLINE=1 and the model cached"
-    )
-
-
 def model_error(model: str) -> str | None:
     """Why --model cannot load (pickled-only or damaged weights, unreachable hub), found fast, or None."""
     from safetensors import safe_open
@@ -136,6 +123,21 @@ def repack_tied_lm_head(model):
         head.quant_method.process_weights_after_loading(head)
 
 
+def _from_pretrained(cls, path, **kwargs):
+    """cls.from_pretrained(path), or ModelLoadError: one line for every model and tokenizer load."""
+    try:
+        return cls.from_pretrained(path, **kwargs)
+    except (OSError, ValueError) as err:
+        where = "not a local folder, and not on the Hugging Face Hub or in its local cache"
+        if os.path.isdir(str(path)):
+            where = "a local folder, but not a loadable model"
+        raise ModelLoadError(
+            f"cannot load model {str(path)!r}: {where} ({first_line(err, typed=True)}). Pass --model "
+            "with a Hugging Face model folder, a checkpoint folder written by train.py or the alias "
+            "smollm2-135m; a hub id needs network access, or HF_HUB_OFFLINE=1 and the model cached"
+        ) from None
+
+
 # SPEED TRICK: tests/test_loss.py::test_eager_attention_matches_sdpa
 def load_model(path, dtype=torch.float32, device="cpu", empty=False):
     """Eager attention on CPU: faster for short sequences. `empty`: no weights (meta), for shard() to fill."""
@@ -143,27 +145,19 @@ def load_model(path, dtype=torch.float32, device="cpu", empty=False):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     attention = "eager" if torch.device(device).type == "cpu" else "sdpa"
-    try:
-        if empty:
-            with init_empty_weights():  # the buffers (rotary frequencies) are built: no state dict holds them
-                model = AutoModelForCausalLM.from_config(
-                    AutoConfig.from_pretrained(path), dtype=dtype, attn_implementation=attention
-                )
-            model.tie_weights()  # as from_pretrained does
-            return model
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attention)
-    except (OSError, ValueError) as err:
-        raise model_load_error(path, err) from None
-    return model.to(device)
+    if not empty:
+        return _from_pretrained(AutoModelForCausalLM, path, dtype=dtype, attn_implementation=attention).to(device)
+    config = _from_pretrained(AutoConfig, path)
+    with init_empty_weights():  # the buffers (rotary frequencies) are built: no state dict holds them
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
+    model.tie_weights()  # as from_pretrained does
+    return model
 
 
 def load_tokenizer(path):
     from transformers import AutoTokenizer
 
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as err:
-        raise model_load_error(path, err) from None
+    return _from_pretrained(AutoTokenizer, path)
 
 
 def enable_grad_checkpointing(model):

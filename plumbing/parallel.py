@@ -34,9 +34,9 @@ def gather_rows(t: torch.Tensor, device) -> torch.Tensor:
 def gather_objects(items: list) -> list:
     """All ranks' items, rank-major, on every rank."""
     if not dist.is_initialized():
-        return list(items)
+        return items
     parts = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, list(items))
+    dist.all_gather_object(parts, items)
     return [item for part in parts for item in part]
 
 

@@ -11,7 +11,7 @@ from dataclasses import asdict
 
 import torch
 
-from plumbing.files import CheckpointError, append_lines, write_json, write_lines
+from plumbing.files import CheckpointError, append_jsonl, write_json, write_jsonl
 from plumbing.parallel import all_reduce_sum, gather_objects, per_rank
 from speed.allocator import release_freed_memory
 
@@ -47,7 +47,7 @@ def read_log(path: str, note: bool = True) -> list[dict]:
 
 def keep_steps(path: str, step: int):
     if os.path.exists(path):
-        write_lines(path, [json.dumps(row) + "\n" for row in read_log(path) if row["step"] <= step])
+        write_jsonl(path, [row for row in read_log(path) if row["step"] <= step])
 
 
 def user_text(prompt) -> str:
@@ -93,7 +93,7 @@ class SampleLog:
         if len(groups) * len(groups[0]) < self.n:  # rank 0's rows fall short
             rows = gather_objects(rows)[: self.n]
         if self.master:
-            append_lines(self.path, [json.dumps(row) + "\n" for row in rows])
+            append_jsonl(self.path, rows)
 
     def write_eval(self, step: int, *sets: list[dict]):
         """One evaluation's records, all ranks', set by set."""
@@ -105,7 +105,7 @@ class SampleLog:
             for r in gather_objects(records)
         ]
         if self.master:
-            write_lines(os.path.join(self.out_dir, f"eval-{step:06d}.jsonl"), [json.dumps(r) + "\n" for r in rows])
+            write_jsonl(os.path.join(self.out_dir, f"eval-{step:06d}.jsonl"), rows)
 
 
 class MetricsLog:
@@ -127,7 +127,7 @@ class MetricsLog:
 
     def write(self, metrics: dict):
         if self.master:
-            append_lines(self.path, [json.dumps(metrics) + "\n"])
+            append_jsonl(self.path, [metrics])
             if self.wandb:
                 self.wandb.log(metrics, step=metrics["step"])
 
@@ -236,11 +236,11 @@ def step_metrics(step: int, has_verifier: bool, batch, adv, train_metrics, secon
     """One step's flat metrics, identical on every rank; `adv`: (G, M)."""
     rollout, groups = batch.scores, batch.groups
     n_body, n_head = n_params
-    prompt = sum(len(p) * len(g) for p, g in zip(batch.prompts, groups))
-    completion = sum(len(c.token_ids) for g in groups for c in g)
-    prompt_tokens, completion_tokens = all_reduce_sum([prompt, completion], device)
-    flops = n_forwards * (2 * n_body * (prompt_tokens + completion_tokens) + 2 * n_head * completion_tokens)
     rewards, lengths = rollout["rewards"], rollout["lengths"]
+    prompt = sum(len(p) * len(g) for p, g in zip(batch.prompts, groups))
+    prompt_tokens = all_reduce_sum([prompt], device)[0]
+    completion_tokens = lengths.sum().item()  # the lengths are gathered: every rank's
+    flops = n_forwards * (2 * n_body * (prompt_tokens + completion_tokens) + 2 * n_head * completion_tokens)
     metrics = {"step": step + 1, "reward/mean": rewards.mean().item(), "reward/std": rewards.std(correction=0).item()}
     if has_verifier:
         metrics["reward/pass_rate"] = rollout["passed"].mean().item()

@@ -842,7 +842,7 @@ def test_ctrl_c_or_sigterm_during_training_is_one_line_naming_the_checkpoint(sig
 
 
 def test_a_full_disk_while_logging_is_one_line_and_leaves_no_torn_line(tmp_path, monkeypatch):
-    """metrics.jsonl and completions.jsonl grow by appends (plumbing/files.py: append_lines). A disk that fills
+    """metrics.jsonl and completions.jsonl grow by appends (plumbing/files.py: append_jsonl). A disk that fills
     halfway through one: the file is cut back to its old length and WriteError, which train.py prints as its one
     line, says what happened; without the cut, a resume would meet a torn last line."""
     import plumbing.files as files
@@ -858,7 +858,7 @@ def test_a_full_disk_while_logging_is_one_line_and_leaves_no_torn_line(tmp_path,
 
     monkeypatch.setattr(files.os, "write", half_then_full)
     with pytest.raises(files.WriteError, match="^cannot append to .*completions.jsonl .No space left on device"):
-        files.append_lines(str(path), ['{"step": 2, "completion": "a long line"}\n'])
+        files.append_jsonl(str(path), [{"step": 2, "completion": "a long line"}])
     assert path.read_text() == '{"step": 1}\n'
     assert issubclass(files.WriteError, OSError) and "WriteError" in open(os.path.join(ROOT, "train.py")).read()
 

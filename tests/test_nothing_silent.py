@@ -244,7 +244,7 @@ def test_a_run_log_in_a_folder_made_read_only_is_one_line(tmp_path, monkeypatch)
     with pytest.raises(
         files.WriteError, match="^cannot append to .*metrics.jsonl .Permission denied.: its folder is not writable"
     ):
-        files.append_lines(str(tmp_path / "metrics.jsonl"), ["{}\n"])
+        files.append_jsonl(str(tmp_path / "metrics.jsonl"), [{}])
     monkeypatch.undo()
     monkeypatch.setattr(files, "open", denied, raising=False)
     with pytest.raises(files.WriteError, match="^cannot write .*eval.json .Permission denied.: its folder"):
@@ -261,7 +261,7 @@ def test_a_read_only_folder_without_dac_override_is_one_line(tmp_path):
     (folder / "metrics.jsonl").chmod(0o444)
     code = (
         "import sys; from plumbing import files\n"
-        "try: files.append_lines(sys.argv[1] + '/metrics.jsonl', ['{}\\n'])\n"
+        "try: files.append_jsonl(sys.argv[1] + '/metrics.jsonl', [{}])\n"
         "except files.WriteError as err: print(err)\n"
         "try: files.write_json(sys.argv[1] + '/evals.json', {})\n"
         "except files.WriteError as err: print(err)\n"

@@ -296,7 +296,7 @@ def test_corrupt_or_mismatched_checkpoint_is_refused_with_one_line(tmp_path, cap
     corrupt = fake_checkpoint(tmp_path / "a", 3)
     (corrupt / "trainer_state.pt").write_bytes(b"not a torch file")
     other = fake_checkpoint(tmp_path / "b", 3, {"step": 3, "args": {"task": "gsm8k", "model": "smollm2-135m"}})
-    for ckpt, message in ((corrupt, "is corrupt"), (other, "is from task gsm8k")):
+    for ckpt, message in ((corrupt, "is corrupt"), (other, "was trained with --task gsm8k")):
         with pytest.raises(SystemExit) as exit_info:
             train.parse_args(["--resume", str(ckpt), "--out-dir", str(tmp_path / "out")])
         err = capsys.readouterr().err
