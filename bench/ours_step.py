@@ -83,6 +83,8 @@ def run(opts) -> dict:
         seed=opts.seed,
         out_dir=out_dir,
         compile=opts.compile,
+        pack=opts.pack,
+        micro_batch_tokens=opts.micro_batch_tokens,
     )
     t0 = time.perf_counter()
     train.main(args)
@@ -130,6 +132,8 @@ def main():
     parser.add_argument("--M", type=int, default=8, help="completions per prompt")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--micro-batch", type=int, default=8, help="sequences per forward/backward")
+    parser.add_argument("--micro-batch-tokens", type=int, default=0, help="train.py's --micro-batch-tokens")
+    parser.add_argument("--pack", action="store_true", help="train.py's --pack: packed rows, no padding")
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--beta", type=float, default=1e-3)
     parser.add_argument("--dtype", default="bfloat16")
