@@ -419,7 +419,8 @@ def file_error(args: Args) -> str | None:
         return error
     resumed = find_checkpoint(args.resume) if args.resume else None
     keeps = (*RESUME_KEEPS, *hyperparameters(ESTIMATORS[args.advantage]))
-    if args.resume and (error := resume_error(args.resume, run_dir(args), asdict(args), keeps)):
+    fixed = ("lora_rank", "lora_targets")  # the adapters' shapes: DCP holds their optimizer state by name
+    if args.resume and (error := resume_error(args.resume, run_dir(args), asdict(args), keeps, fixed)):
         return error
     return run_folder_error(run_dir(args), resumed)
 

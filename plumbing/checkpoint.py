@@ -5,11 +5,13 @@ python -m pytest tests/test_checkpoint.py
 import contextlib
 import fcntl
 import glob
+import io
 import os
 import pickle
 import random
 import re
 import shutil
+import signal
 import warnings
 from dataclasses import asdict
 
@@ -149,8 +151,9 @@ def resume_hint(out: str) -> str:
     return f"the newest checkpoint is {ckpt}: continue with --resume {out}"
 
 
-def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...]) -> str | None:
-    """Why this resume would lose or mix runs, or None; `keeps`: flags only --resume-changed changes (--model too)."""
+def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...], fixed: tuple[str, ...] = ()) -> str | None:
+    """Why this resume would lose or mix runs, or None; `keeps`: flags only --resume-changed changes (--model too);
+    `fixed`: those of them that not even --resume-changed changes."""
     ckpt = find_checkpoint(resume)
     if ckpt is None:
         return f"--resume {resume}: no checkpoint there"
@@ -166,6 +169,14 @@ def resume_error(resume: str, out: str, given: dict, keeps: tuple[str, ...]) -> 
     saved = state["args"]
     step = int(state.get("step", 0))
     differ = [name for name in ("model", *keeps) if name in saved and saved[name] != given[name]]
+    unmovable = [name for name in differ if name in fixed]
+    if unmovable:  # the trainer state holds the optimizer state of the weights trained, by name and shape
+        name = unmovable[0]
+        return (
+            f"checkpoint {ckpt} was trained with {flag(name)} {saved[name]}, not {given[name]}, which even "
+            f"--resume-changed cannot change: its trainer state is of those weights; start a new run from its "
+            f"policy with --model {ckpt}"
+        )
     if differ and not given["resume_changed"]:  # a run mixed of two settings would be no one run's result
         name = differ[0]
         return (
@@ -232,12 +243,48 @@ def _any_rank(reason: str | None) -> str | None:
     return next(filter(None, gather_objects([reason])), None)
 
 
+def _unloadable(state) -> str | None:
+    """Why torch.load(weights_only=True), as a resume reads trainer_state.pt, would refuse `state`, or None."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    try:
+        torch.load(buffer, weights_only=True)
+    except Exception as err:
+        needs = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        return f"it needs {needs.group(1)}" if needs else first_line(err, limit=200)
+    return None
+
+
+@contextlib.contextmanager
+def signals_held():
+    """SIGINT and SIGTERM wait, then arrive as the block ends: the interrupt line, after a whole save. Held by a
+    handler, not by a signal mask: a mask holds only this thread, and Python runs a signal that another thread
+    takes in this one at once."""
+    caught = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    handlers = {number: signal.signal(number, lambda taken, frame: caught.append(taken)) for number in held}
+    try:
+        yield
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+        if caught:
+            signal.raise_signal(caught[0])  # to the handler it was meant for
+
+
 def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args, ref_model=None, rollout=None):
     """Any rank's failure is one CheckpointError on all, the folder unchanged."""
     master = not dist.is_initialized() or dist.get_rank() == 0
     final = os.path.join(out_dir, f"checkpoint-{step:06d}")
     tmp = os.path.join(out_dir, f".tmp-checkpoint-{step:06d}-save")  # a name every rank knows; a killed save's orphan
     reason = error = None
+    rollout_state = getattr(rollout, "state_dict", dict)()
+    if unloadable := _any_rank(_unloadable(rollout_state)):  # found at the first save, not at every resume
+        raise CheckpointError(
+            f"--rollout {args.rollout}: its state_dict() holds what a resume cannot load ({unloadable}); keep it to "
+            "tensors, numbers, strings, lists and dicts"
+        )
 
     def shards():  # each rank writes its own into rank 0's folder
         dcp.save(
@@ -251,7 +298,7 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args,
             "rng": rngs,
             "args": asdict(args),
             "reference": ref_model is not None,
-            "rollout": getattr(rollout, "state_dict", dict)(),
+            "rollout": rollout_state,
         }
         base = model.get_base_model() if args.lora_rank else model
         base.save_pretrained(tmp, state_dict=weights)
@@ -278,7 +325,8 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args,
         if reason is None:  # every rank gathers each tensor, rank 0 keeps it; LoRA's merged, under the base names
             weights = {name: t.cpu() for name, t in full_weights(model) if master}
             if master:
-                reason = _attempt(publish)
+                with signals_held():  # torch.save turns an interrupt inside it into an I/O error
+                    reason = _attempt(publish)
         if master and reason is not None:
             shutil.rmtree(tmp, ignore_errors=True)
             tensors = [t for t in tree_leaves([state, state["model"]]) if isinstance(t, torch.Tensor)]
@@ -353,7 +401,12 @@ def load_checkpoint(ckpt, model, optimizer, scheduler, rank, args, ref_model=Non
     saved_rank = rank if rank < len(state["rng"]) else 0  # more ranks than saved: the new ones take rank 0's
     set_rng_state(state["rng"][saved_rank])
     if hasattr(rollout, "load_state_dict"):
-        rollout.load_state_dict(state.get("rollout", {}))
+        if not state.get("rollout"):  # a run of a stateless rollout saved none
+            raise CheckpointError(
+                f"checkpoint {ckpt} holds no state for --rollout {args.rollout} (it was saved by --rollout "
+                f"{before.get('rollout')}): resume with that --rollout, or start a new run with --model {ckpt}"
+            )
+        rollout.load_state_dict(state["rollout"])
     return state["step"]
 
 

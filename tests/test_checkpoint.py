@@ -324,3 +324,33 @@ def test_dcp_metadata_with_a_pickled_entry_is_refused_before_it_loads(tmp_path, 
     assert exit_info.value.code == 2 and err.count("\n") == 1, err
     assert "1 pickled entries (e.g. payload)" in err and "refused" in err and "corrupt" not in err
     assert not marker.exists()
+
+
+def test_an_interrupt_inside_the_save_waits_for_it_then_arrives(tiny_model_dir, tmp_path, digits, monkeypatch):
+    """Issue 61, class 9: a SIGTERM inside torch.save blamed the disk (torch.save turns the interrupt into an I/O
+    error). Held during the save's atomic part, it arrives after: the checkpoint is whole, then the interrupt."""
+    import signal
+
+    from test_train import tiny_args
+
+    import train
+    from plumbing import checkpoint
+    from plumbing.checkpoint import read_trainer_state
+
+    save = torch.save
+
+    def interrupted_save(obj, target, *args, **kwargs):
+        if str(target).endswith("trainer_state.pt"):  # the file that marks the save complete
+            os.kill(os.getpid(), signal.SIGTERM)
+        return save(obj, target, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.torch, "save", interrupted_save)
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # as train.py's __main__
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train.main(tiny_args(tiny_model_dir, tmp_path / "run", steps=1))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert checkpoints(tmp_path / "run") == ["checkpoint-000001"]
+    assert read_trainer_state(str(tmp_path / "run" / "checkpoint-000001"))["step"] == 1  # whole, and readable
+    assert not [name for name in os.listdir(tmp_path / "run") if name.startswith(".tmp-")]

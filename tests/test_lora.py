@@ -321,3 +321,14 @@ def test_the_tiny_model_learns_the_bandit_task_through_its_adapters(tiny_model_d
     assert sum(rewards[-3:]) > sum(rewards[:3]), rewards  # seen: 0.09 over the first 3 steps, 0.22 over the last
     evals = json.loads((tmp_path / "eval.json").read_text())
     assert evals["after"] >= evals["before"] + 0.5, evals  # greedy: seen 0 -> 1 of 8 held-out prompts
+
+
+def test_resume_changed_cannot_add_or_drop_adapters(tiny_model_dir, tmp_path, digits):
+    """Issue 61, class 9: --resume-changed across LoRA and non-LoRA called a healthy checkpoint "corrupt"."""
+    args = tiny_args(tiny_model_dir, tmp_path / "run", steps=1)
+    train.main(args)
+    for change in (dict(lora_rank=4), dict(lora_rank=4, lora_targets="q_proj")):
+        resumed = config.replace(args, steps=2, resume=str(tmp_path / "run"), resume_changed=True, **change)
+        error = config.check_args(resumed)
+        assert "--lora-rank 0, not 4, which even --resume-changed cannot change" in error, error
+        assert "corrupt" not in error and f"--model {tmp_path / 'run' / 'checkpoint-000001'}" in error

@@ -381,3 +381,36 @@ def test_eval_py_scores_a_length_aware_term_as_training_does(monkeypatch):
     )  # buffer 2, free up to 9: 10 tokens is half way down the ramp
     record = result["examples"][0]
     assert record["terms"]["overlong"] == pytest.approx(0.5) and record["reward"] == pytest.approx(1.5)
+
+
+class NumpyCurriculum(Curriculum):
+    def state_dict(self) -> dict:
+        import numpy as np
+
+        return {"passes": np.array(list(self.passes.values()))}  # torch.save takes it; weights_only refuses it
+
+
+def test_a_rollout_state_a_resume_cannot_load_is_refused_at_the_first_save(
+    tiny_model_dir, tmp_path, digits, monkeypatch
+):
+    """Issue 61, class 4: a state_dict() holding a numpy array saved fine; every checkpoint then refused to resume."""
+    from tests.test_train import tiny_args
+
+    monkeypatch.setitem(rollout.ROLLOUTS, "numpy-curriculum", NumpyCurriculum)
+    with pytest.raises(
+        train.CheckpointError, match=r"--rollout numpy-curriculum: its state_dict\(\) holds what a resume"
+    ):
+        train.main(tiny_args(tiny_model_dir, tmp_path / "run", rollout="numpy-curriculum", steps=1))
+    assert not [name for name in os.listdir(tmp_path / "run") if "checkpoint" in name]  # nothing half saved
+
+
+def test_a_resume_whose_stateful_rollout_has_no_saved_state_is_one_line(tiny_model_dir, tmp_path, digits, monkeypatch):
+    """Issue 61, class 4: a plain run resumed with a stateful --rollout was a 20-line KeyError."""
+    from tests.test_train import tiny_args
+
+    monkeypatch.setitem(rollout.ROLLOUTS, "curriculum", Curriculum)
+    train.main(tiny_args(tiny_model_dir, tmp_path / "run", steps=1))
+    resumed = tiny_args(tiny_model_dir, tmp_path / "run", rollout="curriculum", steps=2, resume=str(tmp_path / "run"))
+    with pytest.raises(train.CheckpointError, match="holds no state for --rollout curriculum") as info:
+        train.main(resumed)
+    assert "it was saved by --rollout plain" in str(info.value) and "\n" not in str(info.value)
