@@ -289,8 +289,8 @@ def ppo_update(
     minibatches = []
     with torch.no_grad(), autocast:
         for start in range(0, len(prompts), size):
-            rows = range(start, start + size)
-            cut = micro_batch_rows(prompts, completions, rows, args.micro_batch, args.micro_batch_tokens)
+            span = range(start, start + size)
+            cut = micro_batch_rows(prompts, completions, span, args.micro_batch, args.micro_batch_tokens)
             rows = agreed(cut, device)  # a fork's cutter may cut each rank's rows into more or fewer
             minibatches.append([micro_batch(idx) for idx in rows])
     entropy_grad = args.entropy_coef != 0  # the entropy's backward only for a bonus that trains it
