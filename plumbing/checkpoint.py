@@ -245,10 +245,12 @@ def _any_rank(reason: str | None) -> str | None:
 
 def _unloadable(state) -> str | None:
     """Why torch.load(weights_only=True), as a resume reads trainer_state.pt, would refuse `state`, or None."""
+    if not state:  # a stateless rollout's {}
+        return None
     buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
     try:
+        torch.save(state, buffer)
+        buffer.seek(0)
         torch.load(buffer, weights_only=True)
     except Exception as err:
         needs = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
