@@ -278,8 +278,10 @@ def ppo_update(
             packed = [t.to(device) for t in pack_batch(rows, answers)]
             mb["logprobs"] = partial(packed_logprobs, packed=packed, mask=mb["mask"], temperature=args.temperature)
         else:
-            inputs = (input_ids.to(device), attention_mask.to(device), mask.shape[1], args.temperature)
-            mb["logprobs"] = lambda module, **kw: sequence_logprobs(module, *inputs, **kw)
+            inputs = dict(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device))
+            mb["logprobs"] = partial(
+                sequence_logprobs, **inputs, n_completion=mask.shape[1], temperature=args.temperature
+            )
         with model.disable_adapter() if ref_model is model else contextlib.nullcontext():  # LoRA: the base
             mb["ref_logp"] = mb["logprobs"](ref_model) if ref_model is not None else None
         mb["old_logp"] = None if on_policy else mb["logprobs"](model)

@@ -51,6 +51,9 @@ DCP_METADATA_GLOBALS = {
 }
 
 
+UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")  # torch's weights_only refusal, and ours below
+
+
 class _MetadataUnpickler(pickle.Unpickler):  # DCP's own reader unpickles anything
     def find_class(self, module, name):
         dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
@@ -67,7 +70,7 @@ def safe_load(ckpt: str, name: str):
                 return _MetadataUnpickler(f).load()
         return torch.load(os.path.join(ckpt, name), weights_only=True)
     except Exception as err:
-        if needs := re.search(r"Unsupported global: GLOBAL (\S+)", str(err)):  # the unpicklers' refusal
+        if needs := UNSUPPORTED_GLOBAL.search(str(err)):  # the unpicklers' refusal
             raise CheckpointError(
                 f"checkpoint {ckpt}: {name} needs {needs.group(1)} to load, and loading anything "
                 "but tensors, numbers, strings, lists and dicts could run code; refused"
@@ -253,7 +256,7 @@ def _unloadable(state) -> str | None:
         buffer.seek(0)
         torch.load(buffer, weights_only=True)
     except Exception as err:
-        needs = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        needs = UNSUPPORTED_GLOBAL.search(str(err))
         return f"it needs {needs.group(1)}" if needs else first_line(err, limit=200)
     return None
 
