@@ -63,9 +63,10 @@ class _Args:
     ref_reset_every: int = arg(0, "--reference reset: ref <- policy every N optimizer steps")
     mask_truncated: bool = arg(False, "no loss weight for completions cut at --max-tokens (DAPO)")
     row_filter: str = arg("none", "mask-only batch filter (loss.py: ROW_FILTERS)")
-    rollout: str = arg("plain", "how a step fills its batch (rollout.py: ROLLOUTS): plain or dapo")
+    rollout: str = arg("plain", "how a step fills its batch (rollout.py: ROLLOUTS): plain, dapo or tools")
     filter_std: float = arg(1e-6, "--rollout dapo: a group whose rewards' std is at most this has no signal")
     max_refill_rounds: int = arg(3, "--rollout dapo: max extra rounds of prompts per step (<= 15)")
+    max_tool_calls: int = arg(2, "--rollout tools: tool calls a completion may make (rollout.py: TOOLS; <= 15)")
     overlong_buffer: int = arg(0, "overlong reward's L_cache, tokens (DAPO Eq. 13); 0: --max-tokens / 5")
     dtype: str = arg("auto", "bfloat16 (autocast), float32, or auto: bfloat16 where the hardware has bf16 units")
     sampler: str = arg("auto", "auto (vllm on a GPU, where it must be installed; hf on CPU), hf or vllm")
@@ -210,6 +211,7 @@ TABLE_B1 = dict(
 TABLE_B2 = dict(PAPER, tau=0.3, M=8, reward="sim")  # poetry, meetingbank and openthoughts: Table B.2's shared rows
 PRESETS = {  # explicit flags override these; micro_batch, gpu_memory_utilization: tools/memory_plan.py, 80 GB
     "arith": dict(alloc_estimators="all"),  # the CPU demo
+    "arith-calc": dict(alloc_estimators="all", rollout="tools"),  # the demo with a calculator (docs/training.md)
     "countdown24": dict(max_tokens=128),
     "gsm8k": dict(TABLE_B1, steps=1000),
     "countdown": dict(TABLE_B1, steps=2000),
@@ -294,7 +296,7 @@ def choices() -> dict:
 TRAIN_RULES = [  # (flags, valid, what valid means); NaN breaks each
     ("rollout_batch micro_batch minibatches ppo_epochs steps plan_gpus", lambda v: v >= 1, ">= 1"),
     ("M", lambda v: v >= 2, ">= 2"),  # a group of one has advantage 0
-    ("max_refill_rounds", lambda v: 0 <= v <= MAX_REFILLS, f"in [0, {MAX_REFILLS}]"),  # rollout.step_seed's room
+    ("max_refill_rounds max_tool_calls", lambda v: 0 <= v <= MAX_REFILLS, f"in [0, {MAX_REFILLS}]"),  # step_seed's room
     (
         "warmup_steps save_every eval_every eval_examples keep_checkpoints log_completions weight_check_every "
         "max_num_seqs ref_reset_every overlong_buffer eval_samples clip_high sync_tolerance micro_batch_tokens "
@@ -434,6 +436,7 @@ UNUSED_WITHOUT = {
     "eval_top_p": "eval_samples",
     "filter_std": "rollout=dapo",
     "max_refill_rounds": "rollout=dapo",
+    "max_tool_calls": "rollout=tools",
     "min_lr_ratio": "lr_schedule=cosine",
 }
 

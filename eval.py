@@ -22,7 +22,7 @@ from plumbing.data import data_file_error
 from plumbing.files import write_error, write_json
 from plumbing.parallel import gather_rows
 from rewards import declared_lengths, reward_limits
-from rollout import make_sampler, sampling_memory_error
+from rollout import EVAL_TURN_STREAMS, MAX_REFILLS, ToolSampler, make_sampler, sampling_memory_error
 from tasks import REWARD_TERMS, DataError, encode_prompts, get_task, reward_weights
 
 
@@ -233,6 +233,7 @@ SAMPLING_RULES = [  # (flags, valid, what valid means); NaN breaks each
 EVAL_RULES = [
     ("limit batch_size", lambda v: v >= 1, ">= 1"),
     ("samples", lambda v: v >= 0, ">= 0"),
+    ("max_tool_calls", lambda v: 0 <= v <= MAX_REFILLS, f"in [0, {MAX_REFILLS}]"),  # as train.py's
     ("seed", lambda v: v < SEED_LIMIT, f"at most {SEED_LIMIT - 1:,} (the sampler's seed takes 32 bits)"),
 ]
 
@@ -285,6 +286,7 @@ def parse_args(argv=None):
     add("--temperature", type=number, default=None, help="sampling temperature for pass@k (default 1.0)")
     add("--top-p", type=number, default=None, help="nucleus sampling for pass@k and mean@K (default 1.0)")
     add("--max-tokens", type=int, default=256)
+    add("--max-tool-calls", type=int, default=0, help="tool calls a completion may make, as train.py --rollout tools")
     add("--batch-size", type=int, default=64)
     add("--reward", default="exact", choices=("exact", *REWARD_TERMS), help="verifier, or a term")
     add("--reward-weights", default="", help="reward terms as train.py takes them: exact=1,format=0.1")
@@ -350,8 +352,11 @@ def main(argv=None) -> dict:
                 state = safe_load(args.model, "trainer_state.pt")
                 step = int(state.get("step", 0)) if isinstance(state, dict) else 0  # a foreign file: step 0
             seed = eval_seed(args.seed, step)
+            calling = sampler
+            if args.max_tool_calls:  # completions may call rollout.TOOLS
+                calling = ToolSampler(sampler, args.max_tool_calls, EVAL_TURN_STREAMS)
             result = evaluate(
-                sampler,
+                calling,
                 task,
                 examples,
                 samples=args.samples,

@@ -235,6 +235,26 @@ def countdown_expression(completion) -> str:
     return expr.strip().rstrip(".").strip()
 
 
+def calc(expr: str) -> str:
+    """The calc tool (rollout.TOOLS): the value of + - * / ( ) over integers, exact, by the whitelist
+    countdown_reward checks, never by eval; an integer, else a decimal of 10 significant digits."""
+    expr = expr.strip()
+    if len(expr) > MAX_EXPR_CHARS or bracket_depth(expr) > 16:
+        raise ValueError(f"calc takes at most {MAX_EXPR_CHARS} characters and 16 nested brackets")
+    if not re.fullmatch(r"[0-9+\-*/() ]+", expr):
+        raise ValueError("calc takes integers and + - * / ( ) only")
+    tree = ast.parse(expr, mode="eval")
+    if not all(isinstance(node, _ALLOWED_NODES) for node in ast.walk(tree)):
+        raise ValueError("calc takes integers and + - * / ( ) only")
+    try:
+        value = _evaluate(tree.body)
+    except ZeroDivisionError:
+        raise ValueError("division by zero") from None
+    if value.denominator == 1:
+        return str(value.numerator)
+    return f"{float(value):.10g}"
+
+
 def _evaluate(node) -> Fraction:
     """Exact rational value of a whitelisted expression node."""
     if isinstance(node, ast.Constant):

@@ -7,17 +7,19 @@ import functools
 import itertools
 import os
 import resource
+import signal
 from dataclasses import dataclass, field
 
 import psutil
 import torch
 from transformers.cache_utils import Cache, DynamicCache
 
+from plumbing.cli import first_line
 from plumbing.data import batch_indices
 from plumbing.models import SamplingError, check_finite, load_model, load_tokenizer, repack_tied_lm_head, resolve_model
 from plumbing.parallel import all_reduce_sum, gather_rows
 from plumbing.sync import FUSED, checksum
-from rewards import declared_lengths, reward_limits, take_error_count
+from rewards import calc, declared_lengths, reward_limits, take_error_count
 from speed import cpu_sampler
 from speed.logprobs import pad_batch
 
@@ -38,7 +40,8 @@ class Completion:
     token_ids: list[int]  # EOS included when it stopped there
     logprobs: list[float]  # after temperature
     text: str
-    finish_reason: str
+    finish_reason: str  # "stop" (EOS), "length", or "stop_string": it ended in one of generate's `stop`
+    policy: list[bool] | None = None  # which tokens the policy sampled, False for a tool's; None: all (ppo_update)
 
 
 def plain_rollout(step: int, **run) -> Batch:
@@ -80,9 +83,111 @@ def dapo_rollout(step: int, **run) -> Batch:
     return assemble(rounds, picks, run["rank"], metrics)
 
 
-ROLLOUTS = {"plain": plain_rollout, "dapo": dapo_rollout}  # a class: one instance a run, its state_dict() checkpointed
+def tools_rollout(step: int, **run) -> Batch:
+    """plain_rollout, where a completion may call the tools of TOOLS (ToolSampler): turn t of the tool calls samples
+    on the streams of refill round t, which no other rollout of a tools run takes."""
+    args = run["args"]
+    refill_streams = step_seed(0, 0, 0, args.rollout_batch, args.M, refill=1)
+    tools = ToolSampler(run["sampler"], args.max_tool_calls, refill_streams)
+    batch = plain_rollout(step, **{**run, "sampler": tools})
+    calls, completions = all_reduce_sum([tools.calls, args.rollout_batch // run["world"] * args.M], run["device"])
+    batch.metrics["rollout/tool_calls"] = calls / completions  # per completion, all ranks
+    return batch
+
+
+ROLLOUTS = {"plain": plain_rollout, "dapo": dapo_rollout, "tools": tools_rollout}  # a class: one instance a run,
+# its state_dict() checkpointed
 SAMPLERS = ("hf", "vllm")  # make_sampler's backends (HFSampler, VLLMSampler)
-MAX_REFILLS = 15  # --max-refill-rounds' bound: step_seed's refill * 2^20 + step stays below 2^24
+MAX_REFILLS = 15  # --max-refill-rounds' and --max-tool-calls' bound: step_seed's refill * 2^20 + step below 2^24
+
+
+# --rollout tools: a completion calls a tool by writing <NAME>INPUT</NAME>, and reads <result>OUTPUT</result> after
+TOOLS = {"calc": calc}  # NAME: a function of the input text to the output text
+TOOL_TAGS = ("<{}>", "</{}>")  # a call's opening and closing tags, of the tool's NAME
+TOOL_TIMEOUT_S = 10.0  # wall-clock seconds a call: arithmetic takes microseconds, a hung tool must not hang the run
+MAX_TOOL_CHARS = 200  # a longer output is replaced by one line that says so
+EVAL_TURN_STREAMS = 2**19  # eval: turn t samples on streams t * 2^19 past the first (below eval_seed's 2^22 apart)
+
+
+class ToolSampler:
+    """A sampler whose completions may call TOOLS: generate() stops a completion at a tool call, appends the tool's
+    output and samples on, at most `max_calls` times, all within max_tokens. The output is tokenised on its own and
+    appended as ids the policy did not sample (Completion.policy; train.ppo_update leaves them out of the loss),
+    never by re-tokenising the text. Turn t samples row r (sample k of prompt i: i * n + k) on stream
+    seed + t * turn_streams + r."""
+
+    def __init__(self, sampler, max_calls: int, turn_streams: int):
+        self.sampler = sampler
+        self.tokenizer = sampler.tokenizer
+        self.max_calls = max_calls
+        self.turn_streams = turn_streams
+        self.calls = 0  # answered since this sampler was made
+
+    def generate(self, prompts, *, n, max_tokens, seed=0, **filters):
+        stop = [TOOL_TAGS[1].format(name) for name in TOOLS]
+        first_calls = stop if self.max_calls else []
+        groups = self.sampler.generate(prompts, n=n, max_tokens=max_tokens, seed=seed, stop=first_calls, **filters)
+        rows = [c for group in groups for c in group]
+        for c in rows:
+            c.policy = [True] * len(c.token_ids)
+        for turn in range(1, self.max_calls + 1):
+            calling = [r for r, c in enumerate(rows) if c.finish_reason == "stop_string"]
+            self.calls += len(calling)
+            for r in calling:
+                text = f"<result>{call_tool(rows[r].text)}</result>"
+                output = self.tokenizer.encode(text, add_special_tokens=False)
+                rows[r] = self.appended(rows[r], output, [0.0] * len(output), max_tokens, "stop_string", False)
+            going = [r for r in calling if len(rows[r].token_ids) < max_tokens]
+            for r in set(calling) - set(going):  # no room left to answer the tool in
+                rows[r].finish_reason = "length"
+            if not going:
+                break
+            contexts = [prompts[r // n] + rows[r].token_ids for r in going]
+            budgets = [max_tokens - len(rows[r].token_ids) for r in going]
+            seeds = [seed + turn * self.turn_streams + r for r in going]
+            more_calls = stop if turn < self.max_calls else []  # past the last call a tag is only text
+            more = self.sampler.generate(contexts, n=1, max_tokens=budgets, seed=seeds, stop=more_calls, **filters)
+            for r, (c,) in zip(going, more):
+                rows[r] = self.appended(rows[r], c.token_ids, c.logprobs, max_tokens, c.finish_reason, True)
+        return [rows[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    def appended(self, c: Completion, ids, logprobs, max_tokens, reason, sampled: bool) -> Completion:
+        """`c` and then `ids`, cut at max_tokens; `sampled`: by the policy (else a tool's output)."""
+        room = max_tokens - len(c.token_ids)
+        if len(ids) > room:
+            reason = "length"
+        kept = ids[:room]
+        out = completion(self.tokenizer, c.token_ids + kept, c.logprobs + logprobs[:room], reason)
+        out.policy = c.policy + [sampled] * len(kept)
+        return out
+
+
+def call_tool(text: str) -> str:
+    """The output of the tool call that `text` ends in, run with at most TOOL_TIMEOUT_S seconds and
+    MAX_TOOL_CHARS characters; a failure is one line, which the model reads as the output."""
+    name = max(TOOLS, key=lambda tool: text.rfind(TOOL_TAGS[1].format(tool)))  # the call that stopped the sampler
+    opening = TOOL_TAGS[0].format(name)
+    closing = TOOL_TAGS[1].format(name)
+    head = text.rpartition(closing)[0]
+    if opening not in head:
+        return f"error: {closing} closes no {opening}"
+    arg = head.rpartition(opening)[2]
+
+    def over_time(signum, frame):
+        raise TimeoutError(f"{name} took over {TOOL_TIMEOUT_S:g} s")
+
+    previous = signal.signal(signal.SIGALRM, over_time)
+    signal.setitimer(signal.ITIMER_REAL, TOOL_TIMEOUT_S)
+    try:
+        output = str(TOOLS[name](arg))
+    except Exception as err:  # a tool's failure is the model's to read, not the run's
+        output = f"error: {first_line(err)}"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    if len(output) > MAX_TOOL_CHARS:
+        output = f"error: {name}'s output has {len(output):,} characters, over {MAX_TOOL_CHARS}"
+    return output
 
 
 def sample_round(
@@ -219,9 +324,16 @@ def sampling_memory_error(model_config, rows, kept, prompt_len, *, max_tokens, d
         )
 
 
-def completion(tokenizer, token_ids, logprobs, stopped: bool) -> Completion:
+def per_prompt(value, count: int, step: int) -> list[int]:
+    """generate's `seed` or `max_tokens` for each of `count` prompts: a list as given, an int v as v + i * step."""
+    if isinstance(value, list):
+        return value
+    return [value + i * step for i in range(count)]
+
+
+def completion(tokenizer, token_ids, logprobs, finish_reason: str) -> Completion:
     text = tokenizer.decode(token_ids, skip_special_tokens=True)
-    return Completion(list(token_ids), logprobs, text, "stop" if stopped else "length")
+    return Completion(list(token_ids), logprobs, text, finish_reason)
 
 
 class HFSampler:
@@ -244,9 +356,11 @@ class HFSampler:
         self.pad_id = pad_id if pad_id is not None else min(self.eos_ids)
 
     @torch.inference_mode()
-    def generate(self, prompts, *, n, max_tokens, seed=0, **filters):
+    def generate(self, prompts, *, n, max_tokens, seed=0, stop=(), **filters):
         """G lists of n Completions; sample k of prompt i draws stream seed + i * n + k, as vLLM does. `filters`:
-        next_tokens' temperature, top_p, top_k and min_p. Every caller that samples names its streams (step_seed)."""
+        next_tokens' temperature, top_p, top_k and min_p. Every caller that samples names its streams (step_seed).
+        `seed` and `max_tokens` may be lists, one a prompt (seed[i] + k; generate_with_tools). A completion that ends
+        in a string of `stop` stops there, the token that closes it kept whole (it may carry more characters)."""
         empty = [name for name, tensor in self._weights() if tensor.numel() == 0]
         if empty:  # asleep, or a sync left weights out: never sample from empty weights
             raise RuntimeError(
@@ -254,22 +368,26 @@ class HFSampler:
                 "every weight before it samples"
             )
         device = self.model.device
+        starts = per_prompt(seed, len(prompts), step=n)
+        budgets = per_prompt(max_tokens, len(prompts), step=0)
         # a generator a row: a sample never depends on the rest of the batch
-        generators = [torch.Generator(device).manual_seed(seed + row) for row in range(len(prompts) * n)]
+        generators = [torch.Generator(device).manual_seed(start + k) for start in starts for k in range(n)]
         # left-padded (G, P): pad_batch's prompt half, less the one slot it gives empty completions
         ids, mask, _ = pad_batch(prompts, [[]] * len(prompts), self.pad_id)
         input_ids = ids[:, :-1].to(device)
         mask = mask[:, :-1].to(device)
-        tokens, logps = self._decode(input_ids, mask, generators, n, max_tokens, filters)
+        tokens, logps, ends = self._decode(input_ids, mask, generators, n, max(budgets), filters, stop)
         results = []
-        for ids, lps in zip(tokens.tolist(), logps.tolist()):
-            end = next((i + 1 for i, t in enumerate(ids) if t in self.eos_ids), None)  # EOS included
-            stopped = end is not None  # else it ran to max_tokens
-            results.append(completion(self.tokenizer, ids[:end], lps[:end], stopped))
+        for row, (ids, lps, (end, reason)) in enumerate(zip(tokens.tolist(), logps.tolist(), ends)):
+            budget = budgets[row // n]
+            if end > budget:  # a shorter budget than the batch's longest: cut where that budget ends
+                end, reason = budget, "length"
+            results.append(completion(self.tokenizer, ids[:end], lps[:end], reason))
         return [results[i * n : (i + 1) * n] for i in range(len(prompts))]
 
-    def _decode(self, input_ids, mask, generators, n, max_tokens, filters):
-        """Prefill, KV cache repeated n times, decode: tokens and log-probs (R, K); self.fast: speed/cpu_sampler.py."""
+    def _decode(self, input_ids, mask, generators, n, max_tokens, filters, stop=()):
+        """Prefill, KV cache repeated n times, decode: tokens and log-probs (R, K), and each row's (end, finish reason);
+        self.fast: speed/cpu_sampler.py."""
         fast = self.fast is not None
         device = input_ids.device
         eos = torch.tensor(sorted(self.eos_ids), device=device)
@@ -301,12 +419,23 @@ class HFSampler:
         logps = torch.zeros(R, max_tokens, device=device)  # (R, K)
         rows = torch.arange(R, device=device)  # (A,): output row of each batch row
         live = torch.ones(R, dtype=torch.bool, device=device)  # (A,)
+        ends = [(max_tokens, "length")] * R  # a row that never stops runs to max_tokens
+        width = max(map(len, stop), default=0)  # tokens that hold a stop string: each token is a character or more
         for i in range(max_tokens):
             token, logp = next_tokens(logits, generators, draw=self.draw, **filters)  # (A,), (A,)
             tokens[rows[live], i] = token[live]
             logps[rows[live], i] = logp[live]
             token = torch.where(live, token, self.pad_id)
-            live &= ~torch.isin(token, eos)
+            at_eos = live & torch.isin(token, eos)
+            at_stop = torch.zeros_like(live)
+            if stop:  # a stop string (a tool call) ends a row as EOS does
+                tails = tokens[rows, max(0, i + 1 - width) : i + 1]
+                at_stop = live & ~at_eos & self._ends_in(stop, tails)
+            for row in rows[at_eos].tolist():
+                ends[row] = (i + 1, "stop")  # EOS included
+            for row in rows[at_stop].tolist():
+                ends[row] = (i + 1, "stop_string")
+            live &= ~(at_eos | at_stop)
             if not live.any() or i == max_tokens - 1:  # no forward whose logits nobody draws from
                 break
             if fast and (~live).sum() * 8 >= len(live):  # an eighth is done: those rows leave (each copies the cache)
@@ -320,7 +449,13 @@ class HFSampler:
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             positions = mask.sum(-1, keepdim=True) - 1  # the new token's, after the left padding
             logits = forward(token[:, None], 1, positions)  # (A, V)
-        return tokens, logps
+        return tokens, logps, ends
+
+    def _ends_in(self, stop, tails) -> torch.Tensor:
+        """(A,) True where a row's last tokens `tails` (A, len(longest stop)) hold a string of `stop`; one that started
+        before them would have stopped the row already."""
+        texts = self.tokenizer.batch_decode(tails.tolist())
+        return torch.tensor([any(s in text for s in stop) for text in texts], device=tails.device)
 
     @torch.no_grad()
     def update_weights(self, named_tensors):
@@ -405,22 +540,27 @@ class VLLMSampler:
         )
         self.dtype = self.llm.model_config.dtype  # the weight check casts to it
 
-    def generate(self, prompts, *, n, max_tokens, seed=0, **filters):
+    def generate(self, prompts, *, n, max_tokens, seed=0, stop=(), **filters):
         """As HFSampler.generate; `filters` left out take vLLM's defaults, which are next_tokens'."""
         if self.asleep:  # level 2 kept no weights
             raise RuntimeError("the vLLM engine is asleep: update_weights must give it weights before it samples")
         from vllm import SamplingParams
 
-        seeds = range(seed, seed + len(prompts) * n, n)  # prompt i: seed + i * n
-        sampling = dict(n=n, max_tokens=max_tokens, logprobs=0, detokenize=False, **filters)  # 0: the sampled token's
-        params = [SamplingParams(seed=s, **sampling) for s in seeds]
+        seeds = per_prompt(seed, len(prompts), step=n)
+        budgets = per_prompt(max_tokens, len(prompts), step=0)
+        # logprobs 0: the sampled token's; stop strings need the text, which vLLM otherwise need not decode
+        sampling = dict(n=n, logprobs=0, stop=list(stop), include_stop_str_in_output=True, detokenize=bool(stop))
+        params = [SamplingParams(seed=s, max_tokens=k, **sampling, **filters) for s, k in zip(seeds, budgets)]
         token_prompts = [{"prompt_token_ids": p} for p in prompts]  # vLLM's TokensPrompt: no re-tokenizing
         outputs = self.llm.generate(token_prompts, params, use_tqdm=False)
         return [[self._completion(c) for c in out.outputs] for out in outputs]
 
     def _completion(self, output) -> Completion:
         logprobs = [lp[t].logprob for t, lp in zip(output.token_ids, output.logprobs)]
-        return completion(self.tokenizer, output.token_ids, logprobs, output.finish_reason == "stop")
+        reason = "stop" if output.finish_reason == "stop" else "length"
+        if isinstance(output.stop_reason, str):  # the stop string it ended in; an EOS leaves it None
+            reason = "stop_string"
+        return completion(self.tokenizer, output.token_ids, logprobs, reason)
 
     def update_weights(self, named_tensors):
         """Streamed; a sleeping engine wakes in two steps around it (verl's order; vllm#15254)."""

@@ -3,6 +3,7 @@
 python -m pytest tests/test_tasks.py -q
 """
 
+import functools
 import hashlib
 import itertools
 import math
@@ -279,13 +280,17 @@ def seeded_passes(items: list, seed: int, repeat: bool):
             return
 
 
-def _arith(split: str, limit: int, seed: int) -> list[Example]:
+CALC_NOTE = "You may use a calculator: write <calc>EXPRESSION</calc>, and its value follows as <result>VALUE</result>."
+
+
+def _arith(split: str, limit: int, seed: int, note: str = "") -> list[Example]:
+    """a + b for a, b < ARITH_MAX; `note` follows the question (arith-calc's announces rollout.TOOLS' calc)."""
     pairs = itertools.product(range(ARITH_MAX), repeat=2)
     problems = sorted(pairs, key=lambda ab: digest("arith", *ab))
     problems = problems[:ARITH_TEST] if split == "test" else problems[ARITH_TEST:]
     examples = []
     for (a, b), p in itertools.islice(seeded_passes(problems, seed, split == "train"), limit):
-        prompt = _chat(f"What is {a} + {b}?", system=None)
+        prompt = _chat(f"What is {a} + {b}?{note}", system=None)
         example = Example(prompt, str(a + b), f"{a} + {b} = {a + b}", {"a": a, "b": b}, f"arith-{a}+{b}#{p}")
         examples.append(example)
     return examples
@@ -421,6 +426,13 @@ BUILT_IN = [
         verifier=lambda completion, ex: rewards.integer_reward(completion, ex.gold),
         answer=rewards.integer_answer,
         prompt_tokens=40,
+    ),
+    Task(
+        name="arith-calc",  # arith with a calculator: train.py --task arith-calc samples with --rollout tools
+        generate=functools.partial(_arith, note=" " + CALC_NOTE),
+        verifier=lambda completion, ex: rewards.integer_reward(completion, ex.gold),
+        answer=rewards.integer_answer,
+        prompt_tokens=70,
     ),
     Task(
         name="countdown24",

@@ -43,7 +43,7 @@ from plumbing.files import WriteError, write_json
 from plumbing.models import ModelLoadError, SamplingError, load_model, load_tokenizer
 from plumbing.parallel import all_reduce_sum, full_weights, init_distributed, local, shard, tied_names
 from plumbing.sync import SyncError, check_probe, check_weights, probe_sync, weight_checksums
-from rollout import ROLLOUTS, make_sampler, resolve_model, sampling_memory_error
+from rollout import EVAL_TURN_STREAMS, ROLLOUTS, ToolSampler, make_sampler, resolve_model, sampling_memory_error
 from speed.backward import configure_backward, store_linears_bf16
 from speed.compile import compile_layers
 from speed.logprobs import pack_batch, packed_logprobs, pad_batch, sequence_logprobs
@@ -124,7 +124,10 @@ def train(args: Args, out_dir: str, ckpt: str | None) -> dict:
     check_probe(probe, None, start_step, args.sync_tolerance, device)
     log = run_log.MetricsLog(out_dir, start_step, args, master)
     samples = run_log.SampleLog(out_dir, start_step, args.log_completions, master)
-    held_out = partial(evaluate_held_out, sampler, eval_sets, args, rank, world, device, samples)
+    eval_sampler = sampler
+    if args.rollout == "tools":  # held-out completions may call the tools too
+        eval_sampler = ToolSampler(sampler, args.max_tool_calls, EVAL_TURN_STREAMS)
+    held_out = partial(evaluate_held_out, eval_sampler, eval_sets, args, rank, world, device, samples)
     evals = run_log.read_evals(out_dir) if ckpt else {}  # a resumed run keeps its "before" score
     if eval_sets and start_step == 0:
         run_log.report_eval(evals, "before", held_out(0), out_dir, task, len(test_set), master)
@@ -181,7 +184,9 @@ def train(args: Args, out_dir: str, ckpt: str | None) -> dict:
             keep = keep[mine].reshape(-1)
         # train: PPO epochs over this rank's sequences
         with phase("train"):
-            update = ppo_update(model, ref_model, optimizer, scheduler, *sequences(batch), adv, args, pad_id, keep)
+            update = ppo_update(
+                model, ref_model, optimizer, scheduler, *sequences(batch), adv, args, pad_id, keep, policy_of(batch)
+            )
         # sync: the sampler gets the new weights, and a probe shows it really has them
         with phase("sync"):
             sampler.update_weights(full_weights(model, sampler.dtype))
@@ -251,11 +256,33 @@ def sequences(batch) -> tuple[list, list, list]:
     return [p for p, _ in flat], [c.token_ids for _, c in flat], [c.logprobs for _, c in flat]
 
 
+def policy_of(batch) -> list | None:
+    """Which completion tokens the policy sampled, a list of bools a sequence; None when it sampled them all (every
+    rollout but tools)."""
+    policy = [c.policy for g in batch.groups for c in g]
+    if all(mask is None for mask in policy):
+        return None
+    return policy
+
+
 def ppo_update(
-    model, ref_model, optimizer, scheduler, prompts, completions, sampler_logps, adv, args, pad_id, keep=None
+    model,
+    ref_model,
+    optimizer,
+    scheduler,
+    prompts,
+    completions,
+    sampler_logps,
+    adv,
+    args,
+    pad_id,
+    keep=None,
+    policy=None,
 ):
-    """PPO epochs, one optimizer step per minibatch (Section 4); `keep` False drops a sequence from the loss. The
-    denominator is summed over micro-batches and ranks first; FSDP averages over ranks, so the loss is x world."""
+    """PPO epochs, one optimizer step per minibatch (Section 4); `keep` False drops a sequence from the loss, and
+    `policy` (a list of bools a sequence) False a token the policy did not sample, such as a tool's output: it stays in
+    the context of every log-prob but gets no policy-gradient, KL or entropy term, nor a place in the denominator.
+    The denominator is summed over micro-batches and ranks first; FSDP averages over ranks, so the loss is x world."""
     distributed = dist.is_initialized()  # also in one process, when vLLM made its own group
     sharded = isinstance(model, FSDPModule)
     device = next(model.parameters()).device
@@ -268,15 +295,22 @@ def ppo_update(
         """One micro-batch on `device`, with its reference and pi_old log-probs (before any step)."""
         rows = [prompts[i] for i in idx]
         answers = [completions[i] for i in idx]
-        input_ids, attention_mask, mask = pad_batch(rows, answers, pad_id)  # (B, P+K) x2, (B, K)
+        input_ids, attention_mask, layout = pad_batch(rows, answers, pad_id)  # (B, P+K) x2, (B, K)
+        mask = layout  # the loss's tokens
         if keep is not None:  # a dropped sequence stays in its micro-batch, its mask zeroed (x 1 is exact)
             mask = mask * keep[idx].to(mask.dtype)[:, None]
+        if policy is not None:  # a tool's tokens: in the context, out of the loss
+            sampled = [torch.tensor(policy[i], dtype=mask.dtype) for i in idx]
+            mask = mask * pad_sequence(sampled, batch_first=True)
         sampler_logp = pad_sequence([torch.tensor(sampler_logps[i]) for i in idx], batch_first=True)
         tensors = dict(mask=mask, adv=adv[idx], sampler_logp=sampler_logp)
         mb = {key: value.to(device) for key, value in tensors.items()}
         if args.pack:  # one row of the sequences back to back: no pad position is computed
             packed = [t.to(device) for t in pack_batch(rows, answers)]
-            mb["logprobs"] = partial(packed_logprobs, packed=packed, mask=mb["mask"], temperature=args.temperature)
+            # scattered back by the completions' layout: a dropped sequence's tokens are in the packed row too
+            mb["logprobs"] = partial(
+                packed_logprobs, packed=packed, mask=layout.to(device), temperature=args.temperature
+            )
         else:
             inputs = dict(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device))
             mb["logprobs"] = partial(

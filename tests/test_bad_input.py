@@ -952,6 +952,7 @@ def test_an_explicit_vllm_sampler_without_vllm_is_one_line_before_any_model_load
         ("train.py", ["--eval-top-p", "0.9"], "--eval-top-p is read only with --eval-samples"),
         ("train.py", ["--filter-std", "0.1"], "--filter-std is read only with --rollout dapo"),
         ("train.py", ["--max-refill-rounds", "3"], "--max-refill-rounds is read only with --rollout dapo"),
+        ("train.py", ["--max-tool-calls", "3"], "--max-tool-calls is read only with --rollout tools"),
         ("eval.py", ["--temperature", "0.5"], "--temperature is read only with --samples set"),
         ("eval.py", ["--top-p", "0.9"], "--top-p is read only with --samples"),
     ],
@@ -970,6 +971,8 @@ def test_the_flag_that_reads_it_makes_the_unused_flag_valid():
 
     args = train.parse_args(["--lora-rank", "4", "--lora-alpha", "8", "--eval-samples", "2", "--eval-top-p", "0.9"])
     assert (args.lora_alpha, args.eval_top_p) == (8.0, 0.9)
+    args = train.parse_args(["--task", "arith-calc", "--max-tool-calls", "3"])  # its preset samples with tools
+    assert (args.rollout, args.max_tool_calls) == ("tools", 3)
     args = eval_py.parse_args(["--model", "m", "--task", "arith", "--samples", "2", "--top-p", "0.9", "--out", "-"])
     assert (args.top_p, args.temperature) == (0.9, 1.0)  # the one left out keeps its default
 

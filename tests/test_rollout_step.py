@@ -171,6 +171,7 @@ def test_score_hands_the_token_count_to_a_term_that_declares_it():
     [
         (dict(rollout="nope"), "--rollout must be one of"),
         (dict(rollout="dapo", max_refill_rounds=16), "--max-refill-rounds must be in [0, 15]"),
+        (dict(rollout="tools", max_tool_calls=16), "--max-tool-calls must be in [0, 15]"),
         (dict(rollout="dapo", filter_std=-1.0), "--filter-std must be finite and >= 0"),
         (dict(overlong_buffer=4), "read by the overlong reward term only"),
         (
