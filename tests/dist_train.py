@@ -202,6 +202,30 @@ def e2e(out_dir, model_dir, sampler="hf", lora_rank="0"):
     train.main(args)
 
 
+def tools_run(out_dir, model_dir, sampler, steps, resume=""):
+    """--rollout tools on the tiny model, its calls closed by "q" (tests/test_tools.py: common_character_calls)."""
+    tasks.TASKS["digits"] = DigitTask()
+    rollout.TOOL_TAGS = ("{}", "{}")
+    rollout.TOOLS = {"q": lambda text: "7"}
+    args = train.Args(
+        task="digits",
+        model=model_dir,
+        M=4,
+        rollout_batch=4,
+        micro_batch=8,
+        steps=int(steps),
+        max_tokens=64,
+        eval_examples=0,
+        dtype="float32",
+        out_dir=out_dir,
+        sampler=sampler,
+        rollout="tools",
+        log_completions=16,
+        resume=resume,
+    )
+    train.main(args)
+
+
 def bf16_sync(model_dir):
     """FSDP2 over a world of one: the sync gathers each shard in the engine's bf16, and the weight check is exact."""
     from torch.distributed.tensor import DTensor
@@ -242,6 +266,8 @@ if __name__ == "__main__":
             os._exit(0)  # the result is saved: skip C++ teardown, where a gloo thread once aborted a loaded CI rank
     elif job == "lora-e2e":
         e2e(*rest, "hf", "4")
+    elif job == "tools":
+        tools_run(*rest)
     else:
         e2e(*rest)  # train.main sets up and tears down the process group itself
     if "RANK" in os.environ:  # as train.py's __main__: skip C++ teardown, where a gloo thread once aborted a rank

@@ -91,3 +91,20 @@ def test_train_with_the_vllm_sampler(tiny_model_dir, tmp_path, ranks, torchrun, 
     ckpt = out / "checkpoint-000003"
     assert AutoModelForCausalLM.from_pretrained(ckpt).config.architectures == ["LlamaForCausalLM"]
     checkpoint_reproduces_trainer_logprobs(ckpt)
+
+
+def test_a_tools_run_under_the_vllm_sampler_resumes_to_the_bit(tiny_model_dir, tmp_path):
+    """--rollout tools (tests/test_tools.py: the HF sampler's run): vLLM stops at the stop string, takes a seed and a
+    budget a continuation, and 3 straight steps equal 2 and a --resume."""
+    straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
+    run(["tools", straight, tiny_model_dir, "vllm", "3"], tmp_path)
+    run(["tools", split, tiny_model_dir, "vllm", "2"], tmp_path)
+    run(["tools", split, tiny_model_dir, "vllm", "3", split], tmp_path)
+
+    def rows(path, skip=("time/", "perf/", "mem/")):
+        records = [json.loads(line) for line in open(path)]
+        return [{k: v for k, v in r.items() if not k.startswith(skip)} for r in records]
+
+    assert rows(f"{straight}/metrics.jsonl") == rows(f"{split}/metrics.jsonl")
+    assert rows(f"{straight}/completions.jsonl") == rows(f"{split}/completions.jsonl")
+    assert sum(r["rollout/tool_calls"] for r in rows(f"{straight}/metrics.jsonl")) > 0
