@@ -21,7 +21,7 @@ from plumbing.cli import OneLineParser, first_line, flag, number, unused_flag_er
 from plumbing.data import data_file_error
 from plumbing.models import has_bf16_units, model_context, model_error
 from plumbing.sync import SYNC_TOLERANCE
-from rewards import REWARD_TERMS
+from rewards import REWARD_TERMS, reward_model_error, reward_model_flag_error
 from rollout import MAX_REFILLS, ROLLOUTS, SAMPLERS
 from tasks import TASKS, get_task, no_room_error, parse_eval_tasks, reward_weights
 
@@ -37,6 +37,7 @@ class _Args:
     data_file: str = arg("", "local data file for the task instead of the hub dataset")
     reward: str = arg("exact", "exact: the task's verifier; sim: similarity to the demonstration (B.5)")
     reward_weights: str = arg("", "weighted reward terms (rewards.py: REWARD_TERMS), e.g. format=0.35,sim=0.65")
+    reward_model: str = arg("", "the rm term's AutoModelForSequenceClassification folder (num_labels=1), e.g. rm=0.5")
     demo_file: str = arg("", "countdown --reward sim: local Countdown-Task-GOLD demonstrations file")
     advantage: str = arg("softmax", f"group advantage estimator: {', '.join(ESTIMATORS)}")
     M: int = arg(8, "rollouts per prompt (group size)")
@@ -383,6 +384,8 @@ def reward_error(args: Args, task) -> str | None:
         return first_line(err, limit=None)
     if args.overlong_buffer and "overlong" not in weights:
         return "--overlong-buffer is read by the overlong reward term only: add it to --reward-weights"
+    if error := reward_model_flag_error(args.reward_model, weights):
+        return error
     # an estimator may hold only for rewards above a floor (MaxRL divides by the group mean)
     least = sum(min(weight, 0.0) for weight in weights.values())  # every term is in [0, 1] (rewards.py)
     for name in alloc_estimators(args):
@@ -413,6 +416,8 @@ def file_error(args: Args) -> str | None:
     """The first file flag that names no usable file or folder, as one line, or None."""
     if args.demo_file and not os.path.isfile(args.demo_file):
         return f"--demo-file {args.demo_file} does not exist"
+    if args.reward_model and (error := reward_model_error(args.reward_model)):
+        return error
     splits = ("train", "test") if args.eval_examples else ("train",)
     if args.data_file and (error := data_file_error(args.data_file, splits=splits)):
         return error

@@ -21,7 +21,7 @@ from plumbing.cli import OneLineParser, first_line, flag, number, unused_flag_er
 from plumbing.data import data_file_error
 from plumbing.files import write_error, write_json
 from plumbing.parallel import gather_rows
-from rewards import declared_lengths, reward_limits
+from rewards import reward_model_error, reward_model_flag_error, reward_options, term_rewards
 from rollout import EVAL_TURN_STREAMS, MAX_REFILLS, ToolSampler, make_sampler, sampling_memory_error
 from tasks import REWARD_TERMS, DataError, encode_prompts, get_task, reward_weights
 
@@ -69,6 +69,7 @@ def evaluate(
     top_p=1.0,
     first=0,
     progress=True,
+    options=None,
 ) -> dict:
     """Greedy pass@1, K samples each; examples[i]'s sample k on stream seed + (first + i) * K + k, so shards agree."""
     if reward_kind == "exact" and not task.has_verifier and weights is None:
@@ -79,23 +80,17 @@ def evaluate(
         reward_kind = "sim"
     weighted = weights is not None
     weights = weights or {reward_kind: 1.0}
-    limits = reward_limits(max_tokens)
+    options = options or reward_options(max_tokens)
 
-    def scored(completion, example) -> tuple[dict, dict]:
-        """(what a record keeps of one completion, its reward terms)."""
-        lengths = dict(n_tokens=len(completion.token_ids), **limits)
-        terms = {
-            term: task.reward(completion.text, example, kind=term, **declared_lengths(term, **lengths))
-            for term in weights
-        }
-        reply = {
+    def scored(completion, terms) -> dict:
+        """What a record keeps of one completion, given its reward terms."""
+        return {
             "completion": completion.text,
             "reward": sum(weight * terms[term] for term, weight in weights.items()),  # r = sum_k w_k r_k
             "length": len(completion.token_ids),
             "finish_reason": completion.finish_reason,
             "passed": terms.get("exact", 0.0) >= 0.5,  # the verifier's; False without one
         }
-        return reply, terms
 
     records = []  # every prompt is chat text: the row gate (plumbing/data.py: check_rows) saw to it
     for start in tqdm(
@@ -110,14 +105,23 @@ def evaluate(
             sampled = sampler.generate(
                 prompt_ids, n=samples, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=stream
             )
-        for ex, (best,), group in zip(batch, greedy, sampled):
-            reply, terms = scored(best, ex)
-            record = {"uid": ex.uid, "prompt": ex.prompt, "gold": ex.gold, "reference": ex.reference, **reply}
+        # every completion of the batch scored at once: a reward model's forward takes them together
+        every = [(ex, c) for ex, (best,), group in zip(batch, greedy, sampled) for c in (best, *group)]
+        scored_examples = [ex for ex, _ in every]
+        completions = [c for _, c in every]
+        columns = {term: term_rewards(task, term, scored_examples, completions, options) for term in weights}
+        terms = [{term: column[i] for term, column in columns.items()} for i in range(len(every))]
+        per_example = 1 + len(sampled[0])  # the greedy completion, then the samples
+        for i, ex in enumerate(batch):
+            first = i * per_example
+            best = every[first][1]
+            record = {"uid": ex.uid, "prompt": ex.prompt, "gold": ex.gold, "reference": ex.reference}
+            record.update(scored(best, terms[first]))
             record["answer"] = task.extract(best.text)
             if weighted:
-                record["terms"] = terms
+                record["terms"] = terms[first]
             if samples > 0:
-                replies = [scored(c, ex)[0] for c in group]
+                replies = [scored(every[j][1], terms[j]) for j in range(first + 1, first + per_example)]
                 record["sampled_rewards"] = [r["reward"] for r in replies]
                 record["samples"] = replies
             records.append(record)
@@ -290,6 +294,7 @@ def parse_args(argv=None):
     add("--batch-size", type=int, default=64)
     add("--reward", default="exact", choices=("exact", *REWARD_TERMS), help="verifier, or a term")
     add("--reward-weights", default="", help="reward terms as train.py takes them: exact=1,format=0.1")
+    add("--reward-model", default="", help="the rm term's model, as train.py takes it")
     add("--sampler", default=None, choices=["hf", "vllm"], help="default: vllm on a GPU, else hf")
     add("--data-file", default=None, help="local data file for the task (passed to task.load)")
     add("--demo-file", default=None, help="countdown --reward sim: local Countdown-Task-GOLD demonstrations file")
@@ -332,6 +337,11 @@ def main(argv=None) -> dict:
         sim = "sim" in (weights or {args.reward: 1})
         if demo_error := demo_file_error(task, args.demo_file, sim):
             raise DataError(demo_error)
+        rm_error = reward_model_flag_error(args.reward_model, weights or {args.reward: 1})
+        if args.reward_model and not rm_error:
+            rm_error = reward_model_error(args.reward_model)
+        if rm_error:
+            raise ValueError(rm_error)
         if args.split == "train" and task.held_out_only:  # a benchmark has no train split to score
             raise DataError(f"{task.name} is a held-out benchmark: score its test split (--split test)")
         examples = task.load(
@@ -367,6 +377,7 @@ def main(argv=None) -> dict:
                 weights=weights,
                 temperature=args.temperature,
                 top_p=args.top_p,
+                options=reward_options(args.max_tokens, reward_model=args.reward_model),
             )
         finally:
             sampler.close()

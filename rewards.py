@@ -18,7 +18,7 @@ import traceback
 from collections import Counter
 from fractions import Fraction
 
-from plumbing.cli import plain
+from plumbing.cli import first_line, plain
 from plumbing.math_worker import MathWorker
 
 
@@ -108,25 +108,112 @@ def overlong_reward(completion, example, *, n_tokens: int, max_tokens: int, over
     return 1.0 + min(0.0, (max_tokens - overlong_buffer - n_tokens) / overlong_buffer)  # Eq. 13 + 1
 
 
-# --reward-weights' terms besides "exact": (completion, example), called through safe_reward.
+# --reward-weights' terms besides "exact": (completion, example, and the options it declares), called through
+# safe_reward; term_rewards scores rm a batch at a time
 REWARD_TERMS = {
     "sim": lambda completion, example: similarity_reward(completion, example.reference),  # Appendix B.5
     "format": lambda completion, example: format_reward(completion),
     "overlong": overlong_reward,
+    "rm": lambda completion, example, reward_model: reward_model([example.prompt], [completion])[0],
 }
 
 
-def reward_limits(max_tokens: int, overlong_buffer: int = 0) -> dict:
-    """The run's lengths that a term may declare (overlong's); a buffer of 0 is DAPO's L_cache of L_max / 5."""
-    return dict(max_tokens=max_tokens, overlong_buffer=overlong_buffer or max(1, max_tokens // 5))
+def reward_options(max_tokens: int, overlong_buffer: int = 0, reward_model: str = "") -> dict:
+    """The options a reward term may declare, built here for train.py's rollouts and evaluations and eval.py alike:
+    the run's lengths (overlong's; a buffer of 0 is DAPO's L_cache of L_max / 5) and --reward-model's model (rm's)."""
+    options = dict(max_tokens=max_tokens, overlong_buffer=overlong_buffer or max(1, max_tokens // 5))
+    if reward_model:
+        options["reward_model"] = load_reward_model(reward_model)
+    return options
 
 
-def declared_lengths(kind: str, **lengths) -> dict:
-    """The `lengths` that the term `kind` takes."""
-    if kind not in REWARD_TERMS:  # "exact": a task's verifier takes no lengths
+def declared_lengths(kind: str, **options) -> dict:
+    """The `options` that the term `kind` takes."""
+    if kind not in REWARD_TERMS:  # "exact": a task's verifier takes no options
         return {}
-    declared = inspect.signature(REWARD_TERMS[kind]).parameters  # once a call, not once a length
-    return {k: v for k, v in lengths.items() if k in declared}
+    declared = inspect.signature(REWARD_TERMS[kind]).parameters  # once a call, not once an option
+    return {k: v for k, v in options.items() if k in declared}
+
+
+def term_rewards(task, term: str, examples: list, completions: list, options: dict) -> list[float]:
+    """Term `term` of each (example, Completion), the one scorer of train.py and eval.py: rm a batch at a time, the
+    others one by one through task.reward with the options they declare."""
+    if term == "rm":
+        return options["reward_model"]([ex.prompt for ex in examples], [c.text for c in completions])
+    rewards = []
+    for example, c in zip(examples, completions):
+        declared = declared_lengths(term, n_tokens=len(c.token_ids), **options)
+        rewards.append(task.reward(c.text, example, kind=term, **declared))
+    return rewards
+
+
+REWARD_MODEL_BATCH = 16  # sequences a forward pass
+
+
+class RewardModel:
+    """--reward-model: an AutoModelForSequenceClassification folder with one label, whose score of a prompt's chat
+    and its completion, squashed by a sigmoid, is the rm term in [0, 1]. Float32 on CPU, bf16 on a GPU."""
+
+    def __init__(self, path: str):
+        import torch
+        from transformers import AutoModelForSequenceClassification
+
+        from plumbing.models import ModelLoadError, _from_pretrained, load_tokenizer
+
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+        dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+        self.tokenizer = load_tokenizer(path)
+        if not self.tokenizer.chat_template:  # it reads a conversation as the policy's prompt was written
+            raise ModelLoadError(f"--reward-model {path}: its tokenizer has no chat template to write a conversation")
+        self.model = _from_pretrained(AutoModelForSequenceClassification, path, dtype=dtype)
+        self.model = self.model.to(self.device).eval().requires_grad_(False)
+        if self.model.config.pad_token_id is None:  # it finds each row's last token by the pad id
+            self.model.config.pad_token_id = self.tokenizer.pad_token_id or self.tokenizer.eos_token_id
+
+    def __call__(self, prompts: list[list[dict]], completions: list[str]) -> list[float]:
+        import torch
+
+        chats = [[*prompt, {"role": "assistant", "content": text}] for prompt, text in zip(prompts, completions)]
+        texts = self.tokenizer.apply_chat_template(chats, tokenize=False)
+        scores = []
+        for start in range(0, len(texts), REWARD_MODEL_BATCH):
+            chunk = texts[start : start + REWARD_MODEL_BATCH]
+            inputs = self.tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
+            with torch.no_grad():
+                logits = self.model(**inputs.to(self.device)).logits[:, 0]
+            scores.extend(torch.sigmoid(logits.float()).tolist())
+        return scores
+
+
+@functools.cache
+def load_reward_model(path: str) -> RewardModel:
+    """The reward model at `path`, loaded once a process (a rank)."""
+    return RewardModel(path)
+
+
+def reward_model_flag_error(path: str, weights: dict) -> str | None:
+    """Why --reward-model and the terms `weights` disagree, as one line (train.py's and eval.py's), or None."""
+    if path and "rm" not in weights:
+        return "--reward-model is read by the rm reward term only: add rm=WEIGHT to --reward-weights"
+    if "rm" in weights and not path:
+        return "the rm reward term scores with --reward-model PATH, which is not given"
+    return None
+
+
+def reward_model_error(path: str) -> str | None:
+    """Why --reward-model `path` is no model the rm term can score with, as one line, or None."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        return f"--reward-model {path} is not a model folder ({first_line(err)})"
+    kinds = config.architectures or ["no architecture"]
+    if not kinds[0].endswith("ForSequenceClassification"):
+        return f"--reward-model {path} is a {kinds[0]}, not an AutoModelForSequenceClassification"
+    if config.num_labels != 1:
+        return f"--reward-model {path} has {config.num_labels} labels: rm reads one score (num_labels=1)"
+    return None
 
 
 def final_answer(text) -> str:

@@ -19,7 +19,7 @@ from plumbing.data import batch_indices
 from plumbing.models import SamplingError, check_finite, load_model, load_tokenizer, repack_tied_lm_head, resolve_model
 from plumbing.parallel import all_reduce_sum, gather_rows
 from plumbing.sync import FUSED, checksum
-from rewards import calc, declared_lengths, reward_limits, take_error_count
+from rewards import calc, reward_options, take_error_count, term_rewards
 from speed import cpu_sampler
 from speed.logprobs import pad_batch
 
@@ -201,8 +201,8 @@ def sample_round(
     seed = step_seed(args.seed, step, first_prompt, args.rollout_batch, args.M, refill)
     filters = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p)
     groups = sampler.generate(prompts, n=args.M, max_tokens=args.max_tokens, seed=seed, **filters)
-    limits = reward_limits(args.max_tokens, args.overlong_buffer)
-    return Batch(examples, prompts, groups, score(task, examples, groups, weights, device, limits))
+    options = reward_options(args.max_tokens, args.overlong_buffer, args.reward_model)
+    return Batch(examples, prompts, groups, score(task, examples, groups, weights, device, options))
 
 
 def step_seed(run_seed: int, step: int, first_prompt: int, prompts_per_step: int, n: int, refill: int = 0) -> int:
@@ -224,15 +224,13 @@ def assemble(rounds: list[Batch], picks: list[list[tuple[int, int]]], rank: int,
     return Batch(examples, prompts, groups, scores, metrics or {})
 
 
-def score(task, examples, groups, weights: dict, device, limits=None) -> dict:
-    """This rank's groups scored, then gathered, (G, M) each; and the error count."""
+def score(task, examples, groups, weights: dict, device, options=None) -> dict:
+    """This rank's groups scored, then gathered, (G, M) each; and the error count. `options`: reward_options'."""
+    every = [(ex, c) for ex, g in zip(examples, groups) for c in g]
 
     def table(term):  # (G_local, M)
-        rows = []
-        for ex, g in zip(examples, groups):
-            lengths = [declared_lengths(term, n_tokens=len(c.token_ids), **(limits or {})) for c in g]
-            rows.append([task.reward(c.text, ex, kind=term, **kw) for c, kw in zip(g, lengths)])
-        return torch.tensor(rows)
+        rewards = term_rewards(task, term, [ex for ex, _ in every], [c for _, c in every], options or {})
+        return torch.tensor(rewards).view(len(groups), -1)
 
     terms = {term: table(term) for term in weights}
     rewards = sum(weight * terms[term] for term, weight in weights.items())  # r = sum_k w_k r_k

@@ -43,6 +43,7 @@ from plumbing.files import WriteError, write_json
 from plumbing.models import ModelLoadError, SamplingError, load_model, load_tokenizer
 from plumbing.parallel import all_reduce_sum, full_weights, init_distributed, local, shard, tied_names
 from plumbing.sync import SyncError, check_probe, check_weights, probe_sync, weight_checksums
+from rewards import reward_options
 from rollout import EVAL_TURN_STREAMS, ROLLOUTS, ToolSampler, make_sampler, resolve_model, sampling_memory_error
 from speed.backward import configure_backward, store_linears_bf16
 from speed.compile import compile_layers
@@ -504,6 +505,7 @@ def evaluate_held_out(sampler, eval_sets, args: Args, rank: int, world: int, dev
             temperature=args.eval_temperature,
             top_p=args.eval_top_p,
             progress=rank == 0,
+            options=reward_options(args.max_tokens, args.overlong_buffer, args.reward_model),  # as the rollouts'
         )
         records.append(result["examples"])
         if len(eval_sets) > 1:  # one eval-STEP.jsonl for all sets: each row names its own
