@@ -192,11 +192,13 @@ def load_reward_model(path: str) -> RewardModel:
 
 
 def reward_model_flag_error(path: str, weights: dict) -> str | None:
-    """Why --reward-model and the terms `weights` disagree, as one line (train.py's and eval.py's), or None."""
-    if path and "rm" not in weights:
-        return "--reward-model is read by the rm reward term only: add rm=WEIGHT to --reward-weights"
-    if "rm" in weights and not path:
-        return "the rm reward term scores with --reward-model PATH, which is not given"
+    """Why --reward-model and the terms `weights` disagree, as one line (train.py's and eval.py's), or None: the
+    terms that declare `reward_model` (rm, a fork's) read it."""
+    readers = [term for term in weights if declared_lengths(term, reward_model=path)]
+    if path and not readers:
+        return "--reward-model is read only by a term that scores with it: add rm=WEIGHT to --reward-weights"
+    if readers and not path:
+        return f"the {readers[0]} reward term scores with --reward-model PATH, which is not given"
     return None
 
 

@@ -3,6 +3,7 @@
 python -m pytest tests/test_rollout.py tests/test_rollout_step.py
 """
 
+import bisect
 import functools
 import itertools
 import os
@@ -374,18 +375,22 @@ class HFSampler:
         ids, mask, _ = pad_batch(prompts, [[]] * len(prompts), self.pad_id)
         input_ids = ids[:, :-1].to(device)
         mask = mask[:, :-1].to(device)
-        tokens, logps, ends = self._decode(input_ids, mask, generators, n, max(budgets), filters, stop)
+        tokens, logps = self._decode(input_ids, mask, generators, n, max(budgets), filters)
         results = []
-        for row, (ids, lps, (end, reason)) in enumerate(zip(tokens.tolist(), logps.tolist(), ends)):
+        for row, (ids, lps) in enumerate(zip(tokens.tolist(), logps.tolist())):
+            end = next((i + 1 for i, t in enumerate(ids) if t in self.eos_ids), len(ids))  # EOS included
+            reason = "stop" if ids[end - 1] in self.eos_ids else "length"  # else it ran to the longest budget
+            stop_end = self._stop_end(ids[:end], stop)
+            if stop_end is not None:  # decoded past it (one loop for all rows): cut where the string closes
+                end, reason = stop_end, "stop_string"
             budget = budgets[row // n]
-            if end > budget:  # a shorter budget than the batch's longest: cut where that budget ends
+            if end > budget:  # a shorter budget than the batch's longest: cut where it ends
                 end, reason = budget, "length"
             results.append(completion(self.tokenizer, ids[:end], lps[:end], reason))
         return [results[i * n : (i + 1) * n] for i in range(len(prompts))]
 
-    def _decode(self, input_ids, mask, generators, n, max_tokens, filters, stop=()):
-        """Prefill, KV cache repeated n times, decode: tokens and log-probs (R, K), and each row's (end, finish reason);
-        self.fast: speed/cpu_sampler.py."""
+    def _decode(self, input_ids, mask, generators, n, max_tokens, filters):
+        """Prefill, KV cache repeated n times, decode: tokens and log-probs (R, K); self.fast: speed/cpu_sampler.py."""
         fast = self.fast is not None
         device = input_ids.device
         eos = torch.tensor(sorted(self.eos_ids), device=device)
@@ -417,23 +422,12 @@ class HFSampler:
         logps = torch.zeros(R, max_tokens, device=device)  # (R, K)
         rows = torch.arange(R, device=device)  # (A,): output row of each batch row
         live = torch.ones(R, dtype=torch.bool, device=device)  # (A,)
-        ends = [(max_tokens, "length")] * R  # a row that never stops runs to max_tokens
-        width = max(map(len, stop), default=0)  # tokens that hold a stop string: each token is a character or more
         for i in range(max_tokens):
             token, logp = next_tokens(logits, generators, draw=self.draw, **filters)  # (A,), (A,)
             tokens[rows[live], i] = token[live]
             logps[rows[live], i] = logp[live]
             token = torch.where(live, token, self.pad_id)
-            at_eos = live & torch.isin(token, eos)
-            at_stop = torch.zeros_like(live)
-            if stop:  # a stop string (a tool call) ends a row as EOS does
-                tails = tokens[rows, max(0, i + 1 - width) : i + 1]
-                at_stop = live & ~at_eos & self._ends_in(stop, tails)
-            for row in rows[at_eos].tolist():
-                ends[row] = (i + 1, "stop")  # EOS included
-            for row in rows[at_stop].tolist():
-                ends[row] = (i + 1, "stop_string")
-            live &= ~(at_eos | at_stop)
+            live &= ~torch.isin(token, eos)
             if not live.any() or i == max_tokens - 1:  # no forward whose logits nobody draws from
                 break
             if fast and (~live).sum() * 8 >= len(live):  # an eighth is done: those rows leave (each copies the cache)
@@ -447,13 +441,19 @@ class HFSampler:
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             positions = mask.sum(-1, keepdim=True) - 1  # the new token's, after the left padding
             logits = forward(token[:, None], 1, positions)  # (A, V)
-        return tokens, logps, ends
+        return tokens, logps
 
-    def _ends_in(self, stop, tails) -> torch.Tensor:
-        """(A,) True where a row's last tokens `tails` (A, len(longest stop)) hold a string of `stop`; one that started
-        before them would have stopped the row already."""
-        texts = self.tokenizer.batch_decode(tails.tolist())
-        return torch.tensor([any(s in text for s in stop) for text in texts], device=tails.device)
+    def _stop_end(self, ids, stop) -> int | None:
+        """The length of the shortest start of `ids` whose text holds a string of `stop`, or None: the token that
+        closes the string ends it, whatever else that token holds."""
+
+        def holds(k):
+            text = self.tokenizer.decode(ids[:k])
+            return any(s in text for s in stop)
+
+        if not stop or not holds(len(ids)):
+            return None
+        return bisect.bisect_left(range(len(ids) + 1), True, key=holds)
 
     @torch.no_grad()
     def update_weights(self, named_tensors):

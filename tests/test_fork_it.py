@@ -3,21 +3,20 @@
 Each code block below is docs/fork.md's, character for character (test_docs_show_exactly_this_code checks it).
 The `fork` fixture copies the repository and appends each block to the stage file the page names, which is what
 pasting it below the registry does; nothing in this checkout changes. In the copy, with all the recipes at once:
-each recipe does what it says (a script run there), every fast test that reaches a registry stays green
-(so tests check what a registry contains, never that it equals a list), and train.py trains two steps with every
-new flag, then eval.py scores the new task with its new reward term.
+each recipe does what it says (a script run there), the whole fast suite stays green (so tests check what a
+registry contains, never that it equals a list), and train.py trains two steps with every new flag, then eval.py
+scores the new task with its new reward term.
 """
 
-import ast
-import glob
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 
 import pytest
+
+from tests.test_reward_model import build_classifier
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -104,6 +103,24 @@ def hardest_rollout(step: int, **run) -> Batch:
 ROLLOUTS["hardest"] = hardest_rollout
 '''
 
+TOOL = '''\
+def count_words(text: str) -> str:
+    """The number of words between <words> and </words>, a count a small model gets wrong."""
+    return str(len(text.split()))
+
+
+TOOLS["words"] = count_words
+'''
+
+REWARD_MODEL_TERM = '''\
+def rm_answer_reward(completion, example, reward_model) -> float:
+    """--reward-model's score of the final answer alone, without the reasoning before it."""
+    return reward_model([example.prompt], [final_answer(completion)])[0]
+
+
+REWARD_TERMS["rm-answer"] = rm_answer_reward
+'''
+
 OWN_TASK = '''\
 def mentions_keyword(completion, example) -> float:
     """1 when the answer names the row's keyword: this task's own reward, a --reward-weights term."""
@@ -163,6 +180,8 @@ RECIPES = [
     ("loss.py", KL_ESTIMATOR),
     ("loss.py", LOSS_TERM),
     ("rollout.py", ROLLOUT),
+    ("rollout.py", TOOL),
+    ("rewards.py", REWARD_MODEL_TERM),
     ("loss.py", REFERENCE),
 ]
 
@@ -316,6 +335,19 @@ assert "ema-warmup" in config.choices()["reference"]
 ref = torch.zeros(2)
 loss.REFERENCES["ema-warmup"](ref, torch.ones(2), 50, ref_ema=0.1, ref_reset_every=0)
 assert torch.allclose(ref, torch.full((2,), 0.05))
+# 12. the tool: its call answered, its closing tag among the samplers' stop strings
+assert rollout.call_tool("How many? <words>one two three</words>") == "3"
+assert "</words>" in [rollout.TOOL_TAGS[1].format(name) for name in rollout.TOOLS]
+
+# 13. the reward term on the reward model: the final answer's score, and --reward-model is read by it
+from test_reward_model import build_classifier
+classifier = build_classifier("rm-fork")
+rm = rewards.load_reward_model(classifier)
+row = arith.load("test", limit=1)[0]
+score = arith.reward("<think>long reasoning</think> 12", row, kind="rm-answer", reward_model=rm)
+assert score == pytest.approx(rm([row.prompt], ["12"])[0]) and 0 < score < 1
+assert rewards.reward_model_flag_error(classifier, {"exact": 1.0, "rm-answer": 0.5}) is None
+assert "rm-answer reward term" in rewards.reward_model_flag_error("", {"rm-answer": 0.5})
 print("recipes ok")
 """
 
@@ -334,105 +366,13 @@ def test_each_recipe_does_what_it_says_in_the_fork(fork):
     assert result.returncode == 0 and "recipes ok" in result.stdout, result.stderr[-3000:]
 
 
-# A test can pin a registry only by reaching it: by name, through a flag's choices or help, or through Args and the
-# presets. The fork's fast suite runs every test that does in its own code, or that names a helper, constant or
-# fixture (its file's or conftest's) reaching a registry by name; and all of test_layout (the recipes add code to
-# stage files). A helper that builds Args (tiny_args) pins nothing: a test pins the flags only by listing them.
-REGISTRY_NAMES = (
-    r"ESTIMATORS|TASKS|AGGREGATIONS|REWARD_TERMS|ROW_FILTERS|RATIOS|IS_CORRECTIONS|SAMPLERS|PRESETS"
-    r"|KL_ESTIMATORS|LOSS_TERMS|OPTION_CHOICES|ROLLOUTS|REFERENCES"
-)
-REACHES_A_REGISTRY = re.compile(
-    REGISTRY_NAMES + r"|choices\(|must be one of|--help|estimator_params|hyperparameter"
-    r"|Args\("
-)
-
-
-def _reaching_definitions(path: str) -> tuple[dict, set]:
-    """(the file's module-level definitions {name: node}, the names among them that reach a registry: a test by
-    REACHES_A_REGISTRY, a helper by a registry's name, or either through a definition of the file it names)."""
-    source = open(path).read()
-    tree = ast.parse(source, path)
-    defs = {}
-    for node in tree.body:
-        names = (
-            [node.name]
-            if isinstance(node, (ast.FunctionDef, ast.ClassDef))
-            else [t.id for t in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(t, ast.Name)]
-        )
-        defs.update({name: node for name in names})
-    named = {
-        name: {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | set(_arguments(node))
-        for name, node in defs.items()
-    }
-    reach = {
-        name
-        for name, node in defs.items()
-        if re.search(REGISTRY_NAMES, _source(source, node))
-        or (name.startswith("test_") and REACHES_A_REGISTRY.search(_source(source, node)))
-    }
-    while True:
-        more = {name for name in defs if name not in reach and named[name] & reach}
-        if not more:
-            return defs, reach
-        reach |= more
-
-
-def _source(source: str, node) -> str:
-    first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-    return "\n".join(source.splitlines()[first - 1 : node.end_lineno])
-
-
-def _arguments(node) -> list[str]:
-    """A function's argument names: the fixtures a test asks for."""
-    return [a.arg for a in node.args.args] if isinstance(node, ast.FunctionDef) else []
-
-
-def registry_tests() -> list[str]:
-    """The fork suite's node ids, `tests/test_x.py::test_name`: every test that reaches a registry, all of
-    test_layout. A test reaches one when it, or a definition it names (its file's or a conftest fixture), does."""
-    _, shared = _reaching_definitions(os.path.join(ROOT, "tests", "conftest.py"))
-    chosen = []
-    for path in sorted(glob.glob(os.path.join(ROOT, "tests", "test_*.py"))):
-        rel = os.path.relpath(path, ROOT)
-        if path.endswith("test_fork_it.py"):
-            continue
-        defs, reach = _reaching_definitions(path)
-        tests = [name for name in defs if name.startswith("test_") and isinstance(defs[name], ast.FunctionDef)]
-        if path.endswith("test_layout.py"):
-            chosen.append(rel)
-        else:
-            chosen += [f"{rel}::{name}" for name in tests if name in reach or set(_arguments(defs[name])) & shared]
-    return chosen
-
-
-def test_the_fork_suite_holds_every_test_that_reaches_a_registry(tmp_path):
-    chosen = registry_tests()
-    for name in ("advantage", "loss", "rewards", "tasks", "train", "eval", "bad_input"):
-        assert any(c.startswith(f"tests/test_{name}.py::") for c in chosen), name
-    assert "tests/test_layout.py" in chosen and not any("test_power.py" in c or "test_fork_it" in c for c in chosen)
-    # a test reaching a registry through a helper, or through a constant, is chosen; one that reaches none is not
-    path = tmp_path / "test_x.py"
-    path.write_text(
-        "NAMES = sorted(TASKS)\n\ndef helper():\n    return NAMES\n\n\n"
-        "def args():\n    return Args(steps=1)\n\n\n"
-        "def test_through_a_helper():\n    assert helper()\n\n\n"
-        "def test_directly():\n    assert 'x' not in ESTIMATORS\n\n\n"
-        "def test_elsewhere():\n    assert args()\n"
-    )
-    defs, reach = _reaching_definitions(str(path))
-    assert {"test_through_a_helper", "test_directly", "helper", "NAMES"} <= reach
-    assert "test_elsewhere" not in reach and "args" not in reach
-    assert "tests/test_train.py::test_fused_adamw_matches_default" not in chosen  # its tiny_args pins no registry
-
-
 @pytest.mark.slow
 def test_the_fast_suite_stays_green_in_the_fork(fork):
-    """Every registry a recipe reaches holds one more entry (TASKS and REWARD_TERMS two): a test that pinned a
-    registry to a list fails here."""
-    result = run_in(
-        fork, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p", "no:cacheprovider", *registry_tests(), timeout=1800
-    )
+    """The whole fast suite, in the fork: every registry a recipe reaches holds one more entry (TASKS, REWARD_TERMS
+    and ROLLOUTS' file two), and stage files hold more code, so a test that pinned a registry to a list, or a file
+    to its size, fails here."""
+    suite = ["-m", "pytest", "-q", "-x", "-m", "not slow", "-p", "no:cacheprovider", "tests"]
+    result = run_in(fork, *suite, "--ignore", "tests/test_fork_it.py", timeout=1800)
     assert result.returncode == 0, result.stdout[-3000:]
 
 
@@ -540,7 +480,11 @@ def test_train_and_eval_run_with_every_recipe(fork, tiny_model_dir):
         "--data-file",
         "topics.jsonl",
         "--reward-weights",
-        "mentions=1,sim=0.5",
+        "mentions=1,sim=0.5,rm-answer=0.2",
+        "--reward-model",
+        build_classifier(fork / "rm"),
+        "--rollout",
+        "tools",
         "--out-dir",
         "run-topic",
         *common,
@@ -548,6 +492,7 @@ def test_train_and_eval_run_with_every_recipe(fork, tiny_model_dir):
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = [json.loads(line) for line in open(fork / "run-topic" / "metrics.jsonl")]
     assert all(0.0 <= m["reward/mentions"] <= 1.0 and "reward/sim" in m for m in metrics)
+    assert all(0.0 < m["reward/rm-answer"] < 1.0 and m["rollout/tool_calls"] >= 0 for m in metrics)
     result = run_in(
         fork,
         "eval.py",

@@ -99,7 +99,7 @@ def test_train_and_eval_give_the_same_rm_reward_for_the_same_completion(classifi
     "flags,said",
     [
         (dict(reward_weights="exact=1,rm=0.5"), "the rm reward term scores with --reward-model PATH"),
-        (dict(reward_model="RM"), "--reward-model is read by the rm reward term only"),
+        (dict(reward_model="RM"), "--reward-model is read only by a term that scores with it"),
         (dict(reward_weights="exact=1,rm=0.5", reward_model="nowhere"), "--reward-model nowhere is not a model"),
         (dict(reward_weights="exact=1,rm=0.5", reward_model="CAUSAL"), "not an AutoModelForSequenceClassification"),
         (dict(reward_weights="exact=1,rm=0.5", reward_model="TWO"), "has 2 labels: rm reads one score"),
