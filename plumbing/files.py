@@ -38,6 +38,7 @@ def write_whole(path: str, write) -> None:
             f.flush()
             os.fsync(f.fileno())  # the data on disk before the rename names it: no empty file after a power cut
         os.replace(tmp, path)
+        fsync(folder)  # the rename itself on disk: after a power cut the name points at the new file, not the old
     except OSError as err:
         raise _write_failed("write", path, err, "The file is as it was before.") from None
     finally:

@@ -130,7 +130,10 @@ def checksum(t: torch.Tensor, dtype) -> tuple[float, float, int]:
 
 
 def weight_checksums(sampler, model, step: int = 0, every: int = 1) -> tuple[dict, dict] | None:
-    """(engine, trainer) checksums (a collective under FSDP2); None unless `step` is a multiple of `every` > 0."""
+    """(engine, trainer) checksums (a collective under FSDP2); None unless `step` is a multiple of `every` > 0.
+    The trainer's side comes from full_weights, the stream that fed the engine: the check sees a weight lost, cut
+    or mis-loaded on the way (a transport, a reload, a packed copy that did not follow), not a wrong gather or a
+    wrong LoRA merge, which both sides would share; the probe's log-probs (check_probe) are the check of those."""
     if not every or step % every:  # every weight gathered and summed: only every few steps
         return None
     shapes = {

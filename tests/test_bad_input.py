@@ -988,3 +988,20 @@ def test_eval_refuses_an_out_that_is_one_of_its_inputs(flag, tmp_path):
     result = run("eval.py", "--model", "m", "--task", task, flag, named, *extra, "--out", data)
     assert_one_line(result, 2, "eval.py: error: --out ", "is an input of this run")
     assert data.read_text() == '{"question": "q", "answer": "#### 1"}\n'  # the data is as it was
+
+
+def test_a_whole_write_fsyncs_its_folder_after_the_rename(tmp_path, monkeypatch):
+    """Issue 64: the atomic write fsynced the file, not the folder, so after a power cut the rename could be lost."""
+    from plumbing import files
+
+    synced = []
+    real = files.fsync
+
+    def recorded(path):
+        synced.append(path)
+        real(path)
+
+    monkeypatch.setattr(files, "fsync", recorded)
+    target = tmp_path / "state.json"
+    files.write_json(str(target), {"step": 3})
+    assert synced == [str(tmp_path)] and json.loads(target.read_text()) == {"step": 3}

@@ -508,3 +508,12 @@ def test_the_vllm_engine_refuses_expandable_segments_in_one_line_before_it_loads
     with pytest.raises(SamplingError, match="^PYTORCH_CUDA_ALLOC_CONF sets expandable_segments:True") as err:
         VLLMSampler("/no/such/model", dtype="bfloat16", max_model_len=64, seed=0, gpu_memory_utilization=0.3)
     assert "\n" not in str(err.value) and "--sampler vllm" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "name,peak",
+    [("NVIDIA H100 80GB HBM3", 989), ("NVIDIA H100 PCIe", 756), ("NVIDIA H100 NVL", 835), ("NVIDIA H200", 989)],
+)
+def test_an_h100_pcie_card_gets_its_own_peak_not_the_sxm_modules(name, peak):
+    """Issue 64: any "H100" read 989 TFLOP/s, the SXM figure, so MFU read low by a quarter on a PCIe card."""
+    assert gpu_check.peak_tflops(name) == peak and gpu_check.peak_tflops("Some Other GPU") == 0

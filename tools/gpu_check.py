@@ -45,7 +45,26 @@ import time
 MEMORY_SLACK = 1.15  # measured over planned before the memory gate fails (docs/memory_plan.md: what it covers)
 PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "tqdm")  # the torchrun path on arith
 PHASES = ("rollout", "train", "sync")
-PEAK_TFLOPS = {"H200": 989, "H100": 989, "H800": 989, "A100": 312, "A800": 312, "L40S": 362, "L4": 121, "A10": 125}
+# dense bf16 TFLOP/s by the name torch reports, the first match wins: an H100 PCIe card or an NVL one computes less
+# than the SXM module its bare name would match (NVIDIA's H100 datasheet: 756 PCIe, 835 NVL, 989 SXM)
+PEAK_TFLOPS = {
+    "H100 PCIe": 756,
+    "H100 NVL": 835,
+    "H200 NVL": 835,
+    "H200": 989,
+    "H100": 989,
+    "H800": 989,
+    "A100": 312,
+    "A800": 312,
+    "L40S": 362,
+    "L4": 121,
+    "A10": 125,
+}
+
+
+def peak_tflops(device_name: str) -> float:
+    """PEAK_TFLOPS' figure for `device_name` (torch.cuda.get_device_name), 0 for a card it does not know."""
+    return next((peak for name, peak in PEAK_TFLOPS.items() if name in device_name), 0)
 
 
 def read_rows(run_dir: str) -> list[dict]:
@@ -426,7 +445,7 @@ def main(argv=None) -> int:
 
         device_name = torch.cuda.get_device_name(0)
         total_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
-        peak = float(os.environ.get("PEAK_TFLOPS") or next((v for k, v in PEAK_TFLOPS.items() if k in device_name), 0))
+        peak = float(os.environ.get("PEAK_TFLOPS") or peak_tflops(device_name))
     verdict = []  # (N, gate, status, detail)
     for ranks in cli.runs:
         n = int(ranks)
