@@ -47,7 +47,7 @@ from rewards import reward_options
 from rollout import EVAL_TURN_STREAMS, ROLLOUTS, ToolSampler, make_sampler, resolve_model, sampling_memory_error
 from speed.backward import configure_backward, store_linears_bf16
 from speed.compile import compile_layers
-from speed.logprobs import pack_batch, packed_logprobs, pad_batch, sequence_logprobs
+from speed.logprobs import pack_batch, packed_logprobs, packing_error, pad_batch, sequence_logprobs
 from speed.micro_batches import agreed, micro_batch_rows
 from tasks import DataError, encode_prompts, get_task, load_data, reward_weights
 
@@ -421,6 +421,8 @@ def load_models(args: Args, ckpt, init_path, device):
         if ckpt is None:
             raise
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: {first_line(err, limit=200)}") from None
+    if args.pack and (error := packing_error(model)):  # before a step attends across sequences
+        raise ModelLoadError(error)
     # before shard(): FSDP2 must wrap the checkpointed layers
     configure_backward(model, bf16=bf16, checkpointing=args.grad_checkpointing, compiled=args.compile)
     if args.lora_rank:  # the reference is this model with its adapters off (ppo_update), as TRL's

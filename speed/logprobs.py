@@ -113,6 +113,16 @@ def sequence_logprobs(
 PACKED_ATTENTION = ("eager", "sdpa", "flash_attention_2", "flex_attention")  # each keeps packed sequences apart
 
 
+def packing_error(model) -> str | None:
+    """Why --pack cannot keep `model`'s packed sequences apart, as one line, or None: transformers turns restarting
+    position ids into separate sequences only under PACKED_ATTENTION's kernels (the tests try eager and sdpa)."""
+    attention = model.config._attn_implementation
+    if attention in PACKED_ATTENTION:
+        return None
+    kept_apart = ", ".join(PACKED_ATTENTION)
+    return f"--pack: {attention} attention would let packed sequences attend to each other ({kept_apart} do not)"
+
+
 def pack_batch(prompts: list[list[int]], completions: list[list[int]]):
     """The sequences back to back in one row, no pad: ids and position ids (1, T), the positions restarting at 0 for
     each sequence, which transformers reads as packed (a block-diagonal causal mask, attention_mask=None); then the

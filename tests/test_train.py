@@ -1556,3 +1556,22 @@ def test_packed_log_probs_entropies_and_gradients_equal_the_padded_ones(tiny_mod
     for name, grad in padded[2].items():
         assert torch.allclose(packed[2][name], grad, rtol=0, atol=tol), name
     assert padded[0].abs().sum() > 1  # real log-probs, not zeros
+
+
+def test_pack_refuses_an_attention_that_would_mix_packed_sequences_before_training(
+    tiny_model_dir, tmp_path, digits, monkeypatch
+):
+    """Issue 63, item 2: --pack leans on transformers keeping restarting position ids apart, which only some
+    kernels do; a run under another is refused in one line before any step, its folder empty of checkpoints."""
+    from transformers import AutoModelForCausalLM
+
+    import speed.logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="eager")
+    assert speed.logprobs.packing_error(model) is None
+    monkeypatch.setattr(speed.logprobs, "PACKED_ATTENTION", ("sdpa",))  # as if eager mixed them
+    error = speed.logprobs.packing_error(model)
+    assert error == "--pack: eager attention would let packed sequences attend to each other (sdpa do not)"
+    with pytest.raises(train.ModelLoadError, match="^--pack: eager attention"):
+        train.main(tiny_args(tiny_model_dir, tmp_path / "run", pack=True))
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
