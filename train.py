@@ -50,6 +50,7 @@ from speed.compile import compile_layers
 from speed.logprobs import pack_batch, packed_logprobs, packing_error, pad_batch, sequence_logprobs
 from speed.micro_batches import agreed, micro_batch_rows
 from tasks import DataError, encode_prompts, get_task, load_data, reward_weights
+from tools.memory_plan import engine_share_error, shape_from_config
 
 
 def main(args: Args) -> dict:
@@ -105,6 +106,11 @@ def train(args: Args, out_dir: str, ckpt: str | None) -> dict:
         if error := sampling_memory_error(model.config, rows, kept, max_prompt, **at, lower=lower):
             raise SamplingError(error)
     sampler_context = max_prompt + args.max_tokens  # the longest prompt and a whole completion
+    if args.sampler == "vllm" and device.type == "cuda":  # else vLLM fails to start on every rank (docs/memory_plan.md)
+        gpu = dict(gpu_bytes=torch.cuda.mem_get_info(device)[1], utilization=args.gpu_memory_utilization)
+        shape = shape_from_config(model.config.to_dict())
+        if error := engine_share_error(shape, dtype=args.dtype, **gpu, length=sampler_context):
+            raise SamplingError(error)
     phase = run_log.Phases(device)
     with kept_rng_state():  # vLLM reseeds the global RNGs
         sampler = phase.build(
@@ -414,9 +420,11 @@ def load_models(args: Args, ckpt, init_path, device):
     """Tokenizer, float32 policy (`ckpt` on resume), reference; under torchrun rank 0 alone reads the weights."""
     empty = dist.is_initialized() and dist.get_rank() > 0
     bf16 = args.dtype == "bfloat16"
+    # LoRA: the base, which a checkpoint does not hold, is --model's (checkpoint-STEP/ is the merged policy)
+    weights = init_path if args.lora_rank else ckpt or init_path
     try:
         tokenizer = load_tokenizer(ckpt or init_path)
-        model = load_model(ckpt or init_path, torch.float32, device, empty)
+        model = load_model(weights, torch.float32, device, empty)
     except Exception as err:  # whatever a damaged file raises
         if ckpt is None:
             raise

@@ -214,8 +214,10 @@ def untied(model, state: dict) -> dict:
 
 def sharded_state(model, optimizer, ref_model=None) -> dict:
     """DCP state with each tensor once; creates a fresh optimizer's moments. No param_groups: make_optimizer builds
-    them from the flags, and load_checkpoint sets the scheduled lr."""
-    model_state, optim_state = dcp_state.get_state_dict(model, optimizer)
+    them from the flags, and load_checkpoint sets the scheduled lr. A frozen weight (LoRA's base) is left out: it
+    never changes, and a resume reads it from the run's --model (train.load_models)."""
+    trained_only = dcp_state.StateDictOptions(ignore_frozen_params=True)
+    model_state, optim_state = dcp_state.get_state_dict(model, optimizer, options=trained_only)
     state = {"model": untied(model, model_state), "optimizer": optim_state["state"]}
     if ref_model is not None:
         state["reference"] = untied(ref_model, dcp_state.get_model_state_dict(ref_model))

@@ -114,10 +114,12 @@ def test_a_lora_run_trains_only_the_adapters_and_saves_the_merged_policy(tiny_mo
         if ".lora_" not in name:
             assert torch.equal(tensor, base[name.removeprefix("base_model.model.").replace(".base_layer.", ".")]), name
     assert all(v.abs().max() > 0 for k, v in adapters.items() if "lora_B" in k)  # B starts at 0: they trained
-    moments = FileSystemReader(str(ckpt / "trainer")).read_metadata().state_dict_metadata
-    assert {k.split(".", 1)[1].rsplit(".", 1)[0] for k in moments if k.startswith("optimizer.")} == {
+    entries = FileSystemReader(str(ckpt / "trainer")).read_metadata().state_dict_metadata
+    assert {k.split(".", 1)[1].rsplit(".", 1)[0] for k in entries if k.startswith("optimizer.")} == {
         k for k in adapters
     }  # AdamW's moments: the adapters' alone
+    # issue 64: the trainer state holds no base weight (the run's --model does), only the adapters
+    assert {k.removeprefix("model.") for k in entries if k.startswith("model.")} == set(adapters)
 
     # checkpoint-STEP/ is a plain model folder holding the merged policy: W + (alpha / r) B A
     merged = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
