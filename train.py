@@ -50,7 +50,6 @@ from speed.compile import compile_layers
 from speed.logprobs import pack_batch, packed_logprobs, packing_error, pad_batch, sequence_logprobs
 from speed.micro_batches import agreed, micro_batch_rows
 from tasks import DataError, encode_prompts, get_task, load_data, reward_weights
-from tools.memory_plan import engine_share_error, shape_from_config
 
 
 def main(args: Args) -> dict:
@@ -107,6 +106,8 @@ def train(args: Args, out_dir: str, ckpt: str | None) -> dict:
             raise SamplingError(error)
     sampler_context = max_prompt + args.max_tokens  # the longest prompt and a whole completion
     if args.sampler == "vllm" and device.type == "cuda":  # else vLLM fails to start on every rank (docs/memory_plan.md)
+        from tools.memory_plan import engine_share_error, shape_from_config
+
         gpu = dict(gpu_bytes=torch.cuda.mem_get_info(device)[1], utilization=args.gpu_memory_utilization)
         shape = shape_from_config(model.config.to_dict())
         if error := engine_share_error(shape, dtype=args.dtype, **gpu, length=sampler_context):

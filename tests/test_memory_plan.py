@@ -394,3 +394,68 @@ def test_the_official_qwen3_run_plans_on_its_32_gpus_and_its_preset_is_its_yaml(
     assert lines[0] == "polaris (Qwen/Qwen3-1.7B-Base) on 32 x 80 GiB, with gradient checkpointing"
     assert "128 sequences per rank per minibatch in micro-batches of 8" in result.stdout  # 256 x 16 / 32
     assert lines[-1].startswith("fits: peak ") and "(rollout) of 80 GiB" in lines[-1]  # vLLM's 0.7 x 80 GiB
+
+
+QWEN2_7B = dict(  # Qwen2.5-7B's config.json: untied embeddings, 4 key/value heads
+    hidden_size=3584,
+    intermediate_size=18944,
+    num_hidden_layers=28,
+    num_attention_heads=28,
+    num_key_value_heads=4,
+    vocab_size=152064,
+)
+
+
+def test_the_engine_share_holds_the_weights_and_one_full_sequences_kv_cache_or_names_the_share_that_does():
+    """A 7B model, by hand: 7,615,616,512 parameters (28 layers of 233,057,792, two 152064 x 3584 embeddings, the
+    final norm) are 15,231,233,024 bf16 bytes; a token's keys and values 2 x 28 x 4 x 128 x 2 = 57,344 bytes, 1,280
+    tokens 73,400,320. Both need 0.178 of 80 GiB: 0.12 is refused with 0.18, which holds them, as does a share
+    just above it, and 0.17 does not. train.py's start-up reads the shape from the model's config (to_dict)."""
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(**QWEN2_7B)
+    shape = memory_plan.shape_from_config(config.to_dict())
+    assert shape.params == 7_615_616_512 == meta_params(config)
+    gpu = 80 * memory_plan.GiB
+    check = dict(dtype="bfloat16", gpu_bytes=gpu, length=1280)
+    assert memory_plan.engine_share_error(shape, utilization=0.12, **check) == (
+        "--gpu-memory-utilization 0.12 gives vLLM 9.6 GiB of the GPU's 80.0 GiB, below its 14.2 GiB of bfloat16 "
+        "weights and 0.07 GiB of KV cache for one sequence of 1,280 tokens: pass at least 0.18"
+    )
+    assert (15_231_233_024 + 73_400_320) / gpu == pytest.approx(0.17817, abs=1e-5)
+    assert memory_plan.engine_share_error(shape, utilization=0.18, **check) is None
+    assert memory_plan.engine_share_error(shape, utilization=0.181, **check) is None
+    assert memory_plan.engine_share_error(shape, utilization=0.17, **check).endswith("pass at least 0.18")
+    # float32 weights and keys and values: twice the bytes, 0.357 of the GPU
+    assert memory_plan.engine_share_error(shape, utilization=0.3, **{**check, "dtype": "float32"}).endswith(
+        "28.4 GiB of float32 weights and 0.14 GiB of KV cache for one sequence of 1,280 tokens: pass at least 0.36"
+    )
+    # the KV cache counts: a 100,000-token sequence's 5.3 GiB takes the same 7B past 0.18
+    assert memory_plan.engine_share_error(shape, utilization=0.18, **{**check, "length": 100_000}).endswith("0.25")
+    # no share config.py allows holds a model larger than the GPU
+    assert "no share below 1 does" in memory_plan.engine_share_error(
+        shape, utilization=0.9, **{**check, "gpu_bytes": 14 * memory_plan.GiB}
+    )
+
+
+def test_plan_refuses_a_7b_model_at_the_gsm8k_presets_share_and_takes_the_share_it_names(tmp_path):
+    """gsm8k's preset gives vLLM 0.12 of the GPU, which holds Qwen2.5-1.5B but not a 7B model's 14.2 GiB of bf16
+    weights: vLLM would fail at start-up on every rank, so `train.py --plan` says "does NOT fit" (its misfit
+    verdict, as for a peak over the GPU) with the one line train.py's start-up raises, and the plan table's
+    paper presets all still fit (test_the_paper_presets_are_sized_by_the_plan_for_80_gb checks each)."""
+    from transformers import Qwen2Config
+
+    from config import PRESETS, Args
+
+    Qwen2Config(**QWEN2_7B).save_pretrained(tmp_path)  # a config, no weights: the plan reads only config.json
+    refused = run_script("train.py", "--task", "gsm8k", "--plan", "--model", tmp_path)
+    assert refused.returncode == 0, refused.stderr[-2000:]
+    assert refused.stdout.strip().splitlines()[-1] == (
+        "does NOT fit: --gpu-memory-utilization 0.12 gives vLLM 9.6 GiB of the GPU's 80.0 GiB, below its 14.2 GiB "
+        "of bfloat16 weights and 0.07 GiB of KV cache for one sequence of 1,280 tokens: pass at least 0.18"
+    )
+    taken = run_script("train.py", "--task", "gsm8k", "--plan", "--model", tmp_path, "--gpu-memory-utilization", 0.18)
+    assert taken.returncode == 0, taken.stderr[-2000:]
+    assert taken.stdout.strip().splitlines()[-1].startswith("fits: peak ")
+    args = {**Args().__dict__, **PRESETS["gsm8k"], "task": "gsm8k", "model": str(tmp_path)}
+    assert not plan(args, gpus=8, gpu_gb=80, grad_checkpointing=True).fits

@@ -21,6 +21,8 @@ A step has three phases, and the plan adds up what one rank holds in each (GiB =
 A fixed CUDA_OVERHEAD covers the CUDA context, NCCL and cuBLAS workspaces and allocator slack; torch's allocator
 counts none of it, so `trainer_allocated` (what scripts/gpu_check.sh holds against torch's measured peaks) leaves it
 out, with vLLM's rows. Each row says what backs it: `calibration` (none has been calibrated on a GPU yet).
+A share too small for the engine's weights and one full-length sequence's KV cache, which vLLM refuses at start-up,
+does not fit whatever the peak (engine_share_error; train.py checks the same before it builds the engine).
 
 What train.py does that sets these numbers (read from its code, not guessed):
 1. Master weights, gradients and AdamW's two moments are float32: 4 + 4 + 8 bytes per parameter, divided
@@ -232,6 +234,37 @@ def training_state(shape: Shape, *, ranks: int, unsharded_grads: bool, lora: int
     }
 
 
+DTYPE_BYTES = {"bfloat16": 2, "float32": 4}  # --dtype, made concrete (config.resolve_auto)
+
+
+def engine_share_error(shape: Shape, *, dtype: str, gpu_bytes: float, utilization: float, length: int) -> str | None:
+    """One line when vLLM's share of the GPU (`utilization` x `gpu_bytes`) cannot hold the engine's `dtype` weights
+    and the KV cache of one sequence of `length` tokens (the longest prompt + --max-tokens, its max_model_len), naming
+    the smallest --gpu-memory-utilization that does (2 decimals, rounded up); None when it holds them.
+
+    That KV cache is vLLM's own floor: below it vLLM V1 refuses to start ("To serve at least one request with the
+    models's max seq len", vllm/v1/core/kv_cache_utils.py: check_enough_kv_cache_memory). It samples more sequences
+    at once only with more KV cache, but starts without it (fewer run at a time), so max_num_seqs sets no floor.
+    vLLM's activations and CUDA graphs come on top: a share that passes here may still be too small, one refused
+    here always is."""
+    size = DTYPE_BYTES[dtype]
+    weights = size * shape.params
+    kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * size * length  # keys and values, every layer
+    need = weights + kv
+    if need <= utilization * gpu_bytes:
+        return None
+    smallest = math.ceil(need / gpu_bytes * 100) / 100
+    if smallest * gpu_bytes < need:  # the division rounded a hair below the ceiling's step
+        smallest += 0.01
+    # config.py's rule: --gpu-memory-utilization in (0, 1)
+    answer = f"pass at least {smallest:.2f}" if smallest < 1 else "no share below 1 does: a larger GPU"
+    return (
+        f"--gpu-memory-utilization {utilization:g} gives vLLM {utilization * gpu_bytes / GiB:.1f} GiB of the GPU's "
+        f"{gpu_bytes / GiB:.1f} GiB, below its {weights / GiB:.1f} GiB of {dtype} weights and {kv / GiB:.2f} GiB of "
+        f"KV cache for one sequence of {length:,} tokens: {answer}"
+    )
+
+
 def activations(
     shape: Shape,
     *,
@@ -353,9 +386,12 @@ class Plan:
     gpu_bytes: float
     fits: bool
     assumptions: list
+    engine_error: str | None = None  # engine_share_error's line: vLLM's share cannot hold its weights
 
     @property
     def verdict(self) -> str:
+        if self.engine_error:  # vLLM would refuse to start on every rank, whatever the peak
+            return f"does NOT fit: {self.engine_error}"
         word = "fits" if self.fits else "does NOT fit"
         return (
             f"{word}: peak {self.peak / GiB:.1f} GiB ({self.peak_phase}) of {self.gpu_bytes / GiB:.0f} GiB "
@@ -412,7 +448,10 @@ def plan(
             + 4 * (shape.embedding + (2 * shape.layers + 1) * shape.hidden)
         )
     )
-    vllm = args.get("gpu_memory_utilization", 0.3) * gpu
+    utilization = args.get("gpu_memory_utilization", 0.3)
+    vllm = utilization * gpu
+    engine = dict(dtype="bfloat16" if bf16 else "float32", gpu_bytes=gpu, utilization=utilization, length=prompt + K)
+    engine_error = engine_share_error(shape, **engine)
     act = activations(
         shape,
         batch=batch,
@@ -552,7 +591,8 @@ def plan(
         "the trainer empties the CUDA cache before vLLM wakes (else the rollout phase also holds the train phase's "
         "cached blocks)",
     ]
-    return Plan(rows, totals, totals[peak_phase], peak_phase, gpu, totals[peak_phase] <= gpu, assumptions)
+    fits = totals[peak_phase] <= gpu and not engine_error
+    return Plan(rows, totals, totals[peak_phase], peak_phase, gpu, fits, assumptions, engine_error)
 
 
 def calibration(item: str) -> str:
