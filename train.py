@@ -411,21 +411,23 @@ def update_reference(ref_model, model, step: int, args: Args):
 
 def load_reference(path, args: Args, device, empty=False):
     """The KL reference; a frozen one under bf16 keeps its linears in bf16 (an EMA step would round away)."""
-    ref_model = load_model(path, torch.float32, device, empty).eval().requires_grad_(False)
+    ref_model = load_model(path, torch.float32, device, empty, host=dist.is_initialized())
+    ref_model = ref_model.eval().requires_grad_(False)
     if args.dtype == "bfloat16" and not dist.is_initialized() and REFERENCES[args.reference] is None:
         store_linears_bf16(ref_model)  # FSDP2 wants one dtype per sharded layer
     return compile_layers(ref_model) if args.compile else ref_model
 
 
 def load_models(args: Args, ckpt, init_path, device):
-    """Tokenizer, float32 policy (`ckpt` on resume), reference; under torchrun rank 0 alone reads the weights."""
+    """Tokenizer, float32 policy (`ckpt` on resume), reference; under torchrun rank 0 alone reads the weights, into
+    host memory (shard() sends each rank its shards: no GPU holds a whole float32 copy)."""
     empty = dist.is_initialized() and dist.get_rank() > 0
     bf16 = args.dtype == "bfloat16"
     # LoRA: the base, which a checkpoint does not hold, is --model's (checkpoint-STEP/ is the merged policy)
     weights = init_path if args.lora_rank else ckpt or init_path
     try:
         tokenizer = load_tokenizer(ckpt or init_path)
-        model = load_model(weights, torch.float32, device, empty)
+        model = load_model(weights, torch.float32, device, empty, host=dist.is_initialized())
     except Exception as err:  # whatever a damaged file raises
         if ckpt is None:
             raise

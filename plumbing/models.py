@@ -139,14 +139,17 @@ def _from_pretrained(cls, path, **kwargs):
 
 
 # SPEED TRICK: tests/test_loss.py::test_eager_attention_matches_sdpa
-def load_model(path, dtype=torch.float32, device="cpu", empty=False):
-    """Eager attention on CPU: faster for short sequences. `empty`: no weights (meta), for shard() to fill."""
+def load_model(path, dtype=torch.float32, device="cpu", empty=False, host=False):
+    """Eager attention on CPU: faster for short sequences. `empty`: no weights (meta), for shard() to fill. `host`:
+    the weights stay in host memory, the attention still `device`'s: shard() moves each rank's shards alone to it,
+    so no GPU holds a whole copy."""
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
     attention = "eager" if torch.device(device).type == "cpu" else "sdpa"
     if not empty:
-        return _from_pretrained(AutoModelForCausalLM, path, dtype=dtype, attn_implementation=attention).to(device)
+        model = _from_pretrained(AutoModelForCausalLM, path, dtype=dtype, attn_implementation=attention)
+        return model if host else model.to(device)
     config = _from_pretrained(AutoConfig, path)
     with init_empty_weights():  # the buffers (rotary frequencies) are built: no state dict holds them
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)

@@ -37,3 +37,12 @@ def test_loadable_model_still_loads(tiny_model_dir):
     model = load_model(tiny_model_dir)
     assert model.config._attn_implementation == "eager"
     assert load_tokenizer(tiny_model_dir).eos_token_id is not None
+
+
+def test_a_host_load_keeps_the_weights_in_host_memory_with_the_devices_attention(tiny_model_dir):
+    """Issue 64, item 3: under torchrun rank 0 read the whole float32 policy and reference onto its GPU before
+    shard() cut them; now it reads them into host memory (shard() moves each rank's shards), while the attention is
+    the GPU's own (sdpa), as the other ranks' empty builds choose it."""
+    model = load_model(tiny_model_dir, device="cuda", host=True)  # no CUDA needed: nothing moves to it
+    assert {p.device.type for p in model.parameters()} == {"cpu"} and model.config._attn_implementation == "sdpa"
+    assert load_model(tiny_model_dir).config._attn_implementation == "eager"  # a CPU run's own choice
