@@ -113,15 +113,15 @@ def evaluate(
         terms = [{term: column[i] for term, column in columns.items()} for i in range(len(every))]
         per_example = 1 + len(sampled[0])  # the greedy completion, then the samples
         for i, ex in enumerate(batch):
-            first = i * per_example
-            best = every[first][1]
+            at = i * per_example  # its greedy completion's place in `every`
+            best = every[at][1]
             record = {"uid": ex.uid, "prompt": ex.prompt, "gold": ex.gold, "reference": ex.reference}
-            record.update(scored(best, terms[first]))
+            record.update(scored(best, terms[at]))
             record["answer"] = task.extract(best.text)
             if weighted:
-                record["terms"] = terms[first]
+                record["terms"] = terms[at]
             if samples > 0:
-                replies = [scored(every[j][1], terms[j]) for j in range(first + 1, first + per_example)]
+                replies = [scored(every[j][1], terms[j]) for j in range(at + 1, at + per_example)]
                 record["sampled_rewards"] = [r["reward"] for r in replies]
                 record["samples"] = replies
             records.append(record)

@@ -119,6 +119,10 @@ def test_k_samples_per_prompt_and_a_shard_draws_what_one_process_draws(tiny_mode
         "examples"
     ]
     assert [r["samples"] for r in moved] != [r["samples"] for r in records[2:]]  # `first` is what lines them up
+    # batches of 2: each batch's streams hang on its rows' places, whatever the batch size
+    opts = dict(samples=3, max_tokens=5, seed=77, temperature=0.6, progress=False)
+    batched = evaluate(sampler, SayTask(), rows, batch_size=2, **opts)["examples"]
+    assert [r["samples"] for r in batched] == [r["samples"] for r in records]
     passes = [[s["passed"] for s in r["samples"]] for r in records]
     assert whole["summary"]["mean@3"] == sum(map(sum, passes)) / 15
     assert whole["summary"]["pass@k"] == sampled_scores([r["sampled_rewards"] for r in records], passes)["pass@k"]
