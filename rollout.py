@@ -358,7 +358,7 @@ class HFSampler:
     def generate(self, prompts, *, n, max_tokens, seed=0, stop=(), **filters):
         """G lists of n Completions; sample k of prompt i draws stream seed + i * n + k, as vLLM does. `filters`:
         next_tokens' temperature, top_p, top_k and min_p. Every caller that samples names its streams (step_seed).
-        `seed` and `max_tokens` may be lists, one a prompt (seed[i] + k; generate_with_tools). A completion that ends
+        `seed` and `max_tokens` may be lists, one a prompt (seed[i] + k; ToolSampler). A completion that ends
         in a string of `stop` stops there, the token that closes it kept whole (it may carry more characters)."""
         empty = [name for name, tensor in self._weights() if tensor.numel() == 0]
         if empty:  # asleep, or a sync left weights out: never sample from empty weights
