@@ -517,3 +517,30 @@ def test_the_vllm_engine_refuses_expandable_segments_in_one_line_before_it_loads
 def test_an_h100_pcie_card_gets_its_own_peak_not_the_sxm_modules(name, peak):
     """Issue 64: any "H100" read 989 TFLOP/s, the SXM figure, so MFU read low by a quarter on a PCIe card."""
     assert gpu_check.peak_tflops(name) == peak and gpu_check.peak_tflops("Some Other GPU") == 0
+
+
+def test_needs_plans_the_gpu_memory_line_for_the_sampler_that_runs(tmp_path, monkeypatch):
+    """--needs --sampler hf: the GPU memory line's peak is the HF sampler's plan (its own weights and sampling
+    memory), not one with vLLM's 0.3 share of the GPU, which run_args (train.py's flags) do not name."""
+    from tools.memory_plan import plan
+
+    run_args = {
+        "model": "Qwen/Qwen2.5-1.5B",
+        "task": "arith",
+        "M": 8,
+        "rollout_batch": 16,
+        "micro_batch": 16,
+        "max_tokens": 256,
+        "dtype": "bfloat16",
+        "gpu_memory_utilization": 0.3,
+        "beta": 0.001,
+    }
+    monkeypatch.setattr(gpu_check, "PACKAGES", ())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i=0: (140e9, 150e9))
+    kwargs = dict(gpus=1, gpu_gb=150e9 / 2**30, grad_checkpointing=True, prompt_tokens=128, torchrun=True)
+    peaks = {s: plan({**run_args, "sampler": s}, **kwargs).peak / 1e9 for s in ("hf", "vllm")}
+    assert f"{peaks['hf']:.1f}" != f"{peaks['vllm']:.1f}"  # else the line could not tell them apart
+    (line,) = [line for _, line in gpu_check.needs("hf", False, str(tmp_path), 1, run_args) if "GPU memory" in line]
+    assert f"the plan's peak for one rank is {peaks['hf']:.1f} GB" in line

@@ -459,3 +459,51 @@ def test_plan_refuses_a_7b_model_at_the_gsm8k_presets_share_and_takes_the_share_
     assert taken.stdout.strip().splitlines()[-1].startswith("fits: peak ")
     args = {**Args().__dict__, **PRESETS["gsm8k"], "task": "gsm8k", "model": str(tmp_path)}
     assert not plan(args, gpus=8, gpu_gb=80, grad_checkpointing=True).fits
+
+
+def test_the_hf_sampler_budgets_its_own_weights_and_sampling_not_vllms_share():
+    """--sampler hf: the rollout phase holds the HF sampler's bf16 copy of Qwen2.5-1.5B (2 x 1,543,714,304 bytes)
+    and rollout.py's sampling_bytes for this rank's 16 x 8 = 128 samples of 128 + 256 tokens, by hand: a layer's
+    keys and values 2 x 2 x 128 x 2 x 384 = 393,216 bytes a row, 29 of them (28 layers + one layer's copy), float32
+    logits x3 151,936 x 12, 5,000 more: 13,231,496 a row. No vLLM share and no share check; "auto" stays vLLM."""
+    from transformers import Qwen2Config
+
+    from rollout import sampling_bytes
+
+    args = dict(
+        model="Qwen/Qwen2.5-1.5B",
+        task="arith",
+        M=8,
+        rollout_batch=16,
+        micro_batch=16,
+        max_tokens=256,
+        dtype="bfloat16",
+        gpu_memory_utilization=0.3,
+        beta=1e-3,
+    )
+    kwargs = dict(gpus=1, gpu_gb=139, grad_checkpointing=True, prompt_tokens=128, torchrun=True)
+    hf, vllm = plan({**args, "sampler": "hf"}, **kwargs), plan({**args, "sampler": "vllm"}, **kwargs)
+    rollout = {item: size for phase, item, size, _ in hf.rows if phase == "rollout"}
+    sampling = 128 * 13_231_496
+    assert rollout["hf sampler awake"] == 2 * 1_543_714_304 + sampling and "vllm awake" not in rollout
+    # the same formula train.py's start-up holds against the free memory, on the model's real config
+    config = Qwen2Config(
+        hidden_size=1536,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        intermediate_size=8960,
+        vocab_size=151936,
+    )
+    assert sampling_bytes(config, 128, 384, "bfloat16") == sampling
+    assert hf.phases["rollout"] < vllm.phases["rollout"]  # 4.5 GiB of its own, not 0.3 x 139 GiB
+    # the vLLM plan is as it was: its share, for --sampler vllm and for auto (vLLM on a GPU) alike
+    vllm_rollout = {item: size for phase, item, size, _ in vllm.rows if phase == "rollout"}
+    assert vllm_rollout["vllm awake"] == 0.3 * 139 * memory_plan.GiB and "hf sampler awake" not in vllm_rollout
+    assert plan({**args, "sampler": "auto"}, **kwargs).phases == plan(args, **kwargs).phases == vllm.phases
+    # a share that could not hold vLLM's engine is no HF sampler's concern
+    starved = {**args, "gpu_memory_utilization": 0.01}
+    assert plan({**starved, "sampler": "vllm"}, **kwargs).engine_error is not None
+    hf_starved = plan({**starved, "sampler": "hf"}, **kwargs)
+    assert hf_starved.engine_error is None and hf_starved.fits and hf_starved.phases == hf.phases
+    assert "hf sampler awake" in memory_plan.format_plan(hf)  # a classified row: calibration raises on none

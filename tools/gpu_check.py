@@ -302,7 +302,7 @@ def needs(
     elif any(m.split()[0] == "torch" for m in missing):
         found.append((False, "GPU memory: not checked without torch"))
     else:
-        found.append(gpu_memory_need(run_args))
+        found.append(gpu_memory_need({**run_args, "sampler": sampler}))  # the plan budgets the sampler that runs
     return found
 
 

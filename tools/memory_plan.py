@@ -8,6 +8,8 @@
 A step has three phases, and the plan adds up what one rank holds in each (GiB = 2^30 bytes):
 - rollout: vLLM awake (its `gpu_memory_utilization` share: weights, KV cache, activations) beside the
   trainer's resident state: FSDP2 shards of the float32 parameters, the AdamW moments and the reference;
+  with --sampler hf, the HF sampler's own copy of the weights in the run's dtype and its sampling memory for
+  the rank's samples of a step (rollout.py: sampling_bytes) instead, and no share to hold the engine;
 - train: vLLM asleep (level 2: KV cache and weights dropped, the sync brings the weights back), gradients,
   FSDP2's gathered layers, and one micro-batch's activations and log-prob work (the largest micro-batch:
   longest prompt + longest completion, `--micro-batch` sequences);
@@ -72,6 +74,7 @@ import math
 import os
 import sys
 from dataclasses import asdict, dataclass
+from types import SimpleNamespace
 
 from speed.logprobs import CHUNK_ELEMENTS
 from tasks import TASKS
@@ -107,6 +110,7 @@ ESTIMATED = frozenset(
         "fsdp2 roots gathered",
         "cuda overhead",
         "vllm awake",
+        "hf sampler awake",
         "vllm asleep",
         "lora frozen casts",
         "fsdp2 gathered",
@@ -115,7 +119,9 @@ ESTIMATED = frozenset(
         "one full parameter",
     }
 )
-ENGINE_ROWS = frozenset({"vllm awake", "vllm asleep", "vllm weights"})  # the engine's, not the trainer's
+# the sampler's, not the trainer's: plumbing/run_log.py's Phases subtracts what the sampler holds once built (the HF
+# sampler's sampling memory still lands in torch's rollout peak, which no gate of scripts/gpu_check.sh reads)
+ENGINE_ROWS = frozenset({"vllm awake", "hf sampler awake", "vllm asleep", "vllm weights"})
 OUTSIDE_ALLOCATOR = frozenset({"cuda overhead"})  # device memory torch's allocator never counts
 
 # Tables B.1 and B.2: GPUs per run. GiB as the cards report it: A100 80 GB has 80 GiB; the H200 this
@@ -263,6 +269,22 @@ def engine_share_error(shape: Shape, *, dtype: str, gpu_bytes: float, utilizatio
         f"{gpu_bytes / GiB:.1f} GiB, below its {weights / GiB:.1f} GiB of {dtype} weights and {kv / GiB:.2f} GiB of "
         f"KV cache for one sequence of {length:,} tokens: {answer}"
     )
+
+
+def hf_sampling_bytes(shape: Shape, *, rows: int, length: int, dtype: str) -> int:
+    """rollout.py's sampling_bytes (the HF sampler's KV cache, logits and per-row work for `rows` x `length`) on
+    `shape`: the same formula train.py's start-up holds against the free memory, not a copy of it."""
+    from rollout import sampling_bytes  # here, not at the top: rollout imports transformers, which a vLLM plan skips
+
+    config = SimpleNamespace(  # the model config fields sampling_bytes reads
+        num_attention_heads=shape.heads,
+        head_dim=shape.head_dim,
+        hidden_size=shape.hidden,
+        num_key_value_heads=shape.kv_heads,
+        num_hidden_layers=shape.layers,
+        vocab_size=shape.vocab,
+    )
+    return sampling_bytes(config, rows, length, dtype)
 
 
 def activations(
@@ -451,7 +473,19 @@ def plan(
     utilization = args.get("gpu_memory_utilization", 0.3)
     vllm = utilization * gpu
     engine = dict(dtype="bfloat16" if bf16 else "float32", gpu_bytes=gpu, utilization=utilization, length=prompt + K)
-    engine_error = engine_share_error(shape, **engine)
+    hf = args.get("sampler") == "hf"  # "auto" is vLLM on a GPU: only an explicit --sampler hf samples with HF
+    # the HF sampler takes no share of the GPU, so vLLM's start-up floor is not its to meet
+    engine_error = None if hf else engine_share_error(shape, **engine)
+    if hf:  # its own copy of the model, in the run's dtype, awake while it samples (its sleep frees it for training)
+        rows_a_step = math.ceil(args["rollout_batch"] * args["M"] / ranks)  # this rank's samples, drawn at once
+        sampler = (
+            "hf sampler awake",
+            c * n + hf_sampling_bytes(shape, rows=rows_a_step, length=prompt + K, dtype=engine["dtype"]),
+            f"its own {engine['dtype']} weights + sampling {rows_a_step} x ({prompt} + {K}) tokens "
+            "(rollout.py: sampling_bytes)",
+        )
+    else:
+        sampler = ("vllm awake", vllm, f"gpu_memory_utilization {vllm / gpu:.2f} x GPU")
     act = activations(
         shape,
         batch=batch,
@@ -497,7 +531,7 @@ def plan(
         ("cuda overhead", CUDA_OVERHEAD, "context, NCCL, cuBLAS, slack (a constant)"),
     ]
     phases = {
-        "rollout": resident + [("vllm awake", vllm, f"gpu_memory_utilization {vllm / gpu:.2f} x GPU")],
+        "rollout": resident + [sampler],
         "train": resident
         + [
             ("vllm asleep", VLLM_ASLEEP, "level 2: KV cache and weights dropped (a constant)"),
