@@ -423,8 +423,11 @@ def load_models(args: Args, ckpt, init_path, device):
     host memory (shard() sends each rank its shards: no GPU holds a whole float32 copy)."""
     empty = dist.is_initialized() and dist.get_rank() > 0
     bf16 = args.dtype == "bfloat16"
-    # LoRA: the base, which a checkpoint does not hold, is --model's (checkpoint-STEP/ is the merged policy)
-    weights = init_path if args.lora_rank else ckpt or init_path
+    weights = ckpt or init_path
+    if (
+        args.lora_rank
+    ):  # the base, which a checkpoint does not hold, is --model's (checkpoint-STEP/ is the merged policy)
+        weights = init_path
     try:
         tokenizer = load_tokenizer(ckpt or init_path)
         model = load_model(weights, torch.float32, device, empty, host=dist.is_initialized())
