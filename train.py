@@ -424,9 +424,7 @@ def load_models(args: Args, ckpt, init_path, device):
     empty = dist.is_initialized() and dist.get_rank() > 0
     bf16 = args.dtype == "bfloat16"
     weights = ckpt or init_path
-    if (
-        args.lora_rank
-    ):  # the base, which a checkpoint does not hold, is --model's (checkpoint-STEP/ is the merged policy)
+    if args.lora_rank:  # the base, which a checkpoint does not hold, is --model's (the checkpoint: the merged policy)
         weights = init_path
     try:
         tokenizer = load_tokenizer(ckpt or init_path)
