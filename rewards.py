@@ -61,17 +61,13 @@ def countdown_reward(completion, numbers, target) -> float:
         # at most 12 digits: int() of a long digit string is slow, and past 4,300 digits it raises
         if not re.fullmatch(r"\s*-?[0-9]{1,12}\s*", rhs) or int(rhs) != target:
             return 0.0
-    # whitelisted, short and shallow before parsing: model text never reaches eval, deep nesting never the parser
-    if len(expr) > MAX_EXPR_CHARS or not re.fullmatch(r"[0-9+\-*/() ]+", expr) or bracket_depth(expr) > 16:
-        return 0.0
     try:
-        tree = ast.parse(expr, mode="eval")
-        nodes = list(ast.walk(tree))
-        used = [node.value for node in nodes if isinstance(node, ast.Constant)]  # ints: the whitelist has no . e j
-        if not all(isinstance(node, _ALLOWED_NODES) for node in nodes) or Counter(used) != Counter(numbers):
+        tree = arithmetic_tree(expr)
+        used = [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)]  # ints: no . e j allowed
+        if Counter(used) != Counter(numbers):
             return 0.0
         return float(_evaluate(tree.body) == target)  # exact rationals: 8 / (3 - 8 / 3) is 24, not 23.999...
-    except (SyntaxError, ZeroDivisionError):  # not an expression; a division by zero
+    except (ValueError, SyntaxError, ZeroDivisionError):  # not plain arithmetic; not an expression; a division by 0
         return 0.0
 
 
@@ -324,17 +320,27 @@ def countdown_expression(completion) -> str:
     return expr.strip().rstrip(".").strip()
 
 
+def arithmetic_tree(expr: str) -> ast.Expression:
+    """`expr` parsed, if it is + - * / ( ) over integers, short and shallow; else ValueError saying why (a
+    SyntaxError if it is no expression). Whitelisted before parsing: model text never reaches eval, deep nesting
+    never the parser."""
+    if len(expr) > MAX_EXPR_CHARS or bracket_depth(expr) > 16:
+        raise ValueError(f"at most {MAX_EXPR_CHARS} characters and 16 nested brackets")
+    if not re.fullmatch(r"[0-9+\-*/() ]+", expr):
+        raise ValueError("integers and + - * / ( ) only")
+    tree = ast.parse(expr, mode="eval")
+    if not all(isinstance(node, _ALLOWED_NODES) for node in ast.walk(tree)):
+        raise ValueError("integers and + - * / ( ) only")
+    return tree
+
+
 def calc(expr: str) -> str:
     """The calc tool (rollout.TOOLS): the value of + - * / ( ) over integers, exact, by the whitelist
     countdown_reward checks, never by eval; an integer, else a decimal of 10 significant digits."""
-    expr = expr.strip()
-    if len(expr) > MAX_EXPR_CHARS or bracket_depth(expr) > 16:
-        raise ValueError(f"calc takes at most {MAX_EXPR_CHARS} characters and 16 nested brackets")
-    if not re.fullmatch(r"[0-9+\-*/() ]+", expr):
-        raise ValueError("calc takes integers and + - * / ( ) only")
-    tree = ast.parse(expr, mode="eval")
-    if not all(isinstance(node, _ALLOWED_NODES) for node in ast.walk(tree)):
-        raise ValueError("calc takes integers and + - * / ( ) only")
+    try:
+        tree = arithmetic_tree(expr.strip())
+    except ValueError as err:
+        raise ValueError(f"calc takes {err}") from None
     try:
         value = _evaluate(tree.body)
     except ZeroDivisionError:
