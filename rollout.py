@@ -91,7 +91,8 @@ def tools_rollout(step: int, **run) -> Batch:
     refill_streams = step_seed(0, 0, 0, args.rollout_batch, args.M, refill=1)
     tools = ToolSampler(run["sampler"], args.max_tool_calls, refill_streams)
     batch = plain_rollout(step, **{**run, "sampler": tools})
-    calls, completions = all_reduce_sum([tools.calls, args.rollout_batch // run["world"] * args.M], run["device"])
+    sampled = sum(len(group) for group in batch.groups)
+    calls, completions = all_reduce_sum([tools.calls, sampled], run["device"])
     batch.metrics["rollout/tool_calls"] = calls / completions  # per completion, all ranks
     return batch
 
