@@ -54,6 +54,20 @@ def rows_for(ranks: int, steps: int = 4, **per_rank) -> list[dict]:
     ]
 
 
+# gpu_check.sh's run args on Qwen2.5-1.5B (train.py's flags), as --needs reads them
+NEEDS_RUN_ARGS = {
+    "model": "Qwen/Qwen2.5-1.5B",
+    "task": "arith",
+    "M": 8,
+    "rollout_batch": 16,
+    "micro_batch": 16,
+    "max_tokens": 256,
+    "dtype": "bfloat16",
+    "gpu_memory_utilization": 0.3,
+    "beta": 0.001,
+}
+
+
 def test_the_device_gate_fails_when_two_ranks_engines_share_a_device_and_passes_when_they_do_not():
     assert gpu_check.device_gate(rows_for(2), 2)[0] == "PASS"
     status, detail = gpu_check.device_gate(rows_for(2, **{"engine/device": [0, 0]}), 2)
@@ -417,17 +431,7 @@ def test_needs_times_the_disk_and_grows_the_timeout_by_the_saves_write_time_or_s
 
 
 def test_needs_holds_each_gpus_free_memory_against_the_plans_peak(monkeypatch):
-    run_args = {
-        "model": "Qwen/Qwen2.5-1.5B",
-        "task": "arith",
-        "M": 8,
-        "rollout_batch": 16,
-        "micro_batch": 16,
-        "max_tokens": 256,
-        "dtype": "bfloat16",
-        "gpu_memory_utilization": 0.3,
-        "beta": 0.001,
-    }
+    run_args = dict(NEEDS_RUN_ARGS)
     free = {0: 140e9, 1: 10e9}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
@@ -524,17 +528,7 @@ def test_needs_plans_the_gpu_memory_line_for_the_sampler_that_runs(tmp_path, mon
     memory), not one with vLLM's 0.3 share of the GPU, which run_args (train.py's flags) do not name."""
     from tools.memory_plan import plan
 
-    run_args = {
-        "model": "Qwen/Qwen2.5-1.5B",
-        "task": "arith",
-        "M": 8,
-        "rollout_batch": 16,
-        "micro_batch": 16,
-        "max_tokens": 256,
-        "dtype": "bfloat16",
-        "gpu_memory_utilization": 0.3,
-        "beta": 0.001,
-    }
+    run_args = dict(NEEDS_RUN_ARGS)
     monkeypatch.setattr(gpu_check, "PACKAGES", ())
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

@@ -24,6 +24,20 @@ def meta_params(config) -> int:
         return sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
 
 
+# scripts/gpu_check.sh's run on Qwen2.5-1.5B, as train.py's flags
+GPU_CHECK_ARGS = dict(
+    model="Qwen/Qwen2.5-1.5B",
+    task="arith",
+    M=8,
+    rollout_batch=16,
+    micro_batch=16,
+    max_tokens=256,
+    dtype="bfloat16",
+    gpu_memory_utilization=0.3,
+    beta=1e-3,
+)
+
+
 def test_shapes_count_the_real_models_parameters(tiny_model_dir):
     from transformers import AutoConfig, LlamaConfig, Qwen2Config
 
@@ -241,17 +255,7 @@ def test_under_torchrun_one_gpu_holds_what_fsdp2_holds_and_torchs_count_leaves_o
     left gathered after their forwards and foreach AdamW's float32 temporary; one process has bf16 linears and
     fused AdamW. trainer_allocated, what the memory gate holds against torch's peaks, has neither CUDA_OVERHEAD
     nor the engine's rows, and its train phase is the larger of the backward and the optimizer step."""
-    args = dict(
-        model="Qwen/Qwen2.5-1.5B",
-        task="arith",
-        M=8,
-        rollout_batch=16,
-        micro_batch=16,
-        max_tokens=256,
-        dtype="bfloat16",
-        gpu_memory_utilization=0.3,
-        beta=1e-3,
-    )
+    args = dict(GPU_CHECK_ARGS)
     n, embedding = model_shape("Qwen/Qwen2.5-1.5B").params, model_shape("Qwen/Qwen2.5-1.5B").embedding
     torchrun = plan(args, gpus=1, gpu_gb=139, grad_checkpointing=True, prompt_tokens=128, torchrun=True)
     alone = plan(args, gpus=1, gpu_gb=139, grad_checkpointing=True, prompt_tokens=128)
@@ -470,17 +474,7 @@ def test_the_hf_sampler_budgets_its_own_weights_and_sampling_not_vllms_share():
 
     from rollout import sampling_bytes
 
-    args = dict(
-        model="Qwen/Qwen2.5-1.5B",
-        task="arith",
-        M=8,
-        rollout_batch=16,
-        micro_batch=16,
-        max_tokens=256,
-        dtype="bfloat16",
-        gpu_memory_utilization=0.3,
-        beta=1e-3,
-    )
+    args = dict(GPU_CHECK_ARGS)
     kwargs = dict(gpus=1, gpu_gb=139, grad_checkpointing=True, prompt_tokens=128, torchrun=True)
     hf, vllm = plan({**args, "sampler": "hf"}, **kwargs), plan({**args, "sampler": "vllm"}, **kwargs)
     rollout = {item: size for phase, item, size, _ in hf.rows if phase == "rollout"}
