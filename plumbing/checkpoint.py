@@ -269,8 +269,14 @@ def signals_held():
     handler, not by a signal mask: a mask holds only this thread, and Python runs a signal that another thread
     takes in this one at once."""
     caught = []
+
+    def hold(taken, frame):
+        if caught:  # a second one means it: a save that hangs on a dead rank still stops
+            raise KeyboardInterrupt
+        caught.append(taken)
+
     held = (signal.SIGINT, signal.SIGTERM)
-    handlers = {number: signal.signal(number, lambda taken, frame: caught.append(taken)) for number in held}
+    handlers = {number: signal.signal(number, hold) for number in held}
     try:
         yield
     finally:
@@ -286,70 +292,72 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args,
     final = os.path.join(out_dir, f"checkpoint-{step:06d}")
     tmp = os.path.join(out_dir, f".tmp-checkpoint-{step:06d}-save")  # a name every rank knows; a killed save's orphan
     reason = error = None
-    rollout_state = getattr(rollout, "state_dict", dict)()
-    if unloadable := _any_rank(_unloadable(rollout_state)):  # found at the first save, not at every resume
-        raise CheckpointError(
-            f"--rollout {args.rollout}: its state_dict() holds what a resume cannot load ({unloadable}); keep it to "
-            "tensors, numbers, strings, lists and dicts"
-        )
-
-    def shards():  # each rank writes its own into rank 0's folder
-        dcp.save(
-            state, storage_writer=dcp.FileSystemWriter(os.path.join(tmp, "trainer")), no_dist=not dist.is_initialized()
-        )
-
-    def publish():  # rank 0: the HF folder, then trainer_state.pt, then the rename that marks the save complete
-        trainer_state = {
-            "step": step,
-            "scheduler": scheduler.state_dict(),
-            "rng": rngs,
-            "args": asdict(args),
-            "reference": ref_model is not None,
-            "rollout": rollout_state,
-        }
-        base = model.get_base_model() if args.lora_rank else model
-        base.save_pretrained(tmp, state_dict=weights)
-        tokenizer.save_pretrained(tmp)
-        torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))  # torch.save's ENOSPC is "unexpected pos"
-        fsync_tree(tmp)  # durable before the rename marks it complete
-        os.rename(tmp, final)
-        fsync(out_dir)
-
-    try:
-        if master and (failed := _attempt(lambda: os.mkdir(tmp))):
-            reason = f"cannot write in {out_dir}: {failed}"
-        reason = _any_rank(reason)  # also a barrier: rank 0's folder exists before the others look for it
-        if reason is None and not os.path.isdir(tmp):
-            reason = (
-                f"rank {dist.get_rank()} on {os.uname().nodename} does not see rank 0's {tmp}: put "
-                "--out-dir on a filesystem that every node shares"
+    with signals_held():  # torch.save, DCP's writer included, turns an interrupt inside it into an I/O error
+        rollout_state = getattr(rollout, "state_dict", dict)()
+        if unloadable := _any_rank(_unloadable(rollout_state)):  # found at the first save, not at every resume
+            raise CheckpointError(
+                f"--rollout {args.rollout}: its state_dict() holds what a resume cannot load ({unloadable}); keep it to "
+                "tensors, numbers, strings, lists and dicts"
             )
-        reason = _any_rank(reason)
-        state = sharded_state(model, optimizer, ref_model)
-        if reason is None:
-            reason = _any_rank(_attempt(shards))
-        rngs = gather_objects([rng_state()])
-        if reason is None:  # every rank gathers each tensor, rank 0 keeps it; LoRA's merged, under the base names
-            weights = {name: t.cpu() for name, t in full_weights(model) if master}
-            if master:
-                with signals_held():  # torch.save turns an interrupt inside it into an I/O error
+
+        def shards():  # each rank writes its own into rank 0's folder
+            dcp.save(
+                state,
+                storage_writer=dcp.FileSystemWriter(os.path.join(tmp, "trainer")),
+                no_dist=not dist.is_initialized(),
+            )
+
+        def publish():  # rank 0: the HF folder, then trainer_state.pt, then the rename that marks the save complete
+            trainer_state = {
+                "step": step,
+                "scheduler": scheduler.state_dict(),
+                "rng": rngs,
+                "args": asdict(args),
+                "reference": ref_model is not None,
+                "rollout": rollout_state,
+            }
+            base = model.get_base_model() if args.lora_rank else model
+            base.save_pretrained(tmp, state_dict=weights)
+            tokenizer.save_pretrained(tmp)
+            torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))  # torch.save's ENOSPC is "unexpected pos"
+            fsync_tree(tmp)  # durable before the rename marks it complete
+            os.rename(tmp, final)
+            fsync(out_dir)
+
+        try:
+            if master and (failed := _attempt(lambda: os.mkdir(tmp))):
+                reason = f"cannot write in {out_dir}: {failed}"
+            reason = _any_rank(reason)  # also a barrier: rank 0's folder exists before the others look for it
+            if reason is None and not os.path.isdir(tmp):
+                reason = (
+                    f"rank {dist.get_rank()} on {os.uname().nodename} does not see rank 0's {tmp}: put "
+                    "--out-dir on a filesystem that every node shares"
+                )
+            reason = _any_rank(reason)
+            state = sharded_state(model, optimizer, ref_model)
+            if reason is None:
+                reason = _any_rank(_attempt(shards))
+            rngs = gather_objects([rng_state()])
+            if reason is None:  # every rank gathers each tensor, rank 0 keeps it; LoRA's merged, under the base names
+                weights = {name: t.cpu() for name, t in full_weights(model) if master}
+                if master:
                     reason = _attempt(publish)
-        if master and reason is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tensors = [t for t in tree_leaves([state, state["model"]]) if isinstance(t, torch.Tensor)]
-            needed = sum(t.nbytes for t in tensors) / 1e6  # DCP's shards and the HF folder's copy of the model
-            free = shutil.disk_usage(out_dir).free / 1e6 if os.path.isdir(out_dir) else 0
-            good = find_checkpoint(out_dir)
-            kept = f"the last good checkpoint, {good}, is intact" if good else "no earlier checkpoint exists"
-            error = (
-                f"saving checkpoint {final} failed ({reason}): it needs about {needed:,.1f} MB and {free:,.1f} MB "
-                f"are free; its partial folder is removed, and {kept}"
-            )
-        error = _any_rank(error)
-    except BaseException:  # a Ctrl-C mid-save leaves the folder as it was
-        if master:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            if master and reason is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tensors = [t for t in tree_leaves([state, state["model"]]) if isinstance(t, torch.Tensor)]
+                needed = sum(t.nbytes for t in tensors) / 1e6  # DCP's shards and the HF folder's copy of the model
+                free = shutil.disk_usage(out_dir).free / 1e6 if os.path.isdir(out_dir) else 0
+                good = find_checkpoint(out_dir)
+                kept = f"the last good checkpoint, {good}, is intact" if good else "no earlier checkpoint exists"
+                error = (
+                    f"saving checkpoint {final} failed ({reason}): it needs about {needed:,.1f} MB and {free:,.1f} MB "
+                    f"are free; its partial folder is removed, and {kept}"
+                )
+            error = _any_rank(error)
+        except BaseException:  # a Ctrl-C mid-save leaves the folder as it was
+            if master:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
     if error:
         raise CheckpointError(error)
     try:
