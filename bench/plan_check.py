@@ -11,9 +11,11 @@ plumbing/models.py: load_model picks on CPU, and the plan is asked for eager att
 
     python bench/plan_check.py                          # tiny, SmolLM2-135M and 2 of its layers; bf16 and float32
     python bench/plan_check.py --models smollm2-135m --dtypes bfloat16
+    python bench/plan_check.py --models tiny --pack     # and each micro-batch packed in one row (--pack)
 """
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -71,12 +73,12 @@ def measure_state(model_dir) -> int:
     return measured
 
 
-def measure_activations(model_dir, batch, prompt, completion, dtype, checkpointing) -> int:
+def measure_activations(model_dir, batch, prompt, completion, dtype, checkpointing, packed=False) -> int:
     import torch
 
     from loss import policy_loss
     from speed.backward import configure_backward
-    from speed.logprobs import sequence_logprobs
+    from speed.logprobs import pack_batch, packed_logprobs, sequence_logprobs
 
     _map_large_blocks()
     model = _model(model_dir)
@@ -86,10 +88,15 @@ def measure_activations(model_dir, batch, prompt, completion, dtype, checkpointi
     attention_mask = torch.ones_like(input_ids)  # no padding: every position is a real token
     mask = torch.ones(batch, completion)
     adv = torch.randn(batch, generator=g)
+    rows = input_ids.tolist()
+    row = pack_batch([r[:prompt] for r in rows], [r[prompt:] for r in rows])  # --pack: one row, no pad
 
     def step():
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
-            logp = sequence_logprobs(model, input_ids, attention_mask, completion)  # (B, K)
+            if packed:
+                logp = packed_logprobs(model, row, mask)  # (B, K), scattered back
+            else:
+                logp = sequence_logprobs(model, input_ids, attention_mask, completion)  # (B, K)
         loss, _ = policy_loss(logp, logp.detach(), adv, mask, ref_logp=logp.detach() + 0.1)
         loss.backward()
 
@@ -130,9 +137,10 @@ def child(cmd: list[str]) -> int:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def check(models, dtypes, one_process=False) -> list[dict]:
-    """Measured vs planned bytes for each model: training state, then activations per dtype x checkpointing.
-    `one_process`: measure in this process, one after another (faster; the state comes first, on a clean heap)."""
+def check(models, dtypes, one_process=False, pack=False) -> list[dict]:
+    """Measured vs planned bytes for each model: training state, then activations per dtype x checkpointing (x
+    padded or packed, with `pack`: the micro-batch's sequences as one row, --pack). `one_process`: measure in this
+    process, one after another (faster; the state comes first, on a clean heap)."""
     from speed.logprobs import CPU_CHUNK_ELEMENTS
     from tools.memory_plan import activations, model_shape, training_state
 
@@ -141,8 +149,8 @@ def check(models, dtypes, one_process=False) -> list[dict]:
             return child(cmd)
         if cmd[0] == "--state":
             return measure_state(cmd[1])
-        path, batch, prompt, completion, dtype, ckpt = cmd[1:]
-        return measure_activations(path, int(batch), int(prompt), int(completion), dtype, ckpt == "1")
+        path, batch, prompt, completion, dtype, ckpt, packed = cmd[1:]
+        return measure_activations(path, int(batch), int(prompt), int(completion), dtype, ckpt == "1", packed == "1")
 
     rows = []
     for name in models:
@@ -151,29 +159,28 @@ def check(models, dtypes, one_process=False) -> list[dict]:
         planned = sum(training_state(shape, ranks=1, unsharded_grads=False).values())
         rows.append(dict(model=name, what="training state", measured=measure(["--state", path]), planned=planned))
         batch, prompt, completion = SHAPES[name]
-        for dtype in dtypes:
-            for ckpt in (False, True):
-                act = activations(
-                    shape,
-                    batch=batch,
-                    prompt=prompt,
-                    completion=completion,
-                    compute_bytes=2 if dtype == "bfloat16" else 4,
-                    checkpointing=ckpt,
-                    attention="eager",
-                    chunk_elements=CPU_CHUNK_ELEMENTS,
-                )  # measured on CPU
-                measured = measure(
-                    ["--activations", path, str(batch), str(prompt), str(completion), dtype, str(int(ckpt))]
+        for dtype, ckpt, packed in itertools.product(dtypes, (False, True), (False, True) if pack else (False,)):
+            act = activations(
+                shape,
+                batch=batch,
+                prompt=prompt,
+                completion=completion,
+                compute_bytes=2 if dtype == "bfloat16" else 4,
+                checkpointing=ckpt,
+                attention="eager",
+                chunk_elements=CPU_CHUNK_ELEMENTS,
+                packed=packed,
+            )  # measured on CPU
+            flags = [str(batch), str(prompt), str(completion), dtype, str(int(ckpt)), str(int(packed))]
+            measured = measure(["--activations", path, *flags])
+            rows.append(
+                dict(
+                    model=name,
+                    what=f"activations {batch}x({prompt}+{completion}) {dtype}{' ckpt' * ckpt}{' packed' * packed}",
+                    measured=measured,
+                    planned=act["peak"],
                 )
-                rows.append(
-                    dict(
-                        model=name,
-                        what=f"activations {batch}x({prompt}+{completion}) {dtype}{' ckpt' if ckpt else ''}",
-                        measured=measured,
-                        planned=act["peak"],
-                    )
-                )
+            )
     for row in rows:
         row["error"] = row["planned"] / row["measured"] - 1
     return rows
@@ -186,16 +193,18 @@ def main():
     parser.add_argument("--json", action="store_true", help="print the rows as one JSON line")
     parser.add_argument("--one-process", action="store_true", help="measure in this process, not one per row")
     parser.add_argument("--state", help=argparse.SUPPRESS)
-    parser.add_argument("--activations", nargs=6, help=argparse.SUPPRESS)
+    parser.add_argument("--pack", action="store_true", help="also measure each micro-batch packed in one row (--pack)")
+    parser.add_argument("--activations", nargs=7, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.state:  # child processes
         print(json.dumps(measure_state(args.state)))
         return
     if args.activations:
-        path, batch, prompt, completion, dtype, ckpt = args.activations
-        print(json.dumps(measure_activations(path, int(batch), int(prompt), int(completion), dtype, ckpt == "1")))
+        path, batch, prompt, completion, dtype, ckpt, packed = args.activations
+        sizes = int(batch), int(prompt), int(completion)
+        print(json.dumps(measure_activations(path, *sizes, dtype, ckpt == "1", packed == "1")))
         return
-    rows = check(args.models, args.dtypes, args.one_process)
+    rows = check(args.models, args.dtypes, args.one_process, args.pack)
     if args.json:
         print(json.dumps(rows))
         return

@@ -296,8 +296,8 @@ def save_checkpoint(out_dir, step, model, optimizer, scheduler, tokenizer, args,
         rollout_state = getattr(rollout, "state_dict", dict)()
         if unloadable := _any_rank(_unloadable(rollout_state)):  # found at the first save, not at every resume
             raise CheckpointError(
-                f"--rollout {args.rollout}: its state_dict() holds what a resume cannot load ({unloadable}); keep it to "
-                "tensors, numbers, strings, lists and dicts"
+                f"--rollout {args.rollout}: its state_dict() holds what a resume cannot load ({unloadable}); "
+                "keep it to tensors, numbers, strings, lists and dicts"
             )
 
         def shards():  # each rank writes its own into rank 0's folder

@@ -298,6 +298,7 @@ def activations(
     attention: str,
     chunk_elements: int = CHUNK_ELEMENTS,
     frozen_head: bool = False,
+    packed: bool = False,
 ) -> dict:
     """Peak bytes of one micro-batch's forward + backward beyond the training state, by part.
 
@@ -306,23 +307,28 @@ def activations(
     float32 gradient of the probabilities, SDPA's dq/dk/dv); `weights_bf16`: the bf16 weight being cast;
     `logits`: the log-prob work, in row chunks of `chunk_elements` (speed.logprobs.CHUNK_ELEMENTS on a GPU;
     speed.logprobs.CPU_CHUNK_ELEMENTS on CPU, bench/plan_check.py's measurements); `head_grad`: the lm_head weight's
-    gradient, float32 (a tied one kept until the embedding's backward); none with `frozen_head` (LoRA).
+    gradient, float32 (a tied one kept until the embedding's backward); none with `frozen_head` (LoRA). `packed`
+    (--pack): the `batch` sequences as one row of batch x (prompt + completion) tokens, so attention's keys span the
+    whole row (eager's probabilities and SDPA's mask are T x T, block-diagonal but dense), and the logits are kept
+    for the completion tokens only (speed/logprobs.py: pack_batch).
     `peak` (their sum) is the largest of forward's end, backward's first steps (logits, then the lm_head), a
     layer's backward (recompute) and its last step (the embedding's gradient); `when` names it.
     """
     h, f, c, S = shape.hidden, shape.intermediate, compute_bytes, prompt + completion
-    tokens, kept = batch * S, batch * (completion + 1)  # all positions; those with logits (logits_to_keep)
+    tokens = batch * S  # all positions
+    kept = batch * completion if packed else batch * (completion + 1)  # those with logits (logits_to_keep)
+    span = tokens if packed else S  # the keys each query's attention row spans
     q = shape.heads * shape.head_dim
     qr = q if shape.kv_heads != shape.heads else shape.kv_heads * shape.head_dim
     per_token = 16 * h + (5 * c * h if c < 4 else 8 * h) + c * (2 * q + 2 * qr) + 4 * c * f
     shared = 2 * 4 * shape.head_dim * tokens  # RoPE's cos and sin, float32, saved once for every layer
     if attention == "eager":
-        per_token += (4 + (c if c < 4 else 0)) * shape.heads * S
-        backward_extra = 4 * shape.heads * S * tokens  # the probabilities' float32 gradient
+        per_token += (4 + (c if c < 4 else 0)) * shape.heads * span
+        backward_extra = 4 * shape.heads * span * tokens  # the probabilities' float32 gradient
     else:
         per_token += c * q + 4 * shape.heads
         backward_extra = c * (q + 2 * qr) * tokens  # dq, dk, dv
-        shared += c * tokens * S  # the (B, 1, S, S) padding mask, which SDPA's memory-efficient kernel saves
+        shared += c * tokens * span  # the (B, 1, S, S) padding mask, which SDPA's memory-efficient kernel saves
     layer = per_token * tokens  # one decoder layer's saved activations, plain forward
     # Without checkpointing train.py reruns the norms and the MLP gate in backward
     # (speed/backward.py: recompute_norms_and_gates_in_backward): no normalised outputs (2 x 4h), no act_fn(gate) (cf);
@@ -452,6 +458,10 @@ def plan(
     c, K, ranks = 2 if bf16 else 4, args["max_tokens"], gpus
     per_minibatch = args["rollout_batch"] * args["M"] / (ranks * args.get("minibatches", 1))  # sequences, one rank
     batch = max(1, min(args["micro_batch"], math.ceil(per_minibatch)))
+    budget = args.get("micro_batch_tokens", 0)  # speed/micro_batches.py: rows x (longest prompt + completion)
+    if budget:  # at the longest prompt and completion, the rows the budget lets in (one, if one is longer)
+        batch = min(batch, max(1, budget // (prompt + K)))
+    packed = args.get("pack", False)
     accumulates = math.ceil(per_minibatch / args["micro_batch"]) > 1
     gpu = gpu_gb * GiB
     fsdp = ranks > 1 if torchrun is None else torchrun
@@ -495,6 +505,7 @@ def plan(
         checkpointing=grad_checkpointing,
         attention="sdpa",
         frozen_head=bool(lora),
+        packed=packed,
     )
     root = c * (shape.embedding * (1 if shape.tied else 2) + shape.hidden)  # gathered: bf16 under mixed precision
     roots_left = 0 if not fsdp or ROOT_RESHARDED_AFTER_FORWARD else root * (1 + (beta > 0))  # policy + reference
@@ -546,7 +557,7 @@ def plan(
             (
                 "activations",
                 act["saved"],
-                f"{batch} x ({prompt} + {K}) tokens, "
+                f"{batch} x ({prompt} + {K}) tokens{' packed in one row' if packed else ''}, "
                 + ("layer inputs only (checkpointing)" if grad_checkpointing else "every layer's saved tensors"),
             ),
             *(
@@ -573,7 +584,7 @@ def plan(
             (
                 "logits + chunks",
                 act["logits"],
-                f"{'2 x ' if 'logits' in act['when'] else ''}({batch} x {K + 1} x "
+                f"{'2 x ' if 'logits' in act['when'] else ''}({batch} x {K if packed else K + 1} x "
                 f"{shape.vocab}) {'bf16' if c < 4 else 'float32'}"
                 f"{' + float32 row chunks' if 'logits' in act['when'] or 'forward' in act['when'] else ''}",
             ),
@@ -621,7 +632,8 @@ def plan(
     peak_phase = max(totals, key=totals.get)
     assumptions = [
         f"{args['model']}: {n / 1e9:.3f}B parameters; longest prompt {prompt} tokens, completion {K}",
-        f"{ranks} rank(s); {per_minibatch:.0f} sequences per rank per minibatch in micro-batches of {batch}",
+        f"{ranks} rank(s); {per_minibatch:.0f} sequences per rank per minibatch in micro-batches of {batch}"
+        + (f" (--micro-batch-tokens {budget}, every sequence at its longest)" if budget else ""),
         "the trainer empties the CUDA cache before vLLM wakes (else the rollout phase also holds the train phase's "
         "cached blocks)",
     ]
