@@ -6,6 +6,7 @@ the CPU, each gate fed rows that must fail, and the per-rank memory record with 
 
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -52,6 +53,11 @@ def rows_for(ranks: int, steps: int = 4, **per_rank) -> list[dict]:
         }
         for s in range(1, steps + 1)
     ]
+
+
+def exited(code: int) -> str:
+    """The last line gpu_check.sh's launch appends to a torchrun's log."""
+    return f"gpu_check: exit {code} after 12 s (timeout 240 s)\n"
 
 
 # gpu_check.sh's run args on Qwen2.5-1.5B (train.py's flags), as --needs reads them
@@ -119,11 +125,18 @@ def test_runs_that_time_out_or_stop_fail_quoting_train_pys_line():
     status, detail = gpu_check.run_gate(rows_for(1, steps=1), 4, {"save": 0, "resume": 1}, [line], 240)
     assert status == "FAIL" and detail.endswith(line)
     probe = "train.py: error: step 4: the sampler's log-probs differ from the trainer's by 0.9 nats"
-    assert gpu_check.weight_gate(True, rows_for(1), [probe, line], runs_ok=False) == ("FAIL", line)
-    assert gpu_check.weight_gate(False, rows_for(1), [], runs_ok=True)[0] == "skip"
+    assert gpu_check.weight_gate(True, rows_for(1), [probe, line], runs_ok=False, tolerance=1e-10) == ("FAIL", line)
+    assert gpu_check.weight_gate(False, rows_for(1), [], runs_ok=True, tolerance=1e-10)[0] == "skip"
     checked = [dict(row, **{"sync/weight_diff": 0.0}) for row in rows_for(1)]
-    assert gpu_check.weight_gate(True, checked, [], runs_ok=True)[0] == "PASS"
-    assert gpu_check.weight_gate(True, checked[:1] + rows_for(1)[1:], [], runs_ok=True)[0] == "FAIL"  # not each step
+    assert gpu_check.weight_gate(True, checked, [], runs_ok=True, tolerance=1e-10)[0] == "PASS"
+    assert (
+        gpu_check.weight_gate(True, checked[:1] + rows_for(1)[1:], [], runs_ok=True, tolerance=1e-10)[0] == "FAIL"
+    )  # not each step
+    checked[2]["sync/weight_diff"] = 1e-6  # logged, and over train.py's tolerance
+    assert gpu_check.weight_gate(True, checked, [], True, 1e-10) == (
+        "FAIL",
+        "step 3: the largest relative difference 1.0e-06, over the tolerance 1e-10",
+    )
 
 
 def test_the_verdict_of_a_gpu_run_quotes_the_weight_checks_line(tmp_path, monkeypatch, capsys):
@@ -135,9 +148,8 @@ def test_the_verdict_of_a_gpu_run_quotes_the_weight_checks_line(tmp_path, monkey
     rows = rows_for(2, **{"engine/device": [0, 0]})
     (tmp_path / "run-2" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     line = "train.py: error: the engine's norms differ from the trainer's after the step-4 sync (model.norm.weight)"
-    (tmp_path / "logs" / "run-2-save.rc").write_text("0\n")
-    (tmp_path / "logs" / "run-2-resume.rc").write_text("1\n")
-    (tmp_path / "logs" / "run-2-resume.log").write_text(f"noise\n[rank0]: {line}\n{line}\n")
+    (tmp_path / "logs" / "run-2-save.log").write_text(exited(0))
+    (tmp_path / "logs" / "run-2-resume.log").write_text(f"noise\n[rank0]: {line}\n{line}\n" + exited(1))
     run_args = json.dumps(
         {
             "model": "Qwen/Qwen2.5-1.5B",
@@ -167,7 +179,7 @@ def test_the_verdict_lines(tmp_path, monkeypatch, capsys):
     rows = rows_for(2, **{"engine/device": [0, 0]})
     (tmp_path / "run-2" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     for name in ("save", "resume"):
-        (tmp_path / "logs" / f"run-2-{name}.rc").write_text("0\n")
+        (tmp_path / "logs" / f"run-2-{name}.log").write_text(exited(0))
     run_args = json.dumps(
         {
             "model": "Qwen/Qwen2.5-1.5B",
@@ -272,10 +284,20 @@ def test_the_dry_run_checks_the_no_vllm_path_and_leaves_no_checkpoint(tmp_path):
     lines = result.stdout.strip().splitlines()
     assert lines[0].startswith("gpu_check: --dry-run: checking the torchrun path with the HF sampler")
     assert lines[-1] == "gpu_check: ok"
-    verdict = {line.split()[1]: line.split()[0] for line in lines if line.split()[0] in ("PASS", "FAIL", "skip")}
+    verdict = {  # gate -> status, the LoRA leg's gates as lora/GATE
+        (line.split()[1] if line.split()[2] != "lora" else f"lora/{line.split()[1]}"): line.split()[0]
+        for line in lines
+        if line.split()[0] in ("PASS", "FAIL", "skip", "SKIPPED")
+    }
     assert verdict["runs"] == verdict["sync"] == verdict["update"] == verdict["disk"] == "PASS"
+    assert [verdict[f"lora/{gate}"] for gate in ("runs", "sync", "weights", "moved", "loss")] == ["PASS"] * 5
+    assert sum(line.startswith("   step ") and "weight difference" in line for line in lines) == 3  # the leg's
+    logs = sorted(os.listdir(tmp_path / "logs"))  # what one `tar -C WORK logs` brings back: at most 8 files
+    assert len(logs) <= 8 and {"gpu_check.log", "lora.log", "run-1-save.log", "run-1-resume.log"} <= set(logs)
+    assert (tmp_path / "logs" / "gpu_check.log").read_text().strip().endswith("gpu_check: ok")
+    assert [n for n in os.listdir(tmp_path / "lora") if "checkpoint" in n] == []  # the leg saved nothing
     assert "compiler: none needed" in result.stdout and "disk: " in result.stdout  # what it needs, one line each
-    assert "disk speed: " in result.stdout and int((tmp_path / "logs" / "run_timeout_s").read_text()) >= 300
+    assert "disk speed: " in result.stdout and int((tmp_path / "run_timeout_s").read_text()) >= 300
     assert verdict["devices"] == verdict["sleep"] == verdict["memory"] == "skip"
     import config  # the weight check runs after every sync where train.py has --weight-check-every
 
@@ -538,3 +560,93 @@ def test_needs_plans_the_gpu_memory_line_for_the_sampler_that_runs(tmp_path, mon
     assert f"{peaks['hf']:.1f}" != f"{peaks['vllm']:.1f}"  # else the line could not tell them apart
     (line,) = [line for _, line in gpu_check.needs("hf", False, str(tmp_path), 1, run_args) if "GPU memory" in line]
     assert f"the plan's peak for one rank is {peaks['hf']:.1f} GB" in line
+
+
+def lora_folder(tmp_path, rows=None, code=0, log=""):
+    """A work folder as gpu_check.sh leaves it after the LoRA leg: WORK/lora/metrics.jsonl and logs/lora.log."""
+    (tmp_path / "logs").mkdir(exist_ok=True)
+    (tmp_path / "lora").mkdir(exist_ok=True)
+    rows = rows_lora() if rows is None else rows
+    (tmp_path / "lora" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "logs" / "lora.log").write_text(log + ("" if code is None else exited(code)))
+    return str(tmp_path)
+
+
+def rows_lora(steps: int = 3) -> list[dict]:
+    """A healthy LoRA leg's rows: every step moved the engine, the KL to the base 0 at step 1 only."""
+    return [
+        {
+            "step": s,
+            "grad/norm": 0.5,
+            "loss/pg": 0.01,
+            "loss/kl": 0.0 if s == 1 else 1e-3 * s,
+            "sync/logprob_diff": 0.04,
+            "sync/sampler_moved": 0.2,
+            "sync/weight_diff": 0.0,
+            "mem/peak_gb/train/rank0": 12.0,
+        }
+        for s in range(1, steps + 1)
+    ]
+
+
+def lora_verdict(folder: str) -> dict:
+    return gpu_check.lora_gates(folder, 3, 0.5, 1e-10, 240)
+
+
+def test_the_lora_leg_passes_a_healthy_run_and_prints_each_steps_figures(tmp_path, capsys):
+    gates = lora_verdict(lora_folder(tmp_path))
+    assert {gate: status for gate, (status, _) in gates.items()} == dict.fromkeys(
+        ("runs", "sync", "weights", "moved", "loss"), "PASS"
+    )
+    out = capsys.readouterr().out
+    assert (
+        "   step 2: grad norm 5.00e-01, sync difference 4.00e-02 nats, movement 2.00e-01 nats, weight difference "
+        "0.0e+00, peak memory 12.0 GB" in out
+    )
+
+
+def bad(rows, step, **values):
+    rows[step - 1].update(values)
+    return rows
+
+
+@pytest.mark.parametrize(
+    "rows, code, gate, message",
+    [
+        (bad(rows_lora(), 2, **{"sync/weight_diff": 3e-4}), 0, "weights", "step 2: the largest relative difference"),
+        (rows_lora(2), 0, "runs", "metrics.jsonl holds steps [1, 2], not 1..3"),  # a missing step
+        (bad(rows_lora(), 3, **{"sync/sampler_moved": 0.0}), 0, "moved", "did not move after step(s) [3]"),
+        (rows_lora(), 1, "runs", "the lora run exited 1: no train.py error line"),
+        (rows_lora(), 124, "runs", "the lora run passed its timeout of 240 s"),
+        (rows_lora(), None, "runs", "the lora run did not run"),
+        (bad(rows_lora(), 2, **{"sync/logprob_diff": 0.9}), 0, "sync", "probe difference max 9.00e-01"),
+        (bad(rows_lora(), 2, **{"sync/logprob_diff": math.nan}), 0, "sync", "a difference is not a number"),
+        (bad(rows_lora(), 3, **{"loss/pg": math.inf}), 0, "loss", "step 3: loss/pg not finite"),
+        (bad(rows_lora(), 2, **{"loss/kl": 0.0}), 0, "loss", "so the reference is not the base"),
+    ],
+)
+def test_each_lora_gate_fails_on_crafted_metrics(tmp_path, rows, code, gate, message):
+    status, detail = lora_verdict(lora_folder(tmp_path, rows, code))[gate]
+    assert status == "FAIL" and message in detail
+
+
+def test_the_lora_leg_quotes_train_pys_line_and_a_skipped_leg_reads_skipped_not_pass(tmp_path, capsys):
+    line = "train.py: error: the engine's q/k/v differ from the trainer's after the step-2 sync (e.g. x)"
+    gates = lora_verdict(lora_folder(tmp_path, rows_lora(1), 1, log=f"[rank0]: {line}\n"))
+    assert gates["weights"] == ("FAIL", line) and gates["runs"][1].endswith(line)
+    note = "gpu_check: the LoRA leg SKIPPED: 401 s of the 480 s budget spent, and it takes about 150 s\n"
+    (tmp_path / "logs" / "lora.log").write_text(note)
+    assert lora_verdict(str(tmp_path)) == {"leg": ("SKIPPED", note.split("SKIPPED: ")[1].strip())}
+    (tmp_path / "run-1").mkdir()
+    rows = [dict(r, **{"sync/logprob_diff": 1e-7, "sync/weight_diff": 0.0}) for r in rows_for(1, steps=3)]  # CPU's
+    (tmp_path / "run-1" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for name in ("save", "resume"):
+        (tmp_path / "logs" / f"run-1-{name}.log").write_text(exited(0))
+    disk_folder(tmp_path, 0.01)
+    code = gpu_check.main(
+        [str(tmp_path), "--runs", "1", "--sampler", "hf", "--steps", "3", "--dry-run", "--lr-step", "1e-4"]
+        + ["--lora", "240"]
+    )
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0 and out[-1] == "gpu_check: ok (the LoRA leg SKIPPED)"
+    assert any(line.startswith("  SKIPPED  leg     lora  401 s of the 480 s budget spent") for line in out)

@@ -24,6 +24,12 @@ The gates, one verdict line each (PASS, FAIL or skip, with why):
    peaks hold the engine's transient buffers too: printed, not gated.
 7. disk: the work folder at its peak (sampled each second and before each N's cleanup) within what the check
    asked for before it ran, and no checkpoint but the one each resume read.
+8. the LoRA leg (`--lora`), one launch of rank-16 adapters, a line per step (grad norm, sync difference,
+   movement, weight difference, peak memory), then its gates: runs, sync and weights as above (no resume, no
+   lr-step comparison); moved (the engine's probe moved at every step: the merged weights reached it); loss
+   (every loss term and the grad norm finite, and the KL to the reference above 0 after the first step: the
+   reference is the base through disable_adapter, not the moving policy). SKIPPED, not PASS, where the quick
+   check's clock left no time for it (logs/lora.log says so).
 
 Before the first run, `--needs` checks and names, one line each, what the check needs: packages, a compiler
 (only where the path compiles), disk room, disk speed (the save run's timeout grows by twice the time its
@@ -77,7 +83,7 @@ def read_rows(run_dir: str) -> list[dict]:
 
 
 def run_gate(rows: list[dict], steps: int, exits: dict, errors: list[str], timeout_s: int) -> tuple[str, str]:
-    """Both launches exited 0 and the log holds steps 1..steps. `exits`: launch name -> exit status (None: not
+    """Every launch exited 0 and the log holds steps 1..steps. `exits`: launch name -> exit status (None: not
     run); `errors`: the train.py error lines of their logs."""
     for name, code in exits.items():
         if code is None:
@@ -90,23 +96,25 @@ def run_gate(rows: list[dict], steps: int, exits: dict, errors: list[str], timeo
     got = [r["step"] for r in rows]
     if got != list(range(1, steps + 1)):
         return "FAIL", f"metrics.jsonl holds steps {got}, not 1..{steps}"
-    return "PASS", f"{steps} steps, the last one resumed from a checkpoint"
+    return "PASS", f"{steps} steps" + (", the last one resumed from a checkpoint" if "resume" in exits else "")
 
 
-def sync_gate(rows: list[dict], tolerance: float, lr_step: float) -> tuple[str, str]:
-    """Every step's probe difference (rank-maximum) within `tolerance`, and the last step (at learning rate
-    `lr_step`) moved the engine's probe further than the engine then differed from the trainer: else an engine
-    that missed the step would differ by no more than this one does, and the gate could not tell them apart."""
+def sync_gate(rows: list[dict], tolerance: float, lr_step: float | None) -> tuple[str, str]:
+    """Every step's probe difference (rank-maximum) finite and within `tolerance`, and the last step (at learning
+    rate `lr_step`; None: no such step, as in the LoRA leg) moved the engine's probe further than the engine then
+    differed from the trainer: else an engine that missed the step would differ by no more than this one does,
+    and the gate could not tell them apart."""
     diffs = [r["sync/logprob_diff"] for r in rows if "sync/logprob_diff" in r]
-    if not diffs:
-        return "FAIL", "no sync/logprob_diff in metrics.jsonl"
+    if len(diffs) < len(rows) or not diffs:
+        return "FAIL", f"sync/logprob_diff logged at {len(diffs)} of {len(rows)} steps"
     worst, moved = max(diffs), rows[-1].get("sync/sampler_moved", 0.0)
-    detail = (
-        f"probe difference max {worst:.2e} nats (tolerance {tolerance:g}); after the lr {lr_step:g} step "
-        f"{diffs[-1]:.2e}, which moved the engine's probe {moved:.2e}"
-    )
-    if worst > tolerance:
-        return "FAIL", detail
+    detail = f"probe difference max {worst:.2e} nats (tolerance {tolerance:g})"
+    if lr_step is not None:
+        detail += f"; after the lr {lr_step:g} step {diffs[-1]:.2e}, which moved the engine's probe {moved:.2e}"
+    if not all(d <= tolerance for d in diffs):  # a NaN too, which max() may pass over
+        return "FAIL", detail + ("" if worst > tolerance else ": a difference is not a number")
+    if lr_step is None:
+        return "PASS", detail
     if moved <= diffs[-1]:
         return "FAIL", f"{detail}: no further than the difference, so a stale engine would pass; raise the lr step"
     return "PASS", detail
@@ -137,9 +145,10 @@ def update_gate(rows: list[dict], lr_step: float) -> tuple[str, str]:
     return "PASS", detail
 
 
-def weight_gate(enabled: bool, rows: list[dict], errors: list[str], runs_ok: bool) -> tuple[str, str]:
+def weight_gate(enabled: bool, rows: list[dict], errors: list[str], runs_ok: bool, tolerance: float) -> tuple[str, str]:
     """train.py's engine-against-trainer weight comparison after every sync, when this train.py has it: its
-    one-line error names the family the engine missed; a run that passed logs sync/weight_diff at each step."""
+    one-line error names the family the engine missed; a run that passed logs sync/weight_diff at each step,
+    each within `tolerance` (train.py's, plumbing/sync.py: RELATIVE_TOLERANCE)."""
     if not enabled:
         return "skip", "this train.py has no --weight-check-every: the engine's weights were not compared"
     family = [e for e in errors if "engine's" in e or "weight" in e.lower()]
@@ -148,6 +157,9 @@ def weight_gate(enabled: bool, rows: list[dict], errors: list[str], runs_ok: boo
     diffs = [r["sync/weight_diff"] for r in rows if "sync/weight_diff" in r]
     if len(diffs) < len(rows) or not rows:
         return "FAIL", f"sync/weight_diff logged at {len(diffs)} of {len(rows)} steps: the check did not run at each"
+    if over := [r for r in rows if not r["sync/weight_diff"] <= tolerance]:  # a NaN too
+        step, diff = over[0]["step"], over[0]["sync/weight_diff"]
+        return "FAIL", f"step {step}: the largest relative difference {diff:.1e}, over the tolerance {tolerance:g}"
     return (
         "PASS",
         f"every family of the engine's weights equals the trainer's after every sync (largest relative "
@@ -225,8 +237,8 @@ def disk_gate(work: str, runs: list[str], need_gb: float, save_step: int) -> tup
             why = "a save cut off" if any(n.startswith(".tmp") for n in extra) else "a save nothing reads"
             problems.append(f"run-{ranks} held {', '.join(extra)} beside {read}, which its resume read: {why}")
     left = sorted(
-        glob.glob(os.path.join(work, "run-*", "checkpoint-*"))
-        + glob.glob(os.path.join(work, "run-*", ".tmp-checkpoint-*"))
+        glob.glob(os.path.join(work, "*", "checkpoint-*"))  # each N's run folder and the LoRA leg's
+        + glob.glob(os.path.join(work, "*", ".tmp-checkpoint-*"))
     )
     if left:
         problems.append(f"{len(left)} checkpoint folder(s) left after the cleanup, e.g. {left[0]}")
@@ -359,10 +371,10 @@ def gpu_memory_need(run_args: dict) -> tuple[bool, str]:
     )
 
 
-def error_lines(work: str, ranks: str) -> list[str]:
-    """The `train.py: error:` lines of one N's launch logs, each once, in order."""
+def error_lines(work: str, logs: str) -> list[str]:
+    """The `train.py: error:` lines of the launch logs WORK/logs/`logs` (a glob), each once, in order."""
     lines = []
-    for path in sorted(glob.glob(os.path.join(work, "logs", f"run-{ranks}-*.log"))):
+    for path in sorted(glob.glob(os.path.join(work, "logs", logs))):
         with open(path, errors="replace") as f:
             for line in f:
                 found = re.search(r"train\.py: error: .*", line)
@@ -371,13 +383,77 @@ def error_lines(work: str, ranks: str) -> list[str]:
     return lines
 
 
+def exit_code(work: str, name: str) -> int | None:
+    """A launch's exit status, the last line of its log (gpu_check.sh: `gpu_check: exit CODE after ...`), None
+    where it did not run."""
+    path = os.path.join(work, "logs", f"{name}.log")
+    lines = open(path, errors="replace").read().splitlines() if os.path.exists(path) else []
+    found = re.match(r"gpu_check: exit (\d+) ", lines[-1]) if lines else None
+    return int(found.group(1)) if found else None
+
+
 def exit_codes(work: str, ranks: str) -> dict:
-    """launch name -> exit status of one N's launches (gpu_check.sh writes logs/run-N-NAME.rc)."""
-    codes = {}
-    for name in ("save", "resume"):
-        path = os.path.join(work, "logs", f"run-{ranks}-{name}.rc")
-        codes[name] = int(open(path).read().strip()) if os.path.exists(path) else None
-    return codes
+    """launch name -> exit status of one N's launches (logs/run-N-NAME.log)."""
+    return {name: exit_code(work, f"run-{ranks}-{name}") for name in ("save", "resume")}
+
+
+def moved_gate(rows: list[dict]) -> tuple[str, str]:
+    """The engine's probe log-probs moved at every step (sync/sampler_moved > 0): every step's merged weights
+    reached the engine. The LoRA leg's steps are all at the large lr, each with a gradient."""
+    if not rows:
+        return "FAIL", "no metrics"
+    moved = [r.get("sync/sampler_moved", 0.0) for r in rows]
+    if still := [r["step"] for r, m in zip(rows, moved) if not m > 0]:
+        return "FAIL", f"the engine's probe did not move after step(s) {still}: the merged weights did not reach it"
+    return "PASS", f"the engine's probe moved {min(moved):.2e}-{max(moved):.2e} nats a step"
+
+
+def loss_gate(rows: list[dict]) -> tuple[str, str]:
+    """Every loss term and the grad norm finite at every step, and the KL to the reference above 0 after the
+    first: under LoRA the reference is the base (the adapters off, disable_adapter), which the adapters' first
+    step leaves behind; a reference that were the policy itself would read 0 throughout."""
+    if not rows:
+        return "FAIL", "no metrics"
+    for r in rows:
+        if bad := [k for k, v in r.items() if k.startswith(("loss/", "grad/norm")) and not math.isfinite(v)]:
+            return "FAIL", f"step {r['step']}: {', '.join(bad)} not finite"
+    kl = [r.get("loss/kl", 0.0) for r in rows]
+    if not all(k > 0 for k in kl[1:]):
+        return "FAIL", f"the KL to the reference is {kl}: 0 after the first step, so the reference is not the base"
+    return "PASS", f"the loss finite at every step; the KL to the base {', '.join(f'{k:.1e}' for k in kl)}"
+
+
+def lora_report(rows: list[dict]):
+    """The LoRA leg, one line a step: what issue 64 asks the quick check to print of it."""
+    print(f"-- the LoRA leg: {len(rows)} step(s)")
+    for r in rows:
+        peaks = [v for k, v in r.items() if k.startswith("mem/peak_gb/") and k.endswith("/rank0")]
+        print(
+            f"   step {r['step']}: grad norm {r.get('grad/norm', math.nan):.2e}, sync difference "
+            f"{r.get('sync/logprob_diff', math.nan):.2e} nats, movement {r.get('sync/sampler_moved', math.nan):.2e} "
+            f"nats, weight difference {r.get('sync/weight_diff', math.nan):.1e}, peak memory "
+            + (f"{max(peaks):.1f} GB" if peaks else "none recorded (CPU)")
+        )
+
+
+def lora_gates(work: str, steps: int, sync_tolerance: float, weight_tolerance: float, timeout_s: int) -> dict:
+    """The LoRA leg's gates (gpu_check.sh's `lora` launch, folder WORK/lora), after its report; one SKIPPED line
+    where logs/lora.log says the clock skipped it."""
+    path = os.path.join(work, "logs", "lora.log")
+    skipped = open(path).readline().strip() if os.path.exists(path) else ""
+    if skipped.startswith("gpu_check: the LoRA leg SKIPPED: "):
+        return {"leg": ("SKIPPED", skipped.removeprefix("gpu_check: the LoRA leg SKIPPED: "))}
+    rows, errors = read_rows(os.path.join(work, "lora")), error_lines(work, "lora.log")
+    runs = run_gate(rows, steps, {"lora": exit_code(work, "lora")}, errors, timeout_s)
+    if rows:
+        lora_report(rows)
+    return {
+        "runs": runs,
+        "sync": sync_gate(rows, sync_tolerance, None) if rows else ("FAIL", "no metrics"),
+        "weights": weight_gate(True, rows, errors, runs[0] == "PASS", weight_tolerance),
+        "moved": moved_gate(rows),
+        "loss": loss_gate(rows),
+    }
 
 
 def report(rows: list[dict], ranks: int, device_name: str, peak_tflops: float):
@@ -421,23 +497,25 @@ def main(argv=None) -> int:
         type=int,
         default=0,
         help="each launch's timeout, s (with --needs: before the "
-        "save's write time is added; it writes WORK/logs/run_timeout_s)",
+        "save's write time is added; it writes WORK/run_timeout_s)",
     )
     parser.add_argument("--save-gb", type=float, default=0.0, help="with --needs: the save run's checkpoint, GB")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     parser.add_argument("--run-args", default="{}", help="train.py's flags for the plan, as JSON")
+    parser.add_argument("--lora", type=int, metavar="TIMEOUT", help="the LoRA leg ran (or was skipped) under TIMEOUT s")
     cli = parser.parse_args(argv)
     if cli.needs:
         found = needs(cli.sampler, cli.dry_run, cli.work, cli.disk_need_gb, json.loads(cli.run_args), cli.save_gb)
         for ok, line in found:
             print(f"gpu_check: {'' if ok else 'MISSING '}{line}")
         if cli.timeout:  # gpu_check.sh reads it back
-            with open(os.path.join(cli.work, "logs", "run_timeout_s"), "w") as f:
+            with open(os.path.join(cli.work, "run_timeout_s"), "w") as f:  # not a log: logs/ holds few files
                 f.write(f"{run_timeout(found, cli.timeout)}\n")
         return 0 if all(ok for ok, _ in found) else 1
     if not cli.runs or cli.steps < 2:
         parser.error("the verdict needs --runs and --steps >= 2")
     from config import SYNC_TOLERANCE
+    from plumbing.sync import RELATIVE_TOLERANCE
 
     device_name, total_gb, peak = "cpu", 0.0, 0.0
     if not cli.dry_run:
@@ -446,20 +524,21 @@ def main(argv=None) -> int:
         device_name = torch.cuda.get_device_name(0)
         total_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
         peak = float(os.environ.get("PEAK_TFLOPS") or peak_tflops(device_name))
+    sync_tolerance = SYNC_TOLERANCE["float32" if cli.dry_run else "bfloat16"]
     verdict = []  # (N, gate, status, detail)
     for ranks in cli.runs:
         n = int(ranks)
         rows = read_rows(os.path.join(cli.work, f"run-{ranks}"))
-        exits, errors = exit_codes(cli.work, ranks), error_lines(cli.work, ranks)
+        exits, errors = exit_codes(cli.work, ranks), error_lines(cli.work, f"run-{ranks}-*.log")
         runs = run_gate(rows, cli.steps, exits, errors, cli.timeout)
         gates = {"runs": runs}
         if rows:
             report(rows, n, device_name, peak)
-            gates["sync"] = sync_gate(rows, SYNC_TOLERANCE["float32" if cli.dry_run else "bfloat16"], cli.lr_step)
+            gates["sync"] = sync_gate(rows, sync_tolerance, cli.lr_step)
         else:
             gates["sync"] = ("FAIL", "no metrics")
         gates["update"] = update_gate(rows, cli.lr_step)
-        gates["weights"] = weight_gate(cli.weight_check, rows, errors, runs[0] == "PASS")
+        gates["weights"] = weight_gate(cli.weight_check, rows, errors, runs[0] == "PASS", RELATIVE_TOLERANCE)
         if cli.dry_run or not rows:
             why = "the CPU has no devices to share or memory to plan" if cli.dry_run else "no metrics"
             gates.update({g: ("skip" if cli.dry_run else "FAIL", why) for g in ("devices", "sleep", "memory")})
@@ -476,13 +555,17 @@ def main(argv=None) -> int:
                 detail + " (rollout and sync not gated: they hold the engine's transient buffers)",
             )
         verdict += [(ranks, gate, *result) for gate, result in gates.items()]
+    if cli.lora is not None:
+        lora = lora_gates(cli.work, cli.steps, sync_tolerance, RELATIVE_TOLERANCE, cli.lora)
+        verdict += [("lora", gate, *result) for gate, result in lora.items()]
     verdict.append(("all", "disk", *disk_gate(cli.work, cli.runs, cli.disk_need_gb, cli.save_step or cli.steps - 1)))
     failed = [v for v in verdict if v[2] == "FAIL"]
     print(f"gpu_check verdict ({cli.sampler} sampler, N = {' '.join(cli.runs)}, {device_name}):")
     for ranks, gate, status, detail in verdict:
-        where = f"N={ranks}" if ranks != "all" else "all"
+        where = ranks if ranks in ("all", "lora") else f"N={ranks}"
         print(f"  {status:<4}  {gate:<7} {where:<5} {detail}")
-    print("gpu_check: " + (f"FAILED ({len(failed)} of {len(verdict)} gates)" if failed else "ok"))
+    skipped = " (the LoRA leg SKIPPED)" if any(v[2] == "SKIPPED" for v in verdict) else ""
+    print("gpu_check: " + (f"FAILED ({len(failed)} of {len(verdict)} gates)" if failed else "ok") + skipped)
     return 1 if failed else 0
 
 
