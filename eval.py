@@ -106,24 +106,22 @@ def evaluate(
                 prompt_ids, n=samples, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=stream
             )
         # every completion of the batch scored at once: a reward model's forward takes them together
-        every = [(ex, c) for ex, (best,), group in zip(batch, greedy, sampled) for c in (best, *group)]
-        scored_examples = [ex for ex, _ in every]
-        completions = [c for _, c in every]
-        columns = {term: term_rewards(task, term, scored_examples, completions, options) for term in weights}
-        terms = [{term: column[i] for term, column in columns.items()} for i in range(len(every))]
         per_example = 1 + len(sampled[0])  # the greedy completion, then the samples
-        for i, ex in enumerate(batch):
-            at = i * per_example  # its greedy completion's place in `every`
-            best = every[at][1]
-            record = {"uid": ex.uid, "prompt": ex.prompt, "gold": ex.gold, "reference": ex.reference}
-            record.update(scored(best, terms[at]))
-            record["answer"] = task.extract(best.text)
+        completions = [c for (best,), group in zip(greedy, sampled) for c in (best, *group)]
+        scored_examples = [ex for ex in batch for _ in range(per_example)]
+        columns = [term_rewards(task, term, scored_examples, completions, options) for term in weights]
+        terms = [dict(zip(weights, values)) for values in zip(*columns)]
+        replies = [scored(c, t) for c, t in zip(completions, terms)]
+        for at in range(0, len(completions), per_example):  # an example's greedy completion's place
+            ex = scored_examples[at]
+            record = {"uid": ex.uid, "prompt": ex.prompt, "gold": ex.gold, "reference": ex.reference, **replies[at]}
+            record["answer"] = task.extract(completions[at].text)
             if weighted:
                 record["terms"] = terms[at]
             if samples > 0:
-                replies = [scored(every[j][1], terms[j]) for j in range(at + 1, at + per_example)]
-                record["sampled_rewards"] = [r["reward"] for r in replies]
-                record["samples"] = replies
+                group = replies[at + 1 : at + per_example]
+                record["sampled_rewards"] = [r["reward"] for r in group]
+                record["samples"] = group
             records.append(record)
 
     rewards = [r["reward"] for r in records]
@@ -334,14 +332,11 @@ def main(argv=None) -> dict:
         weights = None  # None: the one --reward term, reported unweighted
         if args.reward_weights:
             weights = reward_weights(task, args.reward, args.reward_weights)
-        sim = "sim" in (weights or {args.reward: 1})
-        if demo_error := demo_file_error(task, args.demo_file, sim):
-            raise DataError(demo_error)
-        rm_error = reward_model_flag_error(args.reward_model, weights or {args.reward: 1})
-        if args.reward_model and not rm_error:
-            rm_error = reward_model_error(args.reward_model)
-        if rm_error:
-            raise ValueError(rm_error)
+        terms = weights or {args.reward: 1}
+        sim = "sim" in terms
+        error = demo_file_error(task, args.demo_file, sim) or reward_model_flag_error(args.reward_model, terms)
+        if error or args.reward_model and (error := reward_model_error(args.reward_model)):
+            raise ValueError(error)
         if args.split == "train" and task.held_out_only:  # a benchmark has no train split to score
             raise DataError(f"{task.name} is a held-out benchmark: score its test split (--split test)")
         examples = task.load(

@@ -136,11 +136,10 @@ def term_rewards(task, term: str, examples: list, completions: list, options: di
     others one by one through task.reward with the options they declare."""
     if term == "rm":
         return options["reward_model"]([ex.prompt for ex in examples], [c.text for c in completions])
-    rewards = []
-    for example, c in zip(examples, completions):
-        declared = declared_lengths(term, n_tokens=len(c.token_ids), **options)
-        rewards.append(task.reward(c.text, example, kind=term, **declared))
-    return rewards
+    return [
+        task.reward(c.text, example, kind=term, **declared_lengths(term, n_tokens=len(c.token_ids), **options))
+        for example, c in zip(examples, completions)
+    ]
 
 
 REWARD_MODEL_BATCH = 16  # sequences a forward pass
@@ -181,10 +180,7 @@ class RewardModel:
         return scores
 
 
-@functools.cache
-def load_reward_model(path: str) -> RewardModel:
-    """The reward model at `path`, loaded once a process (a rank)."""
-    return RewardModel(path)
+load_reward_model = functools.cache(RewardModel)  # the reward model at a path, loaded once a process (a rank)
 
 
 def reward_model_flag_error(path: str, weights: dict) -> str | None:

@@ -13,7 +13,6 @@ import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cache
 
 import rewards
 from plumbing.cli import choose, first_line, parse_weights
@@ -291,8 +290,7 @@ def _arith(split: str, limit: int, seed: int, note: str = "") -> list[Example]:
     examples = []
     for (a, b), p in itertools.islice(seeded_passes(problems, seed, split == "train"), limit):
         prompt = _chat(f"What is {a} + {b}?{note}", system=None)
-        example = Example(prompt, str(a + b), f"{a} + {b} = {a + b}", {"a": a, "b": b}, f"arith-{a}+{b}#{p}")
-        examples.append(example)
+        examples.append(Example(prompt, str(a + b), f"{a} + {b} = {a + b}", {"a": a, "b": b}, f"arith-{a}+{b}#{p}"))
     return examples
 
 
@@ -315,7 +313,7 @@ def _countdown24(split: str, limit: int, seed: int) -> list[Example]:
     return out
 
 
-@cache
+@functools.cache
 def solve_countdown(numbers: tuple[int, ...], target: int = 24) -> str | None:
     """An expression of the numbers, each once, equal to `target`, or None."""
     return _search([(float(n), str(n)) for n in numbers], target)
@@ -365,6 +363,8 @@ def _benchmark(row: dict) -> Example:
 
 
 MATH = dict(verifier=_math_verifier, answer=_boxed_or_answer)  # math-verify scores a boxed or final answer
+COUNTDOWN = dict(verifier=_countdown_verifier, answer=rewards.countdown_expression)
+ARITH = dict(verifier=lambda completion, ex: rewards.integer_reward(completion, ex.gold), answer=rewards.integer_answer)
 PROBLEMS = {"problem": str, "answer": str | int | float}
 DEEPMATH = {
     "question": str,
@@ -392,8 +392,7 @@ BUILT_IN = [
         columns={"nums": list[int], "target": int},
         key=("nums", "target"),
         make_example=_countdown,
-        verifier=_countdown_verifier,
-        answer=rewards.countdown_expression,
+        **COUNTDOWN,
         demos=_countdown_gold,
         puzzle=_countdown_puzzle,
     ),
@@ -423,22 +422,19 @@ BUILT_IN = [
     Task(
         name="arith",
         generate=_arith,
-        verifier=lambda completion, ex: rewards.integer_reward(completion, ex.gold),
-        answer=rewards.integer_answer,
+        **ARITH,
         prompt_tokens=40,
     ),
     Task(
         name="arith-calc",  # arith with a calculator: train.py --task arith-calc samples with --rollout tools
         generate=functools.partial(_arith, note=" " + CALC_NOTE),
-        verifier=lambda completion, ex: rewards.integer_reward(completion, ex.gold),
-        answer=rewards.integer_answer,
+        **ARITH,
         prompt_tokens=70,
     ),
     Task(
         name="countdown24",
         generate=_countdown24,
-        verifier=_countdown_verifier,
-        answer=rewards.countdown_expression,
+        **COUNTDOWN,
         prompt_tokens=120,
     ),
     Task(
