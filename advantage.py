@@ -9,7 +9,6 @@ python -m pytest tests/test_advantage.py -q
 
 from __future__ import annotations  # POSITIVE, named in the annotations, is defined below the estimators
 
-import functools
 import inspect
 import math
 import numbers
@@ -55,21 +54,13 @@ def rloo_advantages(rewards):
 
 
 def holds_for_rewards_at_least(floor: float):
-    """An estimator's reward domain, stated once on it: config.py refuses --reward-weights that could leave it
-    (`reward_floor`), and a call, direct or not, refuses a reward below it: rewards change every step."""
+    """An estimator's reward domain, stated once on it (`reward_floor`): config.py refuses, at start, an --advantage
+    or --alloc-estimators estimator whose --reward-weights could give a reward below it. That one check covers
+    every step: each reward term is in [0, 1] (rewards.py), so the weights bound every reward a run can see."""
 
     def declare(estimator):
-        @functools.wraps(estimator)
-        def checked(rewards, *args, **kwargs):
-            rewards = torch.as_tensor(rewards)
-            below = rewards[rewards < floor]
-            if below.numel():
-                least = below.min().item()
-                raise ValueError(f"{estimator.__name__} holds for rewards >= {floor:g}, got a reward of {least:g}")
-            return estimator(rewards, *args, **kwargs)
-
-        checked.reward_floor = floor
-        return checked
+        estimator.reward_floor = floor
+        return estimator
 
     return declare
 
@@ -115,10 +106,9 @@ ESTIMATORS = {
 
 
 def _as_groups(rewards, name):
-    """Rewards (..., M) detached, at least float32; ValueError for a non-finite one (rewards change every step)."""
+    """Rewards (..., M) detached, at least float32; ValueError for a non-finite one (rewards change every step). Their
+    shape is the rollout's (G, M), --M >= 2 checked at start: not checked again here."""
     rewards = torch.as_tensor(rewards).detach()  # Eq. (10): advantages are constants
-    if rewards.dim() < 1 or rewards.shape[-1] < 1:
-        raise ValueError(f"{name}: rewards must have shape (G, M) with M >= 1, got {tuple(rewards.shape)}")
     if rewards.dtype not in (torch.float32, torch.float64):
         rewards = rewards.float()  # bf16 rewards / tau would lose Eq. 1's weights
     bad = ~torch.isfinite(rewards)
@@ -208,10 +198,8 @@ def compute_advantages(name, rewards, tau=None, terms=None, **hparams):
     """Advantages (G, M) of estimator `name` on rewards (G, M), which takes its own of `hparams` (train.py passes
     every one) and `tau` (a float; None: its default). `terms`, {term: (weight, (G, M) rewards)}, reaches an
     estimator that declares it (GDPO)."""
-    if tau is not None:
-        hparams["tau"] = tau
     estimator = ESTIMATORS[name]
-    own = {k: v for k, v in hparams.items() if k in hyperparameters(estimator)}
-    if terms is not None and "terms" in inspect.signature(estimator).parameters:
-        own["terms"] = terms
+    params = inspect.signature(estimator).parameters
+    given = {**hparams, "tau": tau, "terms": terms}  # tau is never in hparams: a second value is a TypeError
+    own = {k: v for k, v in given.items() if k in params and v is not None}  # None: the estimator's default
     return estimator(rewards, **own)

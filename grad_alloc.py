@@ -11,7 +11,7 @@ from advantage import compute_advantages
 from plumbing.cli import first_line
 
 BINS = [(0, 0.2), (0.2, 0.5), (0.5, 0.7), (0.7, 0.9), (0.9, 1.0)]  # Table 3's columns
-BIN_LABELS = ["0-0.2", "0.2-0.5", "0.5-0.7", "0.7-0.9", "0.9-1"]
+BIN_LABELS = [f"{low:g}-{high:g}" for low, high in BINS]  # "0-0.2", ..., "0.9-1"
 EDGE_TOL = 1e-6  # float32 7/10 is 0.69999999
 
 

@@ -357,20 +357,16 @@ def test_every_estimator_keeps_its_sums_order_and_bounds_over_random_rewards(nam
 
 
 @pytest.mark.parametrize("name", list(REWARD_FLOOR))
-def test_an_estimator_refuses_rewards_below_its_floor_by_name(name):
+def test_an_estimator_refuses_rewards_below_its_floor_by_name(name, capsys, tmp_path):
     """MaxRL's (R - mean) / mean flipped every sign for a penalty (exact=-1) and reached +-4,000 with mixed-sign
-    weights (exact=1,format=-0.9); the registry's door refuses any reward below the estimator's declared floor."""
+    weights (exact=1,format=-0.9); the one check, at start (config.py, from the declared floor), refuses any
+    --reward-weights that could give a reward below the estimator's floor, so no step sees one."""
     floor = REWARD_FLOOR[name]
-    estimator = ESTIMATORS[name]
-    weighted = floor + torch.tensor([[1.0, -0.9, 0.1, 0.0], [0.0, 0.0, 1.0, 0.1]])  # exact=1,format=-0.9: 4 terms
-    for call in (lambda r: compute_advantages(name, r), estimator):  # by name, and directly as a fork would
-        with pytest.raises(ValueError) as info:
-            call(weighted)
-        expected = f"{estimator.__name__} holds for rewards >= {floor:g}, got a reward of {floor - 0.9:g}"
-        assert str(info.value) == expected
-        with pytest.raises(ValueError, match=f"^{estimator.__name__} holds for rewards >= {floor:g}, got a reward "):
-            call(torch.tensor([[floor - 1.0, floor + 1.0]]))  # exact=-1: a penalty
-        assert torch.isfinite(call(torch.full((2, 4), floor))).all()  # the floor itself is in
+    for weights, least in (("exact=1,format=-0.9", -0.9), ("exact=-1", -1.0)):  # mixed signs; a penalty
+        flags = ["--plan", "--plan-gpus", "1", "--advantage", name, "--reward-weights", weights]
+        expected = f"--advantage {name}, which holds for rewards >= {floor:g}, but --reward-weights {weights} gives "
+        assert expected + f"rewards down to {least:g}" in train_refuses(flags, capsys, tmp_path)
+    assert torch.isfinite(ESTIMATORS[name](torch.full((2, 4), floor))).all()  # the floor itself is in
     assert "maxrl" in REWARD_FLOOR  # MaxRL divides by the group mean
 
 
