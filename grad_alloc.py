@@ -41,9 +41,9 @@ def allocation_table(pass_rates, adv, lengths) -> list[float]:
     return shares_by_bin(pass_rates, prompt_budgets(torch.as_tensor(adv), torch.as_tensor(lengths)))
 
 
-def pass_rates_of(rewards, pass_threshold=0.5):
-    """(G,): each group's share of rewards >= pass_threshold (a verifier's 0/1, or a graded reward cut at 0.5)."""
-    return (torch.as_tensor(rewards).double() >= pass_threshold).double().mean(-1)
+def pass_rates_of(rewards):
+    """(G,): each group's share of rewards >= 0.5 (a verifier's 0/1, or a graded reward cut at 0.5)."""
+    return (torch.as_tensor(rewards).double() >= 0.5).double().mean(-1)
 
 
 def allocation_by_estimator(rewards, lengths, names, pass_rates=None, **hparams) -> dict[str, list[float]]:

@@ -131,10 +131,10 @@ def ppo(logp, rho, adv, clip_low, clip_high):
     return torch.maximum(-adv * rho, -adv * clipped), {}  # Eq. (10)
 
 
-def dual_clip(logp, rho, adv, clip_low, clip_high, c=3.0):
-    """Dual-clip PPO (Ye et al. 2020, arXiv 1912.09729; verl's clip_ratio_c): PPO's term, at most c |A| for A < 0."""
+def dual_clip(logp, rho, adv, clip_low, clip_high):
+    """Dual-clip PPO (Ye et al. 2020, arXiv 1912.09729; verl's clip_ratio_c, 3): PPO's term, at most 3 |A| if A < 0."""
     pg = ppo(logp, rho, adv, clip_low, clip_high)[0]
-    bound = torch.where(adv < 0, -c * adv, torch.inf)  # a huge rho on a negative advantage cannot blow the loss up
+    bound = torch.where(adv < 0, -3.0 * adv, torch.inf)  # a huge rho on a negative advantage cannot blow the loss up
     return torch.minimum(pg, bound), {"dual_clip_frac": pg > bound}
 
 
@@ -144,9 +144,10 @@ def cispo(logp, rho, adv, clip_low, clip_high):
     return -adv * clipped.detach() * logp, {"cispo_clip_frac": clipped != rho}
 
 
-def sapo(logp, rho, adv, clip_low, clip_high, tau_pos=1.0, tau_neg=1.05):
-    """SAPO (arXiv 2511.20347): the hard clip made a sigmoid gate; its temperatures are the paper's defaults."""
-    tau = torch.where(adv > 0, adv.new_tensor(tau_pos), tau_neg)  # in adv's dtype; a softer gate on A < 0
+def sapo(logp, rho, adv, clip_low, clip_high):
+    """SAPO (arXiv 2511.20347): the hard clip made a sigmoid gate; its temperatures, 1 for A > 0 and 1.05 else, are
+    the paper's defaults."""
+    tau = torch.where(adv > 0, adv.new_tensor(1.0), 1.05)  # in adv's dtype; a softer gate on A < 0
     gate = torch.sigmoid(tau * (rho - 1))
     weight = 4 * gate * (1 - gate)  # its gradient's share of PPO's unclipped one: 1 at rho = 1
     return -adv * gate * 4 / tau, {"sapo_gate_weight": weight}

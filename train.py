@@ -169,13 +169,12 @@ def train(args: Args, out_dir: str, ckpt: str | None) -> dict:
         world=world,
         device=device,
     )
-    desc = f"{args.advantage} on {args.task}"
     bar = tqdm(
         range(start_step, args.steps),
         initial=start_step,
         total=args.steps,
         disable=not master,
-        desc=desc,
+        desc=f"{args.advantage} on {args.task}",
     )
     for step in bar:
         # rollout: M completions per prompt, scored; the sampler then frees its memory for training
@@ -423,9 +422,8 @@ def load_models(args: Args, ckpt, init_path, device):
     host memory (shard() sends each rank its shards: no GPU holds a whole float32 copy)."""
     empty = dist.is_initialized() and dist.get_rank() > 0
     bf16 = args.dtype == "bfloat16"
-    weights = ckpt or init_path
-    if args.lora_rank:  # the base, which a checkpoint does not hold, is --model's (the checkpoint: the merged policy)
-        weights = init_path
+    # LoRA: the base, which a checkpoint does not hold, is --model's (the checkpoint: the merged policy)
+    weights = init_path if args.lora_rank else ckpt or init_path
     try:
         tokenizer = load_tokenizer(ckpt or init_path)
         model = load_model(weights, torch.float32, device, empty, host=dist.is_initialized())
@@ -489,7 +487,7 @@ def make_scheduler(optimizer, args: Args):
     def lr_factor(s: int) -> float:
         """--lr's multiplier at optimizer step `s`."""
         if s < warmup:
-            return min(1.0, (s + 1) / warmup)
+            return (s + 1) / warmup  # at most 1: s + 1 <= warmup
         if args.lr_schedule != "cosine":
             return 1.0
         progress = min(1.0, (s - warmup) / span)
