@@ -74,12 +74,16 @@ def test_shapes_count_the_real_models_parameters(tiny_model_dir):
     assert memory_plan.shape_from_config(untied.to_dict()).params == meta_params(untied)
 
 
+@pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("bf16", [True, False])
-def test_saved_activations_equal_what_autograd_saves(tiny_model_dir, bf16):
-    """Every tensor autograd saves in one forward (parameters excluded), counted by storage, against the plan."""
+def test_saved_activations_equal_what_autograd_saves(tiny_model_dir, bf16, packed):
+    """Every tensor autograd saves in one forward (parameters excluded), counted by storage, against the plan;
+    packed (--pack): the B sequences as one row, whose attention spans the whole row. Storage counts do not depend
+    on the CPU. Packed, the plan may count up to 5% more: a row of one lets eager attention's repeated K/V heads
+    (the tiny model's 2 query heads share 1) stay views, which the plan counts as copies."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from speed.logprobs import sequence_logprobs
+    from speed.logprobs import pack_batch, packed_logprobs, sequence_logprobs
 
     config = AutoConfig.from_pretrained(tiny_model_dir)
     config._attn_implementation = "eager"
@@ -98,7 +102,11 @@ def test_saved_activations_equal_what_autograd_saves(tiny_model_dir, bf16):
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            sequence_logprobs(model, input_ids, torch.ones_like(input_ids), K)
+            if packed:
+                rows = input_ids.tolist()
+                packed_logprobs(model, pack_batch([r[:P] for r in rows], [r[P:] for r in rows]), torch.ones(B, K))
+            else:
+                sequence_logprobs(model, input_ids, torch.ones_like(input_ids), K)
     c = 2 if bf16 else 4
     act = activations(
         model_shape(tiny_model_dir),
@@ -108,11 +116,41 @@ def test_saved_activations_equal_what_autograd_saves(tiny_model_dir, bf16):
         compute_bytes=c,
         checkpointing=False,
         attention="eager",
+        packed=packed,
     )
-    logits_once = c * B * (K + 1) * config.vocab_size
+    logits_once = c * B * (K if packed else K + 1) * config.vocab_size  # packed: the completion tokens' only
     at_logits = act["moments"]["backward (logits)"]  # forward's end: every layer's and the final norm's tensors
     planned = at_logits["saved"] + at_logits["final_norm"] + logits_once  # weights_bf16: a transient, not saved
-    assert sum(saved.values()) == pytest.approx(planned, rel=0.01)
+    if packed:
+        assert sum(saved.values()) <= planned <= 1.05 * sum(saved.values())
+    else:
+        assert sum(saved.values()) == pytest.approx(planned, rel=0.01)
+
+
+def test_the_token_budget_sizes_the_micro_batch_and_a_packed_row_counts_its_whole_span():
+    """--micro-batch-tokens N: the plan's micro-batch is the rows N lets in at the longest prompt and completion
+    (speed/micro_batches.py counts rows x longest), at least one; --pack: one row of them, attention over it all."""
+    from config import PRESETS, Args
+
+    args = {**Args().__dict__, **PRESETS["gsm8k"], "task": "gsm8k"}
+    S = memory_plan.task_prompt_tokens("gsm8k") + args["max_tokens"]
+
+    def activation_bytes(**more):
+        p = memory_plan.plan({**args, **more}, gpus=8, gpu_gb=80, grad_checkpointing=True)
+        return next(size for phase, item, size, _ in p.rows if phase == "train" and item == "activations")
+
+    shape = memory_plan.model_shape(args["model"])
+    common = dict(prompt=S - args["max_tokens"], completion=args["max_tokens"], compute_bytes=2, checkpointing=True)
+    for rows in (1, 3):
+        assert activation_bytes(micro_batch_tokens=rows * S + S - 1) == pytest.approx(
+            memory_plan.activations(shape, batch=rows, attention="sdpa", **common)["saved"]
+        )
+    assert activation_bytes(micro_batch_tokens=1) == activation_bytes(micro_batch_tokens=S)  # one, if one is longer
+    packed = activation_bytes(micro_batch_tokens=3 * S, pack=True)
+    assert packed == pytest.approx(
+        memory_plan.activations(shape, batch=3, attention="sdpa", packed=True, **common)["saved"]
+    )
+    assert packed > activation_bytes(micro_batch_tokens=3 * S)  # SDPA's mask spans the row: (3S)^2, not 3 S^2
 
 
 def test_fsdp2_gradient_accumulation_keeps_whole_model_gradients():
